@@ -1,0 +1,25 @@
+# Two commands do all set-up on a fresh machine; both keep their environment in .venv/.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench clean
+
+$(STAMP): requirements.txt requirements-test.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements-test.txt
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m wave_actors.node --demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python -m wave_actors.bench --backend sim --sessions 32 --beats 200
+
+clean:
+	rm -rf $(VENV) out

@@ -1,0 +1,218 @@
+"""An asyncio client of the node's wire protocol: one DEALER socket carrying many sessions.
+
+Every bridge, the WAV client and the benchmark use it. Node messages are parsed with the same
+schema module as the node's and dispatched to a bounded event queue per session.
+
+    async with NodeClient("tcp://127.0.0.1:5555") as client:
+        s = await client.open("call-1", sample_rate=16000, format="pcm_f32le")
+        await s.send_audio(pcm_bytes)
+        ev = await s.next_event()          # Audio / Text / FunctionCall / Closed / Error
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from transports import protocol as P
+
+EVENT_QUEUE = 4096          # events a session buffers for a slow consumer before dropping
+
+
+@dataclass
+class Audio:
+    seq: int
+    frame: int
+    payload: bytes
+
+
+@dataclass
+class Text:
+    channel: str
+    frame: int
+    text: str
+
+
+@dataclass
+class FunctionCall:
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass
+class Closed:
+    stats: dict
+
+
+@dataclass
+class Error:
+    code: str
+    message: str
+
+
+class Refused(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"{reason}: {message}")
+        self.reason, self.message = reason, message
+
+
+@dataclass
+class CurveKeys:
+    """Client CURVE keys (z85 bytes) and the node's public key."""
+    public: bytes
+    secret: bytes
+    server_public: bytes
+
+
+class ClientSession:
+    def __init__(self, client: "NodeClient", session: str, opened: dict):
+        self.client, self.id, self.opened = client, session, opened
+        self.events: asyncio.Queue = asyncio.Queue(EVENT_QUEUE)
+        self.dropped_events = 0
+        self.seq = 0
+        self.closed: Closed | None = None
+
+    async def send_audio(self, payload: bytes, seq: int | None = None) -> None:
+        if seq is None:
+            seq, self.seq = self.seq, self.seq + 1
+        await self.client.send(P.pack("audio", self.id, payload, seq=seq))
+
+    async def function_result(self, call_id: str, output: str) -> None:
+        await self.client.send(P.pack("function_result", self.id, call_id=call_id, output=output))
+
+    async def next_event(self, timeout: float | None = None):
+        return await asyncio.wait_for(self.events.get(), timeout)
+
+    async def close(self, timeout: float = 10.0) -> Closed:
+        """Ask the node to close; return its `closed` stats, skipping events still queued."""
+        if self.closed is None:
+            await self.client.send(P.pack("close", self.id))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while self.closed is None:
+                await asyncio.wait_for(self.events.get(), max(0.0, deadline - loop.time()))
+        return self.closed
+
+    def _deliver(self, event) -> None:
+        if isinstance(event, Closed):
+            self.closed = event
+        try:
+            self.events.put_nowait(event)
+        except asyncio.QueueFull:
+            self.dropped_events += 1
+
+
+class NodeClient:
+    def __init__(self, endpoint: str, identity: bytes | None = None,
+                 curve: CurveKeys | None = None, ctx: zmq.asyncio.Context | None = None):
+        self.endpoint = endpoint
+        self.identity = identity or b"c-" + os.urandom(6).hex().encode()
+        self.ctx = ctx or zmq.asyncio.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, self.identity)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            self.sock.curve_publickey = curve.public
+            self.sock.curve_secretkey = curve.secret
+            self.sock.curve_serverkey = curve.server_public
+        self.sessions: dict[str, ClientSession] = {}
+        self._pending_open: dict[str, asyncio.Future] = {}
+        self._pongs: dict[Any, asyncio.Future] = {}
+        self.orphan_errors: list[Error] = []      # errors about no session, or unknown ones
+        self._reader: asyncio.Task | None = None
+        self._send_lock = asyncio.Lock()
+
+    async def __aenter__(self) -> "NodeClient":
+        self.connect()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    def connect(self) -> None:
+        self.sock.connect(self.endpoint)
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def aclose(self) -> None:
+        if self._reader:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        self.sock.close(0)
+
+    async def send(self, frames: list[bytes]) -> None:
+        async with self._send_lock:
+            await self.sock.send_multipart(frames)
+
+    async def open(self, session: str, sample_rate: int = 16000, format: str = "pcm_f32le",
+                   timeout: float = 10.0, **fields: Any) -> ClientSession:
+        """Open a session; raises `Refused` with the node's reason."""
+        fut = asyncio.get_running_loop().create_future()
+        self._pending_open[session] = fut
+        try:
+            await self.send(P.pack("open", session, sample_rate=sample_rate, format=format,
+                                   **fields))
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._pending_open.pop(session, None)
+
+    async def ping(self, nonce: Any = 0, timeout: float = 5.0) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._pongs[nonce] = fut
+        await self.send(P.pack("ping", nonce=nonce))
+        await asyncio.wait_for(fut, timeout)
+
+    async def _read_loop(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            try:
+                msg = P.parse(frames, P.NODE_TYPES)
+            except P.ProtocolError as exc:
+                self.orphan_errors.append(Error(exc.code, f"undecodable node message: {exc}"))
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: P.Message) -> None:
+        h, sid = msg.header, msg.session
+        if msg.type == "pong":
+            fut = self._pongs.pop(h.get("nonce"), None)
+            if fut and not fut.done():
+                fut.set_result(None)
+            return
+        pending = self._pending_open.get(sid) if sid else None
+        if pending is not None and not pending.done():
+            if msg.type == "opened":
+                self.sessions[sid] = s = ClientSession(self, sid, h)
+                pending.set_result(s)
+                return
+            if msg.type == "refused":
+                pending.set_exception(Refused(h.get("reason", "?"), h.get("message", "")))
+                return
+            if msg.type == "error":
+                pending.set_exception(Refused("invalid", f"{h.get('code')}: {h.get('message')}"))
+                return
+        session = self.sessions.get(sid) if sid else None
+        if session is None:
+            if msg.type == "error":
+                self.orphan_errors.append(Error(h.get("code", "?"), h.get("message", "")))
+            return
+        session._deliver(_event(msg))
+        if msg.type == "closed":
+            self.sessions.pop(sid, None)
+
+
+def _event(msg: P.Message):
+    h = msg.header
+    if msg.type == "audio":
+        return Audio(h.get("seq", -1), h.get("frame", -1), msg.payload or b"")
+    if msg.type == "text":
+        return Text(h.get("channel", "?"), h.get("frame", -1), h.get("text", ""))
+    if msg.type == "function_call":
+        return FunctionCall(h.get("call_id", ""), h.get("name", ""), h.get("arguments", ""))
+    if msg.type == "closed":
+        return Closed(h.get("stats", {}))
+    return Error(h.get("code", "?"), h.get("message", ""))
