@@ -9,6 +9,15 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYTHONHASHSEED", "0")
 
 
+def _cuda_visible() -> bool:
+    # Decided before torch/triton import: Triton reads TRITON_INTERPRET at import time.
+    return Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()
+
+
+if not _cuda_visible():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # Triton kernels run on the CPU interpreter
+
+
 def _has_cuda() -> bool:
     try:
         import torch
