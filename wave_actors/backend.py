@@ -82,7 +82,8 @@ class Backend(abc.ABC):
     """
     name: str = "?"
     max_sessions: int
-    text_codec: TextCodec
+    text_codec: TextCodec       # the thinker's text and function channels
+    user_codec: TextCodec       # the RNNT's user-transcript tokens
 
     def alloc_input(self) -> BeatInput:
         return BeatInput.alloc(self.max_sessions)
@@ -100,8 +101,9 @@ class Backend(abc.ABC):
     def ready(self, slot: int) -> bool:
         """True once the slot's prefill has finished and it can take audio."""
 
-    def push_function_result(self, slot: int, text: str) -> None:
-        """Queue a tool result to be forced into the slot's function channel, a token a frame."""
+    def push_function_tokens(self, slot: int, ids: list[int]) -> None:
+        """Queue a tool result's tokens to be forced into the slot's function channel, one token
+        per frame (with the text channel forced to PAD meanwhile, MODEL.md §6)."""
         raise NotImplementedError(f"backend {self.name} does not take function results")
 
     @abc.abstractmethod

@@ -57,6 +57,18 @@ class HFTokenizerCodec(TextCodec):
         return [self._tok.decode([i]) if i < self._tok.get_vocab_size() else "" for i in range(vocab)]
 
 
+class UserByteFallbackCodec(TextCodec):
+    """Stand-in for the RNNT's SentencePiece tokenizer (1024 pieces): ids 32..126 are printable
+    ASCII, everything else decodes to nothing. Only for showing random-weight transcripts."""
+    name = "rnnt-byte-fallback"
+
+    def encode(self, text: str) -> list[int]:
+        return [b for b in text.encode("ascii", "ignore") if 32 <= b < 127]
+
+    def decode_bytes(self, ids: list[int]) -> bytes:
+        return bytes(i for i in ids if 32 <= i < 127)
+
+
 def load_text_codec(path: str | Path | None = None) -> TextCodec:
     if path is None:
         return ByteFallbackCodec()

@@ -1,0 +1,190 @@
+"""Fused Mamba2 decode step for one layer over slot-indexed state (MODEL.md §2.4 step 3).
+
+For each batch row b with state row s = slots[b]:
+    xBC   = SiLU(conv1d_k4([conv_state[s]; xBC_raw[b]]) + conv_b);  conv_state[s] <- last 3 columns
+    x, B, C = split(xBC, [d_inner, G*N, G*N]);  Δ = softplus(dt + dt_bias);  A = -exp(A_log)
+    S_h  <- exp(Δ_h A_h) S_h + Δ_h x_h B_gᵀ        (S_h [P, N] fp32, g = h // (H/G))
+    y_h   = S_h C_g + D_h x_h
+    y     = groupRMSNorm(y * silu(z)) * norm_w      (G groups of d_inner/G, eps)
+Three launches: conv (+ conv_state update), SSM (+ ssm_state update, gating), group norm.
+They are split because every SSM program needs its group's B/C columns: a conv fused into the SSM
+launch would race on conv_state between the programs that read and the one that writes it.
+Bytes per row at full shapes: ssm_state 5.24 MB read + 5.24 MB written (the whole cost), conv_state
+74 KB, activations ~0.2 MB. The SSM launch reads and writes each state element exactly once.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from gpu.kernels._check import FLOATS, check, check_slots, next_pow2
+
+CONV_K = 4  # conv kernel width; conv_state keeps CONV_K - 1 = 3 columns
+
+
+@triton.jit
+def _softplus(v):
+    # torch.nn.functional.softplus (threshold 20) with an accurate log1p (no libdevice: the
+    # interpreter lacks it). log1p(u) = log(1+u) * u / ((1+u) - 1) is exact to a few ulp.
+    u = tl.exp(-tl.abs(v))
+    onep = 1.0 + u
+    den = tl.where(onep == 1.0, 1.0, onep - 1.0)
+    log1p_u = tl.where(onep == 1.0, u, tl.log(onep) * (u / den))
+    return tl.where(v > 20.0, v, tl.maximum(v, 0.0) + log1p_u)
+
+
+@triton.jit
+def _conv_kernel(XBC, CONV_STATE, SLOTS, W, BIAS, XACT, conv_dim, max_slots,
+                 BLOCK_C: tl.constexpr):
+    # grid (B, cdiv(conv_dim, BLOCK_C)); each channel is owned by one program: no race on state.
+    b = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    m = c < conv_dim
+    slot = tl.load(SLOTS + b)
+    tl.device_assert((slot >= 0) & (slot < max_slots), "mamba_step: slot out of range")
+    st = CONV_STATE + slot.to(tl.int64) * conv_dim * 3 + c * 3
+    x_raw = tl.load(XBC + b * conv_dim + c, mask=m, other=0.0)
+    s0 = tl.load(st + 0, mask=m, other=0.0)
+    s1 = tl.load(st + 1, mask=m, other=0.0)
+    s2 = tl.load(st + 2, mask=m, other=0.0)
+    acc = tl.load(BIAS + c, mask=m, other=0.0).to(tl.float32)
+    acc += tl.load(W + c * 4 + 0, mask=m, other=0.0).to(tl.float32) * s0.to(tl.float32)
+    acc += tl.load(W + c * 4 + 1, mask=m, other=0.0).to(tl.float32) * s1.to(tl.float32)
+    acc += tl.load(W + c * 4 + 2, mask=m, other=0.0).to(tl.float32) * s2.to(tl.float32)
+    acc += tl.load(W + c * 4 + 3, mask=m, other=0.0).to(tl.float32) * x_raw.to(tl.float32)
+    tl.store(XACT + b * conv_dim + c, acc * tl.sigmoid(acc), mask=m)
+    tl.store(st + 0, s1, mask=m)
+    tl.store(st + 1, s2, mask=m)
+    tl.store(st + 2, x_raw.to(CONV_STATE.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
+                max_slots, conv_dim, d_inner, c_off,
+                nheads: tl.constexpr, head_dim: tl.constexpr, d_state: tl.constexpr,
+                heads_per_group: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    # grid (B, nheads, cdiv(head_dim, BLOCK_P)); one [BLOCK_P, d_state] fp32 state tile each,
+    # read once and written once (the 283 MB/session-frame that bounds the beat). The model dims
+    # are constexpr so the compiler can prove 16-byte alignment and emit vector loads/stores.
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    n = tl.arange(0, BLOCK_N)
+    mp = p < head_dim
+    mn = n < d_state
+    m2 = mp[:, None] & mn[None, :]
+    slot = tl.load(SLOTS + b)
+    tl.device_assert((slot >= 0) & (slot < max_slots), "mamba_step: slot out of range")
+    g = h // heads_per_group
+    st = (SSM + slot.to(tl.int64) * nheads * head_dim * d_state + h * head_dim * d_state
+          + p[:, None] * d_state + n[None, :])
+    s = tl.load(st, mask=m2, other=0.0)  # issue the big load first
+    row = XACT + b * conv_dim
+    x = tl.load(row + h * head_dim + p, mask=mp, other=0.0)
+    bv = tl.load(row + d_inner + g * d_state + n, mask=mn, other=0.0)
+    cv = tl.load(row + c_off + g * d_state + n, mask=mn, other=0.0)
+    delta = _softplus(tl.load(DT + b * nheads + h).to(tl.float32)
+                      + tl.load(DT_BIAS + h).to(tl.float32))
+    d_a = tl.exp(delta * -tl.exp(tl.load(A_LOG + h).to(tl.float32)))
+    s = s * d_a + (delta * x)[:, None] * bv[None, :]
+    tl.store(st, s, mask=m2)
+    y = tl.sum(s * cv[None, :], axis=1) + tl.load(DSKIP + h).to(tl.float32) * x
+    zz = tl.load(Z + b * d_inner + h * head_dim + p, mask=mp, other=0.0).to(tl.float32)
+    tl.store(YG + b * d_inner + h * head_dim + p, y * zz * tl.sigmoid(zz), mask=mp)
+
+
+@triton.jit
+def _gnorm_kernel(YG, NORM_W, OUT, d_inner, group_size, eps, BLOCK: tl.constexpr):
+    # grid (B, ngroups): y * rsqrt(mean(y^2) + eps) * w over one group of group_size columns.
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    i = tl.arange(0, BLOCK)
+    m = i < group_size
+    off = b * d_inner + g * group_size + i
+    y = tl.load(YG + off, mask=m, other=0.0)
+    r = 1.0 / tl.sqrt(tl.sum(y * y, axis=0) / group_size + eps)
+    w = tl.load(NORM_W + g * group_size + i, mask=m, other=0.0).to(tl.float32)
+    tl.store(OUT + off, (y * r * w).to(OUT.dtype.element_ty), mask=m)
+
+
+def _dims(xBC, z, dt, ngroups):
+    batch, conv_dim = xBC.shape
+    nheads, d_inner = dt.shape[1], z.shape[1]
+    assert nheads % ngroups == 0 and d_inner % nheads == 0, (nheads, ngroups, d_inner)
+    assert (conv_dim - d_inner) % (2 * ngroups) == 0, (conv_dim, d_inner, ngroups)
+    return batch, conv_dim, nheads, d_inner, d_inner // nheads, (conv_dim - d_inner) // (2 * ngroups)
+
+
+def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
+               *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4):
+    """One Mamba2 decode step. Mutates conv_state[slots] and ssm_state[slots] in place only.
+
+    xBC [B, conv_dim], z [B, d_inner], dt [B, nheads]: in_proj outputs (bf16/fp16/fp32).
+    conv_state [S, conv_dim, 3] (any float), ssm_state [S, nheads, head_dim, d_state] fp32.
+    conv_w [conv_dim, 4], conv_b [conv_dim], dt_bias/A_log/D [nheads], norm_w [d_inner].
+    slots int32[B] distinct. Returns y [B, d_inner] in z's dtype (written into `out` if given).
+    """
+    batch, conv_dim, nheads, d_inner, head_dim, d_state = _dims(xBC, z, dt, ngroups)
+    dev, max_slots = xBC.device, conv_state.shape[0]
+    check("xBC", xBC, (batch, conv_dim), FLOATS, device=dev)
+    check("z", z, (batch, d_inner), FLOATS, device=dev)
+    check("dt", dt, (batch, nheads), FLOATS, device=dev)
+    check("conv_state", conv_state, (max_slots, conv_dim, CONV_K - 1), FLOATS, device=dev)
+    check("ssm_state", ssm_state, (max_slots, nheads, head_dim, d_state), torch.float32, device=dev)
+    check_slots(slots, batch, max_slots, dev)
+    check("conv_w", conv_w, (conv_dim, CONV_K), FLOATS, device=dev)
+    check("conv_b", conv_b, (conv_dim,), FLOATS, device=dev)
+    for name, t in (("dt_bias", dt_bias), ("A_log", A_log), ("D", D)):
+        check(name, t, (nheads,), FLOATS, device=dev)
+    check("norm_w", norm_w, (d_inner,), FLOATS, device=dev)
+    if out is None:
+        out = torch.empty_like(z)
+    check("out", out, (batch, d_inner), z.dtype, device=dev)
+    assert block_p == next_pow2(block_p), block_p
+
+    xact = torch.empty(batch, conv_dim, device=dev, dtype=torch.float32)   # SiLU(conv) output
+    yg = torch.empty(batch, d_inner, device=dev, dtype=torch.float32)      # y * silu(z), pre-norm
+    block_c = min(1024, next_pow2(conv_dim))
+    _conv_kernel[(batch, triton.cdiv(conv_dim, block_c))](
+        xBC, conv_state, slots, conv_w, conv_b, xact, conv_dim, max_slots, BLOCK_C=block_c, num_warps=4)
+    bp = min(block_p, next_pow2(head_dim))
+    _ssm_kernel[(batch, nheads, triton.cdiv(head_dim, bp))](
+        xact, z, dt, ssm_state, slots, dt_bias, A_log, D, yg,
+        max_slots, conv_dim, d_inner, d_inner + ngroups * d_state,
+        nheads=nheads, head_dim=head_dim, d_state=d_state, heads_per_group=nheads // ngroups, BLOCK_P=bp, BLOCK_N=next_pow2(d_state), num_warps=num_warps)
+    group = d_inner // ngroups
+    _gnorm_kernel[(batch, ngroups)](yg, norm_w, out, d_inner, group, eps,
+                                    BLOCK=next_pow2(group), num_warps=4)
+    return out
+
+
+def mamba_step_ref(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
+                   *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4):
+    """PyTorch twin of mamba_step (same signature; block_p/num_warps ignored). Computes in
+    fp32, or in fp64 when given fp64 tensors (the device check's upcast reference)."""
+    batch, conv_dim, nheads, d_inner, head_dim, d_state = _dims(xBC, z, dt, ngroups)
+    f = torch.promote_types(xBC.dtype, torch.float32)
+    idx = slots.long()
+    window = torch.cat([conv_state[idx].to(f), xBC.to(f)[:, :, None]], dim=-1)   # [B, conv_dim, 4]
+    conv_state[idx] = window[:, :, 1:].to(conv_state.dtype)
+    xbc = F.silu((window * conv_w.to(f)).sum(-1) + conv_b.to(f))
+    x, bm, cm = torch.split(xbc, [d_inner, ngroups * d_state, ngroups * d_state], dim=-1)
+    x = x.reshape(batch, nheads, head_dim)
+    rep = nheads // ngroups
+    bm = bm.reshape(batch, ngroups, d_state).repeat_interleave(rep, dim=1)        # [B, H, N]
+    cm = cm.reshape(batch, ngroups, d_state).repeat_interleave(rep, dim=1)
+    delta = F.softplus(dt.to(f) + dt_bias.to(f))                                 # [B, H]
+    d_a = torch.exp(delta * -torch.exp(A_log.to(f)))
+    s = ssm_state[idx].to(f)                                                      # [B, H, P, N]
+    s = s * d_a[:, :, None, None] + (delta[:, :, None] * x)[..., None] * bm[:, :, None, :]
+    ssm_state[idx] = s.to(ssm_state.dtype)
+    y = (s * cm[:, :, None, :]).sum(-1) + D.to(f)[:, None] * x                   # [B, H, P]
+    y = (y.reshape(batch, d_inner) * F.silu(z.to(f))).reshape(batch, ngroups, -1)
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)
+    y = (y.reshape(batch, d_inner) * norm_w.to(f)).to(z.dtype)
+    if out is None:
+        return y
+    out.copy_(y)
+    return out

@@ -1,0 +1,305 @@
+"""EAR-TTS talker (MODEL.md §2.5): thinker token y_t + previous codes → 31 RVQ codes per frame.
+
+Algorithm, per frame, for every session in the batch (slot-indexed state, positions per slot):
+  text  = SubwordEmbedding(y_t)                      (talker_text.py)
+  audio = embed_code(Σ_q rvq_embs[q][prev_q])        PAD (code ≥ codebook_size) → zero vector
+  rows  = [F(audio, text), F(audio, null_emb)]       CFG rows c, u ("reference"); only c ("dense")
+          F(a, t) = final_norm(σ(rs)·(σ(g)⊙audio_proj(a/Q) + (1−σ(g))⊙text_proj(t)))
+  h     = Gemma3 backbone(rows) at position p, each row with its own slot-indexed KV cache;
+          layers (i+1) % 6 == 0 attend to everything (RoPE θ 1e6), the others to a sliding window
+          of 7500 (θ 1e4); scores scaled by 1/√256
+  codes = MoG head with iterative unmasking (talker_mog.py)
+  prev  ← codes, or codec_silence_tokens on EOS / PAD-while-idle; the codec gets silence codes on
+          PAD-while-idle or when a code is a control code (≥ codebook_size).
+Warm-up: positions 0..36 run the backbone only (K/V kept): rows 0..35 take the Aria latent as the
+audio input, row 36 the silence codes + bos_emb; text [PAD]*36 + [EOS], mask [0]*35 + [1, 1].
+It runs in chunks of any size; live generation starts at p = 37 with prev = [PAD]*31.
+Weights: `param_shapes` / `init_random` (talker_weights.py naming: MODEL.md §7, §8).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gpu.model.talker_mog import MogHead, unmasking_schedule
+from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding, apply_rope,
+                                   rope_cos_sin)
+from gpu.model.tokenizer import EOS, PAD, VOCAB
+
+PREFIX = "tts_model."                   # the talker module's names = checkpoint names minus this
+
+
+@dataclass(frozen=True)
+class TalkerConfig:
+    text_vocab: int = VOCAB             # the thinker's vocabulary: rows of the char/flag tables
+    n_chars: int = 256                  # single-character tokens; char pad id = n_chars
+    max_chars: int = 16                 # M_c
+    hidden: int = 1152
+    n_layers: int = 28
+    n_heads: int = 16
+    n_kv_heads: int = 16
+    head_dim: int = 72
+    mlp: int = 4608
+    rms_eps: float = 1e-6
+    query_pre_attn_scalar: float = 256.0
+    sliding_pattern: int = 6            # layer i is full attention iff (i + 1) % 6 == 0
+    sliding_window: int = 7500
+    rope_theta_full: float = 1e6
+    rope_theta_local: float = 1e4
+    char_rope_theta: float = 1e4
+    char_softcap: float = 50.0
+    max_positions: int = 7500           # KV cap per session, warm-up included (TM: ≤ 7500)
+    n_codebooks: int = 31
+    codebook_size: int = 1024
+    latent: int = 512
+    n_mixtures: int = 1024
+    low_rank: int = 64
+    mog_layers: int = 3
+    n_steps: int = 8
+    mask_exponent: float = 3.0
+    cfg_scale: float = 0.2
+    top_p: float = 0.95
+    noise_scale: float = 1e-3
+    min_log_std: float = -4.0
+    n_warmup: int = 37                  # Aria prompt rows 0..n-2, silence + BOS row n-1
+
+    @classmethod
+    def full(cls) -> "TalkerConfig":
+        return cls()
+
+    @classmethod
+    def tiny(cls, text_vocab: int = 2048) -> "TalkerConfig":
+        # Same structure: sliding and full layers (window 4 so it bites), 3-block MoG stack,
+        # zero-width and multi-codebook unmasking steps (8 codebooks → [0,0,0,0,0,1,1,6]).
+        return cls(text_vocab=text_vocab, max_chars=8, hidden=64, n_layers=4, n_heads=4,
+                   n_kv_heads=4, head_dim=16, mlp=128, query_pre_attn_scalar=16.0,
+                   sliding_pattern=2, sliding_window=4, max_positions=64, n_codebooks=8,
+                   codebook_size=64, latent=32, n_mixtures=32, low_rank=4, n_warmup=8)
+
+    def __post_init__(self):
+        if self.n_heads * self.head_dim != self.hidden or self.n_heads % self.n_kv_heads:
+            raise ValueError("need n_heads·head_dim == hidden and n_kv_heads | n_heads")
+        if sum(self.schedule) != self.n_codebooks:
+            raise ValueError(f"schedule {self.schedule} does not emit {self.n_codebooks} codebooks")
+
+    @property
+    def attn_scale(self) -> float:
+        return self.query_pre_attn_scalar ** -0.5
+
+    @property
+    def full_layers(self) -> tuple[bool, ...]:
+        return tuple((i + 1) % self.sliding_pattern == 0 for i in range(self.n_layers))
+
+    @property
+    def schedule(self) -> tuple[int, ...]:
+        return unmasking_schedule(self.n_codebooks, self.n_steps, self.mask_exponent)
+
+    @property
+    def pad_code(self) -> int:
+        return self.codebook_size
+
+    @property
+    def control_codes(self) -> tuple[int, int, int]:
+        """(BOS, EOS, PAD) = 1026, 1025, 1024 for the full codebook."""
+        return self.codebook_size + 2, self.codebook_size + 1, self.codebook_size
+
+
+# ------------------------------------------------------------------------------------- state
+
+Profile = Literal["reference", "dense"]
+PROFILES: dict[str, tuple[int, torch.dtype]] = {      # CFG rows, KV dtype (MODEL.md §4)
+    "reference": (2, torch.float32),
+    "dense": (1, torch.bfloat16),
+}
+
+
+@dataclass
+class TalkerState:
+    """Per-slot talker state; every tensor's leading dim is max_slots."""
+    k: Tensor           # [S, L, R, P, kv_heads, head_dim] rotated keys, R = CFG rows
+    v: Tensor           # [S, L, R, P, kv_heads, head_dim]
+    position: Tensor    # int64 [S]: next position to write (0 at reset, n_warmup when live)
+    prev_codes: Tensor  # int64 [S, Q]: codes fed back at the next frame (PAD at reset)
+    pad_code: int
+
+    @property
+    def rows(self) -> int:
+        return self.k.shape[2]
+
+    @classmethod
+    def alloc(cls, cfg: TalkerConfig, max_slots: int, max_positions: int,
+              device: torch.device | str = "cpu", profile: Profile = "reference",
+              kv_dtype: torch.dtype | None = None) -> "TalkerState":
+        if max_positions > cfg.max_positions:
+            raise ValueError(f"max_positions {max_positions} > cap {cfg.max_positions}")
+        rows, default_dtype = PROFILES[profile]
+        shape = (max_slots, cfg.n_layers, rows, max_positions, cfg.n_kv_heads, cfg.head_dim)
+        dtype = kv_dtype or default_dtype
+        return cls(torch.zeros(shape, dtype=dtype, device=device),
+                   torch.zeros(shape, dtype=dtype, device=device),
+                   torch.zeros(max_slots, dtype=torch.long, device=device),
+                   torch.full((max_slots, cfg.n_codebooks), cfg.pad_code, dtype=torch.long,
+                              device=device),
+                   cfg.pad_code)
+
+    def reset(self, slots: Tensor) -> None:
+        """Re-initialise only these slots. KV is zeroed too: a masked stale row is multiplied
+        by probability 0, and 0·NaN would still poison the output."""
+        self.k[slots] = 0
+        self.v[slots] = 0
+        self.position[slots] = 0
+        self.prev_codes[slots] = self.pad_code
+
+
+@dataclass
+class TalkerInputs:
+    y: Tensor           # int64 [B]: thinker text token y_t
+    uniforms: Tensor    # fp32 [B, n_steps, n_mixtures]
+    normals: Tensor     # fp32 [B, n_steps, latent]
+    idle: Tensor        # bool [B]: the assistant is idle (PAD then means silence)
+
+
+@dataclass
+class TalkerOutput:
+    codes: Tensor        # int64 [B, Q]: the generated codes
+    codec_codes: Tensor  # int64 [B, Q]: what the codec decodes (silence-substituted)
+    hidden: Tensor       # [B, R, H]: backbone output per CFG row (checks and debugging)
+
+
+# ---------------------------------------------------------------------------------- backbone
+
+def attend(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, window: int | None,
+           scale: float) -> Tensor:
+    """Masked attention of q [B, R, T, Hq, D] at positions q_pos [B, T] over a cache
+    k, v [B, R, P, Hkv, D]: key j is visible iff j ≤ p and (no window or j > p − window).
+    Every query sees at least itself, so no row is all −inf. → [B, R, T, Hq·D]."""
+    rep = q.shape[-2] // k.shape[-2]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=-2), v.repeat_interleave(rep, dim=-2)
+    kpos = torch.arange(k.shape[2], device=q.device)
+    visible = kpos <= q_pos[..., None]                                   # [B, T, P]
+    if window is not None:
+        visible &= kpos > q_pos[..., None] - window
+    s = torch.einsum("brthd,brphd->brhtp", q, k) * scale
+    s = s.masked_fill(~visible[:, None, None], float("-inf"))
+    o = torch.einsum("brhtp,brphd->brthd", s.softmax(-1), v)
+    return o.flatten(-2)
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, cfg: TalkerConfig):
+        super().__init__()
+        self.q_proj = nn.Linear(cfg.hidden, cfg.n_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.hidden, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+
+
+class DecoderLayer(nn.Module):
+    """Gemma3 layer with 4 norms; writes its K/V rows into the state, then attends."""
+
+    def __init__(self, cfg: TalkerConfig, index: int):
+        super().__init__()
+        self.cfg, self.index = cfg, index
+        full = cfg.full_layers[index]
+        self.theta = cfg.rope_theta_full if full else cfg.rope_theta_local
+        self.window = None if full else cfg.sliding_window
+        self.input_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.self_attn = DecoderAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.pre_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.mlp = GatedMLP(cfg.hidden, cfg.mlp)
+        self.post_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+
+    def forward(self, x: Tensor, pos: Tensor, state: TalkerState, slots: Tensor) -> Tensor:
+        """x [B, R, T, H] at positions pos [B, T] of the sessions in `slots` [B]."""
+        cfg, att = self.cfg, self.self_attn
+        b, r, t, _ = x.shape
+        h = self.input_layernorm(x)
+        q = att.q_norm(att.q_proj(h).view(b, r, t, cfg.n_heads, cfg.head_dim))
+        k = att.k_norm(att.k_proj(h).view(b, r, t, cfg.n_kv_heads, cfg.head_dim))
+        v = att.v_proj(h).view(b, r, t, cfg.n_kv_heads, cfg.head_dim)
+        cos, sin = rope_cos_sin(pos[:, None], cfg.head_dim, self.theta)   # [B, 1, T, D/2]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # Write this chunk's rows first (index writes only: other slots untouched), then read
+        # the slot's whole cache back, so a query sees the stored (e.g. bf16-rounded) keys.
+        at = (slots[:, None, None], self.index, torch.arange(r, device=x.device)[None, :, None],
+              pos[:, None, :])
+        state.k[at] = k.to(state.k.dtype)
+        state.v[at] = v.to(state.v.dtype)
+        keys, values = state.k[slots, self.index].float(), state.v[slots, self.index].float()
+        a = attend(q, keys, values, pos, self.window, cfg.attn_scale)
+        x = x + self.post_attention_layernorm(att.o_proj(a))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: TalkerConfig):
+        super().__init__()
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.n_layers)])
+        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+
+    def forward(self, x: Tensor, pos: Tensor, state: TalkerState, slots: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, pos, state, slots)
+        return self.norm(x)
+
+
+# ------------------------------------------------------------------------- fusion and model
+
+class GatedFusion(nn.Module):
+    """F(a, t) = final_norm(σ(rs)·(σ(g)⊙audio_proj(a/Q) + (1−σ(g))⊙text_proj(t)))."""
+
+    def __init__(self, cfg: TalkerConfig):
+        super().__init__()
+        self.n_codebooks = cfg.n_codebooks
+        self.audio_proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.text_proj = nn.Linear(cfg.hidden, cfg.hidden)
+        self.gate = nn.Parameter(torch.zeros(cfg.hidden))
+        self.residual_scale = nn.Parameter(torch.zeros(()))
+        self.final_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+
+    def forward(self, audio: Tensor, text: Tensor) -> Tensor:
+        g = torch.sigmoid(self.gate)
+        mixed = g * self.audio_proj(audio / self.n_codebooks) + (1 - g) * self.text_proj(text)
+        return self.final_norm(torch.sigmoid(self.residual_scale) * mixed)
+
+
+class EarTTS(nn.Module):
+    """`tts_model.tts_model`: the network; the Talker around it holds the prompt buffers."""
+
+    def __init__(self, cfg: TalkerConfig, char_table: CharTable | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.backbone = Backbone(cfg)
+        self.embed_subword = SubwordEmbedding(cfg, char_table)
+        self.embed_code = nn.Linear(cfg.latent, cfg.hidden, bias=False)
+        self.rvq_embs = nn.Parameter(torch.empty(cfg.n_codebooks, cfg.codebook_size, cfg.latent))
+        self.bos_emb = nn.Parameter(torch.empty(cfg.hidden))
+        self.null_emb = nn.Parameter(torch.empty(cfg.hidden))
+        # Projects a codec-encoded speaker prompt; unused: the Aria prompt comes pre-projected.
+        self.audio_prompt_projection_W = nn.Parameter(torch.empty(cfg.hidden, cfg.hidden))
+        self.gated_fusion_audio_text = GatedFusion(cfg)
+        self.mog_head = MogHead(cfg)
+
+    def audio_embedding(self, codes: Tensor) -> Tensor:
+        """codes int [..., Q] → embed_code(Σ_q rvq_embs[q][c_q]) [..., H]; c ≥ V adds zero."""
+        cfg = self.cfg
+        book = torch.arange(cfg.n_codebooks, device=codes.device)
+        vecs = self.rvq_embs[book, codes.clamp(0, cfg.codebook_size - 1)]      # [..., Q, D]
+        vecs = vecs * (codes < cfg.codebook_size)[..., None]
+        return self.embed_code(vecs.sum(-2))
+
+    def fuse(self, audio: Tensor, text: Tensor, rows: int) -> Tensor:
+        """[..., H] audio and text → [..., R, H]: row c = F(a, t), row u = F(a, null_emb)."""
+        fusion = self.gated_fusion_audio_text
+        out = [fusion(audio, text)]
+        if rows == 2:
+            out.append(fusion(audio, self.null_emb.expand_as(text)))
+        return torch.stack(out, dim=-2)

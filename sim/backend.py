@@ -1,0 +1,116 @@
+"""The `sim` backend: no model, a cost model for time, synthetic but deterministic output.
+
+Output is a function of (slot, frame index) only, so routing errors show: each slot speaks a tone
+whose pitch encodes the slot (`tone_hz`), text tokens spell "slot N speaking. " in alternating
+speaking/listening phases, the user channel transcribes a letter whenever the input frame has
+energy, and a session opened with tools makes one function call early on. Time is the cost
+model's `beat_time(live sessions, mean context)`, slept on the node's clock (virtual in tests).
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from gpu.model.tokenizer import (CALL_END, CALL_START, PAD, ByteFallbackCodec,
+                                 UserByteFallbackCodec)
+from sim.costmodel import CostModel
+from wave_actors.backend import Backend, BeatInput, BeatOutput, NO_TOKEN, SessionSpec
+from wave_actors.clocks import Clock
+from wave_actors.frames import FRAMES_PER_BEAT, OUT_RATE, SAMPLES_OUT
+
+PREFILL_TOKENS_PER_BEAT = 256    # prompt positions a slot prefills per beat (bounded chunks)
+SPEAK_PERIOD = 50                # frames: 25 speaking, 25 listening
+CALL_AT_FRAME = 4                # a session with tools starts its function call at this frame
+
+
+def tone_hz(slot: int) -> float:
+    return 200.0 + 25.0 * slot
+
+
+def tone(slot: int, frame: int) -> np.ndarray:
+    n = np.arange(frame * SAMPLES_OUT, (frame + 1) * SAMPLES_OUT, dtype=np.float64)
+    return (0.2 * np.sin(2 * math.pi * tone_hz(slot) * n / OUT_RATE)).astype(np.float32)
+
+
+class SimBackend(Backend):
+    name = "sim"
+
+    def __init__(self, max_sessions: int, cost: CostModel | None = None, clock: Clock | None = None,
+                 context_offset: int = 0, seed: int = 0, trace: bool = False):
+        self.max_sessions = max_sessions
+        self.cost = cost or CostModel.load()
+        self.clock = clock or Clock()
+        self.context_offset = context_offset        # pretend every session already has this context
+        self.text_codec = ByteFallbackCodec()
+        self.user_codec = UserByteFallbackCodec()
+        self._rng = np.random.default_rng(seed)
+        self._frame = np.zeros(max_sessions, np.int64)          # frames run since open
+        self._prefill_left = np.zeros(max_sessions, np.int64)   # prompt positions still to prefill
+        self._func_queue: list[list[int]] = [[] for _ in range(max_sessions)]
+        self.trace: list[tuple[int, int, float, float]] | None = [] if trace else None
+
+    def open_slot(self, slot: int, spec: SessionSpec) -> None:
+        self._frame[slot] = 0
+        self._prefill_left[slot] = len(self.text_codec.encode(spec.instructions)) + 2
+        self._func_queue[slot] = []
+        if spec.tools:
+            call = [{"name": spec.tools[0]["name"], "arguments": {}}]
+            text = "<TOOLCALL>" + json.dumps(call) + "</TOOLCALL>"
+            self._func_queue[slot] = [CALL_START] + self.text_codec.encode(text) + [CALL_END]
+
+    def close_slot(self, slot: int) -> None:
+        self._prefill_left[slot] = 0
+        self._func_queue[slot] = []
+
+    def ready(self, slot: int) -> bool:
+        return self._prefill_left[slot] <= 0
+
+    def push_function_tokens(self, slot: int, ids: list[int]) -> None:
+        self._func_queue[slot] = self._func_queue[slot] + list(ids)
+
+    def _advance_prefill(self) -> int:
+        busy = self._prefill_left > 0
+        self._prefill_left[busy] -= PREFILL_TOKENS_PER_BEAT
+        return int(busy.sum())
+
+    async def run_beat(self, inp: BeatInput, out: BeatOutput) -> BeatOutput:
+        live = np.flatnonzero(inp.live)
+        prefilling = self._advance_prefill()
+        context = self.context_offset + (float(self._frame[live].mean()) if len(live) else 0.0)
+        t = self.cost.beat_time(len(live) + prefilling, context)
+        if self.cost.jitter_rel:
+            t *= max(0.0, 1.0 + self.cost.jitter_rel * self._rng.standard_normal())
+        await self.clock.sleep(t)
+        for slot in live:
+            self._fill(int(slot), inp, out)
+        out.compute_s = t
+        return out
+
+    def _fill(self, slot: int, inp: BeatInput, out: BeatOutput) -> None:
+        for f in range(FRAMES_PER_BEAT):
+            frame = int(self._frame[slot])
+            audio = inp.audio[slot, f]
+            if self.trace is not None:
+                self.trace.append((inp.beat, slot, float(audio[0]), float(audio[-1])))
+            out.pcm[slot, f] = tone(slot, frame)
+            out.text[slot, f] = self._text_token(slot, frame)
+            queue = self._func_queue[slot]
+            out.func[slot, f] = queue.pop(0) if queue and frame >= CALL_AT_FRAME else PAD
+            out.user[slot, f] = NO_TOKEN
+            if float(np.sqrt(np.mean(audio * audio))) > 0.01:
+                out.user[slot, f, 0] = ord("a") + frame % 26
+            self._frame[slot] = frame + 1
+
+    def _text_token(self, slot: int, frame: int) -> int:
+        if frame % SPEAK_PERIOD >= SPEAK_PERIOD // 2:
+            return PAD
+        phrase = self.text_codec.encode(f"slot {slot} speaking. ")
+        return phrase[frame % len(phrase)]
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "max_sessions": self.max_sessions,
+                "cost_model": {"profile_bytes_per_session_at_1500": self.cost.session_bytes(1500),
+                               "beat_ms_at_max": 1000 * self.cost.beat_time(self.max_sessions,
+                                                                            1500)}}

@@ -1,0 +1,48 @@
+"""`beat_time(n_sessions, context_frames)`: how long one beat takes, from the roofline.
+
+A beat is two frames; each frame reads every weight once for the whole batch and each session's
+state once (MODEL.md §5): mem = 2·(W + N·S(L))/BW, comp = 2·N·(bf16/R_bf16 + tf32/R_tf32), and
+the beat takes max(mem, comp) plus a fixed overhead. Parameters load from JSON so that fitted
+GPU measurements can replace the roofline defaults.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PATH = Path(__file__).with_name("costmodel.json")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    bandwidth_Bps: float
+    bf16_flops: float
+    tf32_flops: float
+    weight_bytes_per_frame: float
+    fixed_bytes: float
+    bytes_per_context_frame: float
+    bf16_flops_per_frame: float
+    tf32_flops_per_frame: float
+    overhead_s_per_beat: float = 0.0
+    jitter_rel: float = 0.0
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, profile: str = "reference") -> "CostModel":
+        raw = json.loads(Path(path or DEFAULT_PATH).read_text())
+        if profile not in raw["profiles"]:
+            raise ValueError(f"cost model has no profile {profile!r}: {sorted(raw['profiles'])}")
+        params = {k: v for k, v in raw.items() if not k.startswith("_") and k != "profiles"}
+        return cls(**params, **raw["profiles"][profile])
+
+    def session_bytes(self, context_frames: float) -> float:
+        return self.fixed_bytes + context_frames * self.bytes_per_context_frame
+
+    def beat_time(self, n_sessions: int, context_frames: float) -> float:
+        if n_sessions <= 0:
+            return self.overhead_s_per_beat
+        mem = 2 * (self.weight_bytes_per_frame + n_sessions * self.session_bytes(context_frames))
+        mem /= self.bandwidth_Bps
+        comp = 2 * n_sessions * (self.bf16_flops_per_frame / self.bf16_flops
+                                 + self.tf32_flops_per_frame / self.tf32_flops)
+        return max(mem, comp) + self.overhead_s_per_beat

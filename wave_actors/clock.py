@@ -1,0 +1,227 @@
+"""BeatClockActor: one per GPU. Releases a beat every 160 ms on a drift-free schedule, packs two
+frames per live session into the backend's (pinned) input slot, runs the backend, stamps latency
+and lateness, and routes each session's outputs back to its SessionActor over ZMQ (inproc).
+
+Schedule: release_k = t0 + k·160 ms. A beat that overruns delays the next one (frames are
+sequential: frame t+1 needs frame t's tokens), but the schedule never shifts, so the overrun
+shows as lateness of the following beats instead of being silently absorbed. The clock never
+waits for a client: a missing frame is silence plus an underrun (see `scheduler`).
+
+Slot changes (open, close, tool results) arrive at any time but reach the backend only between
+beats, so a backend never sees its state change under a running beat.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import msgpack
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from wave_actors.backend import Backend, SessionSpec
+from wave_actors.clocks import Clock
+from wave_actors.frames import BEAT_S
+from wave_actors.runtime import Actor
+from wave_actors.scheduler import BeatScheduler, SlotStats
+from wave_actors.session import FRAME_HEADER
+
+log = logging.getLogger("wave.clock")
+
+
+@dataclass
+class Admit:
+    key: Any
+    identity: bytes           # the SessionActor's DEALER identity on the inproc socket
+    spec: SessionSpec
+
+
+@dataclass
+class Release:
+    slot: int
+
+
+@dataclass
+class FunctionTokens:
+    slot: int
+    ids: list[int]
+
+
+@dataclass
+class BeatRecord:
+    beat: int
+    release: float
+    latency_s: float
+    compute_s: float
+    sessions: int
+    late: bool
+
+
+@dataclass
+class ClockStats:
+    beats: int = 0
+    late_beats: int = 0
+    dropped_frames: int = 0       # frames pushed for unknown or released slots
+    unroutable: int = 0           # outputs whose session socket was gone
+    records: list[BeatRecord] = field(default_factory=list)        # every beat (bench, tests)
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
+
+
+class BeatClockActor(Actor):
+    def __init__(self, backend: Backend, ctx: zmq.asyncio.Context, endpoint: str,
+                 clock: Clock, prebuffer: int = 3, max_queue: int = 50,
+                 on_beat: Callable[[BeatRecord], None] | None = None, keep_records: bool = True):
+        super().__init__("clock")
+        self.backend, self.ctx, self.endpoint, self.clock = backend, ctx, endpoint, clock
+        self.scheduler = BeatScheduler(backend.max_sessions, prebuffer, max_queue)
+        self.stats = ClockStats()
+        self._on_beat, self._keep_records = on_beat, keep_records
+        self._inputs = [backend.alloc_input(), backend.alloc_input()]       # ring of two slots
+        self._outputs = [backend.alloc_output(), backend.alloc_output()]
+        self._identity_slot: dict[bytes, int] = {}
+        self._slot_identity: dict[int, bytes] = {}
+        self._ops: list[tuple] = []              # slot changes for the next beat boundary
+        self._backend_open: set[int] = set()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task] = []
+        self.t0: float | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def on_start(self) -> None:
+        self._sock = self.ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(self.endpoint)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._read_frames(), name="clock-frames"),
+                       loop.create_task(self._beat_loop(), name="clock-beats")]
+        for task in self._tasks:
+            task.add_done_callback(self._task_died)
+
+    def _task_died(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            # Surface a crash of the beat loop as a crash of the actor, for the supervisor.
+            log.error("clock task %s died: %r", task.get_name(), task.exception())
+            if self.task and not self.task.done():
+                self.tell(_Crash(task.exception()))
+
+    async def on_stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._sock is not None:
+            self._sock.close(0)
+
+    # -- control ----------------------------------------------------------------------------------
+    async def handle(self, msg: Any) -> Any:
+        if isinstance(msg, Admit):
+            slot = self.scheduler.admit(msg.key)         # raises CapacityError when full
+            self._identity_slot[msg.identity] = slot
+            self._slot_identity[slot] = msg.identity
+            self._ops.append(("open", slot, msg.spec))
+            return slot
+        if isinstance(msg, Release):
+            return self._release(msg.slot)
+        if isinstance(msg, FunctionTokens):
+            self._ops.append(("func", msg.slot, msg.ids))
+            return None
+        if isinstance(msg, _Crash):
+            raise msg.exc
+        raise TypeError(f"unexpected message {type(msg).__name__}")
+
+    def _release(self, slot: int) -> SlotStats | None:
+        if slot not in self.scheduler.slots:
+            return None
+        stats = self.scheduler.release(slot)
+        identity = self._slot_identity.pop(slot, None)
+        self._identity_slot.pop(identity, None)
+        self._ops.append(("close", slot, None))
+        return stats
+
+    @property
+    def free_slots(self) -> int:
+        return self.scheduler.free_slots
+
+    @property
+    def live_sessions(self) -> int:
+        return len(self.scheduler.slots)
+
+    def _apply_ops(self) -> None:
+        ops, self._ops = self._ops, []
+        for kind, slot, arg in ops:
+            if kind == "open":
+                self.backend.open_slot(slot, arg)
+                self._backend_open.add(slot)
+            elif kind == "close":
+                self.backend.close_slot(slot)
+                self._backend_open.discard(slot)
+            elif kind == "func" and slot in self._backend_open:
+                self.backend.push_function_tokens(slot, arg)
+
+    # -- frames in --------------------------------------------------------------------------------
+    async def _read_frames(self) -> None:
+        while True:
+            identity, header, pcm = await self._sock.recv_multipart()
+            slot = self._identity_slot.get(identity)
+            if slot is None or len(pcm) != 4 * self._inputs[0].audio.shape[-1]:
+                self.stats.dropped_frames += 1
+                continue
+            (frame_no,) = FRAME_HEADER.unpack(header)
+            self.scheduler.push(slot, frame_no, np.frombuffer(pcm, np.float32))
+
+    # -- the beat ---------------------------------------------------------------------------------
+    async def _beat_loop(self) -> None:
+        self.t0 = self.clock.now()
+        k = 0
+        while True:
+            release = self.t0 + k * BEAT_S
+            await self.clock.sleep_until(release)
+            await asyncio.sleep(0)               # let frames that arrived by now be read
+            self._apply_ops()
+            inp, out = self._inputs[k % 2], self._outputs[k % 2]
+            ready = {s for s in self._backend_open if self.backend.ready(s)}
+            plan = self.scheduler.pack(inp, ready)
+            if self._backend_open:               # prefilling slots advance in beats too
+                await self.backend.run_beat(inp, out)
+            latency = self.clock.now() - release
+            routed = self.scheduler.complete(plan, late=latency > BEAT_S)
+            if plan.slots:
+                self._route(routed, out)
+                latency = self.clock.now() - release
+                self._record(plan.beat, release, latency, out.compute_s, len(plan.slots))
+            k += 1
+
+    def _route(self, routed: dict, out) -> None:
+        for slot, (_key, first_frame) in routed.items():
+            identity = self._slot_identity.get(slot)
+            header = msgpack.packb({
+                "frame": first_frame,
+                "text": out.text[slot].tolist(),
+                "func": out.func[slot].tolist(),
+                "user": out.user[slot].tolist(),
+            })
+            try:
+                self._sock.send_multipart([identity, header, out.pcm[slot].tobytes()],
+                                          flags=zmq.NOBLOCK)
+            except (zmq.ZMQError, TypeError):
+                self.stats.unroutable += 1
+
+    def _record(self, beat: int, release: float, latency: float, compute: float, n: int) -> None:
+        late = latency > BEAT_S
+        self.stats.beats += 1
+        self.stats.late_beats += int(late)
+        rec = BeatRecord(beat, release, latency, compute, n, late)
+        self.stats.recent.append(latency)
+        if self._keep_records:
+            self.stats.records.append(rec)
+        if self._on_beat:
+            self._on_beat(rec)
+
+
+@dataclass
+class _Crash:
+    exc: BaseException

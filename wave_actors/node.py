@@ -1,0 +1,399 @@
+"""The node: one process per GPU. Binds the wire protocol's ROUTER, admits sessions into slots,
+runs one SessionActor per session and one BeatClockActor, under a one_for_one supervisor.
+
+The front (this module) owns the public socket: it parses every message with `protocol.parse`,
+answers malformed input with `error` (never crashing, never touching another session), rate-limits
+floods per client, and hands typed messages to the actors. `python -m wave_actors.node` serves
+until SIGINT/SIGTERM, then drains: new opens are refused, every session gets `closed`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from transports import protocol as P
+from wave_actors.backend import Backend, SessionSpec
+from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
+from wave_actors.clocks import Clock
+from wave_actors.metrics import NodeMetrics
+from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
+from wave_actors.scheduler import CapacityError
+from wave_actors.session import AudioIn, Close, FunctionResult, SessionActor, SessionConfig
+
+log = logging.getLogger("wave.node")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    bind: str = "tcp://127.0.0.1:5555"
+    max_sessions: int = 8
+    prebuffer: int = 3                   # frames queued before a session starts consuming
+    max_queue: int = 50                  # jitter buffer bound per session (4 s)
+    idle_timeout_s: float = 10.0         # a client silent this long is gone
+    curve_keys: str | None = None        # directory: server.key_secret + clients/*.key
+    metrics_port: int | None = None
+    clock_endpoint: str = "inproc://wave-clock"
+    flood_rate: float = 2000.0           # messages per second per client, sustained
+    flood_burst: float = 4000.0
+    keep_records: bool = True            # keep every beat's record (bench, tests)
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    stamp: float
+    warned: float = -1e9
+
+
+@dataclass
+class NodeCounters:
+    errors: dict = field(default_factory=dict)
+    refusals: dict = field(default_factory=dict)
+    flood_drops: int = 0
+    opened: int = 0
+    closed: int = 0
+    crashed: int = 0
+
+
+class Node:
+    def __init__(self, cfg: NodeConfig, backend: Backend, clock: Clock | None = None,
+                 ctx: zmq.asyncio.Context | None = None):
+        self.cfg, self.backend = cfg, backend
+        self.clock = clock or Clock()
+        self.ctx = ctx or zmq.asyncio.Context()
+        self.metrics = NodeMetrics()
+        self.counters = NodeCounters()
+        self.supervisor = Supervisor()
+        self.sessions: dict[tuple[bytes, str], SessionActor] = {}
+        self._opening: set[tuple[bytes, str]] = set()      # keys waiting for a slot
+        self._open_nonce = 0
+        self._underruns_reported = 0
+        self._owner_key: dict[tuple[bytes, str], str | None] = {}
+        self._last_seen: dict[bytes, float] = {}
+        self._buckets: dict[bytes, _Bucket] = {}
+        self.draining = False
+        self.sock: zmq.asyncio.Socket | None = None
+        self._auth = None
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def clock_actor(self) -> BeatClockActor:
+        return self.supervisor.get("clock")
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 10_000)
+        self.sock.setsockopt(zmq.SNDHWM, 10_000)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_PAYLOAD_BYTES + P.MAX_HEADER_BYTES)
+        if self.cfg.curve_keys:
+            await self._setup_curve(Path(self.cfg.curve_keys))
+        self.sock.bind(self.cfg.bind)
+        self.supervisor.start_child(ChildSpec("clock", self._make_clock, Restart.PERMANENT))
+        if self.cfg.metrics_port:
+            self.metrics.serve(self.cfg.metrics_port)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._recv_loop()))
+        self._update_gauges()
+
+    def _make_clock(self) -> BeatClockActor:
+        return BeatClockActor(self.backend, self.ctx, self.cfg.clock_endpoint, self.clock,
+                              self.cfg.prebuffer, self.cfg.max_queue, self._on_beat,
+                              self.cfg.keep_records)
+
+    async def _setup_curve(self, keydir: Path) -> None:
+        import zmq.auth
+        from zmq.auth.asyncio import AsyncioAuthenticator
+        public, secret = zmq.auth.load_certificate(keydir / "server.key_secret")
+        if secret is None:
+            raise ValueError(f"{keydir / 'server.key_secret'} holds no secret key")
+        self._auth = AsyncioAuthenticator(self.ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=str(keydir / "clients"))
+        self.sock.curve_secretkey = secret
+        self.sock.curve_publickey = public
+        self.sock.curve_server = True
+
+    @property
+    def endpoint(self) -> str:
+        return self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Refuse new sessions, close every live one with `closed`, stop the actors."""
+        self.draining = True
+        actors = list(self.sessions.values())
+        for actor in actors:
+            try:
+                actor.tell(Close("drain"))
+            except (ActorStopped, MailboxFull):
+                pass
+        deadline = self.clock.now() + timeout
+        while self.sessions and self.clock.now() < deadline:
+            await asyncio.sleep(0.02)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.supervisor.stop_all()
+        if self._auth:
+            self._auth.stop()
+        self.sock.close(0)
+
+    # -- outbound ---------------------------------------------------------------------------------
+    def send(self, identity: bytes, frames: list[bytes]) -> bool:
+        """Non-blocking send; False when the client is gone or not reading (counted)."""
+        fut = self.sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
+        exc = fut.exception() if fut.done() else None
+        if exc is None:
+            return True
+        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
+            self._client_lost(identity)
+        self.metrics.drops.labels("client_not_reading").inc()
+        return False
+
+    def _error(self, identity: bytes, code: str, message: str, session: str | None = None) -> None:
+        self.counters.errors[code] = self.counters.errors.get(code, 0) + 1
+        self.metrics.errors.labels(code).inc()
+        self.send(identity, P.error_frames(code, message, session))
+
+    def _refuse(self, identity: bytes, session: str, reason: str, message: str) -> None:
+        self.counters.refusals[reason] = self.counters.refusals.get(reason, 0) + 1
+        self.metrics.refusals.labels(reason).inc()
+        self.send(identity, P.pack("refused", session, reason=reason, message=message))
+
+    def _client_lost(self, identity: bytes) -> None:
+        for (ident, _sid), actor in list(self.sessions.items()):
+            if ident == identity and not actor.closing:
+                try:
+                    actor.tell(Close("lost"))
+                except (ActorStopped, MailboxFull):
+                    pass
+
+    # -- inbound ----------------------------------------------------------------------------------
+    async def _recv_loop(self) -> None:
+        while True:
+            raw = await self.sock.recv_multipart(copy=False)
+            try:
+                self._on_frames(raw)
+            except Exception:
+                # The front must survive anything a peer sends; a bug here is logged and counted.
+                log.exception("front: unexpected failure handling a message")
+                self.metrics.errors.labels(P.INTERNAL).inc()
+
+    def _on_frames(self, raw: list) -> None:
+        identity = raw[0].bytes
+        user_key = raw[0].get("User-Id") if self.cfg.curve_keys else None
+        now = self.clock.now()
+        if not self._admit_rate(identity, now):
+            return
+        self._last_seen[identity] = now
+        try:
+            msg = P.parse([f.bytes for f in raw[1:]])
+        except P.ProtocolError as exc:
+            self._error(identity, exc.code, exc.message, exc.session)
+            return
+        handler = getattr(self, f"_on_{msg.type}")
+        handler(identity, user_key, msg)
+
+    def _admit_rate(self, identity: bytes, now: float) -> bool:
+        b = self._buckets.get(identity)
+        if b is None:
+            if len(self._buckets) > 10_000:        # forget quiet clients; bounded memory
+                self._prune(now)
+            b = self._buckets[identity] = _Bucket(self.cfg.flood_burst, now)
+        b.tokens = min(self.cfg.flood_burst, b.tokens + (now - b.stamp) * self.cfg.flood_rate)
+        b.stamp = now
+        if b.tokens >= 1.0:
+            b.tokens -= 1.0
+            return True
+        self.counters.flood_drops += 1
+        self.metrics.drops.labels("flood").inc()
+        if now - b.warned > 1.0:
+            b.warned = now
+            self._error(identity, P.OVERLOADED, f"more than {self.cfg.flood_rate:.0f} messages/s; "
+                                                "messages are being dropped")
+        return False
+
+    def _prune(self, now: float) -> None:
+        live = {ident for ident, _ in self.sessions}
+        for ident in [i for i, b in self._buckets.items()
+                      if i not in live and now - b.stamp > self.cfg.idle_timeout_s]:
+            self._buckets.pop(ident, None)
+            self._last_seen.pop(ident, None)
+
+    def _on_ping(self, identity: bytes, user_key, msg: P.Message) -> None:
+        self.send(identity, P.pack("pong", nonce=msg.get("nonce")))
+
+    def _session_for(self, identity: bytes, user_key, msg: P.Message) -> SessionActor | None:
+        key = (identity, msg.session)
+        actor = self.sessions.get(key)
+        if actor is None or actor.closing:
+            self._error(identity, P.UNKNOWN_SESSION, f"no live session {msg.session!r} on this "
+                                                     "connection", msg.session)
+            return None
+        if self._owner_key.get(key) != user_key:
+            self._error(identity, P.FORBIDDEN, "this session belongs to another key", msg.session)
+            return None
+        return actor
+
+    def _on_audio(self, identity: bytes, user_key, msg: P.Message) -> None:
+        actor = self._session_for(identity, user_key, msg)
+        if actor is not None:
+            actor.tell(AudioIn(msg.header["seq"], msg.payload), MsgClass.AUDIO)
+
+    def _on_function_result(self, identity: bytes, user_key, msg: P.Message) -> None:
+        actor = self._session_for(identity, user_key, msg)
+        if actor is not None:
+            self._tell_control(identity, actor, FunctionResult(msg.get("call_id"), msg.get("output")))
+
+    def _on_close(self, identity: bytes, user_key, msg: P.Message) -> None:
+        actor = self._session_for(identity, user_key, msg)
+        if actor is not None:
+            self._tell_control(identity, actor, Close("client"))
+
+    def _tell_control(self, identity: bytes, actor: SessionActor, msg: Any) -> None:
+        try:
+            actor.tell(msg)
+        except (ActorStopped, MailboxFull) as exc:
+            self._error(identity, P.OVERLOADED, f"session cannot take messages: {exc}",
+                        actor.cfg.session)
+
+    def _on_open(self, identity: bytes, user_key, msg: P.Message) -> None:
+        key = (identity, msg.session)
+        if self.draining:
+            return self._refuse(identity, msg.session, "draining", "the node is shutting down")
+        if key in self.sessions or key in self._opening:
+            return self._refuse(identity, msg.session, "duplicate",
+                                f"session {msg.session!r} is already open on this connection")
+        self._opening.add(key)
+        asyncio.get_running_loop().create_task(self._open(identity, user_key, msg))
+
+    async def _open(self, identity: bytes, user_key, msg: P.Message) -> None:
+        key = (identity, msg.session)
+        h = msg.header
+        spec = SessionSpec(h["instructions"], h["tools"])
+        # The slot is unknown until admitted; the inproc identity carries a unique nonce.
+        self._open_nonce += 1
+        ident = f"{self._open_nonce}:{msg.session}".encode()
+        try:
+            slot = await self.clock_actor.ask(Admit(key, ident, spec))
+        except CapacityError as exc:
+            return self._refuse(identity, msg.session, "capacity", str(exc))
+        except (ActorStopped, asyncio.TimeoutError, AttributeError) as exc:
+            return self._refuse(identity, msg.session, "capacity", f"node not ready: {exc!r}")
+        finally:
+            self._opening.discard(key)
+        cfg = SessionConfig(msg.session, identity, slot, h["sample_rate"], h["format"],
+                            h["output_sample_rate"], h["output_format"],
+                            self.cfg.clock_endpoint, self.cfg.idle_timeout_s)
+        actor = self.supervisor.start_child(ChildSpec(
+            f"session:{identity.hex()}:{msg.session}",
+            lambda: self._make_session(cfg, ident), Restart.TEMPORARY, self._session_crashed))
+        self.sessions[key] = actor
+        self._owner_key[key] = user_key
+        self.counters.opened += 1
+        self.metrics.opened.inc()
+        self._update_gauges()
+        self.send(identity, P.pack("opened", msg.session, frame_ms=80, beat_ms=160,
+                                   output_sample_rate=cfg.output_sample_rate,
+                                   output_format=cfg.output_format, slot=slot))
+
+    def _make_session(self, cfg: SessionConfig, ident: bytes) -> SessionActor:
+        actor = SessionActor(cfg, self.ctx, self.send, self.backend.text_codec,
+                             self.backend.user_codec, self.clock, self._close_session,
+                             lambda identity: self._last_seen.get(identity, 0.0),
+                             self._function_tokens, inproc_identity=ident)
+        return actor
+
+    def _function_tokens(self, actor: SessionActor, ids: list[int]) -> None:
+        self.clock_actor.tell(FunctionTokens(actor.cfg.slot, ids))
+
+    # -- closing ----------------------------------------------------------------------------------
+    async def _close_session(self, actor: SessionActor, why: Close) -> None:
+        """Runs inside the session actor: free the slot, send `closed`, stop the actor."""
+        if actor.closing:
+            return
+        actor.closing = True
+        stats = await self._release(actor)
+        self.send(actor.cfg.identity, P.pack("closed", actor.cfg.session, stats=stats))
+        self._forget(actor, why.reason)
+        asyncio.get_running_loop().create_task(
+            self.supervisor.stop_child(f"session:{actor.cfg.identity.hex()}:{actor.cfg.session}"))
+
+    async def _release(self, actor: SessionActor) -> dict:
+        slot_stats = None
+        try:
+            slot_stats = await self.clock_actor.ask(Release(actor.cfg.slot))
+        except Exception as exc:     # the clock restarting: the slot table went with it
+            log.warning("release of slot %d failed: %r", actor.cfg.slot, exc)
+        c = actor.counters
+        s = slot_stats
+        return {"frames_in": s.frames_in if s else 0,
+                "frames_out": c.frames_sent,
+                "underruns": s.underruns if s else 0,
+                "dropped": (s.dropped if s else 0) + actor.input_drops() + c.dropped_out,
+                "late_beats": s.late_beats if s else 0}
+
+    def _forget(self, actor: SessionActor, reason: str) -> None:
+        key = (actor.cfg.identity, actor.cfg.session)
+        if self.sessions.get(key) is actor:
+            self.sessions.pop(key, None)
+            self._owner_key.pop(key, None)
+        self.counters.closed += 1
+        self.metrics.closed.labels(reason).inc()
+        self._update_gauges()
+
+    async def _session_crashed(self, actor: SessionActor, exc: BaseException) -> None:
+        self.counters.crashed += 1
+        if actor.closing:
+            return
+        actor.closing = True
+        self._error(actor.cfg.identity, P.INTERNAL, f"session failed: {type(exc).__name__}",
+                    actor.cfg.session)
+        stats = await self._release(actor)
+        self.send(actor.cfg.identity, P.pack("closed", actor.cfg.session, stats=stats))
+        self._forget(actor, "crash")
+
+    # -- metrics ----------------------------------------------------------------------------------
+    def _on_beat(self, rec: BeatRecord) -> None:
+        m = self.metrics
+        m.beats.inc()
+        m.beat_latency.observe(rec.latency_s)
+        if rec.late:
+            m.late_beats.inc()
+        clock = self.clock_actor
+        if clock is not None:
+            total = clock.scheduler.totals.underruns
+            if total > self._underruns_reported:
+                m.underruns.inc(total - self._underruns_reported)
+                self._underruns_reported = total
+
+    def _update_gauges(self) -> None:
+        live = len(self.sessions)
+        self.metrics.sessions.set(live)
+        self.metrics.free_slots.set(self.backend.max_sessions - live)
+
+    def status(self) -> dict:
+        clock = self.clock_actor
+        lat = sorted(clock.stats.recent) if clock else []
+        pct = (lambda q: 1000 * lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0)
+        totals = clock.scheduler.totals if clock else None
+        return {"sessions": len(self.sessions),
+                "beats": clock.stats.beats if clock else 0,
+                "p50_ms": pct(0.5), "p99_ms": pct(0.99),
+                "late_beats": clock.stats.late_beats if clock else 0,
+                "underruns": totals.underruns if totals else 0,
+                "dropped": totals.dropped if totals else 0,
+                "refusals": sum(self.counters.refusals.values()),
+                "errors": sum(self.counters.errors.values())}
+
+
+if __name__ == "__main__":
+    from wave_actors.node_cli import main
+    main()

@@ -1,0 +1,136 @@
+"""`python -m wave_actors.node`: serve the wire protocol until stopped, or run the demo.
+
+    python -m wave_actors.node --bind tcp://127.0.0.1:5555 --backend sim --max-sessions 64
+    python -m wave_actors.node --demo            # what `make run` does
+
+The demo starts the node and a few conversations streamed from the bundled WAV through the real
+ZMQ socket, shows a live status line, writes each reply to out/demo-reply-N.wav and ends with a
+summary after --demo-seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from wave_actors.backends import NAMES, BackendOptions, make_backend
+from wave_actors.clocks import Clock, new_loop
+from wave_actors.node import Node, NodeConfig
+
+DEMO_WAV = Path(__file__).resolve().parents[1] / "assets" / "demo_user.wav"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m wave_actors.node", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--bind", default="tcp://127.0.0.1:5555")
+    ap.add_argument("--backend", choices=NAMES, default=default_backend())
+    ap.add_argument("--max-sessions", type=int, default=8)
+    ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
+    ap.add_argument("--config", choices=("tiny", "full"), default="tiny",
+                    help="model size for the cpu backend")
+    ap.add_argument("--max-context", type=int, default=1500, help="frames each slot holds")
+    ap.add_argument("--checkpoint", help="safetensors file under the real tensor names")
+    ap.add_argument("--tokenizer", help="tokenizer.json of the text tokenizer")
+    ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
+    ap.add_argument("--context-offset", type=int, default=0,
+                    help="sim: model every session as already holding this many frames")
+    ap.add_argument("--curve-keys", help="directory with server.key_secret and clients/*.key")
+    ap.add_argument("--metrics-port", type=int)
+    ap.add_argument("--idle-timeout", type=float, default=10.0)
+    ap.add_argument("--prebuffer", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--demo", action="store_true", help="serve demo conversations, then stop")
+    ap.add_argument("--demo-sessions", type=int, default=3)
+    ap.add_argument("--demo-seconds", type=float, default=20.0)
+    ap.add_argument("--demo-wav", default=str(DEMO_WAV))
+    ap.add_argument("--out", default="out")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    if args.max_sessions < 1:
+        ap.error("--max-sessions must be at least 1")
+    if args.demo and args.demo_sessions > args.max_sessions:
+        ap.error("--demo-sessions must not exceed --max-sessions")
+    return args
+
+
+def default_backend() -> str:
+    """The embedded default: the reference model on the CPU where it is installed."""
+    try:
+        import gpu.engine.cpu_backend  # noqa: F401
+        return "cpu"
+    except ImportError:
+        return "sim"
+
+
+def build(args) -> Node:
+    opts = BackendOptions(args.max_sessions, args.profile, args.config, args.max_context,
+                          args.context_offset, args.cost_model, args.checkpoint, args.tokenizer,
+                          args.seed)
+    clock = Clock()
+    backend = make_backend(args.backend, opts, clock)
+    cfg = NodeConfig(bind=args.bind, max_sessions=args.max_sessions, prebuffer=args.prebuffer,
+                     idle_timeout_s=args.idle_timeout, curve_keys=args.curve_keys,
+                     metrics_port=args.metrics_port, keep_records=False)
+    return Node(cfg, backend, clock)
+
+
+def status_line(st: dict) -> str:
+    return (f"sessions {st['sessions']:3d} | beats {st['beats']:6d} | p50 {st['p50_ms']:6.1f} ms"
+            f" | p99 {st['p99_ms']:6.1f} ms | late {st['late_beats']} | underruns "
+            f"{st['underruns']} | dropped {st['dropped']} | refused {st['refusals']}")
+
+
+async def show_status(node: Node, every: float = 0.5) -> None:
+    tty = sys.stdout.isatty()
+    n = 0
+    while True:
+        await asyncio.sleep(every)
+        n += 1
+        line = status_line(node.status())
+        if tty:
+            print("\r" + line, end="", flush=True)
+        elif n % 4 == 0:
+            print(line, flush=True)
+
+
+async def serve(args) -> int:
+    node = build(args)
+    await node.start()
+    print(json.dumps({"listening": node.endpoint, **node.backend.describe()}), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    status = loop.create_task(show_status(node, 1.0))
+    if args.demo:
+        from wave_actors.demo import run_demo
+        demo = loop.create_task(run_demo(node.endpoint, args))
+        await asyncio.wait([demo, loop.create_task(stop.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
+    else:
+        await stop.wait()
+    status.cancel()
+    final = status_line(node.status())
+    print("\ndraining…", flush=True)
+    await node.drain()
+    print(final, flush=True)
+    return 0
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    loop = new_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        sys.exit(loop.run_until_complete(serve(args)))
+    except OSError as exc:
+        sys.exit(f"node: {exc}")
+    finally:
+        loop.close()
