@@ -41,6 +41,11 @@ class SimBackend(Backend):
                  context_offset: int = 0, seed: int = 0, trace: bool = False):
         self.max_sessions = max_sessions
         self.cost = cost or CostModel.load()
+        if context_offset and max_sessions > self.cost.capacity(context_offset):
+            raise MemoryError(
+                f"{max_sessions} sessions at {context_offset} frames of context need "
+                f"{max_sessions * self.cost.state_bytes(context_offset) / 1e9:.1f} GB of state; "
+                f"the modelled device holds {self.cost.capacity(context_offset)}")
         self.clock = clock or Clock()
         self.context_offset = context_offset        # pretend every session already has this context
         self.text_codec = ByteFallbackCodec()

@@ -26,6 +26,11 @@ class CostModel:
     tf32_flops_per_frame: float
     overhead_s_per_beat: float = 0.0
     jitter_rel: float = 0.0
+    usable_bytes: float = 148e9           # device memory the engine may use
+    weights_bytes: float = 23.83e9
+    workspace_bytes: float = 4e9
+    state_fixed_bytes: float = 166_694_864      # per-session state held (MODEL.md §3)
+    state_bytes_per_frame: float = 532_480
 
     @classmethod
     def load(cls, path: str | Path | None = None, profile: str = "reference") -> "CostModel":
@@ -37,6 +42,14 @@ class CostModel:
 
     def session_bytes(self, context_frames: float) -> float:
         return self.fixed_bytes + context_frames * self.bytes_per_context_frame
+
+    def state_bytes(self, context_frames: float) -> float:
+        return self.state_fixed_bytes + context_frames * self.state_bytes_per_frame
+
+    def capacity(self, context_frames: float) -> int:
+        """Sessions whose state fits beside the weights and workspace (MODEL.md §4)."""
+        free = self.usable_bytes - self.weights_bytes - self.workspace_bytes
+        return max(0, int(free // self.state_bytes(context_frames)))
 
     def beat_time(self, n_sessions: int, context_frames: float) -> float:
         if n_sessions <= 0:

@@ -116,6 +116,7 @@ class NodeClient:
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, self.identity)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 100_000)      # many sessions share this socket
         if curve is not None:
             self.sock.curve_publickey = curve.public
             self.sock.curve_secretkey = curve.secret

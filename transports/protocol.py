@@ -44,9 +44,11 @@ INTERNAL = "internal"
 class ProtocolError(Exception):
     """Input that breaks the protocol; `code` goes on the wire, `session` when it is known."""
 
-    def __init__(self, code: str, message: str, session: str | None = None):
+    def __init__(self, code: str, message: str, session: str | None = None,
+                 msg_type: str | None = None):
         super().__init__(message)
         self.code, self.message, self.session = code, message, session
+        self.msg_type = msg_type            # the message's type, where it was readable
 
 
 @dataclass
@@ -103,7 +105,11 @@ def parse(frames: list[bytes], types: tuple[str, ...] = CLIENT_TYPES) -> Message
         raise ProtocolError(TOO_LARGE, f"payload of {len(payload)} bytes exceeds "
                                        f"{MAX_PAYLOAD_BYTES}", session)
     msg = Message(type_, session, header, payload)
-    _CHECKS.get(type_, _no_check)(msg)
+    try:
+        _CHECKS.get(type_, _no_check)(msg)
+    except ProtocolError as exc:
+        exc.msg_type = type_
+        raise
     return msg
 
 

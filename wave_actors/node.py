@@ -27,6 +27,7 @@ from wave_actors.scheduler import CapacityError
 from wave_actors.session import AudioIn, Close, FunctionResult, SessionActor, SessionConfig
 
 log = logging.getLogger("wave.node")
+SEND_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,8 @@ class NodeConfig:
     curve_keys: str | None = None        # directory: server.key_secret + clients/*.key
     metrics_port: int | None = None
     clock_endpoint: str = "inproc://wave-clock"
-    flood_rate: float = 2000.0           # messages per second per client, sustained
-    flood_burst: float = 4000.0
+    flood_rate: float = 500.0            # messages/s per client and per live session of it
+    flood_burst: float = 1000.0
     keep_records: bool = True            # keep every beat's record (bench, tests)
 
 
@@ -72,6 +73,7 @@ class Node:
         self.supervisor = Supervisor()
         self.sessions: dict[tuple[bytes, str], SessionActor] = {}
         self._opening: set[tuple[bytes, str]] = set()      # keys waiting for a slot
+        self._sessions_of: dict[bytes, int] = {}            # live sessions per client
         self._open_nonce = 0
         self._underruns_reported = 0
         self._owner_key: dict[tuple[bytes, str], str | None] = {}
@@ -146,16 +148,31 @@ class Node:
         self.sock.close(0)
 
     # -- outbound ---------------------------------------------------------------------------------
-    def send(self, identity: bytes, frames: list[bytes]) -> bool:
-        """Non-blocking send; False when the client is gone or not reading (counted)."""
+    def send(self, identity: bytes, frames: list[bytes], droppable: bool = False) -> bool:
+        """Send to a client without blocking the node. A client that is not reading loses
+        `droppable` messages (audio, counted); anything else waits for it in a task, bounded
+        by SEND_TIMEOUT_S. False when the message did not go out now."""
         fut = self.sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
         exc = fut.exception() if fut.done() else None
         if exc is None:
             return True
         if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
             self._client_lost(identity)
-        self.metrics.drops.labels("client_not_reading").inc()
+            self.metrics.drops.labels("client_gone").inc()
+            return False
+        if droppable:
+            self.metrics.drops.labels("client_not_reading").inc()
+            return False
+        task = asyncio.get_running_loop().create_task(self._send_later(identity, frames))
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
         return False
+
+    async def _send_later(self, identity: bytes, frames: list[bytes]) -> None:
+        try:
+            await asyncio.wait_for(self.sock.send_multipart([identity, *frames]), SEND_TIMEOUT_S)
+        except (asyncio.TimeoutError, zmq.ZMQError):
+            self.metrics.drops.labels("client_not_reading").inc()
 
     def _error(self, identity: bytes, code: str, message: str, session: str | None = None) -> None:
         self.counters.errors[code] = self.counters.errors.get(code, 0) + 1
@@ -190,24 +207,38 @@ class Node:
         identity = raw[0].bytes
         user_key = raw[0].get("User-Id") if self.cfg.curve_keys else None
         now = self.clock.now()
-        if not self._admit_rate(identity, now):
-            return
         self._last_seen[identity] = now
         try:
             msg = P.parse([f.bytes for f in raw[1:]])
         except P.ProtocolError as exc:
-            self._error(identity, exc.code, exc.message, exc.session)
+            if self._admit_rate(identity, now):
+                self._reply_protocol_error(identity, exc)
             return
-        handler = getattr(self, f"_on_{msg.type}")
-        handler(identity, user_key, msg)
+        # `close` is never rate-limited: shedding load must not keep a session alive.
+        if msg.type != "close" and not self._admit_rate(identity, now):
+            return
+        getattr(self, f"_on_{msg.type}")(identity, user_key, msg)
+
+    def _reply_protocol_error(self, identity: bytes, exc: P.ProtocolError) -> None:
+        if exc.msg_type == "open" and exc.session:
+            # The opener waits for opened/refused: answer in those terms, and count it.
+            self.counters.errors[exc.code] = self.counters.errors.get(exc.code, 0) + 1
+            self.metrics.errors.labels(exc.code).inc()
+            self._refuse(identity, exc.session, "invalid", exc.message)
+        else:
+            self._error(identity, exc.code, exc.message, exc.session)
 
     def _admit_rate(self, identity: bytes, now: float) -> bool:
+        """Token bucket per client, sized by its live sessions (a bridge carrying 200 calls may
+        send 200 times what a single call does)."""
         b = self._buckets.get(identity)
         if b is None:
             if len(self._buckets) > 10_000:        # forget quiet clients; bounded memory
                 self._prune(now)
             b = self._buckets[identity] = _Bucket(self.cfg.flood_burst, now)
-        b.tokens = min(self.cfg.flood_burst, b.tokens + (now - b.stamp) * self.cfg.flood_rate)
+        scale = 1 + self._sessions_of.get(identity, 0)
+        b.tokens = min(self.cfg.flood_burst * scale,
+                       b.tokens + (now - b.stamp) * self.cfg.flood_rate * scale)
         b.stamp = now
         if b.tokens >= 1.0:
             b.tokens -= 1.0
@@ -216,8 +247,8 @@ class Node:
         self.metrics.drops.labels("flood").inc()
         if now - b.warned > 1.0:
             b.warned = now
-            self._error(identity, P.OVERLOADED, f"more than {self.cfg.flood_rate:.0f} messages/s; "
-                                                "messages are being dropped")
+            self._error(identity, P.OVERLOADED, "too many messages from this client; messages "
+                                                "are being dropped")
         return False
 
     def _prune(self, now: float) -> None:
@@ -297,6 +328,7 @@ class Node:
             lambda: self._make_session(cfg, ident), Restart.TEMPORARY, self._session_crashed))
         self.sessions[key] = actor
         self._owner_key[key] = user_key
+        self._sessions_of[identity] = self._sessions_of.get(identity, 0) + 1
         self.counters.opened += 1
         self.metrics.opened.inc()
         self._update_gauges()
@@ -345,6 +377,11 @@ class Node:
         if self.sessions.get(key) is actor:
             self.sessions.pop(key, None)
             self._owner_key.pop(key, None)
+            left = self._sessions_of.get(actor.cfg.identity, 1) - 1
+            if left > 0:
+                self._sessions_of[actor.cfg.identity] = left
+            else:
+                self._sessions_of.pop(actor.cfg.identity, None)
         self.counters.closed += 1
         self.metrics.closed.labels(reason).inc()
         self._update_gauges()

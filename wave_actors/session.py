@@ -89,7 +89,7 @@ class SessionActor(Actor):
     audio_cap = 256
 
     def __init__(self, cfg: SessionConfig, ctx: zmq.asyncio.Context,
-                 send_client: Callable[[bytes, list[bytes]], bool],
+                 send_client: Callable[..., bool],
                  text_codec: TextCodec, user_codec: TextCodec, clock: Clock,
                  on_close: Callable[["SessionActor", Close], Any],
                  last_seen: Callable[[bytes], float],
@@ -215,7 +215,7 @@ class SessionActor(Actor):
             out = self._out_resampler(pcm[f])
             ok = self._send_client(self.cfg.identity, P.pack(
                 "audio", self.cfg.session, A.encode(out, self.cfg.output_format),
-                seq=self._out_seq, frame=frame))
+                seq=self._out_seq, frame=frame), True)
             self._out_seq += 1
             if ok:
                 self.counters.frames_sent += 1

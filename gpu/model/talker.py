@@ -14,7 +14,7 @@ Algorithm, per frame, for every session in the batch (slot-indexed state, positi
 Warm-up: positions 0..36 run the backbone only (K/V kept): rows 0..35 take the Aria latent as the
 audio input, row 36 the silence codes + bos_emb; text [PAD]*36 + [EOS], mask [0]*35 + [1, 1].
 It runs in chunks of any size; live generation starts at p = 37 with prev = [PAD]*31.
-Weights: `param_shapes` / `init_random` (talker_weights.py naming: MODEL.md §7, §8).
+Checkpoint names, random init and loading: talker_weights.py (MODEL.md §7, §8).
 """
 from __future__ import annotations
 
@@ -303,3 +303,68 @@ class EarTTS(nn.Module):
         if rows == 2:
             out.append(fusion(audio, self.null_emb.expand_as(text)))
         return torch.stack(out, dim=-2)
+
+
+class _PromptLatents(nn.Module):          # checkpoint path `tts_model.audio_prompt_latents.*`
+    def __init__(self, cfg: TalkerConfig):
+        super().__init__()
+        self.register_buffer("Aria", torch.empty(1, cfg.n_warmup, cfg.hidden))
+
+
+class Talker(nn.Module):
+    """`tts_model.*` minus the codec: EAR-TTS plus silence codes, control codes, Aria prompt.
+
+    Build on any device (`with torch.device("meta"): Talker(cfg)`), then `load_weights`
+    (talker_weights.py) with the checkpoint names. `step` and `warmup` mutate `state` only by
+    index writes at `slots`; they never synchronise with the host.
+    """
+
+    def __init__(self, cfg: TalkerConfig, char_table: CharTable | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.tts_model = EarTTS(cfg, char_table)
+        self.audio_prompt_latents = _PromptLatents(cfg)
+        self.register_buffer("codec_silence_tokens", torch.zeros(cfg.n_codebooks, dtype=torch.int32))
+        self.register_buffer("_control_codes", torch.tensor(cfg.control_codes, dtype=torch.int32))
+
+    @torch.no_grad()
+    def step(self, state: TalkerState, inputs: TalkerInputs, slots: Tensor) -> TalkerOutput:
+        """One 80 ms frame for the B sessions at `slots` [B] (each at its own position)."""
+        m = self.tts_model
+        pos = state.position[slots]                                          # [B]
+        ones = torch.ones(inputs.y.shape, device=inputs.y.device)
+        text = m.embed_subword(inputs.y, ones)                               # [B, H]
+        audio = m.audio_embedding(state.prev_codes[slots])                   # [B, H]
+        x = m.fuse(audio, text, state.rows)[:, :, None]                      # [B, R, 1, H]
+        h = m.backbone(x, pos[:, None], state, slots)[:, :, 0]               # [B, R, H]
+        codes = m.mog_head.sample(h, m.embed_code, m.rvq_embs, inputs.uniforms, inputs.normals)
+        prev, codec_codes = self.substitute(codes, inputs.y, inputs.idle)
+        state.prev_codes[slots] = prev
+        state.position[slots] = pos + 1
+        return TalkerOutput(codes, codec_codes, h)
+
+    def substitute(self, codes: Tensor, y: Tensor, idle: Tensor) -> tuple[Tensor, Tensor]:
+        """(next prev codes, codec codes) from the generated codes [B, Q] (MODEL.md §2.5 rules)."""
+        silence = self.codec_silence_tokens.long()[None, :]
+        pad_idle = (y == PAD) & idle
+        prev = torch.where(((y == EOS) | pad_idle)[:, None], silence, codes)
+        control = (codes >= self.cfg.codebook_size).any(dim=-1)
+        return prev, torch.where((control | pad_idle)[:, None], silence, codes)
+
+    @torch.no_grad()
+    def warmup(self, state: TalkerState, slots: Tensor, count: int) -> None:
+        """Run the next `count` warm-up positions of each slot (its own position onwards; the
+        caller keeps position + count ≤ n_warmup). Only the K/V rows are kept."""
+        cfg, m = self.cfg, self.tts_model
+        last = cfg.n_warmup - 1
+        pos = state.position[slots][:, None] + torch.arange(count, device=slots.device)  # [B, T]
+        is_last = pos == last
+        sub_ids = torch.where(is_last, EOS, PAD)                       # text [PAD]*36 + [EOS]
+        mask = (pos >= last - 1).float()                               # mask [0]*35 + [1, 1]
+        text = m.embed_subword(sub_ids.flatten(), mask.flatten()).view(*pos.shape, cfg.hidden)
+        aria = self.audio_prompt_latents.Aria[0][pos.clamp(max=last)]  # [B, T, H]
+        bos_row = m.audio_embedding(self.codec_silence_tokens.long()) + m.bos_emb
+        audio = torch.where(is_last[..., None], bos_row, aria)
+        x = m.fuse(audio, text, state.rows).transpose(1, 2)            # [B, R, T, H]
+        m.backbone(x, pos, state, slots)
+        state.position[slots] = pos[:, -1] + 1

@@ -103,10 +103,10 @@ class CharTable:
     @classmethod
     def synthetic(cls, cfg: "TalkerConfig", seed: int = 0) -> "CharTable":
         """No tokenizer (MODEL.md §8): random characters, lengths uniform in 1..M_c."""
-        g = torch.Generator().manual_seed(seed)
-        lengths = torch.randint(1, cfg.max_chars + 1, (cfg.text_vocab,), generator=g)
-        ids = torch.randint(0, cfg.n_chars, (cfg.text_vocab, cfg.max_chars), generator=g)
-        ids = ids.masked_fill(torch.arange(cfg.max_chars) >= lengths[:, None], cfg.n_chars)
+        g, cpu = torch.Generator().manual_seed(seed), torch.device("cpu")   # also under meta
+        lengths = torch.randint(1, cfg.max_chars + 1, (cfg.text_vocab,), generator=g, device=cpu)
+        ids = torch.randint(0, cfg.n_chars, (cfg.text_vocab, cfg.max_chars), generator=g, device=cpu)
+        ids = ids.masked_fill(torch.arange(cfg.max_chars, device=cpu) >= lengths[:, None], cfg.n_chars)
         return cls(ids.to(torch.int32), lengths.to(torch.int32))
 
 

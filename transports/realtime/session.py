@@ -9,6 +9,7 @@ into its prompt at prefill), so a later update that changes them is refused as a
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -188,3 +189,20 @@ def session_object(cfg: SessionConfig, session_id: str, beta: bool) -> dict:
             "audio": {"input": {"format": cfg.input.ga(), "turn_detection": None,
                                 "transcription": {"model": "rnnt"}},
                       "output": {"format": cfg.output.ga(), "voice": cfg.voice}}}
+
+
+def parse_event(text: str | bytes, max_chars: int) -> dict:
+    """A client event from one WebSocket message: a JSON object with a string `type`."""
+    if isinstance(text, bytes):
+        raise EventError("invalid_event", "binary messages are not part of the protocol: send "
+                         "JSON text events (audio goes base64 in input_audio_buffer.append)")
+    if len(text) > max_chars:
+        raise EventError("message_too_large", f"event of {len(text)} bytes exceeds the limit of "
+                         f"{max_chars}; send audio in smaller appends")
+    try:
+        event = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise EventError("invalid_json", f"event is not valid JSON: {str(exc)[:200]}")
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        raise EventError("invalid_event", "an event must be a JSON object with a string `type`")
+    return event

@@ -213,11 +213,11 @@ def _session_attr(session: Session, name: str) -> bool:
 
 
 def offer(local_ip: str, local_port: int, session_id: int, version: int = 1,
-          ptime_ms: int = 20) -> Session:
-    """Our own offer (for an INVITE that came without SDP): PCMU then PCMA."""
+          ptime_ms: int = 20, codecs: tuple[Codec, ...] = (PCMU, PCMA)) -> Session:
+    """Our own offer (for an INVITE that came without SDP)."""
     family = "IP6" if ":" in local_ip else "IP4"
+    rtpmaps = [("a", f"rtpmap:{c.pt} {c.name}/{c.rate}") for c in codecs]
     return Session([("v", "0"), ("o", f"wave {session_id} {version} IN {family} {local_ip}"),
                     ("s", "wave"), ("c", f"IN {family} {local_ip}"), ("t", "0 0")],
-                   [Media("audio", local_port, "RTP/AVP", ["0", "8"], [
-                       ("a", "rtpmap:0 PCMU/8000"), ("a", "rtpmap:8 PCMA/8000"),
-                       ("a", f"ptime:{ptime_ms}"), ("a", "sendrecv")])])
+                   [Media("audio", local_port, "RTP/AVP", [str(c.pt) for c in codecs],
+                          [*rtpmaps, ("a", f"ptime:{ptime_ms}"), ("a", "sendrecv")])])

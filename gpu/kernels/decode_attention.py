@@ -1,0 +1,215 @@
+"""Single-query decode attention over a slot-indexed KV cache, split-K (flash-decoding).
+
+For batch row b (state row s = slots[b], valid length n = lengths[b], start = max(0, n - window)
+when window > 0 else 0), query head j reading kv head j // (HQ/HKV):
+    o[b, j] = softmax(q[b, j] · K[s, kv, start:n]ᵀ · scale) · V[s, kv, start:n]
+Cache layout [max_slots, HKV, max_len, head_dim] (any strides, head_dim contiguous); the caller
+appends this step's K/V before the call. Thinker: HQ 40 / HKV 8, head_dim 128, bf16, scale 1/√128.
+Talker: 16 / 16, head_dim 72 (masked in a padded 128 block), fp32 or bf16 KV, scale 1/√256,
+optional sliding window.
+Launch 1, grid (B, HKV, splits): each program streams one slice of [start, n) of its kv head once
+(all GROUP query heads of the kv head share the read) with an online softmax, and writes a partial
+(max, sum, unnormalised acc). GQA (GROUP > 1) uses tl.dot on fp32 operands (tf32 for 16-bit KV,
+exact for q·k; ieee for fp32 KV); MHA (GROUP == 1) uses fp32 multiply-adds.
+Launch 2, grid (B, HQ): merges the splits. Bytes: 2·(n - start)·HKV·head_dim·elem per row, plus
+splits·HQ·(head_dim + 2)·4 of partials.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpu.kernels._check import FLOATS, check, check_slots, next_pow2
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _span(SLOTS, LENS, b, sp, window, max_slots, N_SPLITS: tl.constexpr, BLOCK_L: tl.constexpr):
+    # This split's slice [lo, hi) of the row's attended range [start, length); BLOCK_L-aligned chunks.
+    slot = tl.load(SLOTS + b)
+    tl.device_assert((slot >= 0) & (slot < max_slots), "decode_attention: slot out of range")
+    length = tl.load(LENS + b)
+    start = tl.where(window > 0, tl.maximum(length - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(length - start, N_SPLITS), BLOCK_L) * BLOCK_L
+    lo = start + sp * chunk
+    hi = tl.minimum(lo + chunk, length)
+    return slot.to(tl.int64), lo, hi
+
+
+@triton.jit
+def _attn_gqa_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
+                     sq_b, sq_h, sk_s, sk_h, sv_s, sv_h,
+                     SK_L: tl.constexpr, SV_L: tl.constexpr, HQ: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, N_SPLITS: tl.constexpr,
+                     BLOCK_G: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
+                     DOT_PREC: tl.constexpr):
+    b = tl.program_id(0)
+    kh = tl.program_id(1)
+    sp = tl.program_id(2)
+    slot, lo, hi = _span(SLOTS, LENS, b, sp, window, max_slots, N_SPLITS, BLOCK_L)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    mg = g < GROUP
+    md = d < HEAD_DIM
+    heads = kh * GROUP + g
+    q = tl.load(Q + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=mg[:, None] & md[None, :],
+                other=0.0).to(tl.float32)
+    kb = K + slot * sk_s + kh * sk_h
+    vb = V + slot * sv_s + kh * sv_h
+    m_i = tl.full([BLOCK_G], -1e30, tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for l0 in range(lo, hi, BLOCK_L):
+        pos = l0 + tl.arange(0, BLOCK_L)
+        ml = pos < hi
+        kv_mask = ml[:, None] & md[None, :]
+        # fp32 operands: with bf16 K/V and q, "tf32" is exact for q·k (8-bit mantissas fit in
+        # tf32's 11) and rounds p to tf32 (finer than bf16); the interpreter has no bf16 dot.
+        k = tl.load(kb + pos[:, None] * SK_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(vb + pos[:, None] * SV_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale     # log2 domain
+        s = tl.where(ml[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PREC)
+        m_i = m_new
+    part = (b * HQ + heads) * N_SPLITS + sp
+    tl.store(MP + part, m_i, mask=mg)
+    tl.store(LP + part, l_i, mask=mg)
+    tl.store(OP + part[:, None] * BLOCK_D + d[None, :], acc, mask=mg[:, None])
+
+
+@triton.jit
+def _attn_mha_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
+                     sq_b, sq_h, sk_s, sk_h, sv_s, sv_h,
+                     SK_L: tl.constexpr, SV_L: tl.constexpr, HQ: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, N_SPLITS: tl.constexpr,
+                     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+    # One query head per kv head: scores by fp32 multiply-add (exact fp32 for the fp32 talker KV).
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.program_id(2)
+    slot, lo, hi = _span(SLOTS, LENS, b, sp, window, max_slots, N_SPLITS, BLOCK_L)
+    d = tl.arange(0, BLOCK_D)
+    md = d < HEAD_DIM
+    q = tl.load(Q + b * sq_b + h * sq_h + d, mask=md, other=0.0).to(tl.float32) * qk_scale
+    kb = K + slot * sk_s + h * sk_h
+    vb = V + slot * sv_s + h * sv_h
+    m_i = tl.max(tl.full([BLOCK_L], -1e30, tl.float32), axis=0)
+    l_i = tl.sum(tl.zeros([BLOCK_L], tl.float32), axis=0)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for l0 in range(lo, hi, BLOCK_L):
+        pos = l0 + tl.arange(0, BLOCK_L)
+        ml = pos < hi
+        kv_mask = ml[:, None] & md[None, :]
+        k = tl.load(kb + pos[:, None] * SK_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(vb + pos[:, None] * SV_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        s = tl.where(ml, tl.sum(k * q[None, :], axis=1), float("-inf"))     # log2 domain
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m_i = m_new
+    part = (b * HQ + h) * N_SPLITS + sp
+    tl.store(MP + part, m_i)
+    tl.store(LP + part, l_i)
+    tl.store(OP + part * BLOCK_D + d, acc)
+
+
+@triton.jit
+def _combine_kernel(MP, LP, OP, OUT, so_b, so_h, HQ: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    N_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    # grid (B, HQ): o = Σ_s 2^(m_s - M) acc_s / Σ_s 2^(m_s - M) l_s; an empty row gives 0.
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    ms = s < N_SPLITS
+    part = (b * HQ + h) * N_SPLITS + s
+    m = tl.load(MP + part, mask=ms, other=-1e30)
+    w = tl.where(ms, tl.exp2(m - tl.max(m, axis=0)), 0.0)
+    den = tl.sum(w * tl.load(LP + part, mask=ms, other=0.0), axis=0)
+    acc = tl.load(OP + part[:, None] * BLOCK_D + d[None, :], mask=ms[:, None], other=0.0)
+    o = tl.sum(w[:, None] * acc, axis=0) / tl.where(den > 0.0, den, 1.0)
+    tl.store(OUT + b * so_b + h * so_h + d, o.to(OUT.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def _splits(batch: int, hkv: int, max_len: int, device: torch.device) -> int:
+    # Enough programs for ~4 per SM, but no split shorter than 128 positions.
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, min(triton.cdiv(4 * sms, batch * hkv), triton.cdiv(max_len, 128)))
+
+
+def decode_attention(q, k_cache, v_cache, slots, lengths, *, scale: float, window: int = 0,
+                     max_len: int | None = None, out=None, num_splits: int | None = None):
+    """o [B, HQ, D] (q's dtype) = attention of q [B, HQ, D] over k/v_cache [S, HKV, Lmax, D] rows
+    slots (int32[B]) at positions [max(0, lengths - window) if window else 0, lengths).
+    max_len (host int, ≥ every length) sizes the split grid without reading `lengths`; defaults
+    to Lmax. Reads only; the caller writes the new K/V rows first."""
+    batch, hq, head_dim = q.shape
+    max_slots, hkv, cap, _ = k_cache.shape
+    dev = q.device
+    check("q", q, (batch, hq, head_dim), FLOATS, device=dev)
+    check("k_cache", k_cache, (max_slots, hkv, cap, head_dim), FLOATS, contiguous=False, device=dev)
+    check("v_cache", v_cache, (max_slots, hkv, cap, head_dim), k_cache.dtype, contiguous=False, device=dev)
+    assert k_cache.stride(3) == 1 and v_cache.stride(3) == 1, "head_dim must be contiguous"
+    assert hq % hkv == 0, (hq, hkv)
+    check_slots(slots, batch, max_slots, dev)
+    check("lengths", lengths, (batch,), torch.int32, device=dev)
+    max_len = cap if max_len is None else int(max_len)
+    assert 1 <= max_len <= cap and int(window) >= 0, (max_len, cap, window)
+    if lengths.device.type == "cpu":
+        assert all(0 <= n <= max_len for n in lengths.tolist()), f"lengths {lengths.tolist()} > {max_len}"
+    if out is None:
+        out = torch.empty_like(q)
+    check("out", out, (batch, hq, head_dim), q.dtype, device=dev)
+    n_splits = num_splits or _splits(batch, hkv, max_len, dev)
+    group, block_d = hq // hkv, next_pow2(head_dim)
+    mpart = torch.empty(batch, hq, n_splits, device=dev, dtype=torch.float32)
+    lpart = torch.empty_like(mpart)
+    opart = torch.empty(batch, hq, n_splits, block_d, device=dev, dtype=torch.float32)
+    common = (q, k_cache, v_cache, slots, lengths, mpart, lpart, opart, int(window), scale * LOG2E,
+              max_slots, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+              v_cache.stride(0), v_cache.stride(1))
+    if group > 1:
+        _attn_gqa_kernel[(batch, hkv, n_splits)](
+            *common, SK_L=k_cache.stride(2), SV_L=v_cache.stride(2), HQ=hq, HEAD_DIM=head_dim,
+            GROUP=group, N_SPLITS=n_splits, BLOCK_G=max(16, next_pow2(group)), BLOCK_L=64,
+            BLOCK_D=block_d, DOT_PREC="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=4)
+    else:
+        _attn_mha_kernel[(batch, hkv, n_splits)](
+            *common, SK_L=k_cache.stride(2), SV_L=v_cache.stride(2), HQ=hq, HEAD_DIM=head_dim,
+            N_SPLITS=n_splits, BLOCK_L=32, BLOCK_D=block_d, num_warps=4)
+    _combine_kernel[(batch, hq)](mpart, lpart, opart, out, out.stride(0), out.stride(1), HQ=hq,
+                                 HEAD_DIM=head_dim, N_SPLITS=n_splits, BLOCK_S=next_pow2(n_splits),
+                                 BLOCK_D=block_d, num_warps=4)
+    return out
+
+
+def decode_attention_ref(q, k_cache, v_cache, slots, lengths, *, scale: float, window: int = 0,
+                         max_len: int | None = None, out=None, num_splits: int | None = None):
+    """PyTorch twin (same signature; num_splits ignored). fp32 math, fp64 when given fp64."""
+    batch, hq, head_dim = q.shape
+    hkv, cap = k_cache.shape[1], k_cache.shape[2]
+    f = torch.promote_types(q.dtype, torch.float32)
+    n = cap if max_len is None else int(max_len)
+    idx = slots.long()
+    k = k_cache[idx, :, :n].to(f)                                     # [B, HKV, n, D]
+    v = v_cache[idx, :, :n].to(f)
+    qq = q.to(f).reshape(batch, hkv, hq // hkv, head_dim)             # head j -> kv head j // G
+    s = torch.einsum("bhgd,bhld->bhgl", qq, k) * scale
+    pos = torch.arange(n, device=q.device)[None, :]
+    lens = lengths.long()[:, None]
+    start = (lens - window).clamp_min(0) if window > 0 else torch.zeros_like(lens)
+    valid = (pos < lens) & (pos >= start)                             # [B, n]
+    p = torch.softmax(s.masked_fill(~valid[:, None, None, :], float("-inf")), dim=-1).nan_to_num(0.0)
+    o = torch.einsum("bhgl,bhld->bhgd", p, v).reshape(batch, hq, head_dim).to(q.dtype)
+    if out is None:
+        return o
+    out.copy_(o)
+    return out

@@ -1,0 +1,349 @@
+"""Perception (MODEL.md §2.2): cache-aware streaming FastConformer, one encoder frame per 80 ms.
+
+Algorithm, per frame and session:
+1. Subsampling of the 17-column mel window (9 cached + 8 new): conv0 3×3/2 → ReLU → 2×(depthwise
+   3×3/2 → pointwise 1×1 → ReLU), each strided conv causally padded (2 before, 1 after) in time and
+   frequency, so time 17→9→5→3 and frequency 128→65→33→17; the first 2 frames are dropped
+   (`drop_extra_pre_encoded`) and `out` maps C·17 → d_model. On a session's first frame NeMo feeds
+   one column alone; here the window's other columns are zero and every strided conv's input is
+   zeroed before its last time step, which is exactly the zero padding the 1-column input gets.
+2. 24 Conformer layers on that one row x: x += ½·FF1(LN x); u = LN_att(x); keys/values from
+   [channel cache (70 rows); u], Transformer-XL scores ((q+u_bias)·k_j + (q+v_bias)·p_{d_j})/√dh with
+   p_d = linear_pos(sinusoid(d)) at distance d_j = 70 − j; cache rows older than the session's
+   first frame are masked; x += out(softmax·V); cache ← last 70 rows; conv module GLU(pw1) →
+   depthwise k=9 over [time cache (8); g] → LN → SiLU → pw2; x += ½·FF2(LN x); x = LN_out(x).
+3. e_t = x (RNNT input), a_t = proj(e_t) (thinker input).
+
+The non-streaming path runs NeMo's offline computation over a whole utterance: the conv stack over
+all columns and full attention with the causal 70-frame left mask, relative positions through
+NeMo's pad-and-reshape `rel_shift` over 2T−1 positions. The two agree exactly except that NeMo's
+streaming feeds zero mel columns (not padding) to encoder frame 1, which differs from offline only
+when the subsampling biases are nonzero (random init has them 0, §8).
+
+The channel cache holds the layer-normed attention inputs (NeMo/TM layout); caching K/V instead
+would be exact and cheaper (§2.2) and is left to the fast path.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+PREFIX = "stt_model.perception."
+NORMS = ("norm_feed_forward1", "norm_self_att", "norm_conv", "norm_feed_forward2", "norm_out")
+RESIDUAL_OUT = ("linear2.weight", "linear_out.weight", "pointwise_conv2.weight")
+
+
+@dataclass(frozen=True)
+class PerceptionConfig:
+    n_layers: int = 24
+    d_model: int = 1024
+    n_heads: int = 8
+    ff_expansion: int = 4
+    conv_kernel: int = 9
+    left_context: int = 70        # att_context_size [70, 0]
+    sub_channels: int = 256       # subsampling_conv_channels (inferred)
+    mel_bins: int = 128
+    out_dim: int = 4480           # proj output = thinker hidden
+    use_bias: bool = False        # encoder linears/convs; norms, subsampling and proj have biases
+    eps: float = 1e-5
+    history_cols: int = 9         # pre_encode_cache_size
+    new_cols: int = 8             # mel columns per frame
+    drop_frames: int = 2          # drop_extra_pre_encoded
+
+    def __post_init__(self):
+        assert self.d_model % self.n_heads == 0
+        assert subsampled_len(self.window_cols) - self.drop_frames == 1, "one encoder frame per step"
+
+    @classmethod
+    def full(cls) -> "PerceptionConfig":
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> "PerceptionConfig":
+        # left_context 5 so a 12-frame test evicts cache rows; out_dim = ThinkerConfig.tiny().hidden
+        return cls(n_layers=2, d_model=32, n_heads=2, left_context=5, sub_channels=4, mel_bins=32, out_dim=64)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ff_dim(self) -> int:
+        return self.d_model * self.ff_expansion
+
+    @property
+    def time_cache(self) -> int:
+        return self.conv_kernel - 1
+
+    @property
+    def sub_freq(self) -> int:
+        return subsampled_len(self.mel_bins)        # 128 → 17
+
+    @property
+    def window_cols(self) -> int:
+        return self.history_cols + self.new_cols    # 17
+
+
+def subsampled_len(n: int) -> int:
+    """Length after the three causal stride-2 convs: each gives ⌊n/2⌋ + 1."""
+    for _ in range(3):
+        n = n // 2 + 1
+    return n
+
+
+def param_shapes(cfg: PerceptionConfig) -> dict[str, tuple]:
+    D, C, H = cfg.d_model, cfg.sub_channels, cfg.n_heads
+    s: dict[str, tuple] = {}
+    pre = PREFIX + "encoder.pre_encode."
+    for i, shape in ((0, (C, 1, 3, 3)), (2, (C, 1, 3, 3)), (3, (C, C, 1, 1)), (5, (C, 1, 3, 3)), (6, (C, C, 1, 1))):
+        s[f"{pre}conv.{i}.weight"], s[f"{pre}conv.{i}.bias"] = shape, (C,)
+    s[pre + "out.weight"], s[pre + "out.bias"] = (D, C * cfg.sub_freq), (D,)
+    for i in range(cfg.n_layers):
+        L = f"{PREFIX}encoder.layers.{i}."
+        for n in NORMS + ("conv.batch_norm",):
+            s[L + n + ".weight"], s[L + n + ".bias"] = (D,), (D,)
+        lin = {"feed_forward1.linear1": (cfg.ff_dim, D), "feed_forward1.linear2": (D, cfg.ff_dim),
+               "feed_forward2.linear1": (cfg.ff_dim, D), "feed_forward2.linear2": (D, cfg.ff_dim),
+               "self_attn.linear_q": (D, D), "self_attn.linear_k": (D, D), "self_attn.linear_v": (D, D),
+               "self_attn.linear_out": (D, D), "conv.pointwise_conv1": (2 * D, D, 1),
+               "conv.depthwise_conv": (D, 1, cfg.conv_kernel), "conv.pointwise_conv2": (D, D, 1)}
+        for n, shape in lin.items():
+            s[L + n + ".weight"] = shape
+            if cfg.use_bias:
+                s[L + n + ".bias"] = (shape[0],)
+        s[L + "self_attn.linear_pos.weight"] = (D, D)      # never has a bias in NeMo
+        s[L + "self_attn.pos_bias_u"] = s[L + "self_attn.pos_bias_v"] = (H, cfg.head_dim)
+    s[PREFIX + "proj.weight"], s[PREFIX + "proj.bias"] = (cfg.out_dim, D), (cfg.out_dim,)
+    return s
+
+
+def init_random(cfg: PerceptionConfig, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    """MODEL.md §8: weights N(0, 1/fan_in) (residual outputs ×1/√(2·layers)), biases 0, norms 1/0."""
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        is_norm = any(f".{n}." in name for n in NORMS + ("batch_norm",))
+        if is_norm and name.endswith(".weight"):
+            out[name] = torch.ones(shape)
+        elif name.endswith("bias") or "pos_bias" in name:         # incl. norm biases, pos_bias_u/v
+            out[name] = torch.zeros(shape)
+        else:
+            fan_in = math.prod(shape[1:])
+            std = 1.0 / math.sqrt(fan_in)
+            if name.endswith(RESIDUAL_OUT):
+                std /= math.sqrt(2 * cfg.n_layers)
+            out[name] = torch.randn(shape, generator=generator) * std
+    return out
+
+
+def sinusoid(pos: Tensor, dim: int) -> Tensor:
+    """NeMo PositionalEncoding rows for (possibly negative) positions: [..., dim], sin even / cos odd."""
+    div = torch.exp(torch.arange(0, dim, 2, device=pos.device, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    ang = pos.float()[..., None] * div
+    return torch.stack([ang.sin(), ang.cos()], dim=-1).flatten(-2)
+
+
+@dataclass
+class PerceptionState:
+    """Per-slot caches. Invariant: after n frames, chan[l, s, 70 − min(n, 70):] are the layer-normed
+    attention inputs of the last frames (older rows masked), time[l, s] the last 8 GLU outputs."""
+    chan: Tensor    # [L, S, 70, D] compute dtype
+    time: Tensor    # [L, S, D, 8]  compute dtype
+    frames: Tensor  # [S] long
+
+    @classmethod
+    def alloc(cls, cfg: PerceptionConfig, max_slots: int, device=None, dtype=torch.float32) -> "PerceptionState":
+        L, D = cfg.n_layers, cfg.d_model
+        return cls(torch.zeros(L, max_slots, cfg.left_context, D, device=device, dtype=dtype),
+                   torch.zeros(L, max_slots, D, cfg.time_cache, device=device, dtype=dtype),
+                   torch.zeros(max_slots, dtype=torch.long, device=device))
+
+    def reset(self, slots: Tensor) -> None:
+        self.chan[:, slots] = 0
+        self.time[:, slots] = 0
+        self.frames[slots] = 0
+
+
+@dataclass
+class PerceptionOutput:
+    enc: Tensor     # e_t [B, d_model] (or [B, T, d_model] offline): RNNT input
+    audio: Tensor   # a_t = proj(e_t) [B, out_dim]: thinker input
+
+
+class PreEncode(nn.Module):
+    """Causal dw-striding subsampling; `conv` indices 0, 2, 3, 5, 6 match the checkpoint."""
+
+    def __init__(self, cfg: PerceptionConfig, **kw):
+        super().__init__()
+        C = cfg.sub_channels
+        dw = lambda: nn.Conv2d(C, C, 3, stride=2, groups=C, **kw)
+        pw = lambda: nn.Conv2d(C, C, 1, **kw)
+        self.conv = nn.Sequential(nn.Conv2d(1, C, 3, stride=2, **kw), nn.ReLU(), dw(), pw(), nn.ReLU(), dw(), pw(), nn.ReLU())
+        self.out = nn.Linear(C * cfg.sub_freq, cfg.d_model, **kw)
+
+    def forward(self, mel: Tensor, first: Tensor | None = None) -> Tensor:
+        """mel [B, T, M] → [B, T', d_model]. `first` [B] bool: keep only the last column (see top)."""
+        x = mel.to(self.out.weight.dtype)[:, None]                      # [B, 1, T, M]
+        for i in (0, 2, 5):                                             # the strided, padded convs
+            if first is not None:   # zero all but the last time step of first-frame sessions
+                keep = ~first[:, None] | (torch.arange(x.shape[2], device=x.device) == x.shape[2] - 1)
+                x = x * keep[:, None, :, None].to(x.dtype)
+            x = self.conv[i](F.pad(x, (2, 1, 2, 1)))                    # causal: 2 before, 1 after
+            if i > 0:
+                x = self.conv[i + 1](x)                                 # pointwise 1×1
+            x = torch.relu(x)
+        B, C, T, Fq = x.shape
+        return self.out(x.transpose(1, 2).reshape(B, T, C * Fq))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: PerceptionConfig, **kw):
+        super().__init__()
+        self.linear1 = nn.Linear(cfg.d_model, cfg.ff_dim, bias=cfg.use_bias, **kw)
+        self.linear2 = nn.Linear(cfg.ff_dim, cfg.d_model, bias=cfg.use_bias, **kw)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(F.silu(self.linear1(x)))
+
+
+class RelPosAttention(nn.Module):
+    def __init__(self, cfg: PerceptionConfig, **kw):
+        super().__init__()
+        D, H = cfg.d_model, cfg.n_heads
+        self.cfg = cfg
+        for n in ("linear_q", "linear_k", "linear_v", "linear_out"):
+            setattr(self, n, nn.Linear(D, D, bias=cfg.use_bias, **kw))
+        self.linear_pos = nn.Linear(D, D, bias=False, **kw)
+        self.pos_bias_u = nn.Parameter(torch.zeros(H, cfg.head_dim, **kw))
+        self.pos_bias_v = nn.Parameter(torch.zeros(H, cfg.head_dim, **kw))
+
+    def _heads(self, lin: nn.Linear, x: Tensor) -> Tensor:
+        return lin(x).unflatten(-1, (self.cfg.n_heads, self.cfg.head_dim))      # [B, T, H, dh]
+
+    def _finish(self, scores: Tensor, mask: Tensor, v: Tensor) -> Tensor:
+        """scores [B, H, Tq, Tk] (unscaled), mask [B|1, Tq, Tk] True = visible, v [B, Tk, H, dh]."""
+        s = (scores.float() / math.sqrt(self.cfg.head_dim)).masked_fill(~mask[:, None], float("-inf"))
+        o = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1).to(v.dtype), v)
+        return self.linear_out(o.flatten(-2))
+
+    def stream(self, u: Tensor, chan: Tensor, n_cached: Tensor) -> Tensor:
+        """u [B, D] this frame's normed input, chan [B, W, D] cache, n_cached [B] valid cache rows."""
+        W = self.cfg.left_context
+        kv_in = torch.cat([chan, u[:, None]], dim=1)                            # [B, W+1, D]
+        q, k, v = self._heads(self.linear_q, u[:, None]), self._heads(self.linear_k, kv_in), self._heads(self.linear_v, kv_in)
+        dist = torch.arange(W, -1, -1, device=u.device)                         # key j is W − j frames back
+        p = self._heads(self.linear_pos, sinusoid(dist, self.cfg.d_model).to(u.dtype))   # [W+1, H, dh]
+        ac = torch.einsum("bqhd,bkhd->bhqk", q + self.pos_bias_u, k)
+        bd = torch.einsum("bqhd,khd->bhqk", q + self.pos_bias_v, p)
+        mask = (torch.arange(W + 1, device=u.device) >= W - n_cached[:, None])[:, None]   # [B, 1, W+1]
+        return self._finish(ac + bd, mask, v)[:, 0]
+
+    def full(self, u: Tensor) -> Tensor:
+        """Offline over u [B, T, D]: NeMo's rel_shift over positions T−1 … −(T−1), causal left mask."""
+        B, T, _ = u.shape
+        q, k, v = self._heads(self.linear_q, u), self._heads(self.linear_k, u), self._heads(self.linear_v, u)
+        pos = torch.arange(T - 1, -T, -1, device=u.device)                      # 2T − 1 positions
+        p = self._heads(self.linear_pos, sinusoid(pos, self.cfg.d_model).to(u.dtype))
+        ac = torch.einsum("bqhd,bkhd->bhqk", q + self.pos_bias_u, k)
+        bd = torch.einsum("bqhd,phd->bhqp", q + self.pos_bias_v, p)             # [B, H, T, 2T−1]
+        bd = F.pad(bd, (1, 0)).view(B, -1, 2 * T, T)[:, :, 1:].reshape(B, -1, T, 2 * T - 1)[..., :T]
+        d = torch.arange(T, device=u.device)[:, None] - torch.arange(T, device=u.device)
+        return self._finish(ac + bd, ((d >= 0) & (d <= self.cfg.left_context))[None], v)
+
+
+class ConvModule(nn.Module):
+    def __init__(self, cfg: PerceptionConfig, **kw):
+        super().__init__()
+        D, b = cfg.d_model, cfg.use_bias
+        self.pointwise_conv1 = nn.Conv1d(D, 2 * D, 1, bias=b, **kw)
+        self.depthwise_conv = nn.Conv1d(D, D, cfg.conv_kernel, groups=D, bias=b, **kw)
+        self.batch_norm = nn.LayerNorm(D, eps=cfg.eps, **kw)     # conv_norm_type=layer_norm
+        self.pointwise_conv2 = nn.Conv1d(D, D, 1, bias=b, **kw)
+
+    def _tail(self, y: Tensor) -> Tensor:
+        """depthwise output [B, D, T] → LN → SiLU → pw2 → [B, T, D]."""
+        y = F.silu(self.batch_norm(y.transpose(1, 2)))
+        return self.pointwise_conv2(y.transpose(1, 2)).transpose(1, 2)
+
+    def stream(self, x: Tensor, tcache: Tensor) -> tuple[Tensor, Tensor]:
+        """x [B, D] normed, tcache [B, D, 8] → ([B, D], new cache)."""
+        g = F.glu(self.pointwise_conv1(x[:, :, None]), dim=1)                 # [B, D, 1]
+        seq = torch.cat([tcache, g], dim=2)                                      # [B, D, 9]
+        return self._tail(self.depthwise_conv(seq))[:, 0], seq[:, :, 1:]
+
+    def full(self, x: Tensor) -> Tensor:
+        g = F.glu(self.pointwise_conv1(x.transpose(1, 2)), dim=1)              # [B, D, T]
+        return self._tail(self.depthwise_conv(F.pad(g, (self.depthwise_conv.kernel_size[0] - 1, 0))))
+
+
+class ConformerLayer(nn.Module):
+    def __init__(self, cfg: PerceptionConfig, **kw):
+        super().__init__()
+        for n in NORMS:
+            setattr(self, n, nn.LayerNorm(cfg.d_model, eps=cfg.eps, **kw))
+        self.feed_forward1, self.feed_forward2 = FeedForward(cfg, **kw), FeedForward(cfg, **kw)
+        self.self_attn, self.conv = RelPosAttention(cfg, **kw), ConvModule(cfg, **kw)
+
+    def stream(self, x: Tensor, chan: Tensor, tcache: Tensor, n_cached: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, D] → (x, chan [B, W, D], tcache [B, D, 8]) for the next frame."""
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        u = self.norm_self_att(x)
+        x = x + self.self_attn.stream(u, chan, n_cached)
+        conv, tcache = self.conv.stream(self.norm_conv(x), tcache)
+        x = x + conv
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        return self.norm_out(x), torch.cat([chan[:, 1:], u[:, None]], dim=1), tcache
+
+    def full(self, x: Tensor) -> Tensor:
+        x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
+        x = x + self.self_attn.full(self.norm_self_att(x))
+        x = x + self.conv.full(self.norm_conv(x))
+        x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
+        return self.norm_out(x)
+
+
+class Perception(nn.Module):
+    """state_dict keys = param_shapes names minus PREFIX (the featurizer lives in mel.py)."""
+
+    def __init__(self, cfg: PerceptionConfig, device=None, dtype=None):
+        super().__init__()
+        kw = dict(device=device, dtype=dtype)
+        self.cfg = cfg
+        self.encoder = nn.Module()
+        self.encoder.pre_encode = PreEncode(cfg, **kw)
+        self.encoder.layers = nn.ModuleList(ConformerLayer(cfg, **kw) for _ in range(cfg.n_layers))
+        self.proj = nn.Linear(cfg.d_model, cfg.out_dim, **kw)
+
+    def load_named(self, tensors: dict[str, Tensor]) -> None:
+        dtype = self.proj.weight.dtype
+        self.load_state_dict({k[len(PREFIX):]: tensors[k].to(dtype) for k in param_shapes(self.cfg)},
+                             strict=True, assign=True)
+
+    @torch.no_grad()
+    def step(self, state: PerceptionState, window: Tensor, slots: Tensor) -> PerceptionOutput:
+        """One frame for B sessions: window [B, 17, mel_bins] (MelOutput.window). Reads and writes
+        rows `slots` of state; other rows untouched."""
+        frames = state.frames[slots]
+        x = self.encoder.pre_encode(window, first=frames == 0)[:, -1]           # [B, D]: the kept frame
+        n_cached = frames.clamp(max=self.cfg.left_context)
+        chan, tcache = state.chan[:, slots], state.time[:, slots]               # [L, B, W, D], [L, B, D, 8]
+        new_chan, new_time = [], []
+        for i, layer in enumerate(self.encoder.layers):
+            x, c, t = layer.stream(x, chan[i], tcache[i], n_cached)
+            new_chan.append(c)
+            new_time.append(t)
+        state.chan[:, slots] = torch.stack(new_chan)
+        state.time[:, slots] = torch.stack(new_time)
+        state.frames[slots] = frames + 1
+        return PerceptionOutput(x, self.proj(x))
+
+    @torch.no_grad()
+    def forward_utterance(self, mel: Tensor) -> PerceptionOutput:
+        """Offline: every centred mel column [B, N, mel_bins] → encoder frames [B, subsampled_len(N), ·]."""
+        x = self.encoder.pre_encode(mel)
+        for layer in self.encoder.layers:
+            x = layer.full(x)
+        return PerceptionOutput(x, self.proj(x))

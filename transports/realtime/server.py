@@ -1,0 +1,426 @@
+"""The Realtime WebSocket bridge: one node session per WebSocket connection at `/v1/realtime`.
+
+Per connection three tasks: the reader parses client events and forwards audio and function
+results to the node as they arrive (nothing is buffered: the model listens continuously); the
+pump turns node events into server events (`Conversation`) and queues them in a bounded
+`Outbox`; the writer sends from the outbox. A client that stops reading fills the outbox: audio
+deltas are then dropped and counted, and after `stall_grace_s` of dropping (or once the
+non-droppable events overflow) the connection is aborted. All connections share one `NodeClient`
+(one DEALER socket). The node session opens on the first `session.update` or the first audio,
+whichever comes first, with the session's instructions and tools; it always runs at the model's
+native rates and the bridge converts (codec.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass, replace
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Response
+
+from transports import client as C
+from transports.realtime.codec import Converter
+from transports.realtime.conversation import AUDIO_DELTA_TYPES, Conversation, Ids
+from transports.realtime.outbox import Outbox, Overflow
+from transports.realtime.session import (NATIVE_INPUT, NATIVE_OUTPUT, AudioSpec, EventError,
+                                         SessionConfig, apply_update, parse_audio_format,
+                                         parse_event, session_object)
+from wave_actors.frames import OUT_RATE
+
+log = logging.getLogger("wave.realtime")
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    node: str = "tcp://127.0.0.1:5555"
+    host: str = "127.0.0.1"
+    port: int = 8125                      # 0: any free port (tests)
+    path: str = "/v1/realtime"
+    api_key: str | None = None            # None: no authentication (only if asked for explicitly)
+    curve: C.CurveKeys | None = None      # CURVE keys towards the node
+    max_event_bytes: int = 1 << 20        # larger events get an `error`; the connection stays
+    max_frame_bytes: int = 4 << 20        # larger WebSocket messages close it (1009), unread
+    outbox_bytes: int = 512 << 10         # ~6 s of 24 kHz audio deltas; audio dropped past it
+    outbox_hard_bytes: int = 2 << 20      # other events past it: the connection is aborted
+    stall_grace_s: float = 10.0           # a reader stalled this long is disconnected
+    sndbuf_bytes: int = 128 << 10         # kernel send buffer per connection (~1.5 s of audio)
+    turn_gap_frames: int = 10             # agent/user transcript quiet that ends a turn (800 ms)
+    open_timeout_s: float = 10.0
+    node_send_timeout_s: float = 5.0      # the node's DEALER queue full this long: node is gone
+
+
+class _Stop(Exception):
+    """The connection is closing; the reader stops."""
+
+
+def _offered_key(conn: ServerConnection, request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    query = parse_qs(urlsplit(request.path).query)
+    if query.get("api_key"):
+        return query["api_key"][0]
+    for proto in request.headers.get_all("Sec-WebSocket-Protocol"):   # browsers: no headers
+        for p in proto.split(","):
+            if p.strip().startswith("openai-insecure-api-key."):
+                return p.strip()[len("openai-insecure-api-key."):]
+    return None
+
+
+def _reject(status: int, code: str, message: str) -> Response:
+    body = json.dumps({"error": {"type": "invalid_request_error", "code": code,
+                                 "message": message}}).encode()
+    headers = Headers([("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="wave realtime"'
+    return Response(status, {401: "Unauthorized", 404: "Not Found"}[status], headers, body)
+
+
+class Bridge:
+    def __init__(self, cfg: BridgeConfig):
+        self.cfg = cfg
+        self.client: C.NodeClient | None = None
+        self.server = None
+        self.connections: set[Connection] = set()
+        self.totals = {"connections": 0, "dropped_deltas": 0, "aborted_slow": 0}
+
+    async def start(self) -> "Bridge":
+        self.client = C.NodeClient(self.cfg.node, curve=self.cfg.curve)
+        self.client.connect()
+        self.server = await serve(
+            self._handle, self.cfg.host, self.cfg.port, process_request=self._authorize,
+            select_subprotocol=lambda conn, offered: "realtime" if "realtime" in offered else None,
+            max_size=self.cfg.max_frame_bytes, compression=None, server_header="wave-realtime")
+        log.info("realtime bridge on ws://%s:%d%s -> node %s", self.cfg.host, self.port,
+                 self.cfg.path, self.cfg.node)
+        return self
+
+    @property
+    def port(self) -> int:
+        return self.server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+        if self.client is not None:
+            await self.client.aclose()
+
+    def _authorize(self, conn: ServerConnection, request) -> Response | None:
+        if urlsplit(request.path).path.rstrip("/") != self.cfg.path:
+            return _reject(404, "not_found", f"the Realtime endpoint is {self.cfg.path}")
+        key = self.cfg.api_key
+        offered = _offered_key(conn, request)
+        if key is not None and (offered is None or
+                                not hmac.compare_digest(offered.encode(), key.encode())):
+            what = "missing" if offered is None else "invalid"
+            return _reject(401, "invalid_api_key", f"{what} API key: send `Authorization: Bearer "
+                           "<key>` or `?api_key=<key>`")
+        return None
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        conn = Connection(self, ws)
+        self.connections.add(conn)
+        self.totals["connections"] += 1
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+            self.totals["dropped_deltas"] += conn.outbox.dropped
+
+
+def _dialect_is_beta(ws: ServerConnection) -> bool:
+    """Beta event names on `?dialect=beta`, `OpenAI-Beta: realtime=v1` or the beta subprotocol."""
+    req = ws.request
+    query = parse_qs(urlsplit(req.path).query)
+    if query.get("dialect"):
+        return query["dialect"][0] == "beta"
+    protos = ",".join(req.headers.get_all("Sec-WebSocket-Protocol"))
+    return "realtime=v1" in req.headers.get("OpenAI-Beta", "") or "openai-beta.realtime-v1" in protos
+
+
+class Connection:
+    def __init__(self, bridge: Bridge, ws: ServerConnection):
+        self.bridge, self.ws, self.cfg = bridge, ws, bridge.cfg
+        self.ids = Ids()
+        self.node_id = f"rt-{self.ids.prefix}-{os.urandom(4).hex()}"
+        self.conv = Conversation(_dialect_is_beta(ws), self.ids, self.cfg.turn_gap_frames)
+        self.session = SessionConfig()
+        self.node: C.ClientSession | None = None
+        self.to_node: Converter | None = None       # client input -> 16 kHz f32
+        self.from_node: Converter | None = None     # node output -> client output format
+        self.node_out = NATIVE_OUTPUT
+        self.outbox = Outbox(self.cfg.outbox_bytes, self.cfg.outbox_hard_bytes)
+        self.abort_reason: str | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        sock = self.ws.transport.get_extra_info("socket")
+        if sock is not None and self.cfg.sndbuf_bytes:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.cfg.sndbuf_bytes)
+        self._tasks.append(asyncio.create_task(self._write_loop()))
+        self.emit(self.conv.event("session.created", session=self._session_obj()))
+        try:
+            async for message in self.ws:
+                await self._on_message(message)
+        except (ConnectionClosed, _Stop):
+            pass
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        stats = None
+        if self.node is not None and self.node.closed is None:
+            try:
+                stats = (await self.node.close(timeout=2.0)).stats
+            except (asyncio.TimeoutError, OSError):
+                log.warning("%s: node did not confirm close", self.node_id)
+        ob = self.outbox
+        log.info("%s closed: %d audio deltas (%d bytes) dropped for a slow reader, queue high "
+                 "water %d bytes, %d frames muted%s; node stats %s", self.node_id, ob.dropped,
+                 ob.dropped_bytes, ob.high_water, self.conv.muted_frames,
+                 f", aborted: {self.abort_reason}" if self.abort_reason else "", stats)
+
+    async def _close(self, code: int, reason: str) -> None:
+        """Close from the reader: flush, close, and stop reading."""
+        await self._flush_and_close(code, reason)
+        raise _Stop
+
+    async def _flush_and_close(self, code: int, reason: str) -> None:
+        """Let queued events (an error explaining why) go out for up to 1 s, then close."""
+        for _ in range(50):
+            if not self.outbox:
+                break
+            await asyncio.sleep(0.02)
+        await self.ws.close(code, reason[:120])
+
+    def _abort(self, reason: str) -> None:
+        """A reader that stopped reading cannot be sent a close frame: drop the TCP connection."""
+        if self.abort_reason is None:
+            self.abort_reason = reason
+            self.bridge.totals["aborted_slow"] += 1
+            log.warning("%s: aborting connection: %s", self.node_id, reason)
+            self.ws.transport.abort()
+
+    # ---- outgoing -------------------------------------------------------------------------
+
+    def emit(self, events: list[dict]) -> None:
+        for ev in events:
+            droppable = ev["type"] in AUDIO_DELTA_TYPES
+            try:
+                sent = self.outbox.put(json.dumps(ev, separators=(",", ":")), droppable)
+            except Overflow as exc:
+                return self._abort(str(exc))
+            if not sent and self.outbox.dropped == 1:
+                log.warning("%s: client is not reading; dropping audio deltas", self.node_id)
+            if not sent and self.outbox.stalled_for() > self.cfg.stall_grace_s:
+                return self._abort(f"client read nothing for {self.cfg.stall_grace_s:.1f} s; "
+                                   f"{self.outbox.dropped} audio deltas dropped")
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                await self.ws.send(await self.outbox.get())
+        except ConnectionClosed:
+            pass
+
+    def _session_obj(self) -> dict:
+        return session_object(self.session, self.node_id, self.conv.beta)
+
+    # ---- incoming -------------------------------------------------------------------------
+
+    async def _on_message(self, message: str | bytes) -> None:
+        event_id = None
+        try:
+            event = parse_event(message, self.cfg.max_event_bytes)
+            event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+            handler = HANDLERS.get(event["type"])
+            if handler is None:
+                raise EventError("unknown_event_type", f"unknown event type {event['type']!r}; "
+                                 f"this server takes {sorted(HANDLERS)}", "type")
+            await handler(self, event)
+        except EventError as exc:
+            self.emit(self.conv.error(exc.code, exc.message, event_id, exc.param, exc.kind))
+
+    async def on_session_update(self, event: dict) -> None:
+        new = apply_update(self.session, event.get("session"), opened=self.node is not None)
+        changed = (new.input, new.output) != (self.session.input, self.session.output)
+        self.session = new
+        if self.node is None:
+            await self._open()
+        elif changed:
+            self._set_converters()
+        self.emit(self.conv.event("session.updated", session=self._session_obj()))
+
+    async def on_append(self, event: dict) -> None:
+        audio = event.get("audio")
+        if not isinstance(audio, str) or not audio:
+            raise EventError("missing_required_parameter", "input_audio_buffer.append needs "
+                             "`audio`: base64 of audio in the session's input format", "audio")
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError):
+            raise EventError("invalid_value", "`audio` is not valid base64", "audio")
+        if "format" in event:          # vllm-omni style: the format travels with each chunk
+            spec = parse_audio_format(event["format"], "format")
+            rate = event.get("sample_rate_hz", spec.rate)
+            spec = parse_audio_format({"type": spec.ga()["type"], "rate": rate}, "sample_rate_hz")
+            if spec != self.session.input:
+                self.session = replace(self.session, input=spec)
+                if self.node is not None:
+                    self._set_converters()
+        await self._open()
+        pcm = self.to_node(data)
+        self.conv.note_input()
+        if pcm:
+            await self._to_node(self.node.send_audio(pcm))
+
+    async def on_commit(self, event: dict) -> None:
+        if event.get("final") and self.node is not None:
+            tail = self.to_node(b"", last=True)      # flush the resampler: end of input
+            self._set_converters()
+            if tail:
+                await self._to_node(self.node.send_audio(tail))
+        events = self.conv.commit()
+        if events is None:
+            raise EventError("input_audio_buffer_commit_empty", "no input audio since the last "
+                             "commit")
+        self.conv.resume()
+        self.emit(events)
+
+    async def on_clear(self, event: dict) -> None:
+        # Input is forwarded to the model as it arrives; the bridge holds none, so the buffer
+        # is already empty. Audio the model has heard cannot be un-heard.
+        self.emit(self.conv.event("input_audio_buffer.cleared"))
+
+    async def on_item_create(self, event: dict) -> None:
+        item = event.get("item")
+        if not isinstance(item, dict) or item.get("type") != "function_call_output":
+            raise EventError("unsupported_item_type", "a full-duplex voice model takes only "
+                             "`function_call_output` items; speak to it through "
+                             "input_audio_buffer.append", "item.type")
+        call_id, output = item.get("call_id"), item.get("output")
+        if not isinstance(call_id, str) or not call_id or not isinstance(output, str):
+            raise EventError("missing_required_parameter", "function_call_output needs string "
+                             "`call_id` and `output`", "item")
+        if self.node is None:
+            raise EventError("session_not_started", "no session is open yet, so no function "
+                             "call can be pending")
+        await self._to_node(self.node.function_result(call_id, output))
+        done = {"id": item.get("id") or self.ids("item"), "object": "realtime.item",
+                "type": "function_call_output", "status": "completed", "call_id": call_id,
+                "output": output}
+        events = self.conv.event("conversation.item.added", previous_item_id=self.conv.last_item,
+                                 item=done)
+        self.conv.last_item = done["id"]
+        self.emit(events + self.conv.event("conversation.item.done", item=done))
+
+    async def on_response_create(self, event: dict) -> None:
+        params = event.get("response") if isinstance(event.get("response"), dict) else {}
+        fixed = {k: params[k] for k in ("instructions", "tools") if params.get(k) is not None}
+        if fixed and apply_update(self.session, fixed, opened=False) != self.session:
+            raise EventError("unsupported_parameter", "response.create cannot change "
+                             "instructions or tools: the model speaks on its own clock with the "
+                             "session's", "response")
+        self.conv.resume()       # the model is always responding; this only lifts a mute
+
+    async def on_response_cancel(self, event: dict) -> None:
+        self.emit(self.conv.cancel())
+
+    async def on_unsupported(self, event: dict) -> None:
+        raise EventError("unsupported_in_duplex", f"{event['type']} is not supported: the model "
+                         "keeps its own context, which the client cannot edit or replay",
+                         "type")
+
+    # ---- the node -------------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        if self.node is not None:
+            return
+        cfg, out = self.session, NATIVE_OUTPUT if self.session.output == NATIVE_OUTPUT else \
+            AudioSpec("pcm_f32le", OUT_RATE)
+        try:
+            self.node = await self.bridge.client.open(
+                self.node_id, sample_rate=NATIVE_INPUT.rate, format=NATIVE_INPUT.fmt,
+                output_sample_rate=out.rate, output_format=out.fmt,
+                instructions=cfg.instructions, tools=list(cfg.tools),
+                timeout=self.cfg.open_timeout_s)
+        except C.Refused as exc:
+            if exc.reason == "invalid":
+                raise EventError("session_invalid", f"the node refused the session: {exc.message}",
+                                 kind="invalid_request_error")
+            self.emit(self.conv.error(f"session_refused_{exc.reason}", f"the node refused the "
+                                      f"session ({exc.reason}): {exc.message}", kind="server_error"))
+            await self._close(1013 if exc.reason in ("capacity", "draining") else 1008, exc.reason)
+        except asyncio.TimeoutError:
+            self.emit(self.conv.error("node_unavailable", "the model node did not answer in "
+                                      f"{self.cfg.open_timeout_s:.0f} s", kind="server_error"))
+            await self._close(1011, "node unavailable")
+        self.node_out = out
+        self._set_converters()
+        self._tasks.append(asyncio.create_task(self._pump()))
+
+    def _set_converters(self) -> None:
+        self.to_node = Converter(self.session.input, NATIVE_INPUT)
+        self.from_node = Converter(self.node_out, self.session.output)
+
+    async def _to_node(self, send) -> None:
+        try:
+            await asyncio.wait_for(send, self.cfg.node_send_timeout_s)
+        except asyncio.TimeoutError:
+            self.emit(self.conv.error("node_unavailable", "the model node stopped taking input",
+                                      kind="server_error"))
+            await self._close(1011, "node unavailable")
+
+    async def _pump(self) -> None:
+        """Node events -> server events, until the node closes the session."""
+        node, conv = self.node, self.conv
+        while True:
+            ev = await node.next_event()
+            if isinstance(ev, C.Audio):
+                self.emit(conv.audio(ev.frame, self.from_node(ev.payload)))
+            elif isinstance(ev, C.Text):
+                if ev.channel == "user":
+                    self.emit(conv.user_text(ev.frame, ev.text))
+                else:
+                    self.emit(conv.agent_text(ev.frame, ev.text))
+            elif isinstance(ev, C.FunctionCall):
+                self.emit(conv.function_call(ev.call_id, ev.name, ev.arguments))
+            elif isinstance(ev, C.Error):
+                self.emit(conv.error(ev.code, f"node: {ev.message}", kind="server_error"))
+                if ev.code == "unknown_session":         # the node lost it (restart): no way on
+                    self.emit(conv.closed())
+                    return await self._flush_and_close(1011, "the node lost the session")
+            elif isinstance(ev, C.Closed):
+                self.emit(conv.closed() + conv.event("session.closed", stats=ev.stats))
+                return await self._flush_and_close(1000, "session closed by the node")
+
+
+HANDLERS = {
+    "session.update": Connection.on_session_update,
+    "input_audio_buffer.append": Connection.on_append,
+    "input_audio_buffer.commit": Connection.on_commit,
+    "input_audio_buffer.clear": Connection.on_clear,
+    "conversation.item.create": Connection.on_item_create,
+    "response.create": Connection.on_response_create,
+    "response.cancel": Connection.on_response_cancel,
+    "conversation.item.truncate": Connection.on_unsupported,
+    "conversation.item.delete": Connection.on_unsupported,
+    "conversation.item.retrieve": Connection.on_unsupported,
+    "output_audio_buffer.clear": Connection.on_unsupported,
+}

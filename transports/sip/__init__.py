@@ -1,0 +1,12 @@
+"""SIP/RTP bridge: phone calls in, node sessions out (`python -m transports.sip`).
+
+    message   SIP parse/serialise/responses (RFC 3261 subset)
+    sdp       SDP parse/serialise, G.711 offer/answer (RFC 4566, RFC 3264)
+    rtp       RTP header pack/parse, sender state (RFC 3550)
+    jitter    adaptive jitter buffer for the caller's RTP
+    pacer     playout buffer and drift-free 20 ms ticks for the node's audio
+    call      one call's media: RTP socket, node session, tick/uplink/downlink tasks
+    dialog    dialog and INVITE transaction state
+    server    the UDP user agent server (`Bridge`)
+    pcap      writes RTP captures (sipp's play_pcap_audio input, debugging)
+"""

@@ -1,0 +1,38 @@
+"""The bridge's one configuration, frozen at start (nothing writes to it afterwards)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transports.sip.jitter import JitterConfig
+from transports.sip.pacer import PlayoutConfig
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    node: str = "tcp://127.0.0.1:5555"     # the node's ROUTER endpoint
+    host: str = "127.0.0.1"                # SIP listen address (UDP)
+    port: int = 5060
+    media_ip: str = ""                     # address put in SDP and bound for RTP; "" = host
+    rtp_ports: tuple[int, int] = (0, 0)    # RTP port range (even ports); (0, 0) = ephemeral
+    max_calls: int = 64                    # calls at once; more get 503
+    instructions: str = ""                 # system prompt sent with every node `open`
+    t1: float = 0.5                        # RFC 3261 timers, s
+    t2: float = 4.0
+    t4: float = 5.0
+    open_timeout: float = 5.0              # node `open` answer, s; then 503
+    rtp_timeout: float = 5.0               # no RTP from a sending caller for this long: BYE
+    node_timeout: float = 5.0              # no event from the node for this long: BYE
+    fill_after: float = 0.2                # caller quiet this long: feed the node silence, s
+    uplink_queue: int = 100                # packets (2 s) queued towards the node at most
+    jitter: JitterConfig = field(default_factory=JitterConfig)
+    playout: PlayoutConfig = field(default_factory=PlayoutConfig)
+    user_agent: str = "wave-sip/1"
+
+    @property
+    def rtp_ip(self) -> str:
+        return self.media_ip or self.host
+
+    @property
+    def timer_b(self) -> float:
+        """64*T1: how long a transaction waits for an ACK or a final response."""
+        return 64 * self.t1

@@ -1,0 +1,269 @@
+"""The capacity benchmark: N concurrent sessions through the real node and its real sockets.
+
+    python -m wave_actors.bench --backend sim --sessions 64 --beats 500
+    python -m wave_actors.bench --backend sim --sessions 120 --beats 500 --virtual --find-max
+
+Every session streams 80 ms chunks of speech-like audio at real-time pace over TCP; after a
+warm-up the benchmark measures `--beats` beats at the server boundary (beat release to outputs
+routed): p50/p99 latency, late beats, underruns, drops, refusals, frames in/out. `--runs R` repeats
+the measurement; `--find-max` searches for the largest N with zero late beats in every run.
+`--virtual` runs node and clients on virtual time (exact, faster than real time; only for the
+sim backend, whose time is modelled). Results are printed as a table and written as JSON under
+bench/results/.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from transports.client import NodeClient, Refused
+from wave_actors.backends import NAMES, BackendOptions, make_backend
+from wave_actors.clocks import Clock, new_loop
+from wave_actors.frames import BEAT_S, IN_RATE, SAMPLES_IN
+from wave_actors.node import Node, NodeConfig
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+WARMUP_BEATS = 8
+
+
+@dataclass
+class RunResult:
+    sessions: int
+    beats: int
+    late_beats: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    mean_compute_ms: float
+    underruns: int
+    dropped: int
+    refusals: int
+    frames_in: int
+    frames_out: int
+    errors: int
+
+
+@dataclass
+class BenchResult:
+    backend: str
+    profile: str
+    context: int
+    sessions: int
+    runs: int
+    beats: int
+    late_beats: int
+    p50_ms: float
+    p99_ms: float
+    virtual: bool
+    gpu: str
+    commit: str
+    date: str
+    command: str
+    per_run: list[dict] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+def speech_like(seconds: float, seed: int) -> np.ndarray:
+    """Deterministic noise bursts with pauses: energy for the RNNT, silence for turn-taking."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * IN_RATE)
+    env = (np.sin(np.arange(n) * 2 * np.pi / (IN_RATE * 1.7)) > -0.2).astype(np.float32)
+    return (0.1 * env * rng.standard_normal(n)).astype(np.float32)
+
+
+async def _drive_session(client: NodeClient, sid: str, clock: Clock, stop: asyncio.Event,
+                         seed: int) -> dict:
+    s = await client.open(sid, sample_rate=IN_RATE, format="pcm_f32le")
+    audio = speech_like(8.0, seed)
+    t0, i = clock.now(), 0
+    drain = asyncio.get_running_loop().create_task(_discard(s))
+    while not stop.is_set():
+        start = (i * SAMPLES_IN) % (len(audio) - SAMPLES_IN)
+        await s.send_audio(audio[start:start + SAMPLES_IN].tobytes())
+        i += 1
+        await clock.sleep_until(t0 + i * 0.08)
+    drain.cancel()
+    await asyncio.gather(drain, return_exceptions=True)
+    closed = await s.close(timeout=30)
+    return closed.stats
+
+
+async def _discard(s) -> None:
+    while True:
+        await s.events.get()
+
+
+async def run_once(args, n: int, loop_virtual: bool) -> RunResult:
+    clock = Clock()
+    opts = BackendOptions(max(n, args.max_sessions or n), args.profile, args.config,
+                          args.context, args.context, args.cost_model, None, None, args.seed)
+    backend = make_backend(args.backend, opts, clock)
+    # Virtual time needs every message to be readable the moment it is sent, which inproc ZMQ
+    # gives and TCP (through ZMQ's I/O thread) does not: the loop would skip ahead of it.
+    bind = f"inproc://bench-{id(clock)}" if loop_virtual else "tcp://127.0.0.1:0"
+    node = Node(NodeConfig(bind=bind, max_sessions=opts.max_sessions, idle_timeout_s=60.0),
+                backend, clock)
+    await node.start()
+    stop = asyncio.Event()
+    refusals = 0
+    async with NodeClient(node.endpoint, ctx=node.ctx) as client:
+        tasks = [asyncio.get_running_loop().create_task(
+            _drive_session(client, f"bench-{i}", clock, stop, i)) for i in range(n)]
+        await _wait_beats(node, WARMUP_BEATS, clock)
+        first = node.clock_actor.stats.beats
+        await _wait_beats(node, first + args.beats, clock)
+        records = list(node.clock_actor.stats.records[first:first + args.beats])
+        stop.set()
+        stats = []
+        for t in tasks:
+            try:
+                stats.append(await t)
+            except Refused:
+                refusals += 1
+    errors = sum(node.counters.errors.values())
+    await node.drain()
+    backend.close()
+    lat = np.array([r.latency_s for r in records]) * 1000
+    return RunResult(n, len(records), int(sum(r.late for r in records)),
+                     float(np.percentile(lat, 50)), float(np.percentile(lat, 99)),
+                     float(lat.max()), float(np.mean([r.compute_s for r in records]) * 1000),
+                     sum(s["underruns"] for s in stats), sum(s["dropped"] for s in stats),
+                     refusals, sum(s["frames_in"] for s in stats),
+                     sum(s["frames_out"] for s in stats), errors)
+
+
+async def _wait_beats(node: Node, beats: int, clock: Clock) -> None:
+    while node.clock_actor.stats.beats < beats:
+        await clock.sleep(BEAT_S)
+
+
+def measure(args, n: int) -> list[RunResult]:
+    results = []
+    for r in range(args.runs):
+        loop = new_loop(virtual=args.virtual)
+        try:
+            res = loop.run_until_complete(run_once(args, n, args.virtual))
+        finally:
+            loop.close()
+        print(f"  N={n:4d} run {r + 1}/{args.runs}: p50 {res.p50_ms:7.2f} ms  p99 "
+              f"{res.p99_ms:7.2f} ms  late {res.late_beats:3d}/{res.beats}  underruns "
+              f"{res.underruns}  dropped {res.dropped}", flush=True)
+        results.append(res)
+    return results
+
+
+def find_max(args) -> tuple[int, dict[int, list[RunResult]]]:
+    """Largest N with zero late beats in every run: doubling, then bisection."""
+    seen: dict[int, list[RunResult]] = {}
+
+    def ok(n: int) -> bool:
+        try:
+            seen[n] = measure(args, n)
+        except MemoryError as exc:
+            print(f"  N={n:4d}: does not fit: {exc}", flush=True)
+            return False
+        return all(r.late_beats == 0 and r.refusals == 0 for r in seen[n])
+
+    lo, hi = 0, args.sessions
+    while ok(hi):
+        lo, hi = hi, hi * 2
+        if hi > args.max_find:
+            return lo, seen
+    while hi - lo > max(1, lo // 50):
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo, seen
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _gpu_name() -> str:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return f"none ({platform.processor() or platform.machine()})"
+
+
+def summarize(args, n: int, runs: list[RunResult], extra: dict) -> BenchResult:
+    return BenchResult(args.backend, args.profile, args.context, n, len(runs), args.beats,
+                       sum(r.late_beats for r in runs), max(r.p50_ms for r in runs),
+                       max(r.p99_ms for r in runs), args.virtual, _gpu_name(), _git_commit(),
+                       dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                       "python -m wave_actors.bench " + " ".join(sys.argv[1:]),
+                       [asdict(r) for r in runs], extra)
+
+
+def write(result: BenchResult, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = result.date.replace(":", "").replace("-", "")[:15]
+    path = out_dir / f"{result.backend}-{result.profile}-n{result.sessions}-{stamp}.json"
+    path.write_text(json.dumps(asdict(result), indent=1) + "\n")
+    return path
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m wave_actors.bench", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--backend", choices=NAMES, default="sim")
+    ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
+    ap.add_argument("--config", choices=("tiny", "full"), default="full")
+    ap.add_argument("--context", type=int, default=1500,
+                    help="frames of context every session is pre-filled to")
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--max-sessions", type=int, default=0, help="slots (default: --sessions)")
+    ap.add_argument("--beats", type=int, default=500)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--find-max", action="store_true")
+    ap.add_argument("--max-find", type=int, default=1024)
+    ap.add_argument("--virtual", action="store_true", help="virtual time (sim backend only)")
+    ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    if args.virtual and args.backend != "sim":
+        ap.error("--virtual needs the sim backend: real backends take real time")
+    if args.sessions < 1 or args.beats < 1 or args.runs < 1:
+        ap.error("--sessions, --beats and --runs must be positive")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    extra = {}
+    if args.find_max:
+        n, seen = find_max(args)
+        runs = seen.get(n) or measure(args, n)
+        extra["find_max"] = {str(k): [asdict(r) for r in v] for k, v in sorted(seen.items())}
+    else:
+        n, runs = args.sessions, measure(args, args.sessions)
+    result = summarize(args, n, runs, extra)
+    path = write(result, Path(args.out))
+    print(f"\n{'backend':8} {'profile':10} {'context':>7} {'sessions':>8} {'runs':>4} "
+          f"{'beats':>6} {'late':>5} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{result.backend:8} {result.profile:10} {result.context:7d} {result.sessions:8d} "
+          f"{result.runs:4d} {result.beats:6d} {result.late_beats:5d} {result.p50_ms:8.2f} "
+          f"{result.p99_ms:8.2f}")
+    print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
