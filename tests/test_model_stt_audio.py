@@ -206,3 +206,23 @@ def test_perception_bf16_profile_is_close_and_finite():
     assert enc.dtype == torch.bfloat16 and state.chan.dtype == torch.bfloat16
     assert torch.isfinite(enc).all() and torch.isfinite(audio).all()
     assert rel(enc.float(), ref) < 3e-2
+
+
+def test_subsampling_receptive_field_is_causal_2_before_1_after():
+    """Output (t, f) of the conv stack depends on exactly inputs [8t − 14, 8t] × [8f − 14, 8f]:
+    NeMo's CausalConv2D pads 2 before and 1 after in both time and frequency at each stage."""
+    cfg = dataclasses.replace(P.PerceptionConfig.tiny(), sub_channels=8)
+    model = perception_model(seed=13, cfg=cfg)
+    for conv in model.encoder.pre_encode.conv:
+        if isinstance(conv, torch.nn.Conv2d):
+            conv.bias.data.fill_(5.0)                             # keep every ReLU open
+    g = torch.Generator().manual_seed(14)
+    mel = torch.randn(1, 17, cfg.mel_bins, generator=g)
+    base = model.encoder.pre_encode.conv_stack(mel)[0]           # [C, 3, sub_freq]
+    for t_in, f_in in ((16, 0), (9, 31), (2, 17), (0, 14)):
+        poked = mel.clone()
+        poked[0, t_in, f_in] += 10.0
+        changed = (model.encoder.pre_encode.conv_stack(poked)[0] - base).abs().amax(0) > 1e-6   # [3, F']
+        t, f = torch.arange(changed.shape[0])[:, None], torch.arange(changed.shape[1])
+        expect = (8 * t - 14 <= t_in) & (t_in <= 8 * t) & (8 * f - 14 <= f_in) & (f_in <= 8 * f)
+        assert torch.equal(changed, expect), (t_in, f_in)

@@ -186,6 +186,12 @@ class PreEncode(nn.Module):
 
     def forward(self, mel: Tensor, first: Tensor | None = None) -> Tensor:
         """mel [B, T, M] → [B, T', d_model]. `first` [B] bool: keep only the last column (see top)."""
+        x = self.conv_stack(mel, first)                                 # [B, C, T', 17]
+        return self.out(x.transpose(1, 2).flatten(2))
+
+    def conv_stack(self, mel: Tensor, first: Tensor | None = None) -> Tensor:
+        """The three strided convs: [B, T, M] → [B, C, T', F']; output (t, f) sees inputs
+        [8t − 14, 8t] × [8f − 14, 8f] (padding 2 before, 1 after, at each stage)."""
         x = mel.to(self.out.weight.dtype)[:, None]                      # [B, 1, T, M]
         for i in (0, 2, 5):                                             # the strided, padded convs
             if first is not None:   # zero all but the last time step of first-frame sessions
@@ -195,8 +201,7 @@ class PreEncode(nn.Module):
             if i > 0:
                 x = self.conv[i + 1](x)                                 # pointwise 1×1
             x = torch.relu(x)
-        B, C, T, Fq = x.shape
-        return self.out(x.transpose(1, 2).reshape(B, T, C * Fq))
+        return x
 
 
 class FeedForward(nn.Module):

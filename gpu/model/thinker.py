@@ -191,7 +191,7 @@ class Mamba2(nn.Module):
         self.in_proj = nn.Linear(cfg.hidden, cfg.in_proj_dim, bias=False, **kw)
         self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.conv_kernel, groups=cfg.conv_dim, **kw)
         self.dt_bias, self.A_log, self.D = (nn.Parameter(torch.zeros(nh, **kw)) for _ in range(3))
-        self.norm = RMSNorm(cfg.d_inner, cfg.eps, **kw)
+        self.norm = RMSNorm(cfg.d_inner, cfg.eps, **kw)      # holds the weight; applied per group in _out
         self.out_proj = nn.Linear(cfg.d_inner, cfg.hidden, bias=False, **kw)
 
     def _split(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
