@@ -84,6 +84,11 @@ class SimBackend(Backend):
         live = np.flatnonzero(inp.live)
         prefilling = self._advance_prefill()
         context = self.context_offset + (float(self._frame[live].mean()) if len(live) else 0.0)
+        if self.trace is not None:                 # what the backend was handed, at hand-over
+            for slot in live:
+                for f in range(FRAMES_PER_BEAT):
+                    a = inp.audio[slot, f]
+                    self.trace.append((inp.beat, int(slot), float(a[0]), float(a[-1])))
         t = self.cost.beat_time(len(live) + prefilling, context)
         if self.cost.jitter_rel:
             t *= max(0.0, 1.0 + self.cost.jitter_rel * self._rng.standard_normal())
@@ -97,8 +102,6 @@ class SimBackend(Backend):
         for f in range(FRAMES_PER_BEAT):
             frame = int(self._frame[slot])
             audio = inp.audio[slot, f]
-            if self.trace is not None:
-                self.trace.append((inp.beat, slot, float(audio[0]), float(audio[-1])))
             out.pcm[slot, f] = tone(slot, frame)
             out.text[slot, f] = self._text_token(slot, frame)
             queue = self._func_queue[slot]

@@ -26,8 +26,10 @@ import zmq.asyncio
 from wave_actors.backend import Backend, SessionSpec
 from wave_actors.clocks import Clock
 from wave_actors.frames import BEAT_S
+
+LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
 from wave_actors.runtime import Actor
-from wave_actors.scheduler import BeatScheduler, SlotStats
+from wave_actors.scheduler import BeatScheduler, CapacityError, SlotStats
 from wave_actors.session import FRAME_HEADER
 
 log = logging.getLogger("wave.clock")
@@ -72,6 +74,8 @@ class ClockStats:
 
 
 class BeatClockActor(Actor):
+    reply_errors = (CapacityError,)
+
     def __init__(self, backend: Backend, ctx: zmq.asyncio.Context, endpoint: str,
                  clock: Clock, prebuffer: int = 3, max_queue: int = 50,
                  on_beat: Callable[[BeatRecord], None] | None = None, keep_records: bool = True):
@@ -187,12 +191,13 @@ class BeatClockActor(Actor):
             plan = self.scheduler.pack(inp, ready)
             if self._backend_open:               # prefilling slots advance in beats too
                 await self.backend.run_beat(inp, out)
-            latency = self.clock.now() - release
-            routed = self.scheduler.complete(plan, late=latency > BEAT_S)
-            if plan.slots:
+                latency = self.clock.now() - release
+                routed = self.scheduler.complete(plan, late=latency > LATE_AFTER_S and bool(plan.slots))
                 self._route(routed, out)
                 latency = self.clock.now() - release
                 self._record(plan.beat, release, latency, out.compute_s, len(plan.slots))
+            else:
+                self.scheduler.complete(plan, late=False)
             k += 1
 
     def _route(self, routed: dict, out) -> None:
@@ -211,13 +216,18 @@ class BeatClockActor(Actor):
                 self.stats.unroutable += 1
 
     def _record(self, beat: int, release: float, latency: float, compute: float, n: int) -> None:
-        late = latency > BEAT_S
-        self.stats.beats += 1
-        self.stats.late_beats += int(late)
+        """Every beat the backend ran is recorded (its time delays the next); only beats that
+        carried live sessions count in latency and lateness: a prefill-only beat has no audio
+        waiting on it."""
+        late = latency > LATE_AFTER_S and n > 0
         rec = BeatRecord(beat, release, latency, compute, n, late)
-        self.stats.recent.append(latency)
         if self._keep_records:
             self.stats.records.append(rec)
+        if n == 0:
+            return
+        self.stats.beats += 1
+        self.stats.late_beats += int(late)
+        self.stats.recent.append(latency)
         if self._on_beat:
             self._on_beat(rec)
 

@@ -75,6 +75,7 @@ class Node:
         self._opening: set[tuple[bytes, str]] = set()      # keys waiting for a slot
         self._sessions_of: dict[bytes, int] = {}            # live sessions per client
         self._open_nonce = 0
+        self._clock_incarnation = 0
         self._underruns_reported = 0
         self._owner_key: dict[tuple[bytes, str], str | None] = {}
         self._last_seen: dict[bytes, float] = {}
@@ -99,16 +100,30 @@ class Node:
         if self.cfg.curve_keys:
             await self._setup_curve(Path(self.cfg.curve_keys))
         self.sock.bind(self.cfg.bind)
-        self.supervisor.start_child(ChildSpec("clock", self._make_clock, Restart.PERMANENT))
+        self.supervisor.start_child(ChildSpec("clock", self._make_clock, Restart.PERMANENT,
+                                              self._clock_crashed))
         if self.cfg.metrics_port:
             self.metrics.serve(self.cfg.metrics_port)
         self._tasks.append(asyncio.get_running_loop().create_task(self._recv_loop()))
         self._update_gauges()
 
     def _make_clock(self) -> BeatClockActor:
-        return BeatClockActor(self.backend, self.ctx, self.cfg.clock_endpoint, self.clock,
+        # A fresh inproc address per incarnation: a dead clock's socket may still hold its own.
+        self._clock_incarnation += 1
+        endpoint = f"{self.cfg.clock_endpoint}-{id(self)}-{self._clock_incarnation}"
+        return BeatClockActor(self.backend, self.ctx, endpoint, self.clock,
                               self.cfg.prebuffer, self.cfg.max_queue, self._on_beat,
                               self.cfg.keep_records)
+
+    async def _clock_crashed(self, clock: BeatClockActor, exc: BaseException) -> None:
+        """The slot table died with the clock: every live session ends, with an error."""
+        for actor in list(self.sessions.values()):
+            self._error(actor.cfg.identity, P.INTERNAL, f"engine restarted after a fault: "
+                        f"{type(exc).__name__}", actor.cfg.session)
+            try:
+                actor.tell(Close("crash"))
+            except (ActorStopped, MailboxFull):
+                pass
 
     async def _setup_curve(self, keydir: Path) -> None:
         import zmq.auth
@@ -322,7 +337,7 @@ class Node:
             self._opening.discard(key)
         cfg = SessionConfig(msg.session, identity, slot, h["sample_rate"], h["format"],
                             h["output_sample_rate"], h["output_format"],
-                            self.cfg.clock_endpoint, self.cfg.idle_timeout_s)
+                            self.clock_actor.endpoint, self.cfg.idle_timeout_s)
         actor = self.supervisor.start_child(ChildSpec(
             f"session:{identity.hex()}:{msg.session}",
             lambda: self._make_session(cfg, ident), Restart.TEMPORARY, self._session_crashed))

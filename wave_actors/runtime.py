@@ -104,6 +104,8 @@ class Actor:
 
     audio_cap = 64
     control_cap = 1024
+    # Exceptions that answer an `ask` (a refusal, not a fault): passed to the asker, no crash.
+    reply_errors: tuple[type[BaseException], ...] = ()
 
     def __init__(self, name: str):
         self.name = name
@@ -155,6 +157,10 @@ class Actor:
                 env = await self.mailbox.get()
                 try:
                     result = await self.handle(env.msg)
+                except self.reply_errors as exc:
+                    if env.reply and not env.reply.done():
+                        env.reply.set_exception(exc)
+                    continue
                 except Exception as exc:
                     if env.reply and not env.reply.done():
                         env.reply.set_exception(exc)

@@ -70,6 +70,7 @@ class SessionCounters:
     dropped_in_mailbox: int = 0     # audio messages the mailbox dropped under overload
     dropped_out: int = 0            # output frames the client could not take
     frames_sent: int = 0
+    engine_unavailable: int = 0     # frames the clock could not take (it was restarting)
 
 
 @dataclass
@@ -202,8 +203,10 @@ class SessionActor(Actor):
         n = len(pending) // SAMPLES_IN
         for i in range(n):
             frame = pending[i * SAMPLES_IN:(i + 1) * SAMPLES_IN]
-            self._sock.send_multipart([FRAME_HEADER.pack(self._frame_no), frame.tobytes()],
-                                      flags=zmq.NOBLOCK)
+            fut = self._sock.send_multipart([FRAME_HEADER.pack(self._frame_no), frame.tobytes()],
+                                            flags=zmq.NOBLOCK)
+            if fut.done() and fut.exception() is not None:
+                self.counters.engine_unavailable += 1     # the clock is restarting
             self._frame_no += 1
         self._pending = pending[n * SAMPLES_IN:].copy()
 
@@ -243,5 +246,6 @@ class SessionActor(Actor):
         self._send_client(self.cfg.identity, P.error_frames(code, message, self.cfg.session))
 
     def input_drops(self) -> int:
-        return (self.counters.duplicates + self.counters.bad_payloads
-                + self.counters.dropped_in_mailbox + self.counters.seq_gaps)
+        c = self.counters
+        return (c.duplicates + c.bad_payloads + c.dropped_in_mailbox + c.seq_gaps
+                + c.engine_unavailable)
