@@ -250,6 +250,11 @@ def test_bad_events_get_errors_and_connection_stays_usable(bridge_url):
             await expect(json.dumps({"type": "conversation.item.truncate", "event_id": "t1",
                                      "item_id": "x", "content_index": 0, "audio_end_ms": 0}),
                          "unsupported_in_duplex", "t1")
+            await expect(json.dumps({"type": "response.create", "event_id": "r0",
+                                     "response": {"instructions": "other"}}),
+                         "unsupported_parameter", "r0")
+            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+            await until(ws, "input_audio_buffer.cleared")
             # still usable: audio flows; cancel mutes it; response.create lifts the mute
             pcm = tone("pcm_s16le", 24000, FRAME_S)
             await ws.send(json.dumps({"type": "input_audio_buffer.append",
@@ -363,8 +368,9 @@ def test_non_reading_client_is_bounded_then_disconnected(node):
 
 def test_curve_keys_and_node_side_close(tmp_path):
     """With --curve-keys on the node, the bridge's keys (loaded the CLI's way) open a session;
-    a bridge with an unknown key gets no session. The node closing a session (here: input
-    silence) ends the open response, sends `session.closed` and closes the WebSocket with 1000."""
+    a bridge with an unknown key gets no session. A full node's refusal is an `error` and close
+    1013. The node closing a session (here: input silence) ends the open response, sends
+    `session.closed` and closes the WebSocket with 1000."""
     keys = tmp_path / "keys"
     (keys / "clients").mkdir(parents=True)
     zmq.auth.create_certificates(keys, "server")
@@ -375,7 +381,8 @@ def test_curve_keys_and_node_side_close(tmp_path):
     raw.write_text(load_z85(str(tmp_path / "bridge.key_secret"), True)[1].decode())
     cli = parse_args(["--no-auth", "--curve-secret", str(raw),
                       "--node-public-key", str(keys / "server.key")])
-    proc, endpoint = start_node(tmp_path, "--curve-keys", str(keys), "--idle-timeout", "1")
+    proc, endpoint = start_node(tmp_path, "--curve-keys", str(keys), "--idle-timeout", "1",
+                                "--max-sessions", "1")
 
     async def open_one(curve: CurveKeys) -> str:
         bridge = await Bridge(BridgeConfig(node=endpoint, port=0, curve=curve,
@@ -387,6 +394,13 @@ def test_curve_keys_and_node_side_close(tmp_path):
                 if curve is not cli.curve:
                     return (await until(ws, "error", 5))["error"]["code"]
                 await until(ws, "session.updated", 5)
+                async with connect(f"ws://127.0.0.1:{bridge.port}/v1/realtime") as ws2:
+                    await ws2.send(json.dumps({"type": "session.update", "session": {}}))
+                    refused = await until(ws2, "error", 5)       # --max-sessions 1: full
+                    assert refused["error"]["code"] == "session_refused_capacity"
+                    with pytest.raises(ConnectionClosed) as exc:
+                        await recv_json(ws2)
+                    assert exc.value.rcvd.code == 1013             # try again later
                 seen: list = []
                 closed = await until(ws, "session.closed", 10, seen)
                 assert set(closed["stats"]) >= {"frames_in", "frames_out", "underruns"}
@@ -399,9 +413,9 @@ def test_curve_keys_and_node_side_close(tmp_path):
         finally:
             await bridge.stop()
     try:
-        assert asyncio.run(open_one(cli.curve)) == "closed"
+        assert asyncio.run(asyncio.wait_for(open_one(cli.curve), 20)) == "closed"
         stranger = load_z85(str(tmp_path / "stranger.key_secret"), True)
-        assert asyncio.run(open_one(CurveKeys(*stranger, cli.curve.server_public))) == \
-            "node_unavailable"
+        assert asyncio.run(asyncio.wait_for(
+            open_one(CurveKeys(*stranger, cli.curve.server_public)), 20)) == "node_unavailable"
     finally:
         stop(proc)

@@ -99,7 +99,7 @@ class Bridge:
         self.client.connect()
         self.server = await serve(
             self._handle, self.cfg.host, self.cfg.port, process_request=self._authorize,
-            select_subprotocol=lambda conn, offered: "realtime" if "realtime" in offered else None,
+            select_subprotocol=lambda _, offered: "realtime" if "realtime" in offered else None,
             max_size=self.cfg.max_frame_bytes, compression=None, server_header="wave-realtime")
         log.info("realtime bridge on ws://%s:%d%s -> node %s", self.cfg.host, self.port,
                  self.cfg.path, self.cfg.node)
@@ -146,7 +146,8 @@ def _dialect_is_beta(ws: ServerConnection) -> bool:
     if query.get("dialect"):
         return query["dialect"][0] == "beta"
     protos = ",".join(req.headers.get_all("Sec-WebSocket-Protocol"))
-    return "realtime=v1" in req.headers.get("OpenAI-Beta", "") or "openai-beta.realtime-v1" in protos
+    return ("realtime=v1" in req.headers.get("OpenAI-Beta", "")
+            or "openai-beta.realtime-v1" in protos)
 
 
 class Connection:
@@ -187,7 +188,7 @@ class Connection:
         stats = None
         if self.node is not None and self.node.closed is None:
             try:
-                stats = (await self.node.close(timeout=2.0)).stats
+                stats = (await asyncio.wait_for(self.node.close(timeout=2.0), 2.0)).stats
             except (asyncio.TimeoutError, OSError):
                 log.warning("%s: node did not confirm close", self.node_id)
         ob = self.outbox
@@ -256,15 +257,20 @@ class Connection:
             await handler(self, event)
         except EventError as exc:
             self.emit(self.conv.error(exc.code, exc.message, event_id, exc.param, exc.kind))
+        except (ConnectionClosed, _Stop, asyncio.CancelledError):
+            raise
+        except Exception:                  # a bug here must not take the connection down
+            log.exception("%s: failed on a client event", self.node_id)
+            self.emit(self.conv.error("internal", "the bridge failed on this event; it was "
+                                      "logged", event_id, kind="server_error"))
 
     async def on_session_update(self, event: dict) -> None:
         new = apply_update(self.session, event.get("session"), opened=self.node is not None)
-        changed = (new.input, new.output) != (self.session.input, self.session.output)
-        self.session = new
+        old, self.session = self.session, new
         if self.node is None:
             await self._open()
-        elif changed:
-            self._set_converters()
+        else:                            # formats may change mid-session: the bridge converts
+            self._set_converters(new.input != old.input, new.output != old.output)
         self.emit(self.conv.event("session.updated", session=self._session_obj()))
 
     async def on_append(self, event: dict) -> None:
@@ -283,7 +289,7 @@ class Connection:
             if spec != self.session.input:
                 self.session = replace(self.session, input=spec)
                 if self.node is not None:
-                    self._set_converters()
+                    self._set_converters(input=True, output=False)
         await self._open()
         pcm = self.to_node(data)
         self.conv.note_input()
@@ -293,7 +299,7 @@ class Connection:
     async def on_commit(self, event: dict) -> None:
         if event.get("final") and self.node is not None:
             tail = self.to_node(b"", last=True)      # flush the resampler: end of input
-            self._set_converters()
+            self._set_converters(input=True, output=False)
             if tail:
                 await self._to_node(self.node.send_audio(tail))
         events = self.conv.commit()
@@ -355,11 +361,13 @@ class Connection:
         cfg, out = self.session, NATIVE_OUTPUT if self.session.output == NATIVE_OUTPUT else \
             AudioSpec("pcm_f32le", OUT_RATE)
         try:
-            self.node = await self.bridge.client.open(
+            # wait_for bounds the send too: a DEALER with no peer (node down, CURVE refused)
+            # blocks on send, and NodeClient.open's own timeout covers only the reply.
+            self.node = await asyncio.wait_for(self.bridge.client.open(
                 self.node_id, sample_rate=NATIVE_INPUT.rate, format=NATIVE_INPUT.fmt,
                 output_sample_rate=out.rate, output_format=out.fmt,
                 instructions=cfg.instructions, tools=list(cfg.tools),
-                timeout=self.cfg.open_timeout_s)
+                timeout=self.cfg.open_timeout_s), self.cfg.open_timeout_s)
         except C.Refused as exc:
             if exc.reason == "invalid":
                 raise EventError("session_invalid", f"the node refused the session: {exc.message}",
@@ -369,15 +377,17 @@ class Connection:
             await self._close(1013 if exc.reason in ("capacity", "draining") else 1008, exc.reason)
         except asyncio.TimeoutError:
             self.emit(self.conv.error("node_unavailable", "the model node did not answer in "
-                                      f"{self.cfg.open_timeout_s:.0f} s", kind="server_error"))
+                                      f"{self.cfg.open_timeout_s:g} s", kind="server_error"))
             await self._close(1011, "node unavailable")
         self.node_out = out
         self._set_converters()
         self._tasks.append(asyncio.create_task(self._pump()))
 
-    def _set_converters(self) -> None:
-        self.to_node = Converter(self.session.input, NATIVE_INPUT)
-        self.from_node = Converter(self.node_out, self.session.output)
+    def _set_converters(self, input: bool = True, output: bool = True) -> None:
+        if input:
+            self.to_node = Converter(self.session.input, NATIVE_INPUT)
+        if output:
+            self.from_node = Converter(self.node_out, self.session.output)
 
     async def _to_node(self, send) -> None:
         try:
