@@ -7,9 +7,8 @@ import torch.nn.functional as F
 
 from gpu.model.codec import Codec, CodecConfig, CodecState, init_random as codec_random, load_codec
 from gpu.model.talker import PREFIX, Talker, TalkerConfig, TalkerInputs, TalkerState
-from gpu.model.talker_text import CharTable
 from gpu.model.talker_weights import init_random, integer_buffers, load_talker, param_shapes
-from gpu.model.tokenizer import EOS, PAD, ByteFallbackCodec
+from gpu.model.tokenizer import EOS, PAD
 
 CFG = TalkerConfig.tiny()
 RTOL, ATOL = 1e-5, 1e-5
@@ -54,10 +53,6 @@ def inputs(b: int, seed: int, cfg: TalkerConfig = CFG, y=None, idle=None) -> Tal
         torch.rand(b, cfg.n_steps, cfg.n_mixtures, generator=g),
         torch.randn(b, cfg.n_steps, cfg.latent, generator=g),
         idle if idle is not None else torch.zeros(b, dtype=torch.bool))
-
-
-def rows(inp: TalkerInputs, idx: list[int]) -> TalkerInputs:
-    return TalkerInputs(*(getattr(inp, f.name)[idx] for f in dataclasses.fields(inp)))
 
 
 def stack(parts: list[TalkerInputs]) -> TalkerInputs:
@@ -353,40 +348,3 @@ def test_audio_embedding_pad_is_zero(talker):
     partial[0, 3] = CFG.pad_code
     rest = sum(m.rvq_embs[q, codes[0, q]] for q in range(CFG.n_codebooks) if q != 3)
     torch.testing.assert_close(m.audio_embedding(partial)[0], m.embed_code(rest), rtol=RTOL, atol=ATOL)
-
-
-def test_char_table_from_pieces():
-    pieces = ByteFallbackCodec().char_pieces(CFG.text_vocab)
-    pieces[1500], pieces[1501] = "hello", "~\u00e9a"                  # é is not a table char
-    table = CharTable.from_pieces(pieces, CFG)
-    index = {c: i for i, c in enumerate(chr(b) for b in range(128))}    # single chars, id order
-    assert table.lengths[1500] == 5 and table.ids[1500, :5].tolist() == [index[c] for c in "hello"]
-    assert table.lengths[1501] == 2 and table.ids[1501, :2].tolist() == [index["~"], index["a"]]
-    assert (table.ids[1500, 5:] == CFG.n_chars).all() and table.lengths[PAD] == 0
-    pieces[1502] = "x" * (CFG.max_chars + 1)
-    with pytest.raises(ValueError):
-        CharTable.from_pieces(pieces, CFG)
-    syn = CharTable.synthetic(CFG)
-    assert syn.lengths.min() == 1 and syn.lengths.max() == CFG.max_chars
-    real = torch.arange(CFG.max_chars) < syn.lengths[:, None].long()
-    assert (syn.ids[~real] == CFG.n_chars).all() and (syn.ids[real] < CFG.n_chars).all()
-
-
-@torch.no_grad()
-def test_char_encoder_sees_only_the_real_characters(talker):
-    emb = talker.tts_model.embed_subword
-    y, ones = torch.arange(0, CFG.text_vocab, 97), torch.ones(22)
-    ref = emb(y, ones)
-    assert torch.isfinite(ref).all()
-    saved = emb.char_ids.clone()
-    try:
-        pad = torch.arange(CFG.max_chars) >= emb.char_lengths[:, None]
-        emb.char_ids[pad] = 7                                          # garbage past the end
-        torch.testing.assert_close(emb(y, ones), ref, rtol=RTOL, atol=ATOL)
-        emb.char_ids[:, 0] = (saved[:, 0] + 1) % CFG.n_chars            # a real character
-        assert (emb(y, ones) - ref).abs().amax(-1).min() > 1e-4
-    finally:
-        emb.char_ids.copy_(saved)
-    masked = emb(y, torch.zeros(22))                                   # mask 0: only the flags
-    flags = emb.subword_flag_emb(y) + emb.bos_eos_emb(y)
-    torch.testing.assert_close(masked, flags, rtol=RTOL, atol=ATOL)

@@ -111,10 +111,12 @@ class CodecState:
     spec: Tensor         # fp32 [S, 2·bins, 4]: real (0..8) | imag (9..17) of the last 4 spectra
 
     @classmethod
-    def alloc(cls, cfg: CodecConfig, max_slots: int,
-              device: torch.device | str = "cpu") -> "CodecState":
-        conv = [torch.zeros(max_slots, c, cfg.cache_width, device=device) for c in cfg.block_channels]
-        return cls(conv, torch.zeros(max_slots, 2 * cfg.n_bins, cfg.cache_spectra, device=device))
+    def alloc(cls, cfg: CodecConfig, max_slots: int, device: torch.device | str = "cpu",
+              dtype: torch.dtype = torch.float32) -> "CodecState":
+        """fp32 always in serving (bf16 collapses the codec); fp64 only for exactness checks."""
+        new = dict(device=device, dtype=dtype)
+        conv = [torch.zeros(max_slots, c, cfg.cache_width, **new) for c in cfg.block_channels]
+        return cls(conv, torch.zeros(max_slots, 2 * cfg.n_bins, cfg.cache_spectra, **new))
 
     def reset(self, slots: Tensor) -> None:
         for cache in self.conv:
@@ -139,6 +141,23 @@ class ConvNeXtBlock(nn.Module):
         return x + h, padded[..., -left.shape[-1]:]
 
 
+class Upsample(nn.Module):
+    """Bias-free ConvTranspose1d with kernel = stride: no overlap, so each input sample becomes
+    k output samples independently. Computed as a pointwise conv to k·C_out channels (same
+    numbers; unlike ConvT/linear on CPU its rounding does not depend on the batch size)."""
+
+    def __init__(self, c_in: int, c_out: int, rate: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(c_in, c_out, rate))     # ConvTranspose1d layout
+
+    def forward(self, x: Tensor) -> Tensor:
+        c_in, c_out, k = self.weight.shape
+        b, _, t = x.shape
+        w = self.weight.permute(1, 2, 0).reshape(c_out * k, c_in, 1)    # channel o·k + j
+        y = F.conv1d(x, w).view(b, c_out, k, t)
+        return y.transpose(2, 3).reshape(b, c_out, t * k)                # sample t·k + j
+
+
 class _Prvq(nn.Module):
     def __init__(self, cfg: CodecConfig):
         super().__init__()
@@ -152,7 +171,7 @@ class _Decoder(nn.Module):
         layers: list[nn.Module] = []
         c_in = cfg.latent
         for c, rate in zip(cfg.stage_channels, cfg.rates):
-            layers.append(nn.ConvTranspose1d(c_in, c, rate, stride=rate, bias=False))
+            layers.append(Upsample(c_in, c, rate))
             layers += [ConvNeXtBlock(c, cfg) for _ in range(cfg.n_blocks)]
             c_in = c
         layers.append(nn.Conv1d(c_in, 2 * cfg.n_bins, 1, bias=False))
@@ -182,7 +201,7 @@ class Codec(nn.Module):
                 x, ctx = layer(x, next(blocks))
                 new.append(ctx)
             else:
-                x = layer(x)                                    # ConvT, kernel = stride
+                x = layer(x)                                    # Upsample ×rate
         params = self.decoder.layers[-1](x)                     # [B, 18, N]
         nb = self.cfg.n_bins
         mag = self.cfg.max_magnitude * torch.sigmoid(params[:, :nb] - math.log(self.cfg.max_magnitude))
@@ -195,7 +214,7 @@ class Codec(nn.Module):
     def istft(self, spec: Tensor) -> Tensor:
         """real|imag spectra [B, 18, N] → samples [B, (N − 1)·hop + n_fft − 2·(6 + 8)]."""
         cfg = self.cfg
-        w = torch.hann_window(cfg.n_fft, periodic=True, device=spec.device)     # [16]
+        w = torch.hann_window(cfg.n_fft, periodic=True, device=spec.device, dtype=spec.dtype)
         nb, n = cfg.n_bins, spec.shape[-1]
         frames = torch.fft.irfft(torch.complex(spec[:, :nb], spec[:, nb:]), n=cfg.n_fft, dim=1)
         frames = torch.minimum(torch.maximum(frames, -w[:, None]), w[:, None]) * w[:, None]
@@ -208,8 +227,8 @@ class Codec(nn.Module):
 
     @torch.no_grad()
     def step(self, state: CodecState, codes: Tensor, slots: Tensor) -> Tensor:
-        """codes int [B, Q] of the sessions at `slots` [B] → pcm fp32 [B, 1764]; writes only
-        their cache rows."""
+        """codes int [B, Q] (< codebook_size: the talker substitutes silence for control codes)
+        of the sessions at `slots` [B] → pcm fp32 [B, 1764]; writes only their cache rows."""
         contexts = [cache[slots] for cache in state.conv]
         spec, new = self.spectra(self.latent(codes[:, None]), contexts)
         for cache, ctx in zip(state.conv, new):
@@ -231,7 +250,8 @@ class Codec(nn.Module):
         """Non-streaming: codes [B, T, Q] → [B, 1764·T + 8], one pass over the whole sequence
         (zero left context, zero spectra on both ends), flush tail included."""
         cfg, b = self.cfg, codes.shape[0]
-        zeros = [codes.new_zeros(b, c, cfg.cache_width, dtype=torch.float32) for c in cfg.block_channels]
+        dtype = self.decoder.layers[-1].weight.dtype
+        zeros = [codes.new_zeros(b, c, cfg.cache_width, dtype=dtype) for c in cfg.block_channels]
         spec, _ = self.spectra(self.latent(codes), zeros)
         pad = (cfg.cache_spectra, cfg.flush_spectra)
         return self.istft(F.pad(spec, pad))

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gpu.model.talker_mog import MogHead, unmasking_schedule
@@ -122,7 +121,8 @@ class TalkerState:
     """Per-slot talker state; every tensor's leading dim is max_slots."""
     k: Tensor           # [S, L, R, P, kv_heads, head_dim] rotated keys, R = CFG rows
     v: Tensor           # [S, L, R, P, kv_heads, head_dim]
-    position: Tensor    # int64 [S]: next position to write (0 at reset, n_warmup when live)
+    position: Tensor    # int64 [S]: next position to write (0 at reset, n_warmup when live);
+                        # the caller ends a session before it reaches P (a check would sync)
     prev_codes: Tensor  # int64 [S, Q]: codes fed back at the next frame (PAD at reset)
     pad_code: int
 
@@ -314,7 +314,7 @@ class _PromptLatents(nn.Module):          # checkpoint path `tts_model.audio_pro
 class Talker(nn.Module):
     """`tts_model.*` minus the codec: EAR-TTS plus silence codes, control codes, Aria prompt.
 
-    Build on any device (`with torch.device("meta"): Talker(cfg)`), then `load_weights`
+    Build on any device (`with torch.device("meta"): Talker(cfg)`), then `load_talker`
     (talker_weights.py) with the checkpoint names. `step` and `warmup` mutate `state` only by
     index writes at `slots`; they never synchronise with the host.
     """
