@@ -21,6 +21,7 @@ import zmq.asyncio
 from transports import protocol as P
 
 EVENT_QUEUE = 4096          # events a session buffers for a slow consumer before dropping
+SEND_TIMEOUT_S = 10.0       # how long a send may wait for a node to take it
 
 
 @dataclass
@@ -53,6 +54,10 @@ class Closed:
 class Error:
     code: str
     message: str
+
+
+class NodeUnavailable(Exception):
+    """No node took the message in time (down, unreachable, or it refused our key)."""
 
 
 class Refused(Exception):
@@ -91,7 +96,7 @@ class ClientSession:
     async def close(self, timeout: float = 10.0) -> Closed:
         """Ask the node to close; return its `closed` stats, skipping events still queued."""
         if self.closed is None:
-            await self.client.send(P.pack("close", self.id))
+            await self.client.send(P.pack("close", self.id), timeout)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             while self.closed is None:
@@ -126,7 +131,10 @@ class NodeClient:
         self._pongs: dict[Any, asyncio.Future] = {}
         self.orphan_errors: list[Error] = []      # errors about no session, or unknown ones
         self._reader: asyncio.Task | None = None
+        self._monitor: asyncio.Task | None = None
         self._send_lock = asyncio.Lock()
+        self.auth_failed = False
+        self._curve = curve is not None
 
     async def __aenter__(self) -> "NodeClient":
         self.connect()
@@ -136,18 +144,49 @@ class NodeClient:
         await self.aclose()
 
     def connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._curve:
+            self._monitor = loop.create_task(self._watch_handshakes())
         self.sock.connect(self.endpoint)
-        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+        self._reader = loop.create_task(self._read_loop())
 
     async def aclose(self) -> None:
-        if self._reader:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+        for task in (self._reader, self._monitor):
+            if task:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         self.sock.close(0)
 
-    async def send(self, frames: list[bytes]) -> None:
+    async def send(self, frames: list[bytes], timeout: float | None = SEND_TIMEOUT_S) -> None:
+        """Send one message. A DEALER with no connected node blocks; past `timeout` this raises
+        `NodeUnavailable` (with `unauthorized` when the node refused our CURVE key)."""
         async with self._send_lock:
-            await self.sock.send_multipart(frames)
+            try:
+                await asyncio.wait_for(self.sock.send_multipart(frames), timeout)
+            except asyncio.TimeoutError:
+                raise NodeUnavailable(self._why_unavailable()) from None
+
+    def _why_unavailable(self) -> str:
+        if self.auth_failed:
+            return "unauthorized: the node refused this client's CURVE key"
+        return f"no node answering at {self.endpoint}"
+
+    async def _watch_handshakes(self) -> None:
+        """CURVE refusals are silent on the socket itself; the monitor tells them apart from a
+        node that is simply not there."""
+        from zmq.utils.monitor import recv_monitor_message
+        mon = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                           | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        try:
+            while True:
+                ev = await recv_monitor_message(mon)
+                self.auth_failed = ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                if self.auth_failed:
+                    for fut in self._pending_open.values():
+                        if not fut.done():
+                            fut.set_exception(Refused("unauthorized", self._why_unavailable()))
+        finally:
+            mon.close(0)
 
     async def open(self, session: str, sample_rate: int = 16000, format: str = "pcm_f32le",
                    timeout: float = 10.0, **fields: Any) -> ClientSession:
@@ -155,9 +194,13 @@ class NodeClient:
         fut = asyncio.get_running_loop().create_future()
         self._pending_open[session] = fut
         try:
+            if self.auth_failed:
+                raise Refused("unauthorized", self._why_unavailable())
             await self.send(P.pack("open", session, sample_rate=sample_rate, format=format,
-                                   **fields))
+                                   **fields), timeout)
             return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise NodeUnavailable(self._why_unavailable()) from None
         finally:
             self._pending_open.pop(session, None)
 

@@ -379,6 +379,7 @@ class Node:
             slot_stats = await self.clock_actor.ask(Release(actor.cfg.slot))
         except Exception as exc:     # the clock restarting: the slot table went with it
             log.warning("release of slot %d failed: %r", actor.cfg.slot, exc)
+        actor.flush_input()
         c = actor.counters
         s = slot_stats
         return {"frames_in": s.frames_in if s else 0,

@@ -71,6 +71,7 @@ class SessionCounters:
     dropped_out: int = 0            # output frames the client could not take
     frames_sent: int = 0
     engine_unavailable: int = 0     # frames the clock could not take (it was restarting)
+    unheard_at_close: int = 0       # partial frames and held messages when the session closed
 
 
 @dataclass
@@ -111,6 +112,8 @@ class SessionActor(Actor):
         self._pending = np.zeros(0, np.float32)
         self._frame_no = 0
         self._out_seq = 0
+        self._out_pending = np.zeros(0, np.float32)
+        self._out_frame_len = cfg.output_sample_rate * 80 // 1000
         self._agent_text = TextStream(text_codec)
         self._user_text = TextStream(user_codec)
         self._calls = FunctionCallParser(text_codec, cfg.session)
@@ -215,15 +218,7 @@ class SessionActor(Actor):
         pcm = np.frombuffer(msg.pcm, np.float32).reshape(-1, SAMPLES_OUT)
         for f in range(pcm.shape[0]):
             frame = h["frame"] + f
-            out = self._out_resampler(pcm[f])
-            ok = self._send_client(self.cfg.identity, P.pack(
-                "audio", self.cfg.session, A.encode(out, self.cfg.output_format),
-                seq=self._out_seq, frame=frame), True)
-            self._out_seq += 1
-            if ok:
-                self.counters.frames_sent += 1
-            else:
-                self.counters.dropped_out += 1
+            self._send_audio(frame, self._out_resampler(pcm[f]))
             self._emit_text(frame, h["text"][f], h["user"][f])
             for call in self._calls.push(h["func"][f]):
                 self._send_client(self.cfg.identity, P.pack(
@@ -231,6 +226,22 @@ class SessionActor(Actor):
                     arguments=call.arguments))
             for problem in self._calls.take_errors():
                 self._error("bad_function_call", problem)
+
+    def _send_audio(self, frame: int, x: np.ndarray) -> None:
+        """Exactly one 80 ms frame per `audio` message at the output rate: a resampler's chunks
+        vary in length, so its output is re-cut (the first frame waits out its latency)."""
+        self._out_pending = np.concatenate([self._out_pending, x]) if len(self._out_pending) else x
+        while len(self._out_pending) >= self._out_frame_len:
+            chunk = self._out_pending[:self._out_frame_len]
+            self._out_pending = self._out_pending[self._out_frame_len:]
+            ok = self._send_client(self.cfg.identity, P.pack(
+                "audio", self.cfg.session, A.encode(chunk, self.cfg.output_format),
+                seq=self._out_seq, frame=frame), True)
+            self._out_seq += 1
+            if ok:
+                self.counters.frames_sent += 1
+            else:
+                self.counters.dropped_out += 1
 
     def _emit_text(self, frame: int, text_token: int, user_tokens: list[int]) -> None:
         agent = self._agent_text.push([text_token])
@@ -245,7 +256,19 @@ class SessionActor(Actor):
     def _error(self, code: str, message: str) -> None:
         self._send_client(self.cfg.identity, P.error_frames(code, message, self.cfg.session))
 
+    def flush_input(self) -> None:
+        """At close: audio still inside the resampler or short of a whole frame will never be
+        heard. Count it (a started frame counts as one) instead of letting it vanish."""
+        if self._in_resampler._stream is not None:
+            tail = self._in_resampler(np.zeros(0, np.float32), last=True)
+            self._pending = np.concatenate([self._pending, tail])
+        self.counters.unheard_at_close += -(-len(self._pending) // SAMPLES_IN)
+        self._pending = np.zeros(0, np.float32)
+        held = sum(len(p) // self._bps for p in self._held.values())   # waiting for a missing seq
+        self.counters.unheard_at_close += -(-held * IN_RATE // (self.cfg.sample_rate * SAMPLES_IN))
+        self._held.clear()
+
     def input_drops(self) -> int:
         c = self.counters
         return (c.duplicates + c.bad_payloads + c.dropped_in_mailbox + c.seq_gaps
-                + c.engine_unavailable)
+                + c.engine_unavailable + c.unheard_at_close)
