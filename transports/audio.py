@@ -76,7 +76,7 @@ def int16_to_alaw(pcm: np.ndarray) -> bytes:
 
 
 def float_to_int16(x: np.ndarray) -> np.ndarray:
-    return np.clip(np.round(x * 32767.0), -32768, 32767).astype(np.int16)
+    return np.clip(np.round(x * 32768.0), -32768, 32767).astype(np.int16)   # inverse of decode
 
 
 def decode(data: bytes, fmt: str) -> np.ndarray:

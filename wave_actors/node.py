@@ -93,6 +93,9 @@ class Node:
     async def start(self) -> None:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A bridge that reconnects under its identity takes its sessions over at once; with
+        # CURVE, each session still answers only to the key that opened it.
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 10_000)
         self.sock.setsockopt(zmq.SNDHWM, 10_000)
