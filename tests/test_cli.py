@@ -1,0 +1,113 @@
+"""The commands a user runs: the node, the WAV client, the demo, the benchmark, the metrics."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import wave
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_tone_wav(path: Path, seconds: float, rate: int = 16000) -> None:
+    t = np.arange(int(seconds * rate)) / rate
+    x = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(x.tobytes())
+
+
+def wait_listening(proc) -> dict:
+    line = proc.stdout.readline()
+    assert line, f"node exited: {proc.stderr.read()}"
+    return json.loads(line)
+
+
+def test_node_wavclient_metrics_and_clean_sigterm(tmp_path):
+    port, mport = free_port(), free_port()
+    node = subprocess.Popen([PY, "-m", "wave_actors.node", "--backend", "sim", "--bind",
+                             f"tcp://127.0.0.1:{port}", "--max-sessions", "2",
+                             "--metrics-port", str(mport)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        info = wait_listening(node)
+        assert info["listening"] == f"tcp://127.0.0.1:{port}" and info["max_sessions"] == 2
+        wav_in, wav_out = tmp_path / "in.wav", tmp_path / "reply.wav"
+        write_tone_wav(wav_in, 2.0)
+        t0 = time.monotonic()
+        out = subprocess.run([PY, "-m", "transports.wavclient", "--connect",
+                              f"tcp://127.0.0.1:{port}", "--wav", str(wav_in), "--out",
+                              str(wav_out), "--pace", "4", "--tail", "1.5"],
+                             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert time.monotonic() - t0 < 30
+        stats = report["stats"]
+        assert stats["frames_in"] + stats["dropped"] == 25          # 2 s = 25 frames of 80 ms
+        assert stats["frames_in"] >= 20 and report["errors"] == []
+        with wave.open(str(wav_out)) as w:
+            assert w.getframerate() == 22050 and w.getnframes() >= 22050
+        body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read()
+        text = body.decode()
+        for name in ("wave_sessions", "wave_free_slots", "wave_beat_latency_seconds_bucket",
+                     "wave_late_beats_total", "wave_underruns_total", "wave_refusals_total",
+                     "wave_errors_total", "wave_dropped_total"):
+            assert name in text, name
+        assert 'le="0.16"' in text and "session=" not in text and report["session"] not in text
+    finally:
+        node.send_signal(signal.SIGTERM)
+        rc = node.wait(timeout=20)
+    assert rc == 0
+    assert "draining" in node.stdout.read()
+
+
+def test_wavclient_reports_a_missing_file_clearly(tmp_path):
+    out = subprocess.run([PY, "-m", "transports.wavclient", "--wav", str(tmp_path / "nope.wav")],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "nope.wav" in out.stderr
+
+
+def test_demo_writes_replies_and_a_summary(tmp_path):
+    port = free_port()
+    out = subprocess.run([PY, "-m", "wave_actors.node", "--demo", "--backend", "sim",
+                          "--demo-seconds", "4", "--demo-sessions", "2", "--bind",
+                          f"tcp://127.0.0.1:{port}", "--out", str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout[out.stdout.index("\n["):out.stdout.rindex("]") + 1])
+    assert [s["session"] for s in summary] == ["demo-0", "demo-1"]
+    for s in summary:
+        assert Path(s["reply"]).is_file() and s["seconds_out"] > 2 and s["frames_in"] > 20
+    assert "p99" in out.stdout and "late" in out.stdout
+
+
+def test_bench_writes_json(tmp_path):
+    out = subprocess.run([PY, "-m", "wave_actors.bench", "--backend", "sim", "--sessions", "6",
+                          "--beats", "25", "--virtual", "--out", str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    files = list(tmp_path.glob("sim-reference-n6-*.json"))
+    assert len(files) == 1
+    res = json.loads(files[0].read_text())
+    for key in ("backend", "profile", "context", "sessions", "runs", "beats", "late_beats",
+                "p50_ms", "p99_ms", "gpu", "commit"):
+        assert key in res, key
+    assert res["beats"] == 25 and res["late_beats"] == 0 and res["sessions"] == 6
+    # the modelled beat at 6 sessions and 1500 frames of context (MODEL.md §5 roofline)
+    assert 13.0 < res["p50_ms"] < 16.0
