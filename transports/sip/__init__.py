@@ -6,7 +6,8 @@
     jitter    adaptive jitter buffer for the caller's RTP
     pacer     playout buffer and drift-free 20 ms ticks for the node's audio
     call      one call's media: RTP socket, node session, tick/uplink/downlink tasks
-    dialog    dialog and INVITE transaction state
+    dialog    dialog state, in-dialog requests (BYE)
+    transaction  retransmissions and timers (RFC 3261 §17)
     server    the UDP user agent server (`Bridge`)
     pcap      writes RTP captures (sipp's play_pcap_audio input, debugging)
 """

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import signal
 from dataclasses import replace
 
@@ -33,6 +34,8 @@ def parse_args(argv=None) -> BridgeConfig:
     ap.add_argument("--instructions", default="", help="system prompt for every call")
     a = ap.parse_args(argv)
     host, port = split_hostport(a.listen)
+    if ipaddress.ip_address(host).is_unspecified and not a.media_ip:
+        ap.error("listening on a wildcard address needs --media-ip (the address put in SDP)")
     lo, _, hi = a.rtp_ports.partition("-")
     return BridgeConfig(node=a.node, host=host, port=5060 if port is None else port,
                         media_ip=a.media_ip, rtp_ports=(int(lo), int(hi or lo)),

@@ -38,12 +38,28 @@ class CallStats:
     rtp_bad: int = 0            # not RTP, or empty: dropped
     rtcp_in: int = 0            # RTCP multiplexed on the RTP port: ignored
     wrong_pt: int = 0           # a payload type we did not negotiate (e.g. DTMF events): dropped
+    rtp_early: int = 0          # arrived before the call was answered: dropped
     rtp_out: int = 0
     uplink_dropped: int = 0     # packets the node link could not take (queue full)
     silence_fill: int = 0       # 20 ms of silence sent to the node while the caller was quiet
     node_audio: int = 0         # node audio frames received
     node_text: int = 0
     node_errors: int = 0
+
+
+NODE_ERRORS = (asyncio.TimeoutError, OSError, C.NodeUnavailable)
+
+
+def _close_if_opened(opening: asyncio.Future) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        asyncio.ensure_future(_quietly(opening.result().close(3.0)))
+
+
+async def _quietly(awaitable) -> None:
+    try:
+        await awaitable
+    except NODE_ERRORS:
+        pass
 
 
 class _RtpProtocol(asyncio.DatagramProtocol):
@@ -105,16 +121,22 @@ class Call:
         self.transport = await bind_rtp(self.cfg, self)
 
     async def open_node(self, client: C.NodeClient) -> None:
-        """Open the node session; raises client.Refused or TimeoutError (then closes it there)."""
+        """Open the node session within `open_timeout`; raises client.Refused, TimeoutError or
+        client.NodeUnavailable.
+
+        Giving up (timeout, or a CANCEL from the caller) does not abandon the `open` in flight:
+        it goes on in the background for as long again, and a session that opens after all is
+        closed at once rather than left holding a slot."""
         law = self.codec.law
+        opening = asyncio.ensure_future(client.open(
+            self.session_id, sample_rate=self.codec.rate, format=law,
+            timeout=2 * self.cfg.open_timeout, output_sample_rate=self.codec.rate,
+            output_format=law, instructions=self.cfg.instructions))
         try:
-            self.session = await client.open(
-                self.session_id, sample_rate=self.codec.rate, format=law,
-                timeout=self.cfg.open_timeout, output_sample_rate=self.codec.rate,
-                output_format=law, instructions=self.cfg.instructions)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            # The node may still open it after we gave up: close it rather than leak a slot.
-            await asyncio.shield(client.send(P.pack("close", self.session_id)))
+            self.session = await asyncio.wait_for(asyncio.shield(opening),
+                                                  self.cfg.open_timeout)
+        except (asyncio.CancelledError, asyncio.TimeoutError):
+            opening.add_done_callback(_close_if_opened)
             raise
 
     def start(self, answer: Answer) -> None:
@@ -132,6 +154,9 @@ class Call:
 
     def on_rtp(self, data: bytes, addr) -> None:
         self.stats.rtp_in += 1
+        if not self._tasks:                    # before our 200 OK: nothing to feed yet
+            self.stats.rtp_early += 1
+            return
         if rtp.is_rtcp(data):
             self.stats.rtcp_in += 1
             return
@@ -202,7 +227,11 @@ class Call:
             chunks = [await self._uplink.get()]
             while not self._uplink.empty():
                 chunks.append(self._uplink.get_nowait())
-            await self.session.send_audio(b"".join(chunks))
+            try:
+                await self.session.send_audio(b"".join(chunks))
+            except C.NodeUnavailable:
+                self._end("node_unavailable")
+                return
 
     async def _downlink_loop(self) -> None:
         while True:
@@ -214,8 +243,8 @@ class Call:
             elif isinstance(ev, C.Text):
                 self.stats.node_text += 1
             elif isinstance(ev, C.FunctionCall):       # phone calls offer no tools
-                await self.session.function_result(ev.call_id, json.dumps(
-                    {"error": "no tools are available on this call"}))
+                await _quietly(self.session.function_result(ev.call_id, json.dumps(
+                    {"error": "no tools are available on this call"})))
             elif isinstance(ev, C.Closed):
                 self.node_closed = ev
                 self._end("node_closed")
@@ -246,7 +275,7 @@ class Call:
             try:
                 closed = self.node_closed or await self.session.close(close_timeout)
                 node_stats = closed.stats
-            except (asyncio.TimeoutError, OSError) as exc:
+            except NODE_ERRORS as exc:
                 node_error = type(exc).__name__
         if self.transport is not None:
             self.transport.close()

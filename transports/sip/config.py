@@ -30,6 +30,7 @@ class BridgeConfig:
 
     @property
     def rtp_ip(self) -> str:
+        """Where RTP is bound and what SDP and Contact/Via advertise."""
         return self.media_ip or self.host
 
     @property

@@ -1,17 +1,14 @@
-"""Dialog and transaction state of the bridge, a UAS that also sends BYE (RFC 3261 §12, §17).
+"""Dialog state of the bridge, a UAS that also sends BYE (RFC 3261 §12).
 
-`Dialog` is what a 2xx to an INVITE creates: identified by Call-ID, our tag and the caller's tag;
-it knows how to address an in-dialog request back to the caller (remote target from Contact,
-route set from Record-Route). `InviteTx` is the INVITE server transaction plus the TU's 2xx
-retransmission (§13.3.1.4): the last response sent, resent on every retransmitted INVITE, and on
-a T1, 2T1 ... T2 schedule until the ACK, for at most 64*T1.
+A `Dialog` is what a 2xx to an INVITE creates: identified by Call-ID, our tag and the caller's
+tag; it builds in-dialog requests back to the caller (remote target from Contact, route set from
+Record-Route, our CSeq rising) and knows where to send them.
 """
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from transports.sip import message as M
 from transports.sip.call import Call
@@ -49,7 +46,7 @@ class Dialog:
         """An in-dialog request from us to the caller (§12.2.1.1)."""
         self.local_cseq += 1
         req = M.SipMessage(method=method, uri=self.remote_target)
-        req.add("Via", f"SIP/2.0/UDP {_hostport(via_host, via_port)};branch={new_branch()};rport")
+        req.add("Via", f"SIP/2.0/UDP {hostport(via_host, via_port)};branch={new_branch()};rport")
         req.add("Max-Forwards", "70")
         req.add("From", self.local_uri)
         req.add("To", self.remote_uri)
@@ -75,28 +72,5 @@ class Dialog:
         return uri.host, uri.port or 5060
 
 
-def _hostport(host: str, port: int) -> str:
+def hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-@dataclass
-class InviteTx:
-    request: M.SipMessage
-    addr: tuple[str, int]
-    local_tag: str
-    call: Call | None = None
-    dialog: Dialog | None = None
-    last: bytes | None = None       # the last response sent (resent on a retransmitted INVITE)
-    final: int | None = None        # status of the final response, once sent
-    acked: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task | None = None    # answering: binding RTP, opening the node session
-    expires: float = float("inf")   # when the entry may be forgotten (after the final answer)
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return tx_key(self.request)
-
-
-def tx_key(msg: M.SipMessage) -> tuple[str, int]:
-    """INVITE, its ACK and its CANCEL share Call-ID and CSeq number."""
-    return (msg.get("Call-ID") or "", M.parse_cseq(msg.get("CSeq"))[0])

@@ -100,7 +100,7 @@ class JitterBuffer:
         self.stats.received += 1
         if self._next is None:
             self._restart(pkt)
-        elif pkt.ssrc != self._ssrc or abs(self._extend(pkt.seq) - self._next) > self.cfg.max_jump:
+        elif self._foreign(pkt):
             if not self._on_probation(pkt, now):
                 return
         else:
@@ -158,6 +158,11 @@ class JitterBuffer:
     def _extend(self, seq: int) -> int:
         """The extended sequence number nearest to the highest one accepted (RFC 3550 A.1)."""
         return self._max_ext + ((seq - self._max_ext + 0x8000) & 0xFFFF) - 0x8000
+
+    def _foreign(self, pkt: RtpPacket) -> bool:
+        """Another source, or a sequence number too far from the stream's to be believed."""
+        return pkt.ssrc != self._ssrc or \
+            abs(self._extend(pkt.seq) - self._next) > self.cfg.max_jump
 
     def _restart(self, pkt: RtpPacket) -> None:
         self._ssrc, self._next = pkt.ssrc, pkt.seq + 0x10000   # +2^16 keeps ext seqs positive

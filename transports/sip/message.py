@@ -267,7 +267,8 @@ class NameAddr:
 
 
 def parse_name_addr(value: str) -> NameAddr:
-    """From/To/Contact/Route: `"Name" <uri>;params` or `uri;params` (params then are the header's)."""
+    """From/To/Contact/Route: `"Name" <uri>;params`, or `uri;params` (then the params are the
+    header's, not the URI's)."""
     value = value.strip()
     if "<" in value:
         display, _, rest = value.partition("<")

@@ -1,0 +1,407 @@
+"""The bridge in-process against a scripted fake node: SIP transactions and dialogs (CANCEL,
+retransmissions, ACK timeout, re-INVITE, late offer), errors, node refusal and node-side close
+(-> BYE to the caller), RTP garbage. Timers are shortened; each test runs in well under a second
+or two of wall time.
+"""
+import asyncio
+import os
+from dataclasses import replace
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from transports import protocol as P
+from transports.sip import message as M
+from transports.sip import rtp
+from transports.sip.config import BridgeConfig
+from transports.sip.server import Bridge
+
+FRAME = 640                             # 80 ms of G.711 at 8 kHz
+
+
+class FakeNode:
+    """A ROUTER speaking the wire protocol: opens up to `slots` sessions, answers each beat
+    (160 ms) with two 80 ms frames, records audio received, and can close a session itself."""
+
+    def __init__(self, slots=4, refuse=None, open_delay=0.0):
+        self.slots, self.refuse, self.open_delay = slots, refuse, open_delay
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        port = self.sock.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.live: dict[str, bytes] = {}          # session -> client identity
+        self.audio_in: dict[str, int] = {}        # session -> bytes received
+        self.opens, self.closes = [], []
+        self.tasks: list[asyncio.Task] = []
+
+    def start(self):
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(self._recv()), loop.create_task(self._beats())]
+
+    async def stop(self):
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.sock.close(0)
+        self.ctx.term()
+
+    async def _send(self, ident, frames):
+        await self.sock.send_multipart([ident, *frames])
+
+    async def _recv(self):
+        while True:
+            ident, *frames = await self.sock.recv_multipart()
+            msg = P.parse(frames)
+            if msg.type == "open":
+                self.opens.append(msg.header)
+                asyncio.get_running_loop().create_task(self._open(ident, msg))
+            elif msg.type == "audio":
+                self.audio_in[msg.session] = self.audio_in.get(msg.session, 0) + len(msg.payload)
+            elif msg.type == "close":
+                self.closes.append(msg.session)
+                if self.live.pop(msg.session, None) is not None:
+                    await self._send(ident, P.pack("closed", msg.session, stats=self.stats(msg)))
+                else:
+                    await self._send(ident, P.error_frames(P.UNKNOWN_SESSION, "no", msg.session))
+
+    def stats(self, msg):
+        return {"frames_in": self.audio_in.get(msg.session, 0) // FRAME, "frames_out": 1,
+                "underruns": 0, "dropped": 0, "late_beats": 0}
+
+    async def _open(self, ident, msg):
+        await asyncio.sleep(self.open_delay)
+        if self.refuse or len(self.live) >= self.slots:
+            await self._send(ident, P.pack("refused", msg.session,
+                                           reason=self.refuse or "capacity", message="no"))
+            return
+        self.live[msg.session] = ident
+        await self._send(ident, P.pack("opened", msg.session, frame_ms=80, beat_ms=160,
+                                       output_sample_rate=8000, output_format=msg.header["format"]))
+
+    async def _beats(self):
+        seq = 0
+        while True:
+            await asyncio.sleep(0.16)
+            for sid, ident in list(self.live.items()):
+                for _ in range(2):
+                    await self._send(ident, P.pack("audio", sid, b"\x11" * FRAME, seq=seq,
+                                                   frame=seq))
+                    seq += 1
+
+    async def kill(self, session):
+        ident = self.live.pop(session)
+        await self._send(ident, P.pack("closed", session, stats={"frames_in": 0}))
+
+
+class UA(asyncio.DatagramProtocol):
+    """A test SIP user agent on loopback: sends text requests, collects whatever comes back."""
+
+    def __init__(self):
+        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.transport = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def datagram_received(self, data, addr):
+        self.inbox.put_nowait(M.parse(data))
+
+    @classmethod
+    async def create(cls):
+        loop = asyncio.get_running_loop()
+        _, ua = await loop.create_datagram_endpoint(cls, local_addr=("127.0.0.1", 0))
+        return ua
+
+    @property
+    def port(self):
+        return self.transport.get_extra_info("sockname")[1]
+
+    def request(self, dest, method, call_id, *, cseq=1, to_tag="", body=b"", branch=None,
+                extra=(), ctype="application/sdp", contact=True):
+        branch = branch or "z9hG4bK" + os.urandom(4).hex()
+        lines = [f"{method} sip:wave@127.0.0.1:{dest[1]} SIP/2.0",
+                 f"Via: SIP/2.0/UDP 127.0.0.1:{self.port};branch={branch}",
+                 f"From: <sip:ua@127.0.0.1:{self.port}>;tag=ua1",
+                 f"To: <sip:wave@127.0.0.1>" + (f";tag={to_tag}" if to_tag else ""),
+                 f"Call-ID: {call_id}", f"CSeq: {cseq} {method}", "Max-Forwards: 70", *extra]
+        if contact:
+            lines.append(f"Contact: <sip:ua@127.0.0.1:{self.port}>")
+        if body:
+            lines.append(f"Content-Type: {ctype}")
+        data = ("\r\n".join(lines) + f"\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+        self.transport.sendto(data, dest)
+        return branch
+
+    async def next(self, timeout=2.0, pred=lambda m: True):
+        while True:
+            msg = await asyncio.wait_for(self.inbox.get(), timeout)
+            if pred(msg):
+                return msg
+
+    async def final(self, timeout=3.0):
+        return await self.next(timeout, lambda m: not m.is_request and m.status >= 200)
+
+
+def offer(port, fmt=0, name="PCMU"):
+    return (f"v=0\r\no=ua 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+            f"m=audio {port} RTP/AVP {fmt}\r\na=rtpmap:{fmt} {name}/8000\r\n").encode()
+
+
+CFG = BridgeConfig(port=0, t1=0.05, t2=0.2, open_timeout=1.0, rtp_timeout=5.0,
+                   node_timeout=5.0)
+
+
+def run(coro_fn, node_kw=None, cfg=CFG, timeout=20):
+    """Run `coro_fn(bridge, node, ua, events)` with a fake node and a bridge on loopback."""
+    async def main():
+        node = FakeNode(**(node_kw or {}))
+        node.start()
+        events = []
+        bridge = Bridge(replace(cfg, node=node.endpoint),
+                        emit=lambda ev, **f: events.append({"event": ev, **f}))
+        await bridge.start()
+        ua = await UA.create()
+        try:
+            await asyncio.wait_for(coro_fn(bridge, node, ua, events), timeout)
+        finally:
+            ua.transport.close()
+            await bridge.close(timeout=0.3)
+            await node.stop()
+        assert bridge.stats.internal_errors == 0, events
+        return events
+    return asyncio.run(main())
+
+
+async def establish(bridge, ua, call_id="c1", body=None):
+    """INVITE -> 100/180/200 -> ACK; returns the 200 OK."""
+    ua.request(bridge.address, "INVITE", call_id, body=offer(9) if body is None else body)
+    seen = [(await ua.next()).status]
+    ok = await ua.final()
+    seen += [ok.status]
+    assert ok.status == 200, ok.start_line()
+    tag = M.parse_name_addr(ok.get("To")).tag
+    ua.request(bridge.address, "ACK", call_id, to_tag=tag)
+    return ok, tag
+
+
+def test_call_flow_and_node_close_sends_bye():
+    async def scenario(bridge, node, ua, events):
+        ok, tag = await establish(bridge, ua)
+        assert ok.get("Content-Type") == "application/sdp" and b"RTP/AVP 0" in ok.body
+        assert M.parse_name_addr(ok.get("Contact")).uri.startswith("sip:wave@127.0.0.1:")
+        (hdr,) = node.opens
+        assert (hdr["sample_rate"], hdr["format"], hdr["output_sample_rate"],
+                hdr["output_format"]) == (8000, "pcmu", 8000, "pcmu")
+        await asyncio.sleep(0.4)
+        (sid,) = node.live
+        await node.kill(sid)                            # the node ends the session
+        bye = await ua.next(pred=lambda m: m.is_request)
+        assert bye.method == "BYE" and bye.get("Call-ID") == "c1"
+        assert M.parse_name_addr(bye.get("From")).tag == tag
+        assert M.parse_name_addr(bye.get("To")).tag == "ua1"
+        assert bye.uri == f"sip:ua@127.0.0.1:{ua.port}" and M.check_request(bye) is None
+        ua.transport.sendto(M.make_response(bye, 200).to_bytes(), bridge.address)
+        for _ in range(50):
+            if any(e["event"] == "call_end" for e in events):
+                break
+            await asyncio.sleep(0.02)
+    events = run(scenario)
+    (end,) = [e for e in events if e["event"] == "call_end"]
+    assert end["reason"] == "node_closed" and end["node_stats"] == {"frames_in": 0}
+    (bye,) = [e for e in events if e["event"] == "bye_sent"]
+    assert bye["status"] == 200
+
+
+def test_bye_closes_the_node_session_and_retransmitted_bye_gets_the_same_answer():
+    async def scenario(bridge, node, ua, events):
+        _, tag = await establish(bridge, ua)
+        await asyncio.sleep(0.3)
+        branch = ua.request(bridge.address, "BYE", "c1", cseq=2, to_tag=tag)
+        assert (await ua.final()).status == 200
+        ua.request(bridge.address, "BYE", "c1", cseq=2, to_tag=tag, branch=branch)
+        assert (await ua.final()).status == 200        # from the transaction cache
+        ua.request(bridge.address, "BYE", "c1", cseq=3, to_tag=tag)
+        assert (await ua.final()).status == 481         # the dialog is gone
+        for _ in range(100):
+            if any(e["event"] == "call_end" for e in events):
+                break
+            await asyncio.sleep(0.02)
+        assert len(node.closes) == 1
+        assert bridge.stats.retransmits_in == 1
+    events = run(scenario)
+    (end,) = [e for e in events if e["event"] == "call_end"]
+    assert end["reason"] == "bye" and end["node_stats"]["frames_in"] >= 0
+
+
+def test_cancel_while_the_node_is_opening():
+    async def scenario(bridge, node, ua, events):
+        branch = ua.request(bridge.address, "INVITE", "c2", body=offer(9))
+        assert (await ua.next()).status == 100
+        await asyncio.sleep(0.1)
+        ua.request(bridge.address, "CANCEL", "c2", branch=branch)
+        got = sorted([(await ua.next()).status, (await ua.next()).status,
+                      (await ua.final()).status])
+        assert 200 in got and 487 in got
+        ua.request(bridge.address, "ACK", "c2", branch=branch)
+        await asyncio.sleep(0.6)                        # the node's `opened` comes later
+        assert node.closes and not node.live            # ... and the bridge closes it
+        assert bridge.stats.calls_cancelled == 1 and not bridge.calls
+    run(scenario, {"open_delay": 0.3})
+
+
+@pytest.mark.parametrize("reason, status", [("capacity", 486), ("draining", 503)])
+def test_node_refusal(reason, status):
+    async def scenario(bridge, node, ua, events):
+        ua.request(bridge.address, "INVITE", "c3", body=offer(9))
+        final = await ua.final()
+        assert final.status == status and "node refused" in final.get("Warning")
+        n = 0
+        while n < 2:                                    # the final is resent until the ACK
+            n += (await ua.next()).status == status
+        ua.request(bridge.address, "ACK", "c3", to_tag=M.parse_name_addr(final.get("To")).tag)
+        assert bridge.stats.calls_refused == 1 and not bridge.calls
+    run(scenario, {"refuse": reason})
+
+
+def test_no_node_gets_503():
+    async def scenario(bridge, node, ua, events):
+        await node.stop()                              # nobody answers `open`
+        ua.request(bridge.address, "INVITE", "c4", body=offer(9))
+        final = await ua.final(timeout=3)
+        assert final.status == 503 and final.get("Retry-After") == "5"
+    run(scenario, cfg=replace(CFG, open_timeout=0.3))
+
+
+def test_invite_retransmission_and_200_retransmitted_until_ack_then_ack_timeout_bye():
+    async def scenario(bridge, node, ua, events):
+        branch = ua.request(bridge.address, "INVITE", "c5", body=offer(9))
+        ok = await ua.final()
+        ua.request(bridge.address, "INVITE", "c5", body=offer(9), branch=branch)
+        assert (await ua.next()).status == 200          # the retransmission is answered
+        oks = 0
+        while True:                                     # no ACK: 200 again and again, then BYE
+            msg = await ua.next(timeout=5)
+            if msg.is_request:
+                break
+            oks += msg.status == 200
+        assert msg.method == "BYE" and oks >= 3 and bridge.stats.ack_timeouts == 1
+        assert M.parse_name_addr(msg.get("From")).tag == M.parse_name_addr(ok.get("To")).tag
+    run(scenario, cfg=replace(CFG, t1=0.02, t2=0.05))
+
+
+def test_reinvite_same_codec_ok_codec_change_488():
+    async def scenario(bridge, node, ua, events):
+        _, tag = await establish(bridge, ua, body=offer(9))
+        ua.request(bridge.address, "INVITE", "c1", cseq=2, to_tag=tag, body=offer(11))
+        ok = await ua.final()
+        assert ok.status == 200 and b"RTP/AVP 0" in ok.body
+        ua.request(bridge.address, "ACK", "c1", cseq=2, to_tag=tag)
+        (call,) = bridge.calls
+        assert call.answer.remote == ("127.0.0.1", 11)
+        ua.request(bridge.address, "INVITE", "c1", cseq=3, to_tag=tag, body=offer(11, 8, "PCMA"))
+        assert (await ua.final()).status == 488
+        ua.request(bridge.address, "INVITE", "c1", cseq=4, to_tag="nope", body=offer(11))
+        assert (await ua.final()).status == 481
+    run(scenario)
+
+
+def test_late_offer_answer_in_ack_and_rtp_both_ways():
+    async def scenario(bridge, node, ua, events):
+        loop = asyncio.get_running_loop()
+        media_rx: asyncio.Queue = asyncio.Queue()
+
+        class Media(asyncio.DatagramProtocol):
+            def datagram_received(self, data, addr):
+                media_rx.put_nowait(rtp.parse(data))
+        media, _ = await loop.create_datagram_endpoint(Media, local_addr=("127.0.0.1", 0))
+        ok, tag = await establish(bridge, ua, body=b"")          # no SDP: we offer
+        assert b"RTP/AVP 0" in ok.body and b"a=rtpmap:0 PCMU/8000" in ok.body
+        our_port = int(ok.body.split(b"m=audio ")[1].split()[0])
+        ua.request(bridge.address, "ACK", "c1", to_tag=tag,
+                   body=offer(media.get_extra_info("sockname")[1]))
+        pkt = await asyncio.wait_for(media_rx.get(), 2)           # node audio comes back
+        assert pkt.payload_type == 0 and len(pkt.payload) == 160 and pkt.marker
+        sender = rtp.RtpSender(0)
+        for i in range(10):
+            media.sendto(sender.packet(b"\x42" * 160, 160), ("127.0.0.1", our_port))
+            media.sendto(os.urandom(7), ("127.0.0.1", our_port))      # garbage on RTP
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
+        (call,) = bridge.calls
+        assert call.jitter.stats.played == 10 and call.stats.rtp_bad == 10
+        assert node.audio_in[call.session_id] >= 1600
+        media.close()
+    run(scenario)
+
+
+def test_request_errors():
+    async def scenario(bridge, node, ua, events):
+        dest = bridge.address
+        ua.request(dest, "OPTIONS", "o1")
+        ok = await ua.final()
+        assert ok.status == 200 and "BYE" in ok.get("Allow")
+        assert M.parse_name_addr(ok.get("To")).tag
+        ua.request(dest, "REGISTER", "r1")
+        assert (await ua.final()).status == 405
+        ua.request(dest, "FROBNICATE", "f1")
+        assert (await ua.final()).status == 501
+        ua.request(dest, "INVITE", "i1", body=offer(9), extra=["Require: 100rel"])
+        resp = await ua.final()
+        assert resp.status == 420 and resp.get("Unsupported") == "100rel"
+        ua.request(dest, "INVITE", "i2", body=b"hello", ctype="text/plain")
+        assert (await ua.final()).status == 415
+        ua.request(dest, "INVITE", "i3", body=offer(9), contact=False)
+        assert (await ua.final()).status == 400
+        ua.request(dest, "INVITE", "i4", body=b"v=0\r\nnot sdp")
+        assert (await ua.final()).status == 400
+        ua.request(dest, "INVITE", "i5", body=offer(9, 18, "G729"))
+        resp = await ua.final()
+        assert resp.status == 488 and resp.get("Warning").startswith("305")
+        ua.request(dest, "CANCEL", "nothing")
+        assert (await ua.final()).status == 481
+        ua.transport.sendto(b"INVITE sip:x SIP/3.0\r\nVia: SIP/3.0/UDP h;branch=z9hG4bK1\r\n"
+                            b"From: <sip:a@b>;tag=1\r\nTo: <sip:b@c>\r\nCall-ID: v\r\n"
+                            b"CSeq: 1 INVITE\r\n\r\n", dest)
+        assert (await ua.final()).status == 505
+        ua.transport.sendto(b"INVITE sip:x SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK2\r\n"
+                            b"From: <sip:a@b>;tag=1\r\nTo: <sip:b@c>\r\n"
+                            b"CSeq: 1 INVITE\r\n\r\n", dest)
+        resp = await ua.final()
+        assert resp.status == 400 and "missing Call-ID" in resp.get("Warning")
+        for junk in (b"\x00" * 3, os.urandom(500), b"SIP/2.0 200 OK\r\n\r\n", b"\r\n\r\n"):
+            ua.transport.sendto(junk, dest)
+        ua.request(dest, "OPTIONS", "o2")
+        assert (await ua.final()).status == 200
+        s = bridge.stats
+        assert s.garbage == 2 and s.keepalives == 1 and s.stray == 1 and s.bad_requests == 3
+        assert not bridge.calls and not node.opens
+    run(scenario)
+
+
+def test_max_calls_gives_503():
+    async def scenario(bridge, node, ua, events):
+        await establish(bridge, ua, "m1")
+        ua.request(bridge.address, "INVITE", "m2", body=offer(9))
+        final = await ua.final()
+        assert final.status == 503 and final.get("Retry-After")
+    run(scenario, cfg=replace(CFG, max_calls=1))
+
+
+def test_shutdown_hangs_up_every_call():
+    async def scenario(bridge, node, ua, events):
+        await establish(bridge, ua, "s1")
+        await establish(bridge, ua, "s2")
+        closing = asyncio.get_running_loop().create_task(bridge.close(timeout=1.0))
+        byes = set()
+        while len(byes) < 2:
+            bye = await ua.next(pred=lambda m: m.is_request)
+            byes.add(bye.get("Call-ID"))
+            ua.transport.sendto(M.make_response(bye, 200).to_bytes(), bridge.address)
+        await closing
+        assert sorted(node.closes) == sorted(c for c in node.audio_in) or len(node.closes) == 2
+    events = run(scenario)
+    ends = [e for e in events if e["event"] == "call_end"]
+    assert sorted(e["call_id"] for e in ends) == ["s1", "s2"]
+    assert all(e["reason"] == "shutdown" for e in ends)
