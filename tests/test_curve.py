@@ -63,8 +63,8 @@ def test_curve_keys_gate_connections_and_sessions(keys):
             await thief.send(P.pack("audio", "call", frame, seq=2))
             await thief.send(P.pack("close", "call"))
             await asyncio.sleep(0.5)
-            assert [e.code for e in bob.orphan_errors] == ["unknown_session"]
-            assert [e.code for e in thief.orphan_errors] == ["forbidden", "forbidden"]
+            assert [e.code for e in list(bob.orphan_errors)] == ["unknown_session"]
+            assert [e.code for e in list(thief.orphan_errors)] == ["forbidden", "forbidden"]
             assert node.counters.errors.get("forbidden") == 2
             assert len(node.sessions) == 1                  # Alice's session lives on
             for c in (alice, bob, thief):

@@ -11,6 +11,7 @@ schema module as the node's and dispatched to a bounded event queue per session.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,7 +130,8 @@ class NodeClient:
         self.sessions: dict[str, ClientSession] = {}
         self._pending_open: dict[str, asyncio.Future] = {}
         self._pongs: dict[Any, asyncio.Future] = {}
-        self.orphan_errors: list[Error] = []      # errors about no session, or unknown ones
+        # errors about no session, or about unknown ones; bounded: a chatty node cannot grow us
+        self.orphan_errors: collections.deque[Error] = collections.deque(maxlen=256)
         self._reader: asyncio.Task | None = None
         self._monitor: asyncio.Task | None = None
         self._send_lock = asyncio.Lock()
@@ -220,6 +222,12 @@ class NodeClient:
                 continue
             self._dispatch(msg)
 
+    async def _close_orphan(self, sid: str) -> None:
+        try:
+            await self.send(P.pack("close", sid), timeout=2.0)
+        except NodeUnavailable:
+            pass
+
     def _dispatch(self, msg: P.Message) -> None:
         h, sid = msg.header, msg.session
         if msg.type == "pong":
@@ -228,6 +236,10 @@ class NodeClient:
                 fut.set_result(None)
             return
         pending = self._pending_open.get(sid) if sid else None
+        if msg.type == "opened" and pending is None and sid not in self.sessions:
+            # opened after our open() gave up: close it so its slot is not held for nothing
+            asyncio.get_running_loop().create_task(self._close_orphan(sid))
+            return
         if pending is not None and not pending.done():
             if msg.type == "opened":
                 self.sessions[sid] = s = ClientSession(self, sid, h)
