@@ -102,15 +102,32 @@ async def _discard(s) -> None:
         await s.events.get()
 
 
-async def run_once(args, n: int, loop_virtual: bool) -> RunResult:
+def context_frames(args) -> int:
+    """Frames a session adds during one run, with margin: slots are sized for context + this."""
+    return 2 * (args.beats + WARMUP_BEATS + 64)
+
+
+def make_backend_for(args, max_n: int, clock: Clock | None = None):
+    """One backend for the whole benchmark: a GPU model is built once and serves every run (each
+    run is a fresh node whose sessions reset their slots). Slots are sized for `max_n` sessions
+    and every session's context for the pre-filled frames plus the frames the runs add."""
+    opts = BackendOptions(max(max_n, args.max_sessions or 0), args.profile, args.config,
+                          args.context + context_frames(args), args.context, args.cost_model,
+                          None, None, args.seed)
+    return make_backend(args.backend, opts, clock)
+
+
+async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     clock = Clock()
-    opts = BackendOptions(max(n, args.max_sessions or n), args.profile, args.config,
-                          args.context, args.context, args.cost_model, None, None, args.seed)
-    backend = make_backend(args.backend, opts, clock)
+    own = backend is None
+    if own:
+        backend = make_backend_for(args, n, clock)
+    elif hasattr(backend, "clock"):
+        backend.clock = clock
     # Virtual time needs every message to be readable the moment it is sent, which inproc ZMQ
     # gives and TCP (through ZMQ's I/O thread) does not: the loop would skip ahead of it.
     bind = f"inproc://bench-{id(clock)}" if loop_virtual else "tcp://127.0.0.1:0"
-    node = Node(NodeConfig(bind=bind, max_sessions=opts.max_sessions, idle_timeout_s=60.0),
+    node = Node(NodeConfig(bind=bind, max_sessions=backend.max_sessions, idle_timeout_s=60.0),
                 backend, clock)
     await node.start()
     stop = asyncio.Event()
@@ -118,10 +135,12 @@ async def run_once(args, n: int, loop_virtual: bool) -> RunResult:
     async with NodeClient(node.endpoint, ctx=node.ctx) as client:
         tasks = [asyncio.get_running_loop().create_task(
             _drive_session(client, f"bench-{i}", clock, stop, i)) for i in range(n)]
-        await _wait_beats(node, WARMUP_BEATS, clock)
+        await _wait_live(node, n, clock)
+        await _wait_beats(node, node.clock_actor.stats.beats + WARMUP_BEATS, clock)
         first = node.clock_actor.stats.beats
         await _wait_beats(node, first + args.beats, clock)
-        records = list(node.clock_actor.stats.records[first:first + args.beats])
+        records = [r for r in node.clock_actor.stats.records if r.sessions > 0]
+        records = records[first:first + args.beats]
         stop.set()
         stats = []
         for t in tasks:
@@ -131,7 +150,8 @@ async def run_once(args, n: int, loop_virtual: bool) -> RunResult:
                 refusals += 1
     errors = sum(node.counters.errors.values())
     await node.drain()
-    backend.close()
+    if own:
+        backend.close()
     lat = np.array([r.latency_s for r in records]) * 1000
     return RunResult(n, len(records), int(sum(r.late for r in records)),
                      float(np.percentile(lat, 50)), float(np.percentile(lat, 99)),
@@ -141,17 +161,28 @@ async def run_once(args, n: int, loop_virtual: bool) -> RunResult:
                      sum(s["frames_out"] for s in stats), errors)
 
 
+async def _wait_live(node: Node, n: int, clock: Clock) -> None:
+    """Until every session is past its prefill and takes part in the beats."""
+    while not node.clock_actor.stats.recent or _last_sessions(node) < n:
+        await clock.sleep(BEAT_S)
+
+
+def _last_sessions(node: Node) -> int:
+    records = node.clock_actor.stats.records
+    return records[-1].sessions if records else 0
+
+
 async def _wait_beats(node: Node, beats: int, clock: Clock) -> None:
     while node.clock_actor.stats.beats < beats:
         await clock.sleep(BEAT_S)
 
 
-def measure(args, n: int) -> list[RunResult]:
+def measure(args, n: int, backend=None) -> list[RunResult]:
     results = []
     for r in range(args.runs):
         loop = new_loop(virtual=args.virtual)
         try:
-            res = loop.run_until_complete(run_once(args, n, args.virtual))
+            res = loop.run_until_complete(run_once(args, n, args.virtual, backend))
         finally:
             loop.close()
         print(f"  N={n:4d} run {r + 1}/{args.runs}: p50 {res.p50_ms:7.2f} ms  p99 "
@@ -161,13 +192,17 @@ def measure(args, n: int) -> list[RunResult]:
     return results
 
 
-def find_max(args) -> tuple[int, dict[int, list[RunResult]]]:
-    """Largest N with zero late beats in every run: doubling, then bisection."""
+def find_max(args, backend=None, ceiling: int | None = None) -> tuple[int, dict[int, list[RunResult]]]:
+    """Largest N with zero late beats in every run: doubling, then bisection; never above the
+    memory `ceiling` where the backend knows it."""
     seen: dict[int, list[RunResult]] = {}
 
     def ok(n: int) -> bool:
+        if ceiling is not None and n > ceiling:
+            print(f"  N={n:4d}: above the memory ceiling of {ceiling} sessions", flush=True)
+            return False
         try:
-            seen[n] = measure(args, n)
+            seen[n] = measure(args, n, backend)
         except MemoryError as exc:
             print(f"  N={n:4d}: does not fit: {exc}", flush=True)
             return False
@@ -247,13 +282,29 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    extra = {}
+    extra: dict = {}
+    backend, ceiling = None, None
+    if args.backend == "graph":
+        # One model on the GPU for every run, slots for the most sessions this run may ask for.
+        from gpu.engine.graph_backend import memory_ceiling
+        ceiling = memory_ceiling(args.config, args.profile, args.context + context_frames(args))
+        print(f"memory ceiling at this context: {ceiling} sessions", flush=True)
+        slots = min(args.max_find, ceiling) if args.find_max else args.sessions
+        backend = make_backend_for(args, slots)
+        extra["engine"] = backend.describe()
     if args.find_max:
-        n, seen = find_max(args)
-        runs = seen.get(n) or measure(args, n)
+        n, seen = find_max(args, backend, ceiling)
+        runs = seen.get(n) or measure(args, n, backend)
         extra["find_max"] = {str(k): [asdict(r) for r in v] for k, v in sorted(seen.items())}
     else:
-        n, runs = args.sessions, measure(args, args.sessions)
+        n, runs = args.sessions, measure(args, args.sessions, backend)
+    if backend is not None:
+        from gpu.engine.baseline import measure_baseline
+        base = measure_baseline(backend.model, args.context)
+        extra["baseline"] = base
+        extra["sessions_ratio"] = n / max(1, base["sessions_on_time"])
+        extra["memory_used_bytes"] = backend.describe()["memory_used_bytes"]
+        extra["memory_ceiling_sessions"] = backend.describe()["memory_ceiling_sessions"]
     result = summarize(args, n, runs, extra)
     path = write(result, Path(args.out))
     print(f"\n{'backend':8} {'profile':10} {'context':>7} {'sessions':>8} {'runs':>4} "
@@ -261,6 +312,11 @@ def main(argv=None) -> int:
     print(f"{result.backend:8} {result.profile:10} {result.context:7d} {result.sessions:8d} "
           f"{result.runs:4d} {result.beats:6d} {result.late_beats:5d} {result.p50_ms:8.2f} "
           f"{result.p99_ms:8.2f}")
+    if "baseline" in extra:
+        b = extra["baseline"]
+        print(f"baseline (reference model, one session at a time, eager): beat {b['beat_ms_p50']:.1f}"
+              f" ms -> {b['sessions_on_time']} sessions per GPU; engine {n} "
+              f"({extra['sessions_ratio']:.1f}x)")
     print(f"written: {path}")
     return 0
 

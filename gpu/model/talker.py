@@ -216,6 +216,7 @@ class DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.mlp = GatedMLP(cfg.hidden, cfg.mlp)
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.decode_ops = None      # gpu.engine.decode_ops.TritonDecodeOps on the fast path
 
     def forward(self, x: Tensor, pos: Tensor, state: TalkerState, slots: Tensor) -> Tensor:
         """x [B, R, T, H] at positions pos [B, T] of the sessions in `slots` [B]."""
@@ -233,8 +234,12 @@ class DecoderLayer(nn.Module):
               pos[:, None, :])
         state.k[at] = k.to(state.k.dtype)
         state.v[at] = v.to(state.v.dtype)
-        keys, values = state.k[slots, self.index].float(), state.v[slots, self.index].float()
-        a = attend(q, keys, values, pos, self.window, cfg.attn_scale)
+        if self.decode_ops is not None and t == 1:      # engine's kernel: reads only [0, pos]
+            a = self.decode_ops.talker_attention(q, state.k[:, self.index], state.v[:, self.index],
+                                                 slots, pos, self.window, cfg.attn_scale)
+        else:
+            keys, values = state.k[slots, self.index].float(), state.v[slots, self.index].float()
+            a = attend(q, keys, values, pos, self.window, cfg.attn_scale)
         x = x + self.post_attention_layernorm(att.o_proj(a))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 

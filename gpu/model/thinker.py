@@ -336,6 +336,7 @@ class Thinker(nn.Module):
         self.llm.norm_f = RMSNorm(cfg.hidden, cfg.eps, **kw)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, **kw)
         self.function_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, **kw)
+        self.decode_ops = None      # gpu.engine.decode_ops.TritonDecodeOps on the fast path
 
     def load_named(self, tensors: dict[str, Tensor]) -> None:
         dtype = self.lm_head.weight.dtype
@@ -347,16 +348,24 @@ class Thinker(nn.Module):
         c, E = self.cfg, self.embed_tokens
         return c.text_weight * E(text) + c.user_weight * user.to(E.weight.dtype) + c.func_weight * E(func)
 
-    def _run(self, state: ThinkerState, x: Tensor, n_valid: Tensor, slots: Tensor) -> Tensor:
-        """x [B, C, H], n_valid [B] ≤ C → norm_f(h) [B, C, H]; advances rows `slots` of state."""
+    def _run(self, state: ThinkerState, x: Tensor, n_valid: Tensor, slots: Tensor,
+             decode: bool = False) -> Tensor:
+        """x [B, C, H], n_valid [B] ≤ C → norm_f(h) [B, C, H]; advances rows `slots` of state.
+        `decode` (one valid position per row) lets the engine's fused kernels (`decode_ops`,
+        None in the reference) update the state in place instead of gather / compute / scatter."""
         length = state.length[slots]
         valid = torch.arange(x.shape[1], device=x.device) < n_valid[:, None]     # [B, C]
+        ops = self.decode_ops if decode else None
         h = x
         for block, j in zip(self.llm.layers, self.cfg.layer_slot):
             u = block.norm(h)
-            if block.kind == "M":
+            if block.kind == "M" and ops is not None:
+                y = ops.mamba(block.mixer, u, state.conv[j], state.ssm[j], slots)
+            elif block.kind == "M":
                 y, conv, ssm = block.mixer.forward_chunk(u, state.conv[j, slots], state.ssm[j, slots], valid)
                 state.conv[j, slots], state.ssm[j, slots] = conv, ssm
+            elif block.kind == "*" and ops is not None:
+                y = ops.thinker_attention(block.mixer, u, state.k[j], state.v[j], slots, length)
             elif block.kind == "*":
                 y = block.mixer.forward_chunk(u, state.k[j], state.v[j], slots, length, valid)
             else:
@@ -375,7 +384,7 @@ class Thinker(nn.Module):
         """One frame for B sessions: audio a_t [B, H], text_in y_{t−1} [B], func_in f_{t−1} [B] (the
         engine feeds back y, f or forced function-response tokens). One position per session."""
         x = self.fuse(text_in, audio, func_in)[:, None]
-        h = self._run(state, x, torch.ones_like(slots), slots)
+        h = self._run(state, x, torch.ones_like(slots), slots, decode=True)
         return self.heads(h[:, 0])
 
     @torch.no_grad()

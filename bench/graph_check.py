@@ -1,0 +1,71 @@
+"""Device check of the graph backend: parity with the eager reference model, per-stage timing of
+one beat, and the deviation of the serving precision from fp32. Prints a table; writes JSON.
+
+    python3 bench/graph_check.py --out $OUT/graph-check.json [--full]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu.engine.graph_backend import GraphBackend                      # noqa: E402
+from gpu.engine.parity import compare, engine_run, reference_run      # noqa: E402
+from wave_actors.backend import SessionSpec                           # noqa: E402
+from wave_actors.backends import BackendOptions                       # noqa: E402
+
+SPECS = [SessionSpec("You are a helpful assistant."), SessionSpec(""),
+         SessionSpec("Answer briefly.", [{"name": "lookup", "description": "d", "parameters": {}}]),
+         SessionSpec("Speak French.")]
+
+
+def parity(config: str, profile: str, frames: int, seed: int = 0) -> dict:
+    t0 = time.perf_counter()
+    backend = GraphBackend(BackendOptions(max_sessions=6, profile=profile, config=config,
+                                          max_context=frames + 64, seed=seed))
+    build_s = time.perf_counter() - t0
+    rng = np.random.default_rng(seed)
+    audio = (0.1 * rng.standard_normal((len(SPECS), frames, 1280))).astype(np.float32)
+    slots = [4, 0, 2, 5]
+    t1 = time.perf_counter()
+    run, keys = engine_run(backend, SPECS, audio, slots)
+    engine_s = time.perf_counter() - t1
+    ref = reference_run(backend.model, backend.text_codec, SPECS, audio, keys, seed)
+    res = {"config": config, "profile": profile, "sessions": len(SPECS), "frames": frames,
+           "build_s": round(build_s, 1), "engine_s": round(engine_s, 1), **compare(run, ref),
+           "finite": bool(np.isfinite(run.pcm).all())}
+    backend.close()
+    del backend
+    torch.cuda.empty_cache()
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="graph-check.json")
+    ap.add_argument("--full", action="store_true", help="also the full model (needs an H200)")
+    ap.add_argument("--frames", type=int, default=50)
+    args = ap.parse_args()
+    rows = [parity("tiny", "fp32", args.frames), parity("tiny", "reference", args.frames)]
+    if args.full:
+        rows += [parity("full", "reference", args.frames), parity("full", "dense", args.frames)]
+    Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "rows": rows},
+                                         indent=1))
+    print(f"{'config':6} {'profile':10} {'text=':>6} {'func=':>6} {'user=':>6} {'same to':>7} "
+          f"{'pcm rel':>9} {'build s':>7} {'engine s':>8}")
+    for r in rows:
+        print(f"{r['config']:6} {r['profile']:10} {r['text_equal']:6.3f} {r['func_equal']:6.3f} "
+              f"{r['user_equal']:6.3f} {r['frames_identical']:7d} {r['pcm_rel']:9.2e} "
+              f"{r['build_s']:7.1f} {r['engine_s']:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

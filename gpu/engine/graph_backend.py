@@ -1,0 +1,226 @@
+"""The `graph` backend: the full model on one GPU, every live session advanced together, two
+frames per beat as one CUDA-graph replay.
+
+It is the cpu backend's session bookkeeping (prompt prefill and talker warm-up in bounded
+chunks, forced function tokens, out-of-context handling) over a different executor:
+  - weights drawn on the device (or loaded), state preallocated for `max_sessions` + 1 slots at
+    start; the extra slot is a trash row that padded batch entries write into;
+  - the model's decode hooks routed to the Triton kernels (`decode_ops`), so per-session state is
+    updated in place and attention reads only the context in use;
+  - one graph per batch-size bucket, captured on first use; a beat copies the live slots'
+    inputs into the bucket's static buffers (one host→device copy of pinned memory), replays,
+    and copies the outputs back (one device→host copy); no per-session Python on the GPU path;
+  - a configuration that does not fit in device memory is refused at start, saying why.
+Prefill and warm-up chunks run eagerly on the same stream before the beat's replay.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+import torch
+
+from gpu.engine.cpu_backend import CpuBackend, _Plan
+from gpu.engine.decode_ops import TritonDecodeOps, install
+from gpu.model.checkpoint import load_checkpoint
+from gpu.model.config import Profile, VoiceChatConfig
+from gpu.model.voicechat import VoiceChat
+from gpu.model.voicechat_state import session_state_bytes
+from gpu.model.voicechat_weights import load_dtype, param_shapes, random_weights_on
+from wave_actors.backend import BeatOutput
+from wave_actors.backends import BackendOptions
+from wave_actors.frames import FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
+
+log = logging.getLogger("wave.graph_backend")
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448,
+           512)
+WORKSPACE_BYTES = 4e9        # activations, graph pools, logits (MODEL.md §4)
+GRAPH_MAX_PROMPT = 512       # thinker positions reserved for the system prompt on the GPU
+
+
+def bucket_for(n: int, max_sessions: int) -> int:
+    for b in BUCKETS:
+        if b >= n:
+            return min(b, max_sessions)
+    return max_sessions
+
+
+class MemoryPlan:
+    """What the configuration needs on the device, decided before anything is allocated."""
+
+    def __init__(self, cfg: VoiceChatConfig, profile: Profile, max_sessions: int,
+                 max_context: int, max_prompt: int):
+        dtype_of = load_dtype(cfg, profile)
+        self.weights = sum(math.prod(s) * dtype_of(n).itemsize for n, s in param_shapes(cfg).items())
+        self.per_session = session_state_bytes(cfg, profile, max_context, max_prompt)["total"]
+        self.sessions = max_sessions + 1                     # + the trash slot
+        self.state = self.per_session * self.sessions
+        self.total = self.weights + self.state + WORKSPACE_BYTES
+
+    def ceiling(self, free: float) -> int:
+        return max(0, int((free - self.weights - WORKSPACE_BYTES) // self.per_session) - 1)
+
+    def check(self, free: float) -> None:
+        if self.total > free:
+            raise MemoryError(
+                f"{self.sessions - 1} sessions at this context need {self.total / 1e9:.1f} GB "
+                f"(weights {self.weights / 1e9:.1f} + state {self.per_session / 1e6:.1f} MB × "
+                f"{self.sessions} + workspace {WORKSPACE_BYTES / 1e9:.0f}); the device has "
+                f"{free / 1e9:.1f} GB free: at most {self.ceiling(free)} sessions fit")
+
+
+def memory_ceiling(config: str, profile: str, max_context: int,
+                   max_prompt: int = GRAPH_MAX_PROMPT) -> int:
+    """Sessions that fit in the device's free memory now at `max_context` frames."""
+    plan = MemoryPlan(VoiceChatConfig.named(config), Profile.named(profile), 1, max_context,
+                      max_prompt)
+    return plan.ceiling(torch.cuda.mem_get_info()[0])
+
+
+class _Captured:
+    """One bucket's graph with its static device buffers and their pinned host twins."""
+
+    def __init__(self, bucket: int, device: torch.device):
+        z = lambda *shape, dtype=torch.float32: torch.zeros(*shape, dtype=dtype, device=device)
+        pin = lambda t: torch.zeros(t.shape, dtype=t.dtype, pin_memory=True)
+        self.bucket = bucket
+        self.d_in = {"slots": z(bucket, dtype=torch.long), "audio": z(bucket, 2, SAMPLES_IN),
+                     "forced": z(bucket, 2, dtype=torch.long), "session": z(bucket, dtype=torch.long),
+                     "frame0": z(bucket, dtype=torch.long)}
+        self.d_out = {"pcm": z(bucket, 2, SAMPLES_OUT), "text": z(bucket, 2, dtype=torch.long),
+                      "func": z(bucket, 2, dtype=torch.long), "user": z(bucket, 2, 10, dtype=torch.long)}
+        self.h_in = {k: pin(v) for k, v in self.d_in.items()}
+        self.h_out = {k: pin(v) for k, v in self.d_out.items()}
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+
+class GraphBackend(CpuBackend):
+    name = "graph"
+
+    def __init__(self, opts: BackendOptions):
+        if not torch.cuda.is_available():
+            raise RuntimeError("the graph backend needs a CUDA device; use --backend cpu or sim")
+        self.device = torch.device("cuda")
+        self.max_prompt = GRAPH_MAX_PROMPT
+        cfg = VoiceChatConfig.named(opts.config)
+        profile = Profile.named(opts.profile)
+        self.max_context = opts.max_context
+        self.plan_memory = MemoryPlan(cfg, profile, opts.max_sessions, opts.max_context,
+                                      self.max_prompt)
+        self.plan_memory.check(torch.cuda.mem_get_info()[0])
+        torch.backends.cuda.matmul.allow_tf32 = profile.tf32
+        torch.backends.cudnn.allow_tf32 = profile.tf32
+        super().__init__(opts)
+        self.trash = opts.max_sessions
+        self._graphs: dict[int, _Captured] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+        self.context_offset = opts.context_offset
+        self.timings: list[float] = []
+
+    # -- construction hooks of the cpu backend -------------------------------------------------------
+    def _build_model(self, opts: BackendOptions, char_table):
+        if opts.checkpoint:
+            model = load_checkpoint(opts.checkpoint, self.cfg, self.profile, self.device, char_table)
+        else:
+            model = VoiceChat(self.cfg, self.profile, self.device, char_table)
+            model.load(random_weights_on(self.cfg, self.device, opts.seed))
+        torch.cuda.empty_cache()
+        install(model, TritonDecodeOps())
+        return model
+
+    def _alloc_state(self, opts: BackendOptions):
+        state = self.model.alloc_state(opts.max_sessions + 1, opts.max_context, self.max_prompt)
+        # Never time on zeros: KV rows a pre-filled context reads hold random values.
+        for t in (state.thinker.k, state.thinker.v, state.talker.k, state.talker.v):
+            t.normal_()
+        return state
+
+    # -- the beat --------------------------------------------------------------------------------
+    def _compute(self, plan: _Plan, out: BeatOutput) -> float:
+        t0 = time.perf_counter()
+        super()._compute(plan, out)
+        if plan.went_live and self.context_offset:
+            self._prefill_context(plan.went_live)
+        torch.cuda.current_stream().synchronize()
+        elapsed = time.perf_counter() - t0
+        self.timings.append(elapsed)
+        return elapsed
+
+    def _prefill_context(self, slots: list[int]) -> None:
+        """Model a session that already spoke for `context_offset` frames: its caches hold that
+        many positions (random rows; the work of a frame depends only on the lengths)."""
+        idx = torch.tensor(slots, device=self.device)
+        self.state.thinker.length[idx] += self.context_offset
+        self.state.talker.position[idx] += self.context_offset
+
+    def _frames(self, plan: _Plan, out: BeatOutput) -> None:
+        n = len(plan.live)
+        g = self._graphs.get(bucket_for(n, self.max_sessions)) or self._capture(
+            bucket_for(n, self.max_sessions))
+        h = g.h_in
+        h["slots"][:n] = torch.from_numpy(np.asarray(plan.live, np.int64))
+        h["slots"][n:] = self.trash
+        h["audio"][:n] = torch.from_numpy(plan.audio)
+        h["audio"][n:] = 0.0
+        h["forced"][:n] = torch.from_numpy(plan.forced)
+        h["forced"][n:] = -1
+        h["session"][:n] = torch.from_numpy(plan.session)
+        h["frame0"][:n] = torch.from_numpy(plan.frame0)
+        for k, t in g.d_in.items():
+            t.copy_(h[k], non_blocking=True)
+        g.graph.replay()
+        for k, t in g.d_out.items():
+            g.h_out[k].copy_(t, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        live = plan.live
+        out.pcm[live] = g.h_out["pcm"][:n].numpy()
+        out.text[live] = g.h_out["text"][:n].numpy()
+        out.func[live] = g.h_out["func"][:n].numpy()
+        out.user[live] = g.h_out["user"][:n].numpy()
+
+    def _beat_body(self, g: _Captured) -> None:
+        """What one replay does: two frames for the bucket's slots, outputs into static buffers.
+        The trash slot's counters restart each beat so padded rows never run off its caches."""
+        st, d = self.state, g.d_in
+        st.thinker.length[self.trash] = 0
+        st.talker.position[self.trash] = self.cfg.talker.n_warmup
+        for f in range(FRAMES_PER_BEAT):
+            noise = self.model.noise(self.opts.seed, d["session"], d["frame0"] + f)
+            o = self.model.step(st, d["audio"][:, f], d["slots"], noise, d["forced"][:, f])
+            g.d_out["pcm"][:, f].copy_(o.pcm)
+            g.d_out["text"][:, f].copy_(o.text)
+            g.d_out["func"][:, f].copy_(o.func)
+            g.d_out["user"][:, f].copy_(o.user)
+
+    def _capture(self, bucket: int) -> _Captured:
+        t0 = time.perf_counter()
+        g = _Captured(bucket, self.device)
+        g.d_in["slots"].fill_(self.trash)
+        g.d_in["forced"].fill_(-1)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(2):                       # JIT-compile kernels, pick BLAS algorithms
+                self._beat_body(g)
+        torch.cuda.current_stream().wait_stream(side)
+        g.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g.graph, pool=self._pool), torch.no_grad():
+            self._beat_body(g)
+        self._graphs[bucket] = g
+        log.info("captured the beat graph for %d sessions in %.1f s", bucket,
+                 time.perf_counter() - t0)
+        return g
+
+    def describe(self) -> dict:
+        free, total = torch.cuda.mem_get_info()
+        return super().describe() | {
+            "gpu": torch.cuda.get_device_name(0),
+            "weights_bytes": self.plan_memory.weights,
+            "state_bytes_per_session": self.plan_memory.per_session,
+            "memory_used_bytes": total - free,
+            "memory_total_bytes": total,
+            "memory_ceiling_sessions": self.plan_memory.ceiling(total),
+            "buckets_captured": sorted(self._graphs)}
