@@ -44,8 +44,8 @@ def run(fn, inputs, state, weights, slots, ngroups, **kw):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("slot_list,block_p", [([4, 0, 2], 4), ([5, 1, 3], 8)])
-def test_mamba_step_matches_ref(dtype, slot_list, block_p):
+@pytest.mark.parametrize("slot_list,block_p,stream", [([4, 0, 2], 4, False), ([5, 1, 3], 8, True)])
+def test_mamba_step_matches_ref(dtype, slot_list, block_p, stream):
     weights, state, step, ngroups = make(dtype, seed=len(slot_list) + block_p)
     slots = torch.tensor(slot_list, dtype=torch.int32, device=DEV)
     st_k = {k: v.clone() for k, v in state.items()}
@@ -53,7 +53,7 @@ def test_mamba_step_matches_ref(dtype, slot_list, block_p):
     for _ in range(2):                      # two steps: the conv window and the SSM state chain
         inputs = {k: v.to(DEV) for k, v in step().items()}
         out = torch.full_like(inputs["z"], float("nan"))
-        y = run(mamba_step, inputs, st_k, weights, slots, ngroups, out=out, block_p=block_p)
+        y = run(mamba_step, inputs, st_k, weights, slots, ngroups, out=out, block_p=block_p, stream=stream)
         y_ref = run(mamba_step_ref, inputs, st_r, weights, slots, ngroups)
         assert y is out and torch.isfinite(y).all()
         assert rel(y, y_ref) < TOL[dtype], rel(y, y_ref)
@@ -69,8 +69,9 @@ def test_mamba_step_matches_ref(dtype, slot_list, block_p):
 def test_mamba_step_rejects_bad_args():
     weights, state, step, ngroups = make(torch.float32)
     inputs = {k: v.to(DEV) for k, v in step().items()}
-    with pytest.raises(AssertionError, match="slot"):
-        run(mamba_step, inputs, state, weights, torch.tensor([0, 6, 1], dtype=torch.int32, device=DEV), ngroups)
+    if DEV == "cpu":    # slot values are checked only where that costs no device sync
+        with pytest.raises(AssertionError, match="slot"):
+            run(mamba_step, inputs, state, weights, torch.tensor([0, 6, 1], dtype=torch.int32, device=DEV), ngroups)
     with pytest.raises(AssertionError, match="int32"):
         run(mamba_step, inputs, state, weights, torch.tensor([0, 1, 2], device=DEV), ngroups)
     bad = dict(state, ssm_state=state["ssm_state"].to(torch.bfloat16))

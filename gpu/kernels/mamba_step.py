@@ -64,7 +64,8 @@ def _conv_kernel(XBC, CONV_STATE, SLOTS, W, BIAS, XACT, conv_dim, max_slots,
 def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
                 max_slots, conv_dim, d_inner, c_off,
                 nheads: tl.constexpr, head_dim: tl.constexpr, d_state: tl.constexpr,
-                heads_per_group: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+                heads_per_group: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                STREAM: tl.constexpr):
     # grid (B, nheads, cdiv(head_dim, BLOCK_P)); one [BLOCK_P, d_state] fp32 state tile each,
     # read once and written once (the 283 MB/session-frame that bounds the beat). The model dims
     # are constexpr so the compiler can prove 16-byte alignment and emit vector loads/stores.
@@ -80,7 +81,10 @@ def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
     g = h // heads_per_group
     st = (SSM + slot.to(tl.int64) * nheads * head_dim * d_state + h * head_dim * d_state
           + p[:, None] * d_state + n[None, :])
-    s = tl.load(st, mask=m2, other=0.0)  # issue the big load first
+    if STREAM:   # the state is touched once per step: keep it from evicting reused lines in L2
+        s = tl.load(st, mask=m2, other=0.0, eviction_policy="evict_first")
+    else:
+        s = tl.load(st, mask=m2, other=0.0)  # issue the big load first
     row = XACT + b * conv_dim
     x = tl.load(row + h * head_dim + p, mask=mp, other=0.0)
     bv = tl.load(row + d_inner + g * d_state + n, mask=mn, other=0.0)
@@ -89,7 +93,10 @@ def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
                       + tl.load(DT_BIAS + h).to(tl.float32))
     d_a = tl.exp(delta * -tl.exp(tl.load(A_LOG + h).to(tl.float32)))
     s = s * d_a + (delta * x)[:, None] * bv[None, :]
-    tl.store(st, s, mask=m2)
+    if STREAM:
+        tl.store(st, s, mask=m2, cache_modifier=".cs")
+    else:
+        tl.store(st, s, mask=m2)
     y = tl.sum(s * cv[None, :], axis=1) + tl.load(DSKIP + h).to(tl.float32) * x
     zz = tl.load(Z + b * d_inner + h * head_dim + p, mask=mp, other=0.0).to(tl.float32)
     tl.store(YG + b * d_inner + h * head_dim + p, y * zz * tl.sigmoid(zz), mask=mp)
@@ -118,7 +125,8 @@ def _dims(xBC, z, dt, ngroups):
 
 
 def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
-               *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4):
+               *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4,
+               stream: bool = False):
     """One Mamba2 decode step. Mutates conv_state[slots] and ssm_state[slots] in place only.
 
     xBC [B, conv_dim], z [B, d_inner], dt [B, nheads]: in_proj outputs (bf16/fp16/fp32).
@@ -153,7 +161,8 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
     _ssm_kernel[(batch, nheads, triton.cdiv(head_dim, bp))](
         xact, z, dt, ssm_state, slots, dt_bias, A_log, D, yg,
         max_slots, conv_dim, d_inner, d_inner + ngroups * d_state,
-        nheads=nheads, head_dim=head_dim, d_state=d_state, heads_per_group=nheads // ngroups, BLOCK_P=bp, BLOCK_N=next_pow2(d_state), num_warps=num_warps)
+        nheads=nheads, head_dim=head_dim, d_state=d_state, heads_per_group=nheads // ngroups, BLOCK_P=bp, BLOCK_N=next_pow2(d_state),
+        STREAM=stream, num_warps=num_warps)
     group = d_inner // ngroups
     _gnorm_kernel[(batch, ngroups)](yg, norm_w, out, d_inner, group, eps,
                                     BLOCK=next_pow2(group), num_warps=4)
@@ -161,8 +170,9 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
 
 
 def mamba_step_ref(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
-                   *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4):
-    """PyTorch twin of mamba_step (same signature; block_p/num_warps ignored). Computes in
+                   *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4,
+                   stream: bool = False):
+    """PyTorch twin of mamba_step (same signature; block_p/num_warps/stream ignored). Computes in
     fp32, or in fp64 when given fp64 tensors (the device check's upcast reference)."""
     batch, conv_dim, nheads, d_inner, head_dim, d_state = _dims(xBC, z, dt, ngroups)
     f = torch.promote_types(xBC.dtype, torch.float32)

@@ -73,7 +73,7 @@ def rvq_sqnorm(codebooks: torch.Tensor) -> torch.Tensor:
 
 
 def rvq_search(r, q, codebooks, sqnorm, j0: int, w: int, *, out=None, precision: str = "tf32x3",
-               block_b: int = 16, block_n: int = 64):
+               block_b: int = 16, block_n: int = 64, block_k: int = 64, num_warps: int = 4):
     """r, q [B, D] fp32 (updated in place); codebooks [NB, NC, D] fp32; sqnorm [NB, NC] fp32.
     Returns (codes int32[B, w] (into `out` if given), q, r). w + 1 launches."""
     batch, dim = r.shape
@@ -90,7 +90,7 @@ def rvq_search(r, q, codebooks, sqnorm, j0: int, w: int, *, out=None, precision:
     check("out", out, (batch, w), torch.int32, device=dev)
     bn = min(block_n, next_pow2(n_codes))
     n_splits = triton.cdiv(n_codes, bn)
-    # ping-pong: buffer t % 2 holds r, q after step t-1's update; the final one must be r, q
+    # ping-pong: r_t, q_t (after t updates) live in buffer t % 2; buffer w % 2 must be r, q
     r_tmp, q_tmp = torch.empty_like(r), torch.empty_like(q)
     if w % 2:
         r_tmp.copy_(r)
@@ -102,10 +102,27 @@ def rvq_search(r, q, codebooks, sqnorm, j0: int, w: int, *, out=None, precision:
     pi = [torch.empty(batch, n_splits, device=dev, dtype=torch.int32) for _ in range(2)]
     for t in range(w + 1):
         search = t < w
-        prev, cur = (t + 1) % 2, t % 2
+        prev, cur = (t - 1) % 2 if t else 0, t % 2
         _rvq_kernel[(triton.cdiv(batch, block_b), n_splits if search else 1)](
             rb[prev], qb[prev], rb[cur], qb[cur], codebooks, sqnorm, pd[prev], pi[prev], pd[cur], pi[cur],
             out, batch, t, w, j0 + t - 1, j0 + t, DIM=dim, N_CODES=n_codes, N_SPLITS=n_splits,
             HAS_PREV=t > 0, DO_SEARCH=search, PREC=precision, BLOCK_B=block_b, BLOCK_N=bn,
-            BLOCK_K=min(64, max(16, next_pow2(dim))), BLOCK_S=next_pow2(n_splits), num_warps=4)
+            BLOCK_K=min(block_k, max(16, next_pow2(dim))), BLOCK_S=next_pow2(n_splits), num_warps=num_warps)
     return out, q, r
+
+
+def rvq_search_ref(r, q, codebooks, sqnorm, j0: int, w: int, *, out=None, precision: str = "tf32x3",
+                   block_b: int = 16, block_n: int = 64, block_k: int = 64, num_warps: int = 4):
+    """PyTorch twin (same signature; precision/blocks ignored): the loop as written in MODEL.md."""
+    codes = []
+    for j in range(j0, j0 + w):
+        e = codebooks[j].to(r.dtype)                               # [NC, D]
+        c = torch.argmin(sqnorm[j].to(r.dtype)[None, :] - 2.0 * (r @ e.T), dim=-1)
+        r.sub_(e[c])
+        q.add_(e[c])
+        codes.append(c)
+    codes = torch.stack(codes, dim=1).to(torch.int32)
+    if out is not None:
+        out.copy_(codes)
+        codes = out
+    return codes, q, r
