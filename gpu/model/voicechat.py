@@ -1,0 +1,154 @@
+"""The whole duplex model (MODEL.md §1): five networks run per 80 ms frame, batched over sessions.
+
+Algorithm, one frame for B sessions in `slots` (each at its own position):
+  mel        1280 samples → the 17-column window                       (fp32)
+  perception window → e_t [B, d_model], a_t = proj(e_t) [B, hidden]    (profile compute dtype)
+  RNNT       e_t → user tokens [B, 10] (−1 padded), turn signals        (fp32)
+  AddFusion  x_t = 1·E[y_{t−1}] + 1·a_t + 2·E[f_{t−1}]; a forced function token (tool result,
+             §6) replaces f_{t−1} and the text input y_{t−1} becomes PAD for that frame
+  thinker    x_t → greedy y_t, f_t                                      (compute dtype, SSM fp32)
+  talker     y_t, previous codes, explicit noise → 31 codes; idle = outside an assistant turn
+             (no BOS yet, or after its EOS), which turns PAD into silence (§2.5 rules)
+  codec      silence-substituted codes → 1764 samples at 22.05 kHz      (fp32)
+Then y_t, f_t are kept as the next frame's y_{t−1}, f_{t−1}; the outputs are the model's own
+tokens even on forced frames (only the inputs are forced).
+
+The step is static: fixed shapes for a given B, no host synchronisation, no Python loop over
+sessions, state changed only by index writes at `slots`, noise an input. Session start runs
+outside it in bounded chunks: `prefill_chunk` (the system prompt into the thinker) and
+`warmup_chunk` (the talker's 37 Aria positions). Weights are loaded by checkpoint name only
+(`load`), from a real file (checkpoint.py) or from §8 random draws under the same names.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+from torch import Tensor, nn
+
+from gpu.model.codec import Codec, load_codec
+from gpu.model.config import Profile, VoiceChatConfig
+from gpu.model.mel import MelFrontEnd
+from gpu.model.perception import Perception
+from gpu.model.rnnt import RNNT
+from gpu.model.talker import Talker, TalkerInputs
+from gpu.model.talker_text import CharTable
+from gpu.model.talker_weights import load_talker
+from gpu.model.thinker import Thinker
+from gpu.model.tokenizer import BOS, EOS, PAD
+from gpu.model.voicechat_noise import FrameNoise
+from gpu.model.voicechat_state import VoiceChatState
+from gpu.model.voicechat_weights import load_dtype, param_shapes, random_weights
+
+
+@dataclass
+class FrameOutput:
+    pcm: Tensor      # fp32 [B, 1764] at 22.05 kHz
+    text: Tensor     # int64 [B]: y_t
+    func: Tensor     # int64 [B]: f_t
+    user: Tensor     # int64 [B, 10]: RNNT pieces, −1 padded
+    codes: Tensor    # int64 [B, Q]: the talker's generated codes (before silence substitution)
+    bou: Tensor      # bool [B]: the user began an utterance this frame
+    eou: Tensor      # bool [B]: the user's utterance ended this frame
+
+
+@contextlib.contextmanager
+def _no_meta_draws():
+    """Build modules on the meta device without drawing their initial weights (`load` assigns
+    every tensor): torch's meta `normal_` (nn.Embedding's init) imports torch._dynamo on first
+    use, ~4 s of start-up for nothing. Construction is single-threaded and restores the hook."""
+    saved = torch.nn.init.normal_
+    torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
+    try:
+        yield
+    finally:
+        torch.nn.init.normal_ = saved
+
+
+class VoiceChat(nn.Module):
+    """All five networks (plus the mel front end) on one device. Built on the meta device (no
+    memory); `load` assigns real tensors cast to the profile's dtypes on `device`."""
+
+    def __init__(self, cfg: VoiceChatConfig, profile: Profile, device: torch.device | str = "cpu",
+                 char_table: CharTable | None = None):
+        super().__init__()
+        self.cfg, self.profile, self.device = cfg, profile, torch.device(device)
+        meta, cd = torch.device("meta"), profile.compute
+        with _no_meta_draws():
+            self.mel = MelFrontEnd(cfg.mel, device=meta)
+            self.perception = Perception(cfg.perception, device=meta, dtype=cd)
+            self.rnnt = RNNT(cfg.rnnt, device=meta, dtype=torch.float32)
+            self.thinker = Thinker(cfg.thinker, device=meta, dtype=cd)
+            with meta:
+                self.talker = Talker(cfg.talker, char_table)    # its char table stays on the CPU
+                self.codec = Codec(cfg.codec)
+
+    @classmethod
+    def random(cls, cfg: VoiceChatConfig, profile: Profile, device: torch.device | str = "cpu",
+               seed: int = 0, char_table: CharTable | None = None) -> "VoiceChat":
+        model = cls(cfg, profile, device, char_table)
+        model.load(random_weights(cfg, seed))
+        return model
+
+    def parameter_count(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def load(self, tensors: Mapping[str, Tensor]) -> None:
+        """Assign every network's tensors (exactly the checkpoint names; extra names ignored, a
+        missing or mis-shaped one raises) cast to the profile dtype on the model's device."""
+        dtype_of = load_dtype(self.cfg, self.profile)
+        moved = {n: tensors[n].to(device=self.device, dtype=dtype_of(n)) for n in param_shapes(self.cfg)
+                 if n in tensors}
+        for net in (self.mel, self.perception, self.rnnt, self.thinker):
+            net.load_named(moved)
+        load_talker(self.talker, moved)
+        load_codec(self.codec, moved)
+        self.talker.to(self.device)                         # the non-persistent char table
+
+    def alloc_state(self, max_slots: int, max_context: int, max_prompt: int = 0) -> VoiceChatState:
+        """State for `max_slots` sessions with the RNNT start rows of these weights (re-allocate
+        after loading other weights)."""
+        return VoiceChatState.alloc(self.cfg, self.profile, max_slots, max_context, self.device,
+                                    max_prompt, self.rnnt.start_rows())
+
+    def noise(self, seed: int, session: Tensor, frame: Tensor) -> FrameNoise:
+        """The talker noise of frame `frame[b]` of session `session[b]` (see voicechat_noise)."""
+        return FrameNoise.for_talker(self.cfg.talker, seed, session.to(self.device), frame.to(self.device))
+
+    @torch.no_grad()
+    def step(self, state: VoiceChatState, audio: Tensor, slots: Tensor, noise: FrameNoise,
+             forced_func: Tensor) -> FrameOutput:
+        """One frame for the sessions at `slots` [B]: audio fp32 [B, 1280] (16 kHz), noise for
+        [B] rows, forced_func int [B] (a tool-result token to force as f_{t−1}, −1 for none).
+        Advances those slots' state; other slots are untouched."""
+        mel = self.mel.step(state.mel, audio, slots)
+        heard = self.perception.step(state.perception, mel.window, slots)
+        asr = self.rnnt.step(state.rnnt, heard.enc, slots)
+        forced = forced_func >= 0
+        text_in = torch.where(forced, PAD, state.text_prev[slots])
+        func_in = torch.where(forced, forced_func.long(), state.func_prev[slots])
+        th = self.thinker.step(state.thinker, heard.audio, text_in, func_in, slots)
+        y = th.text
+        speaking = state.speaking[slots]
+        idle = ~(speaking | (y == BOS))
+        spoken = self.talker.step(state.talker, TalkerInputs(y, noise.uniforms, noise.normals, idle), slots)
+        pcm = self.codec.step(state.codec, spoken.codec_codes, slots)
+        state.text_prev[slots] = y
+        state.func_prev[slots] = th.func
+        state.speaking[slots] = (speaking | (y == BOS)) & (y != EOS)
+        return FrameOutput(pcm, y, th.func, asr.tokens, spoken.codes, asr.bou, asr.eou)
+
+    @torch.no_grad()
+    def prefill_chunk(self, state: VoiceChatState, slots: Tensor, tokens: Tensor, n_valid: Tensor) -> None:
+        """The next C positions of each slot's system prompt: tokens int [B, C], the first
+        n_valid[b] of row b real (0 allowed). The caller splits [bos] + prompt + [eos] into chunks
+        and keeps each slot within `state.max_prompt` positions."""
+        self.thinker.prefill(state.thinker, tokens.long(), n_valid.long(), slots)
+
+    @torch.no_grad()
+    def warmup_chunk(self, state: VoiceChatState, slots: Tensor, count: int) -> None:
+        """The next `count` talker warm-up positions of every slot in `slots`; the caller keeps
+        position + count ≤ n_warmup for each (group slots by their remaining count)."""
+        self.talker.warmup(state.talker, slots, count)
