@@ -126,17 +126,14 @@ class GraphBackend(CpuBackend):
             model = load_checkpoint(opts.checkpoint, self.cfg, self.profile, self.device, char_table)
         else:
             model = VoiceChat(self.cfg, self.profile, self.device, char_table)
-            model.load(random_weights_on(self.cfg, self.device, opts.seed))
+            model.load(random_weights_on(self.cfg, self.device, opts.seed,
+                                         load_dtype(self.cfg, self.profile)))
         torch.cuda.empty_cache()
         install(model, TritonDecodeOps())
         return model
 
     def _alloc_state(self, opts: BackendOptions):
-        state = self.model.alloc_state(opts.max_sessions + 1, opts.max_context, self.max_prompt)
-        # Never time on zeros: KV rows a pre-filled context reads hold random values.
-        for t in (state.thinker.k, state.thinker.v, state.talker.k, state.talker.v):
-            t.normal_()
-        return state
+        return self.model.alloc_state(opts.max_sessions + 1, opts.max_context, self.max_prompt)
 
     # -- the beat --------------------------------------------------------------------------------
     def _compute(self, plan: _Plan, out: BeatOutput) -> float:
@@ -152,9 +149,17 @@ class GraphBackend(CpuBackend):
     def _prefill_context(self, slots: list[int]) -> None:
         """Model a session that already spoke for `context_offset` frames: its caches hold that
         many positions (random rows; the work of a frame depends only on the lengths)."""
+        th, tk, n = self.state.thinker, self.state.talker, self.context_offset
+        for s in slots:                      # basic slices: views, so normal_ writes the state
+            start = int(th.length[s])
+            th.k[:, s, start:start + n].normal_()
+            th.v[:, s, start:start + n].normal_()
+            pos = int(tk.position[s])
+            tk.k[s, :, :, pos:pos + n].normal_()
+            tk.v[s, :, :, pos:pos + n].normal_()
         idx = torch.tensor(slots, device=self.device)
-        self.state.thinker.length[idx] += self.context_offset
-        self.state.talker.position[idx] += self.context_offset
+        th.length[idx] += n
+        tk.position[idx] += n
 
     def _frames(self, plan: _Plan, out: BeatOutput) -> None:
         n = len(plan.live)
@@ -184,9 +189,9 @@ class GraphBackend(CpuBackend):
     def _beat_body(self, g: _Captured) -> None:
         """What one replay does: two frames for the bucket's slots, outputs into static buffers.
         The trash slot's counters restart each beat so padded rows never run off its caches."""
-        st, d = self.state, g.d_in
-        st.thinker.length[self.trash] = 0
-        st.talker.position[self.trash] = self.cfg.talker.n_warmup
+        st, d, t = self.state, g.d_in, self.trash
+        st.thinker.length[t:t + 1].fill_(0)            # slices: a graph captures no host copy
+        st.talker.position[t:t + 1].fill_(self.cfg.talker.n_warmup)
         for f in range(FRAMES_PER_BEAT):
             noise = self.model.noise(self.opts.seed, d["session"], d["frame0"] + f)
             o = self.model.step(st, d["audio"][:, f], d["slots"], noise, d["forced"][:, f])
