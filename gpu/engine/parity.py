@@ -34,14 +34,16 @@ def engine_run(backend, specs: list[SessionSpec], audio: np.ndarray, slots: list
     for slot, spec in zip(slots, specs):
         backend.open_slot(slot, spec)
     inp, out = backend.alloc_input(), backend.alloc_output()
-    inp.live[slots] = True
 
     async def drive() -> Run:
-        for _ in range(1000):                                   # the start takes a few beats
+        # Starting slots advance without being live (as the clock does it); none runs a frame
+        # until all are ready, so every session's frame 0 is the reference's frame 0.
+        for _ in range(1000):
             if all(backend.ready(s) for s in slots):
                 break
             await backend.run_beat(inp, out)
         assert all(backend.ready(s) for s in slots), "sessions never became ready"
+        inp.live[slots] = True
         got = Run(*(np.zeros((n, frames) + tail, dtype) for tail, dtype in
                     (((), np.int64), ((), np.int64), ((10,), np.int64), ((1764,), np.float32))))
         for b in range(frames // FRAMES_PER_BEAT):
