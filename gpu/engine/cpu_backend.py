@@ -85,6 +85,7 @@ class CpuBackend(Backend):
     `_alloc_state`, `_compute`, `_frames` and `max_prompt`."""
     name = "cpu"
     max_prompt: int = MAX_PROMPT
+    starts_per_beat: int = 1 << 30       # starting slots advanced per beat
 
     def __init__(self, opts: BackendOptions):
         self.opts = opts
@@ -210,11 +211,12 @@ class CpuBackend(Backend):
         return plan
 
     def _plan_start(self, plan: _Plan) -> None:
-        """One bounded chunk of prompt and of warm-up for every starting slot."""
+        """One bounded chunk of prompt and of warm-up for at most `starts_per_beat` starting
+        slots (oldest first), so a burst of new sessions cannot make a live beat late."""
         n_warm = self.cfg.talker.n_warmup
-        for i, s in enumerate(self._slots):
-            if s.phase != "starting":
-                continue
+        starting = sorted((s.session, i) for i, s in enumerate(self._slots) if s.phase == "starting")
+        for _, i in starting[:self.starts_per_beat]:
+            s = self._slots[i]
             if s.prompt_done < len(s.prompt):
                 chunk = s.prompt[s.prompt_done:s.prompt_done + PREFILL_CHUNK]
                 plan.prefill.append((i, chunk, s.prompt_done))

@@ -39,6 +39,7 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
            512)
 WORKSPACE_BYTES = 4e9        # activations, graph pools, logits (MODEL.md §4)
 GRAPH_MAX_PROMPT = 512       # thinker positions reserved for the system prompt on the GPU
+STARTS_PER_BEAT = 8          # sessions whose prefill / warm-up chunk runs in one beat
 
 
 def bucket_for(n: int, max_sessions: int) -> int:
@@ -99,6 +100,7 @@ class _Captured:
 
 class GraphBackend(CpuBackend):
     name = "graph"
+    starts_per_beat = STARTS_PER_BEAT
 
     def __init__(self, opts: BackendOptions):
         if not torch.cuda.is_available():
@@ -119,6 +121,9 @@ class GraphBackend(CpuBackend):
         self._pool = torch.cuda.graph_pool_handle()
         self.context_offset = opts.context_offset
         self.timings: list[float] = []
+        # The largest bucket is captured now, so no beat ever waits for a capture; smaller ones
+        # (less padding) are captured between beats by `prepare`.
+        self._capture(bucket_for(self.max_sessions, self.max_sessions))
 
     # -- construction hooks of the cpu backend -------------------------------------------------------
     def _build_model(self, opts: BackendOptions, char_table):
@@ -161,10 +166,19 @@ class GraphBackend(CpuBackend):
         th.length[idx] += n
         tk.position[idx] += n
 
+    def prepare(self, sessions: int) -> None:
+        """Capture the bucket that `sessions` live sessions use (outside any beat)."""
+        b = bucket_for(sessions, self.max_sessions)
+        if b not in self._graphs:
+            self._capture(b)
+
+    def _graph_for(self, n: int) -> _Captured:
+        """The smallest captured bucket that holds n sessions (extra rows are padding)."""
+        return self._graphs[min(b for b in self._graphs if b >= n)]
+
     def _frames(self, plan: _Plan, out: BeatOutput) -> None:
         n = len(plan.live)
-        g = self._graphs.get(bucket_for(n, self.max_sessions)) or self._capture(
-            bucket_for(n, self.max_sessions))
+        g = self._graph_for(n)
         h = g.h_in
         h["slots"][:n] = torch.from_numpy(np.asarray(plan.live, np.int64))
         h["slots"][n:] = self.trash
