@@ -105,7 +105,7 @@ async def _discard(s) -> None:
 
 def context_frames(args) -> int:
     """Frames a session runs in one run at most (warm-up included)."""
-    return 2 * (args.beats + WARMUP_MAX + 8)
+    return 2 * (args.beats + WARMUP_MAX + 96)     # + ramp-up of staggered starts and closing
 
 
 def make_backend_for(args, max_n: int, clock: Clock | None = None):

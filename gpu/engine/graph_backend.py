@@ -116,6 +116,11 @@ class GraphBackend(CpuBackend):
         torch.backends.cuda.matmul.allow_tf32 = profile.tf32
         torch.backends.cudnn.allow_tf32 = profile.tf32
         super().__init__(opts)
+        # Frames a session may still run: its caches also hold the pre-filled context.
+        self.max_context = opts.max_context - opts.context_offset
+        if self.max_context < 2 * FRAMES_PER_BEAT:
+            raise ValueError(f"context offset {opts.context_offset} leaves no room in "
+                             f"{opts.max_context} frames")
         self.trash = opts.max_sessions
         self._graphs: dict[int, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()
