@@ -105,7 +105,7 @@ async def _discard(s) -> None:
 
 def context_frames(args) -> int:
     """Frames a session runs in one run at most (warm-up included)."""
-    return 2 * (args.beats + WARMUP_MAX + 96)     # + ramp-up of staggered starts and closing
+    return 2 * (args.beats + args.warmup_max + 96)   # + ramp-up of staggered starts and closing
 
 
 def make_backend_for(args, max_n: int, clock: Clock | None = None):
@@ -144,7 +144,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
         tasks = [asyncio.get_running_loop().create_task(
             _drive_session(client, f"bench-{i}", clock, stop, i)) for i in range(n)]
         await _wait_live(node, n, clock)
-        await _wait_steady(node, clock)
+        await _wait_steady(node, clock, args.warmup_max)
         first = node.clock_actor.stats.beats
         await _wait_beats(node, first + args.beats, clock)
         records = [r for r in node.clock_actor.stats.records if r.sessions > 0]
@@ -175,11 +175,11 @@ async def _wait_live(node: Node, n: int, clock: Clock) -> None:
         await clock.sleep(BEAT_S)
 
 
-async def _wait_steady(node: Node, clock: Clock) -> None:
+async def _wait_steady(node: Node, clock: Clock, most: int) -> None:
     """Warm-up: until WARMUP_BEATS beats in a row were on time (a backlog from session starts
-    has drained), at most WARMUP_MAX beats."""
+    has drained), at most `most` beats."""
     start = node.clock_actor.stats.beats
-    while node.clock_actor.stats.beats - start < WARMUP_MAX:
+    while node.clock_actor.stats.beats - start < most:
         recent = list(node.clock_actor.stats.recent)[-WARMUP_BEATS:]
         if node.clock_actor.stats.beats - start >= WARMUP_BEATS and max(recent) <= BEAT_S:
             return
@@ -285,6 +285,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-sessions", type=int, default=0, help="slots (default: --sessions)")
     ap.add_argument("--beats", type=int, default=500)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--warmup-max", type=int, default=WARMUP_MAX,
+                    help="beats to wait at most for a start-up backlog to drain")
     ap.add_argument("--find-max", action="store_true")
     ap.add_argument("--max-find", type=int, default=1024)
     ap.add_argument("--virtual", action="store_true", help="virtual time (sim backend only)")
