@@ -1,0 +1,93 @@
+"""The engine's paths against the reference model: the cpu backend through `run_beat`, the
+Triton decode path (interpreted on the CPU), the memory plan, and on a GPU the graph backend."""
+import numpy as np
+import pytest
+import torch
+
+from gpu.engine.cpu_backend import CpuBackend
+from gpu.engine.decode_ops import TritonDecodeOps, install
+from gpu.engine.parity import compare, engine_run, reference_run
+from gpu.model.config import Profile, VoiceChatConfig
+from gpu.model.voicechat import VoiceChat
+from wave_actors.backend import SessionSpec
+from wave_actors.backends import BackendOptions
+
+SPECS = [SessionSpec("You are a helpful assistant."), SessionSpec(""),
+         SessionSpec("Answer briefly.", [{"name": "lookup", "description": "d", "parameters": {}}])]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def audio_for(n, frames, seed=0):
+    return (0.1 * np.random.default_rng(seed).standard_normal((n, frames, 1280))).astype(np.float32)
+
+
+def test_cpu_backend_equals_reference_model_in_fp32():
+    b = CpuBackend(BackendOptions(max_sessions=5, profile="fp32", config="tiny", max_context=64))
+    audio = audio_for(len(SPECS), 6)
+    run, keys = engine_run(b, SPECS, audio, [4, 0, 2])
+    ref = reference_run(b.model, b.text_codec, SPECS, audio, keys, seed=0)
+    res = compare(run, ref)
+    assert res["text_equal"] == res["func_equal"] == res["user_equal"] == 1.0, res
+    assert res["pcm_max_abs"] < 1e-5, res
+    b.close()
+
+
+def test_triton_decode_path_equals_reference_step():
+    cfg = VoiceChatConfig.tiny()
+    model = VoiceChat.random(cfg, Profile.named("fp32"), "cpu", seed=3)
+    slots = torch.tensor([3, 0])
+
+    def run(ops):
+        install(model, ops)
+        st = model.alloc_state(4, 16)
+        st.reset(slots)
+        model.warmup_chunk(st, slots, cfg.talker.n_warmup)
+        g = torch.Generator().manual_seed(1)
+        outs = [model.step(st, 0.1 * torch.randn(2, 1280, generator=g), slots,
+                           model.noise(0, slots, torch.full((2,), f)), torch.full((2,), -1))
+                for f in range(3)]
+        return outs, st
+    ref, st_ref = run(None)
+    fast, st_fast = run(TritonDecodeOps())
+    install(model, None)
+    for a, b in zip(ref, fast):
+        assert torch.equal(a.text, b.text) and torch.equal(a.func, b.func)
+        assert torch.equal(a.codes, b.codes)
+        torch.testing.assert_close(a.pcm, b.pcm, rtol=1e-5, atol=1e-5)
+    # the kernels updated the state in place exactly where the reference wrote it
+    torch.testing.assert_close(st_fast.thinker.ssm, st_ref.thinker.ssm, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(st_fast.talker.k, st_ref.talker.k, rtol=1e-5, atol=1e-6)
+    assert torch.equal(st_fast.thinker.length, st_ref.thinker.length)
+
+
+def test_memory_plan_matches_model_md():
+    from gpu.engine.graph_backend import MemoryPlan
+    plan = MemoryPlan(VoiceChatConfig.full(), Profile.named("reference"), 124, 1500, 0)
+    assert abs(plan.per_session - 965.4e6) < 0.1e6          # MODEL.md §3
+    assert abs(plan.weights - 23.83e9) < 0.05e9              # MODEL.md §4
+    # MODEL.md §4's H200 rows (124 and 324) less the engine's one trash slot row
+    assert plan.ceiling(148e9) == 123
+    dense = MemoryPlan(VoiceChatConfig.full(), Profile.named("dense"), 1, 1500, 0)
+    assert dense.ceiling(148e9) == 323
+    with pytest.raises(MemoryError, match="at most 123 sessions fit"):
+        MemoryPlan(VoiceChatConfig.full(), Profile.named("reference"), 130, 1500, 0).check(148e9)
+
+
+@pytest.mark.gpu
+def test_graph_backend_equals_reference_in_fp32_on_the_gpu():
+    from gpu.engine.graph_backend import GraphBackend
+    b = GraphBackend(BackendOptions(max_sessions=5, profile="fp32", config="tiny", max_context=128))
+    audio = audio_for(len(SPECS), 50)
+    run, keys = engine_run(b, SPECS, audio, [4, 0, 2])
+    ref = reference_run(b.model, b.text_codec, SPECS, audio, keys, seed=0)
+    res = compare(run, ref)
+    assert res["text_equal"] == res["func_equal"] == res["user_equal"] == 1.0, res
+    assert res["pcm_rel"] < 1e-3, res
+    b.close()
