@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prebuffer", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demo", action="store_true", help="serve demo conversations, then stop")
-    ap.add_argument("--demo-sessions", type=int, default=3)
+    ap.add_argument("--demo-sessions", type=int, default=2)
     ap.add_argument("--demo-seconds", type=float, default=20.0)
     ap.add_argument("--demo-wav", default=str(DEMO_WAV))
     ap.add_argument("--out", default="out")

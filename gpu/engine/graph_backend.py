@@ -29,7 +29,7 @@ from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
 from gpu.model.voicechat_state import session_state_bytes
 from gpu.model.voicechat_weights import load_dtype, param_shapes, random_weights_on
-from wave_actors.backend import BeatOutput
+from wave_actors.backend import NO_TOKEN, BeatInput, BeatOutput
 from wave_actors.backends import BackendOptions
 from wave_actors.frames import FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 
@@ -71,6 +71,11 @@ class MemoryPlan:
                 f"(weights {self.weights / 1e9:.1f} + state {self.per_session / 1e6:.1f} MB × "
                 f"{self.sessions} + workspace {WORKSPACE_BYTES / 1e9:.0f}); the device has "
                 f"{free / 1e9:.1f} GB free: at most {self.ceiling(free)} sessions fit")
+
+
+def _pinned(shape: tuple, dtype: torch.dtype) -> np.ndarray:
+    """A numpy view of page-locked host memory (the tensor stays alive through the view)."""
+    return torch.zeros(shape, dtype=dtype, pin_memory=True).numpy()
 
 
 def memory_ceiling(config: str, profile: str, max_context: int,
@@ -129,6 +134,18 @@ class GraphBackend(CpuBackend):
         # The largest bucket is captured now, so no beat ever waits for a capture; smaller ones
         # (less padding) are captured between beats by `prepare`.
         self._capture(bucket_for(self.max_sessions, self.max_sessions))
+
+    # -- host buffers: pinned, so the clock packs straight into DMA-able memory --------------------
+    def alloc_input(self) -> BeatInput:
+        return BeatInput(_pinned((self.max_sessions, FRAMES_PER_BEAT, SAMPLES_IN), torch.float32),
+                         np.zeros(self.max_sessions, bool))
+
+    def alloc_output(self) -> BeatOutput:
+        s, f = self.max_sessions, FRAMES_PER_BEAT
+        out = BeatOutput(_pinned((s, f, SAMPLES_OUT), torch.float32), _pinned((s, f), torch.int32),
+                         _pinned((s, f), torch.int32), _pinned((s, f, 10), torch.int32))
+        out.user[:] = NO_TOKEN
+        return out
 
     # -- construction hooks of the cpu backend -------------------------------------------------------
     def _build_model(self, opts: BackendOptions, char_table):
