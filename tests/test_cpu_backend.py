@@ -31,12 +31,6 @@ TOOLS = [{"type": "function", "function": {
 SPEC = SessionSpec("You are a friendly voice assistant. Keep answers short and ask before booking.", TOOLS)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def beat_audio(beat: int, slots: int) -> np.ndarray:

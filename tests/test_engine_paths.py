@@ -16,12 +16,6 @@ SPECS = [SessionSpec("You are a helpful assistant."), SessionSpec(""),
          SessionSpec("Answer briefly.", [{"name": "lookup", "description": "d", "parameters": {}}])]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def audio_for(n, frames, seed=0):

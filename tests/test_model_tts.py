@@ -32,13 +32,6 @@ def make_talker(cfg: TalkerConfig = CFG, weights: dict | None = None) -> Talker:
     return talker
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls on a shared 2-core machine: one thread is ~30x faster than two contended."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,6 @@ from gpu.model.tokenizer import PAD, ByteFallbackCodec
 from tests.test_model_tts import ATOL, CFG, RTOL, make_talker
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

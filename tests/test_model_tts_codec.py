@@ -14,13 +14,6 @@ CFG = CodecConfig.tiny()
 RTOL, ATOL = 1e-5, 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny convolutions on a shared 2-core machine: one thread avoids contended spinning."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

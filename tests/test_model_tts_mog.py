@@ -12,12 +12,6 @@ from tests.test_model_tts import CFG, inputs, make_talker
 RTOL, ATOL = 1e-5, 1e-5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,6 @@ from tests.test_model_voicechat_kit import (CFG, FP32, NOISE_SEED, assert_rows_e
                                             prompt, row, start)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,6 @@ FRAMES = 20
 SLOTS, SESSIONS = [0, 1], [1, 2]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
