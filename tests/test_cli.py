@@ -111,3 +111,12 @@ def test_bench_writes_json(tmp_path):
     assert res["beats"] == 25 and res["late_beats"] == 0 and res["sessions"] == 6
     # the modelled beat at 6 sessions and 1500 frames of context (MODEL.md §5 roofline)
     assert 13.0 < res["p50_ms"] < 16.0
+
+
+def test_node_refuses_a_backend_it_cannot_run_with_a_clear_message():
+    out = subprocess.run([PY, "-m", "wave_actors.node", "--backend", "graph", "--bind",
+                          f"tcp://127.0.0.1:{free_port()}"], cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode == 0:
+        raise AssertionError("the graph backend started without a GPU")
+    assert "needs a CUDA device" in out.stderr and "Traceback" not in out.stderr

@@ -344,4 +344,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except (MemoryError, RuntimeError, ValueError) as exc:
+        sys.exit(f"bench: {exc}")

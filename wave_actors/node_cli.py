@@ -130,7 +130,8 @@ def main(argv=None) -> None:
     asyncio.set_event_loop(loop)
     try:
         sys.exit(loop.run_until_complete(serve(args)))
-    except OSError as exc:
+    except (OSError, MemoryError, RuntimeError, ValueError) as exc:
+        # A configuration that cannot run here (no GPU, too big, port taken): say why, once.
         sys.exit(f"node: {exc}")
     finally:
         loop.close()
