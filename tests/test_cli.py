@@ -121,3 +121,14 @@ def test_node_refuses_a_backend_it_cannot_run_with_a_clear_message():
     assert out.returncode != 0
     assert ("needs a CUDA device" in out.stderr or "sessions fit" in out.stderr), out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_sim_run_with_jitter_makes_late_beats_that_the_bench_counts(tmp_path):
+    # 110 sessions model a 71 ms beat at 1500 frames; 150% jitter pushes some past 160 ms.
+    out = subprocess.run([PY, "-m", "sim.run", "--sessions", "110", "--beats", "60",
+                          "--jitter", "1.5", "--out", str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(next(tmp_path.glob("sim-reference-n110-*.json")).read_text())
+    assert res["virtual"] is True and res["beats"] == 60
+    assert 0 < res["late_beats"] < 60 and res["p99_ms"] > 160

@@ -1,0 +1,52 @@
+"""`python -m sim.run`: the production node, clock and scheduler on virtual time with the sim
+backend, for scheduling research. It is the capacity benchmark in virtual mode with the knobs a
+researcher turns: the cost model (a JSON file, or the roofline defaults with a relative jitter),
+the profile, the context, and the number of sessions.
+
+    python -m sim.run --sessions 96 --beats 500 --jitter 0.05
+    python -m sim.run --find-max --profile dense --cost-model my-fit.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from sim.costmodel import DEFAULT_PATH
+from wave_actors import bench
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sim.run", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--sessions", type=int, default=64)
+    ap.add_argument("--beats", type=int, default=200)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--context", type=int, default=1500)
+    ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
+    ap.add_argument("--cost-model", help="JSON of cost-model parameters (default: the roofline)")
+    ap.add_argument("--jitter", type=float, help="relative std of each beat's modelled time")
+    ap.add_argument("--find-max", action="store_true")
+    ap.add_argument("--out", default=str(bench.RESULTS))
+    args = ap.parse_args(argv)
+    cost = args.cost_model or str(DEFAULT_PATH)
+    if args.jitter is not None:
+        if args.jitter < 0:
+            ap.error("--jitter must be >= 0")
+        raw = json.loads(Path(cost).read_text())
+        raw["jitter_rel"] = args.jitter
+        tmp = Path(tempfile.mkdtemp()) / "costmodel.json"
+        tmp.write_text(json.dumps(raw))
+        cost = str(tmp)
+    forwarded = ["--backend", "sim", "--virtual", "--sessions", str(args.sessions), "--beats",
+                 str(args.beats), "--runs", str(args.runs), "--context", str(args.context),
+                 "--profile", args.profile, "--cost-model", cost, "--out", args.out]
+    if args.find_max:
+        forwarded.append("--find-max")
+    return bench.main(forwarded)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
