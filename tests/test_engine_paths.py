@@ -22,15 +22,21 @@ def audio_for(n, frames, seed=0):
     return (0.1 * np.random.default_rng(seed).standard_normal((n, frames, 1280))).astype(np.float32)
 
 
+def parity(backend, frames: int) -> dict:
+    """Run SPECS through `backend` at odd slots and through the eager reference: tokens must be
+    equal; returns the comparison for the caller's PCM tolerance."""
+    audio = audio_for(len(SPECS), frames)
+    run, keys = engine_run(backend, SPECS, audio, [4, 0, 2])
+    res = compare(run, reference_run(backend.model, backend.text_codec, SPECS, audio, keys, seed=0))
+    assert res["text_equal"] == res["func_equal"] == res["user_equal"] == 1.0, res
+    backend.close()
+    return res
+
+
 def test_cpu_backend_equals_reference_model_in_fp32():
     b = CpuBackend(BackendOptions(max_sessions=5, profile="fp32", config="tiny", max_context=64))
-    audio = audio_for(len(SPECS), 6)
-    run, keys = engine_run(b, SPECS, audio, [4, 0, 2])
-    ref = reference_run(b.model, b.text_codec, SPECS, audio, keys, seed=0)
-    res = compare(run, ref)
-    assert res["text_equal"] == res["func_equal"] == res["user_equal"] == 1.0, res
+    res = parity(b, 6)
     assert res["pcm_max_abs"] < 1e-5, res
-    b.close()
 
 
 def test_triton_decode_path_equals_reference_step():
@@ -78,10 +84,5 @@ def test_memory_plan_matches_model_md():
 def test_graph_backend_equals_reference_in_fp32_on_the_gpu():
     from gpu.engine.graph_backend import GraphBackend
     b = GraphBackend(BackendOptions(max_sessions=5, profile="fp32", config="tiny", max_context=128))
-    audio = audio_for(len(SPECS), 50)
-    run, keys = engine_run(b, SPECS, audio, [4, 0, 2])
-    ref = reference_run(b.model, b.text_codec, SPECS, audio, keys, seed=0)
-    res = compare(run, ref)
-    assert res["text_equal"] == res["func_equal"] == res["user_equal"] == 1.0, res
+    res = parity(b, 50)
     assert res["pcm_rel"] < 1e-3, res
-    b.close()

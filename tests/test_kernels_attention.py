@@ -4,14 +4,12 @@ import pytest
 import torch
 
 from gpu.kernels.decode_attention import decode_attention, decode_attention_ref
+from tests.tensorkit import rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def make(q_dtype, kv_dtype, hq, hkv, head_dim, cap, *, max_slots=6, seed=0, seq_major=False):

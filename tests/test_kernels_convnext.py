@@ -4,13 +4,11 @@ import pytest
 import torch
 
 from gpu.kernels.convnext_step import convnext_step, convnext_step_ref
+from tests.tensorkit import rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def make(n_c, seed):

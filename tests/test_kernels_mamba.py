@@ -8,14 +8,12 @@ import pytest
 import torch
 
 from gpu.kernels.mamba_step import mamba_step, mamba_step_ref
+from tests.tensorkit import rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}   # relative-norm tolerance of the output y
 
 
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def make(dtype, *, batch=3, max_slots=6, nheads=6, ngroups=2, head_dim=5, d_state=6, seed=0):

@@ -3,13 +3,11 @@ import pytest
 import torch
 
 from gpu.kernels.rvq_search import rvq_search, rvq_search_ref, rvq_sqnorm
+from tests.tensorkit import rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 @pytest.mark.parametrize("batch,n_codes,dim,j0,w,precision", [

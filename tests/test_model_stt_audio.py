@@ -7,18 +7,11 @@ import torch
 
 from gpu.model import mel as M
 from gpu.model import perception as P
+from tests.tensorkit import _no_grad, rel  # noqa: F401 (the fixture registers by import)
 
 SAMPLES = 1280
 
 
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def mel_model(pad_mode="constant"):

@@ -1,15 +1,11 @@
 """RNNT: the always-10-step masked batched decoder == NeMo's per-session greedy loop with early
 exit; turn-taking counters == a plain per-frame reference; batch invariance and reset."""
-import pytest
 import torch
 
 from gpu.model import rnnt as R
+from tests.tensorkit import _no_grad  # noqa: F401 (the fixture registers by import)
 
 
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
 
 
 def model(seed=0):

@@ -6,18 +6,11 @@ import torch
 
 from gpu.model import thinker as TH
 from gpu.model.tokenizer import BOS, EOS, PAD
+from tests.tensorkit import _no_grad, rel  # noqa: F401 (the fixture registers by import)
 
 CFG = TH.ThinkerConfig.tiny()
 
 
-@pytest.fixture(autouse=True)
-def _no_grad():
-    with torch.no_grad():
-        yield
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def model(seed=0, dtype=None):

@@ -325,8 +325,9 @@ def main(argv=None) -> int:
         extra["baseline"] = base
         # The stock stack is credited with one session even when its beat misses the deadline.
         extra["sessions_ratio"] = n / max(1, base["sessions_on_time"])
-        extra["memory_used_bytes"] = backend.describe()["memory_used_bytes"]
-        extra["memory_ceiling_sessions"] = backend.describe()["memory_ceiling_sessions"]
+        facts = backend.describe()
+        extra["memory_used_bytes"] = facts["memory_used_bytes"]
+        extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
     result = summarize(args, n, runs, extra)
     path = write(result, Path(args.out))
     print(f"\n{'backend':8} {'profile':10} {'context':>7} {'sessions':>8} {'runs':>4} "

@@ -345,16 +345,25 @@ class Bridge:
                 return
             dialog.call.update(answer)
 
-    def _on_reinvite(self, req: M.SipMessage, addr) -> None:
+    def _in_dialog(self, req: M.SipMessage, addr, reject_ending: bool = False):
+        """The dialog an in-dialog request belongs to, its CSeq accepted; None once answered
+        (481 for no such dialog, 500 for a CSeq out of order)."""
         dialog = self._dialog_of(req)
-        if dialog is None or dialog.ending:
+        if dialog is None or (reject_ending and dialog.ending):
             self.tx.respond(req, addr, 481)
-            return
+            return None
         cseq = M.parse_cseq(req.get("CSeq"))[0]
         if cseq <= dialog.remote_cseq:
             self.tx.respond(req, addr, 500, "CSeq Out of Order")
-            return
+            return None
         dialog.remote_cseq = cseq
+        return dialog
+
+    def _on_reinvite(self, req: M.SipMessage, addr) -> None:
+        dialog = self._in_dialog(req, addr, reject_ending=True)
+        if dialog is None:
+            return
+        cseq = dialog.remote_cseq
         offer = self._check_offer(req, addr)
         if offer is False:
             return
@@ -386,15 +395,9 @@ class Bridge:
             self.tx.final(tx, 487)
 
     def _on_bye(self, req: M.SipMessage, addr) -> None:
-        dialog = self._dialog_of(req)
+        dialog = self._in_dialog(req, addr)
         if dialog is None:
-            self.tx.respond(req, addr, 481)
             return
-        cseq = M.parse_cseq(req.get("CSeq"))[0]
-        if cseq <= dialog.remote_cseq:
-            self.tx.respond(req, addr, 500, "CSeq Out of Order")
-            return
-        dialog.remote_cseq = cseq
         self.tx.respond(req, addr, 200)
         for tx in self.tx.invites.values():
             if tx.dialog is dialog:
