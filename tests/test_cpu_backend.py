@@ -120,8 +120,8 @@ def test_beats_equal_the_reference_frames_with_forced_tokens_and_the_end_of_cont
     assert torch.allclose(mine.thinker.v[:, 1, :n], ref.thinker.v[:, 1, :n], atol=1e-5)
     assert torch.allclose(mine.thinker.ssm[:, 1], ref.thinker.ssm[:, 1], atol=1e-5)
     p = int(ref.talker.position[1])
-    assert torch.allclose(mine.talker.k[1, :, :, :p], ref.talker.k[1, :, :, :p], atol=1e-5)
-    assert torch.allclose(mine.talker.v[1, :, :, :p], ref.talker.v[1, :, :, :p], atol=1e-5)
+    assert torch.allclose(mine.talker.k[1, :, :, :, :p], ref.talker.k[1, :, :, :, :p], atol=1e-5)
+    assert torch.allclose(mine.talker.v[1, :, :, :, :p], ref.talker.v[1, :, :, :, :p], atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- the real node

@@ -183,7 +183,7 @@ def test_warmup_rows_take_the_inputs_model_md_names():
             w[name] = fn(w[name].clone())
         state = TalkerState.alloc(CFG, 1, n)
         make_talker(weights=w).warmup(state, torch.tensor([0]), n)
-        return state.v[0, 0, 0]                                         # [P, heads, D]
+        return state.v[0, 0, 0].transpose(0, 1)                         # [P, heads, D]
 
     ref = v0()
 

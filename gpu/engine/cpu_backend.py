@@ -257,7 +257,7 @@ class CpuBackend(Backend):
         """The state's KV caches cut to the positions a call writes, rounded up (see top)."""
         cut = lambda need, cap: min(cap, max(1, -(-need // WINDOW_STEP)) * WINDOW_STEP)
         return self.state.window(cut(thinker_need, self.state.thinker.max_positions),
-                                 cut(talker_need, self.state.talker.k.shape[3]))
+                                 cut(talker_need, self.state.talker.max_positions))
 
     def _frames(self, plan: _Plan, out: BeatOutput) -> None:
         live, dev = plan.live, self.state.text_prev.device

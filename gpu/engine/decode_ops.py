@@ -50,15 +50,14 @@ class TritonDecodeOps:
 
     def talker_attention(self, q: Tensor, k_layer: Tensor, v_layer: Tensor, slots: Tensor,
                          pos: Tensor, window: int | None, scale: float) -> Tensor:
-        """q [B, R, 1, Hq, D] at positions pos [B, 1], over k/v_layer [S, R, P, Hkv, D] whose
+        """q [B, R, 1, Hq, D] at positions pos [B, 1], over k/v_layer [S, R, Hkv, P, D] whose
         rows up to pos are written → [B, R, 1, Hq·D] (fp32, as the reference)."""
         lengths = (pos[:, 0] + 1).to(torch.int32)
         slots32 = slots.to(torch.int32)
         rows = []
         for r in range(q.shape[1]):            # one launch per CFG row (the rows' KV interleave)
-            o = decode_attention(q[:, r, 0].float().contiguous(), k_layer[:, r].permute(0, 2, 1, 3),
-                                 v_layer[:, r].permute(0, 2, 1, 3), slots32, lengths, scale=scale,
-                                 window=window or 0)
+            o = decode_attention(q[:, r, 0].float().contiguous(), k_layer[:, r], v_layer[:, r],
+                                 slots32, lengths, scale=scale, window=window or 0)
             rows.append(o.flatten(-2))
         return torch.stack(rows, 1)[:, :, None]
 

@@ -182,8 +182,8 @@ class GraphBackend(CpuBackend):
             th.k[:, s, start:start + n].normal_()
             th.v[:, s, start:start + n].normal_()
             pos = int(tk.position[s])
-            tk.k[s, :, :, pos:pos + n].normal_()
-            tk.v[s, :, :, pos:pos + n].normal_()
+            tk.k[s, :, :, :, pos:pos + n].normal_()
+            tk.v[s, :, :, :, pos:pos + n].normal_()
         idx = torch.tensor(slots, device=self.device)
         th.length[idx] += n
         tk.position[idx] += n
@@ -224,13 +224,9 @@ class GraphBackend(CpuBackend):
 
     def _beat_body(self, g: _Captured) -> None:
         """What one replay does: two frames for the bucket's slots, outputs into static buffers.
-        The trash slot's counters restart each beat so padded rows never run off its caches."""
-        # cuDNN's LSTM (the RNNT predictor) is not capture-safe at full size; the native
-        # single-step kernels are, and a one-step LSTM gains nothing from cuDNN.
-        with torch.backends.cudnn.flags(enabled=False):
-            self._beat_frames(g)
-
-    def _beat_frames(self, g: _Captured) -> None:
+        The trash slot's counters restart each beat so padded rows never run off its caches.
+        cuDNN stays on for the convolutions (perception, codec): without it they cost 5x more
+        per session (bench/results/graph-stages-*.json); the RNNT turns it off for its LSTM."""
         st, d, t = self.state, g.d_in, self.trash
         st.thinker.length[t:t + 1].fill_(0)            # slices: a graph captures no host copy
         st.talker.position[t:t + 1].fill_(self.cfg.talker.n_warmup)

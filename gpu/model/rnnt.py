@@ -146,8 +146,12 @@ class RNNT(nn.Module):
     def _predict(self, k: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One LSTM step: k [B] token, h/c [B, layers, P] → g [B, P], h, c."""
         pred = self.rnnt_decoder["prediction"]
-        out, (h2, c2) = pred["dec_rnn"]["lstm"](pred["embed"](k)[:, None],
-                                                (h.transpose(0, 1).contiguous(), c.transpose(0, 1).contiguous()))
+        # cuDNN's LSTM is not CUDA-graph-capture safe at full size; the native one-step kernels
+        # are, and a one-step LSTM gains nothing from cuDNN. (No effect on the CPU.)
+        with torch.backends.cudnn.flags(enabled=False):
+            out, (h2, c2) = pred["dec_rnn"]["lstm"](pred["embed"](k)[:, None],
+                                                    (h.transpose(0, 1).contiguous(),
+                                                     c.transpose(0, 1).contiguous()))
         return out[:, 0], h2.transpose(0, 1), c2.transpose(0, 1)
 
     @torch.no_grad()

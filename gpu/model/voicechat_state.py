@@ -100,12 +100,12 @@ class VoiceChatState:
         exact zeros, so results match the full state to the last bit up to the reduction order
         of the BLAS kernels (observed identical on the CPU; the tests compare)."""
         th, tk = self.thinker, self.talker
-        if not (0 < thinker_positions <= th.max_positions and 0 < talker_positions <= tk.k.shape[3]):
+        if not (0 < thinker_positions <= th.max_positions and 0 < talker_positions <= tk.max_positions):
             raise ValueError(f"window ({thinker_positions}, {talker_positions}) outside the state")
         thinker = dataclasses.replace(th, k=th.k[:, :, :thinker_positions + 1],
                                       v=th.v[:, :, :thinker_positions + 1])
-        talker = dataclasses.replace(tk, k=tk.k[:, :, :, :talker_positions],
-                                     v=tk.v[:, :, :, :talker_positions])
+        talker = dataclasses.replace(tk, k=tk.k[:, :, :, :, :talker_positions],
+                                     v=tk.v[:, :, :, :, :talker_positions])
         return dataclasses.replace(self, thinker=thinker, talker=talker)
 
     def tensors(self) -> Iterator[tuple[str, Tensor]]:
