@@ -145,3 +145,22 @@ def test_full_param_counts_match_model_md():
     rest = sum(math.prod(s) for n, s in shapes.items() if ".mus_list." not in n)
     assert (round(rest / 1e6), round(books / 1e6), round((rest + books) / 1e6, 1)) == (92, 16, 108.1)
     assert shapes[PREFIX + "decoder.layers.4.weight"] == (1536, 768, 7)
+
+
+def test_pointwise_convs_as_matmuls_equal_the_convs(codec):
+    """The CUDA path (ConvNeXtBlock.matmul: 1×1 convs as row-major matmuls) is the same
+    computation as the conv path, up to fp32 rounding; fp64 shows it exactly."""
+    seq = codes(2, 2, seed=5)
+    block = ConvNeXtBlock
+    try:
+        block.matmul = False
+        convs = codec.decode_sequence(seq)
+        codec64 = copy.deepcopy(codec).double()
+        convs64 = codec64.decode_sequence(seq)
+        block.matmul = True
+        matmuls = codec.decode_sequence(seq)
+        matmuls64 = codec64.decode_sequence(seq)
+    finally:
+        block.matmul = None
+    torch.testing.assert_close(matmuls, convs, rtol=RTOL, atol=1e-4)
+    torch.testing.assert_close(matmuls64, convs64, rtol=1e-12, atol=1e-12)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from gpu.engine.start_budget import StartBudget
 from gpu.model.checkpoint import available_host_memory, load_checkpoint
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.prompt import MAX_TOOLS, prompt_tokens
@@ -86,6 +87,9 @@ class CpuBackend(Backend):
     name = "cpu"
     max_prompt: int = MAX_PROMPT
     starts_per_beat: int = 1 << 30       # starting slots advanced per beat
+    prefill_chunk: int = PREFILL_CHUNK
+    warmup_chunk: int = WARMUP_CHUNK
+    start_budget: StartBudget | None = None  # None: start work runs every beat
 
     def __init__(self, opts: BackendOptions):
         self.opts = opts
@@ -215,14 +219,22 @@ class CpuBackend(Backend):
         slots (oldest first), so a burst of new sessions cannot make a live beat late."""
         n_warm = self.cfg.talker.n_warmup
         starting = sorted((s.session, i) for i, s in enumerate(self._slots) if s.phase == "starting")
+        if starting and self.start_budget is not None:
+            forced = self.start_budget.forced
+            if not self.start_budget.allow(len(plan.live)):
+                return                                      # no room in this beat: next one
+            if self.start_budget.forced > forced:
+                log.warning("session starts held back for %d beats: running a chunk past the "
+                            "beat budget (more sessions than this device serves on time)",
+                            self.start_budget.max_wait)
         for _, i in starting[:self.starts_per_beat]:
             s = self._slots[i]
             if s.prompt_done < len(s.prompt):
-                chunk = s.prompt[s.prompt_done:s.prompt_done + PREFILL_CHUNK]
+                chunk = s.prompt[s.prompt_done:s.prompt_done + self.prefill_chunk]
                 plan.prefill.append((i, chunk, s.prompt_done))
                 s.prompt_done += len(chunk)
             if s.warm_done < n_warm:
-                count = min(WARMUP_CHUNK, n_warm - s.warm_done)
+                count = min(self.warmup_chunk, n_warm - s.warm_done)
                 plan.warmup.setdefault(count, []).append((i, s.warm_done))
                 s.warm_done += count
             if s.prompt_done == len(s.prompt) and s.warm_done == n_warm:
@@ -240,12 +252,18 @@ class CpuBackend(Backend):
                 self._frames(plan, out)
             for i in plan.spent:
                 out.pcm[i], out.text[i], out.func[i], out.user[i] = 0.0, PAD, PAD, NO_TOKEN
+            t1 = time.perf_counter()
             if plan.prefill:
                 self._prefill(plan.prefill)
             for count, rows in plan.warmup.items():
                 slots = [i for i, _ in rows]
                 window = self._window(0, max(start for _, start in rows) + count)
                 self.model.warmup_chunk(window, self._index(slots), count)
+            if self.start_budget is not None and (plan.prefill or plan.warmup):
+                self._sync()
+                self.start_budget.observe_start(time.perf_counter() - t1)
+        if self.start_budget is not None and plan.live:
+            self.start_budget.observe_live(len(plan.live), t1 - t0)
         self.beat_cpu_s.append(time.thread_time() - c0)
         return time.perf_counter() - t0
 
@@ -272,8 +290,11 @@ class CpuBackend(Backend):
             out.func[live, f] = o.func.cpu().numpy()
             out.user[live, f] = o.user.cpu().numpy()
 
+    def _sync(self) -> None:
+        """Wait for queued device work (a GPU backend), so a measured time is the work's."""
+
     def _prefill(self, rows: list[tuple[int, list[int], int]]) -> None:
-        tokens = np.full((len(rows), PREFILL_CHUNK), PAD, np.int64)
+        tokens = np.full((len(rows), self.prefill_chunk), PAD, np.int64)
         for r, (_, chunk, _) in enumerate(rows):
             tokens[r, :len(chunk)] = chunk
         need = max(start + len(chunk) for _, chunk, start in rows)

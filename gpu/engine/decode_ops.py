@@ -11,6 +11,7 @@ PyTorch. What moves per session-frame (MODEL.md §5):
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -18,6 +19,8 @@ from torch import Tensor
 
 from gpu.kernels.decode_attention import decode_attention
 from gpu.kernels.mamba_step import mamba_step
+from gpu.kernels.rms_norm import rms_norm
+from gpu.model import talker_text, thinker
 
 
 class TritonDecodeOps:
@@ -62,8 +65,27 @@ class TritonDecodeOps:
         return torch.stack(rows, 1)[:, :, None]
 
 
+# One launch per RMSNorm instead of ~7 elementwise/reduction kernels: the talker alone runs ~200
+# norms a frame (6 per layer, 7 per MoG pass), which made it launch-bound at small batches.
+def _fused_norm(x: Tensor, weight: Tensor, eps: float, plus_one: bool, round_first: bool) -> Tensor:
+    # The talker's warm-up normalises a transposed batch: one copy still beats seven launches.
+    return rms_norm(x if x.is_contiguous() else x.contiguous(), weight, eps, plus_one=plus_one,
+                    round_first=round_first)
+
+
+_FUSED_NORMS = {
+    talker_text.RMSNorm: functools.partial(_fused_norm, plus_one=True, round_first=False),
+    thinker.RMSNorm: functools.partial(_fused_norm, plus_one=False, round_first=True),
+}
+
+
 def install(model, ops: TritonDecodeOps | None = None) -> None:
-    """Route the model's decode steps through `ops` (None restores the reference path)."""
+    """Route the model's decode steps and RMSNorms through the kernels (`ops`; None restores the
+    reference path everywhere)."""
     model.thinker.decode_ops = ops
     for layer in model.talker.tts_model.backbone.layers:
         layer.decode_ops = ops
+    for module in model.modules():
+        fused = _FUSED_NORMS.get(type(module))
+        if fused is not None:
+            module.fused = fused if ops is not None else None

@@ -24,6 +24,7 @@ import torch
 
 from gpu.engine.cpu_backend import CpuBackend, _Plan
 from gpu.engine.decode_ops import TritonDecodeOps, install
+from gpu.engine.start_budget import StartBudget
 from gpu.model.checkpoint import load_checkpoint
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
@@ -31,7 +32,7 @@ from gpu.model.voicechat_state import session_state_bytes
 from gpu.model.voicechat_weights import load_dtype, param_shapes, random_weights_on
 from wave_actors.backend import NO_TOKEN, BeatInput, BeatOutput
 from wave_actors.backends import BackendOptions
-from wave_actors.frames import FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
+from wave_actors.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 
 log = logging.getLogger("wave.graph_backend")
 
@@ -39,7 +40,11 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
            512)
 WORKSPACE_BYTES = 4e9        # activations, graph pools, logits (MODEL.md §4)
 GRAPH_MAX_PROMPT = 512       # thinker positions reserved for the system prompt on the GPU
-STARTS_PER_BEAT = 8          # sessions whose prefill / warm-up chunk runs in one beat
+STARTS_PER_BEAT = 16         # sessions whose prefill / warm-up chunk runs in one beat (a chunk
+                             # is launch-bound: 16 rows cost about what 8 do)
+GRAPH_PREFILL_CHUNK = 16     # prompt positions per start chunk: an eager chunk's cost is launches
+START_BUDGET = 0.8           # live frames + start work must fit in this share of a beat
+START_MAX_WAIT = 12          # beats (~1 s) a start may be held back before a chunk runs anyway
 
 
 def bucket_for(n: int, max_sessions: int) -> int:
@@ -106,12 +111,15 @@ class _Captured:
 class GraphBackend(CpuBackend):
     name = "graph"
     starts_per_beat = STARTS_PER_BEAT
+    prefill_chunk = GRAPH_PREFILL_CHUNK
 
     def __init__(self, opts: BackendOptions):
         if not torch.cuda.is_available():
             raise RuntimeError("the graph backend needs a CUDA device; use --backend cpu or sim")
         self.device = torch.device("cuda")
         self.max_prompt = GRAPH_MAX_PROMPT
+        # Session starts run eagerly after the replay: only in beats with room for them.
+        self.start_budget = StartBudget(START_BUDGET * BEAT_S, START_MAX_WAIT)
         cfg = VoiceChatConfig.named(opts.config)
         profile = Profile.named(opts.profile)
         self.max_context = opts.max_context
@@ -172,6 +180,9 @@ class GraphBackend(CpuBackend):
         elapsed = time.perf_counter() - t0
         self.timings.append(elapsed)
         return elapsed
+
+    def _sync(self) -> None:
+        torch.cuda.current_stream().synchronize()
 
     def _prefill_context(self, slots: list[int]) -> None:
         """Model a session that already spoke for `context_offset` frames: its caches hold that
@@ -266,4 +277,6 @@ class GraphBackend(CpuBackend):
             "memory_used_bytes": total - free,
             "memory_total_bytes": total,
             "memory_ceiling_sessions": self.plan_memory.ceiling(total),
+            "start_beats_held_back": self.start_budget.held_back,
+            "start_chunks_past_budget": self.start_budget.forced,
             "buckets_captured": sorted(self._graphs)}

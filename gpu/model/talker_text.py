@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 class RMSNorm(nn.Module):
     """Gemma RMSNorm: x·rsqrt(mean(x²) + eps)·(1 + w), in fp32 whatever the input dtype."""
+    fused = None        # the engine's one-launch kernel of this math (decode_ops.install)
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -34,6 +35,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))     # stored as w; the scale is 1 + w
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fused is not None:
+            return self.fused(x, self.weight, self.eps)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (y * (1.0 + self.weight.float())).to(x.dtype)
