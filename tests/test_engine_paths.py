@@ -40,9 +40,11 @@ def test_cpu_backend_equals_reference_model_in_fp32():
 
 
 def test_triton_decode_path_equals_reference_step():
+    """Interpreted on the CPU; compiled where a GPU is (both sides then run on it)."""
     cfg = VoiceChatConfig.tiny()
-    model = VoiceChat.random(cfg, Profile.named("fp32"), "cpu", seed=3)
-    slots = torch.tensor([3, 0])
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = VoiceChat.random(cfg, Profile.named("fp32"), dev, seed=3)
+    slots = torch.tensor([3, 0], device=dev)
 
     def run(ops):
         install(model, ops)
@@ -50,8 +52,9 @@ def test_triton_decode_path_equals_reference_step():
         st.reset(slots)
         model.warmup_chunk(st, slots, cfg.talker.n_warmup)
         g = torch.Generator().manual_seed(1)
-        outs = [model.step(st, 0.1 * torch.randn(2, 1280, generator=g), slots,
-                           model.noise(0, slots, torch.full((2,), f)), torch.full((2,), -1))
+        outs = [model.step(st, 0.1 * torch.randn(2, 1280, generator=g).to(dev), slots,
+                           model.noise(0, slots, torch.full((2,), f)),
+                           torch.full((2,), -1, device=dev))
                 for f in range(3)]
         return outs, st
     ref, st_ref = run(None)

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -103,9 +104,11 @@ async def _discard(s) -> None:
         await s.events.get()
 
 
-def context_frames(args) -> int:
-    """Frames a session runs in one run at most (warm-up included)."""
-    return 2 * (args.beats + args.warmup_max + 96)   # + ramp-up of staggered starts and closing
+def context_frames(args, n: int) -> int:
+    """Frames a session runs in one run at most: the measured beats, the warm-up and the ramp
+    while the other sessions start (the GPU runs session starts only in beats with room for them,
+    about 2 beats per session at full load; at least 96)."""
+    return 2 * (args.beats + args.warmup_max + max(96, 2 * n))
 
 
 def make_backend_for(args, max_n: int, clock: Clock | None = None):
@@ -116,8 +119,8 @@ def make_backend_for(args, max_n: int, clock: Clock | None = None):
     # run adds, so the state is sized for `context` (the memory ceiling at that context) and the
     # last beats run at it. The simulator models the whole run at `context`.
     gpu = args.backend == "graph"
-    offset = max(0, args.context - context_frames(args)) if gpu else args.context
-    max_context = args.context + 8 if gpu else args.context + context_frames(args)
+    offset = max(0, args.context - context_frames(args, max_n)) if gpu else args.context
+    max_context = args.context + 8 if gpu else args.context + context_frames(args, max_n)
     opts = BackendOptions(max(max_n, args.max_sessions or 0), args.profile, args.config,
                           max_context, offset, args.cost_model, None, None, args.seed)
     return make_backend(args.backend, opts, clock)
@@ -145,10 +148,9 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
             _drive_session(client, f"bench-{i}", clock, stop, i)) for i in range(n)]
         await _wait_live(node, n, clock)
         await _wait_steady(node, clock, args.warmup_max)
-        first = node.clock_actor.stats.beats
-        await _wait_beats(node, first + args.beats, clock)
-        records = [r for r in node.clock_actor.stats.records if r.sessions > 0]
-        records = records[first:first + args.beats]
+        first = len(_live_records(node))
+        await _wait_beats(node, first, args.beats, clock, args.fail_fast)
+        records = _live_records(node)[first:first + args.beats]
         stop.set()
         stats = []
         for t in tasks:
@@ -191,8 +193,17 @@ def _last_sessions(node: Node) -> int:
     return records[-1].sessions if records else 0
 
 
-async def _wait_beats(node: Node, beats: int, clock: Clock) -> None:
-    while node.clock_actor.stats.beats < beats:
+def _live_records(node: Node) -> list:
+    return [r for r in node.clock_actor.stats.records if r.sessions > 0]
+
+
+async def _wait_beats(node: Node, first: int, beats: int, clock: Clock, fail_fast: bool) -> None:
+    """Until `beats` beats with live sessions ran after the first `first`; with `fail_fast`, also
+    stop at the first late one (the run has failed; find-max needs no more of it)."""
+    while True:
+        measured = _live_records(node)[first:]
+        if len(measured) >= beats or (fail_fast and any(r.late for r in measured)):
+            return
         await clock.sleep(BEAT_S)
 
 
@@ -208,6 +219,9 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
               f"{res.p99_ms:7.2f} ms  late {res.late_beats:3d}/{res.beats}  underruns "
               f"{res.underruns}  dropped {res.dropped}", flush=True)
         results.append(res)
+        if args.fail_fast and res.late_beats:
+            print(f"  N={n:4d}: late beat, stopping this N (--fail-fast)", flush=True)
+            break
     return results
 
 
@@ -228,17 +242,20 @@ def find_max(args, backend=None, ceiling: int | None = None) -> tuple[int, dict[
         return all(r.late_beats == 0 and r.refusals == 0 for r in seen[n])
 
     lo, hi = 0, args.sessions
+    top = min(args.max_find, ceiling) if ceiling is not None else args.max_find
     while ok(hi):
-        lo, hi = hi, hi * 2
-        if hi > args.max_find:
-            return lo, seen
-    while hi - lo > max(1, lo // 50):
+        if hi >= top:
+            return hi, seen
+        lo, hi = hi, min(hi * 2, top)
+    while hi - lo > max(args.find_step, lo // 50):
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return lo, seen
 
 
 def _git_commit() -> str:
+    if os.environ.get("WAVE_COMMIT"):          # a copied tree without its .git says it here
+        return os.environ["WAVE_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
@@ -288,7 +305,12 @@ def parse_args(argv=None):
     ap.add_argument("--warmup-max", type=int, default=WARMUP_MAX,
                     help="beats to wait at most for a start-up backlog to drain")
     ap.add_argument("--find-max", action="store_true")
+    ap.add_argument("--fail-fast", action="store_true",
+                    help="end a run at its first late beat (and skip that N's other runs); "
+                         "on by default with --find-max")
     ap.add_argument("--max-find", type=int, default=1024)
+    ap.add_argument("--find-step", type=int, default=1,
+                    help="find-max stops when the bracket is this narrow (fewer probes)")
     ap.add_argument("--virtual", action="store_true", help="virtual time (sim backend only)")
     ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
     ap.add_argument("--seed", type=int, default=0)
@@ -298,6 +320,7 @@ def parse_args(argv=None):
         ap.error("--virtual needs the sim backend: real backends take real time")
     if args.sessions < 1 or args.beats < 1 or args.runs < 1:
         ap.error("--sessions, --beats and --runs must be positive")
+    args.fail_fast = args.fail_fast or args.find_max
     return args
 
 
@@ -326,6 +349,7 @@ def main(argv=None) -> int:
         # The stock stack is credited with one session even when its beat misses the deadline.
         extra["sessions_ratio"] = n / max(1, base["sessions_on_time"])
         facts = backend.describe()
+        extra["engine_after"] = facts
         extra["memory_used_bytes"] = facts["memory_used_bytes"]
         extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
     result = summarize(args, n, runs, extra)
