@@ -209,7 +209,7 @@ def test_bad_seq_and_bad_payload_in_a_live_session_are_counted():
             closed = await s.close()
             st = closed.stats
             # seq 0, 2, 3 were heard (3 frames); the duplicate and the broken payload dropped
-            assert st["frames_in"] + st["dropped"] == 3 + 2
+            assert st["frames_in"] + st["dropped"] == 3 + 2, st
     asyncio.run(body())
 
 

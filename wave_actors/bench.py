@@ -35,6 +35,7 @@ from wave_actors.node import Node, NodeConfig
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 WARMUP_BEATS = 8            # on-time beats in a row before measuring
 WARMUP_MAX = 64             # beats of warm-up at most
+OPEN_TIMEOUT_S = 900.0      # the slowest session start of a burst of N opens
 
 
 @dataclass
@@ -84,7 +85,9 @@ def speech_like(seconds: float, seed: int) -> np.ndarray:
 
 async def _drive_session(client: NodeClient, sid: str, clock: Clock, stop: asyncio.Event,
                          seed: int) -> dict:
-    s = await client.open(sid, sample_rate=IN_RATE, format="pcm_f32le")
+    # A burst of N opens at once: the GPU starts them only in beats with room, so the last
+    # `opened` can take minutes at full load (bench only; a real opener waits for fewer).
+    s = await client.open(sid, sample_rate=IN_RATE, format="pcm_f32le", timeout=OPEN_TIMEOUT_S)
     audio = speech_like(8.0, seed)
     t0, i = clock.now(), 0
     drain = asyncio.get_running_loop().create_task(_discard(s))
@@ -138,7 +141,8 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     bind = f"inproc://bench-{id(clock)}" if loop_virtual else "tcp://127.0.0.1:0"
     if hasattr(backend, "prepare"):
         backend.prepare(n)            # capture this N's graph before any beat runs
-    node = Node(NodeConfig(bind=bind, max_sessions=backend.max_sessions, idle_timeout_s=60.0),
+    node = Node(NodeConfig(bind=bind, max_sessions=backend.max_sessions, idle_timeout_s=60.0,
+                           start_timeout_s=OPEN_TIMEOUT_S),
                 backend, clock)
     await node.start()
     stop = asyncio.Event()

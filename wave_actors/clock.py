@@ -30,7 +30,7 @@ from wave_actors.frames import BEAT_S
 LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
 from wave_actors.runtime import Actor
 from wave_actors.scheduler import BeatScheduler, CapacityError, SlotStats
-from wave_actors.session import FRAME_HEADER
+from wave_actors.session import END_OF_STREAM, FRAME_HEADER
 
 log = logging.getLogger("wave.clock")
 
@@ -45,6 +45,10 @@ class Admit:
 @dataclass
 class Release:
     slot: int
+    stream_ended: bool = False   # its session sent END_OF_STREAM: count its frames in flight first
+
+
+STREAM_END_WAIT_S = 0.5         # a marker lost with a restarting socket cannot hold a release
 
 
 @dataclass
@@ -90,6 +94,8 @@ class BeatClockActor(Actor):
         self._slot_identity: dict[int, bytes] = {}
         self._ops: list[tuple] = []              # slot changes for the next beat boundary
         self._backend_open: set[int] = set()
+        self._ready_waiters: dict[int, asyncio.Future] = {}   # admitted, start not done yet
+        self._stream_ends: dict[int, asyncio.Future] = {}     # END_OF_STREAM seen (closing)
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self.t0: float | None = None
@@ -127,8 +133,13 @@ class BeatClockActor(Actor):
             self._identity_slot[msg.identity] = slot
             self._slot_identity[slot] = msg.identity
             self._ops.append(("open", slot, msg.spec))
+            self._ready_waiters[slot] = asyncio.get_running_loop().create_future()
             return slot
         if isinstance(msg, Release):
+            if msg.stream_ended and msg.slot in self.scheduler.slots:
+                # Frames travel on the session's socket, this message on the mailbox: wait for
+                # the marker that follows its last frame, so none arrives after the slot is gone.
+                await asyncio.wait({self._stream_end(msg.slot)}, timeout=STREAM_END_WAIT_S)
             return self._release(msg.slot)
         if isinstance(msg, FunctionTokens):
             self._ops.append(("func", msg.slot, msg.ids))
@@ -137,7 +148,32 @@ class BeatClockActor(Actor):
             raise msg.exc
         raise TypeError(f"unexpected message {type(msg).__name__}")
 
+    def _stream_end(self, slot: int) -> asyncio.Future:
+        fut = self._stream_ends.get(slot)
+        if fut is None:
+            fut = self._stream_ends[slot] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def when_ready(self, slot: int) -> asyncio.Future:
+        """Resolves (True) at the first beat that runs this admitted slot's frames: its session
+        start (prompt prefill, talker warm-up) is done. The node answers `opened` then."""
+        fut = self._ready_waiters.get(slot)
+        if fut is None:                                  # already ready (or released)
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(slot in self.scheduler.slots)
+        return fut
+
+    def _resolve_ready(self, ready: set[int]) -> None:
+        for slot in [s for s in self._ready_waiters if s in ready]:
+            fut = self._ready_waiters.pop(slot)
+            if not fut.done():
+                fut.set_result(True)
+
     def _release(self, slot: int) -> SlotStats | None:
+        self._stream_ends.pop(slot, None)
+        fut = self._ready_waiters.pop(slot, None)
+        if fut is not None and not fut.done():
+            fut.set_result(False)
         if slot not in self.scheduler.slots:
             return None
         stats = self.scheduler.release(slot)
@@ -171,6 +207,10 @@ class BeatClockActor(Actor):
         while True:
             identity, header, pcm = await self._sock.recv_multipart()
             slot = self._identity_slot.get(identity)
+            if header == FRAME_HEADER.pack(END_OF_STREAM):
+                if slot is not None and not self._stream_end(slot).done():
+                    self._stream_end(slot).set_result(True)
+                continue
             if slot is None or len(pcm) != 4 * self._inputs[0].audio.shape[-1]:
                 self.stats.dropped_frames += 1
                 continue
@@ -188,6 +228,8 @@ class BeatClockActor(Actor):
             self._apply_ops()
             inp, out = self._inputs[k % 2], self._outputs[k % 2]
             ready = {s for s in self._backend_open if self.backend.ready(s)}
+            if self._ready_waiters:
+                self._resolve_ready(ready)
             plan = self.scheduler.pack(inp, ready)
             if self._backend_open:               # prefilling slots advance in beats too
                 await self.backend.run_beat(inp, out)

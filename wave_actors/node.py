@@ -37,12 +37,17 @@ class NodeConfig:
     prebuffer: int = 3                   # frames queued before a session starts consuming
     max_queue: int = 50                  # jitter buffer bound per session (4 s)
     idle_timeout_s: float = 10.0         # a client silent this long is gone
+    start_timeout_s: float = 60.0        # an admitted session's start (prefill) must end by then
     curve_keys: str | None = None        # directory: server.key_secret + clients/*.key
     metrics_port: int | None = None
     clock_endpoint: str = "inproc://wave-clock"
     flood_rate: float = 500.0            # messages/s per client and per live session of it
     flood_burst: float = 1000.0
     keep_records: bool = True            # keep every beat's record (bench, tests)
+
+
+def _zero_stats() -> dict:
+    return {"frames_in": 0, "frames_out": 0, "underruns": 0, "dropped": 0, "late_beats": 0}
 
 
 @dataclass
@@ -73,6 +78,7 @@ class Node:
         self.supervisor = Supervisor()
         self.sessions: dict[tuple[bytes, str], SessionActor] = {}
         self._opening: set[tuple[bytes, str]] = set()      # keys waiting for a slot
+        self._starting: dict[tuple[bytes, str], asyncio.Future] = {}   # admitted, not ready
         self._sessions_of: dict[bytes, int] = {}            # live sessions per client
         self._open_nonce = 0
         self._clock_incarnation = 0
@@ -148,6 +154,8 @@ class Node:
     async def drain(self, timeout: float = 5.0) -> None:
         """Refuse new sessions, close every live one with `closed`, stop the actors."""
         self.draining = True
+        for starting in list(self._starting.values()):
+            starting.cancel()                            # their openers answer `draining`
         actors = list(self.sessions.values())
         for actor in actors:
             try:
@@ -302,6 +310,10 @@ class Node:
             self._tell_control(identity, actor, FunctionResult(msg.get("call_id"), msg.get("output")))
 
     def _on_close(self, identity: bytes, user_key, msg: P.Message) -> None:
+        starting = self._starting.get((identity, msg.session))
+        if starting is not None:          # closed before `opened`: stop its start, answer closed
+            starting.cancel()
+            return None
         actor = self._session_for(identity, user_key, msg)
         if actor is not None:
             self._tell_control(identity, actor, Close("client"))
@@ -335,9 +347,28 @@ class Node:
         except CapacityError as exc:
             return self._refuse(identity, msg.session, "capacity", str(exc))
         except (ActorStopped, asyncio.TimeoutError, AttributeError) as exc:
-            return self._refuse(identity, msg.session, "capacity", f"node not ready: {exc!r}")
-        finally:
             self._opening.discard(key)
+            return self._refuse(identity, msg.session, "capacity", f"node not ready: {exc!r}")
+        # `opened` waits for the model's session start (prompt prefill, talker warm-up: beats on
+        # a loaded GPU), so the client streams only once its audio is heard; audio sent before
+        # would queue, overflow and be dropped.
+        ready = self.clock_actor.when_ready(slot)
+        self._starting[key] = ready
+        try:
+            await asyncio.wait({ready}, timeout=self.cfg.start_timeout_s)
+        finally:
+            self._starting.pop(key, None)
+            self._opening.discard(key)
+        if self.draining or not (ready.done() and not ready.cancelled() and ready.result()):
+            await self._abandon_start(slot)
+            if self.draining:
+                return self._refuse(identity, msg.session, "draining", "the node is shutting down")
+            if ready.cancelled():                       # the client closed it while it started
+                self.send(identity, P.pack("closed", msg.session, stats=_zero_stats()))
+                return None
+            return self._refuse(identity, msg.session, "capacity",
+                                f"the model did not finish starting the session within "
+                                f"{self.cfg.start_timeout_s:.0f} s (node overloaded)")
         cfg = SessionConfig(msg.session, identity, slot, h["sample_rate"], h["format"],
                             h["output_sample_rate"], h["output_format"],
                             self.clock_actor.endpoint, self.cfg.idle_timeout_s)
@@ -376,10 +407,16 @@ class Node:
         asyncio.get_running_loop().create_task(
             self.supervisor.stop_child(f"session:{actor.cfg.identity.hex()}:{actor.cfg.session}"))
 
+    async def _abandon_start(self, slot: int) -> None:
+        try:
+            await self.clock_actor.ask(Release(slot))
+        except Exception as exc:     # the clock restarting: the slot table went with it
+            log.warning("release of starting slot %d failed: %r", slot, exc)
+
     async def _release(self, actor: SessionActor) -> dict:
         slot_stats = None
         try:
-            slot_stats = await self.clock_actor.ask(Release(actor.cfg.slot))
+            slot_stats = await self.clock_actor.ask(Release(actor.cfg.slot, actor.end_stream()))
         except Exception as exc:     # the clock restarting: the slot table went with it
             log.warning("release of slot %d failed: %r", actor.cfg.slot, exc)
         actor.flush_input()

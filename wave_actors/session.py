@@ -35,6 +35,7 @@ log = logging.getLogger("wave.session")
 
 REORDER_WINDOW = 8          # messages held while waiting for a missing seq
 FRAME_HEADER = struct.Struct("<q")
+END_OF_STREAM = -1          # frame number of the marker a closing session sends after its frames
 
 
 @dataclass
@@ -255,6 +256,15 @@ class SessionActor(Actor):
 
     def _error(self, code: str, message: str) -> None:
         self._send_client(self.cfg.identity, P.error_frames(code, message, self.cfg.session))
+
+    def end_stream(self) -> bool:
+        """Mark the end of this session's frames on its socket to the clock: the clock counts
+        every frame sent before it (heard or dropped) before it frees the slot. False when the
+        marker could not be sent (the clock is restarting)."""
+        if self._sock is None:
+            return False
+        fut = self._sock.send_multipart([FRAME_HEADER.pack(END_OF_STREAM), b""], flags=zmq.NOBLOCK)
+        return not (fut.done() and fut.exception() is not None)
 
     def flush_input(self) -> None:
         """At close: audio still inside the resampler or short of a whole frame will never be
