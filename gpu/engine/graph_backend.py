@@ -38,7 +38,12 @@ log = logging.getLogger("wave.graph_backend")
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448,
            512)
-WORKSPACE_BYTES = 4e9        # activations, graph pools, logits (MODEL.md §4)
+# Activations, graph pools, logits, CUDA context. MODEL.md §4 budgets a flat 4 GB, but the beat
+# graph's activations grow with the batch: measured on the H200, 3.6 GB at 97 slots (reference)
+# and 4.2 GB at 129 (dense), and the capture for 124 reference slots ran out of memory with 4 GB
+# left. So: a base plus a share per slot, with margin over the measured slope (~19 MB).
+WORKSPACE_BASE = 2.5e9
+WORKSPACE_PER_SLOT = 25e6
 GRAPH_MAX_PROMPT = 512       # thinker positions reserved for the system prompt on the GPU
 STARTS_PER_BEAT = 16         # sessions whose prefill / warm-up chunk runs in one beat (a chunk
                              # is launch-bound: 16 rows cost about what 8 do)
@@ -64,17 +69,19 @@ class MemoryPlan:
         self.per_session = session_state_bytes(cfg, profile, max_context, max_prompt)["total"]
         self.sessions = max_sessions + 1                     # + the trash slot
         self.state = self.per_session * self.sessions
-        self.total = self.weights + self.state + WORKSPACE_BYTES
+        self.workspace = WORKSPACE_BASE + WORKSPACE_PER_SLOT * self.sessions
+        self.total = self.weights + self.state + self.workspace
 
     def ceiling(self, free: float) -> int:
-        return max(0, int((free - self.weights - WORKSPACE_BYTES) // self.per_session) - 1)
+        per_slot = self.per_session + WORKSPACE_PER_SLOT
+        return max(0, int((free - self.weights - WORKSPACE_BASE) // per_slot) - 1)
 
     def check(self, free: float) -> None:
         if self.total > free:
             raise MemoryError(
                 f"{self.sessions - 1} sessions at this context need {self.total / 1e9:.1f} GB "
                 f"(weights {self.weights / 1e9:.1f} + state {self.per_session / 1e6:.1f} MB × "
-                f"{self.sessions} + workspace {WORKSPACE_BYTES / 1e9:.0f}); the device has "
+                f"{self.sessions} + workspace {self.workspace / 1e9:.1f}); the device has "
                 f"{free / 1e9:.1f} GB free: at most {self.ceiling(free)} sessions fit")
 
 
