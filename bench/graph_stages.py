@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from gpu.model.talker import TalkerInputs                             # noqa: E4
 from gpu.model.tokenizer import BOS                                   # noqa: E402
 from gpu.model.voicechat import VoiceChat                             # noqa: E402
 from gpu.model.voicechat_weights import load_dtype, random_weights_on  # noqa: E402
+from wave_actors.bench import git_commit                              # noqa: E402
 
 CUDNN_OFF = False          # --cudnn-off: the convolutions as the graph backend ran them before
 STAGES = ("mel", "perception", "rnnt", "thinker", "talker", "codec")
@@ -113,14 +113,6 @@ def fit(ns: list[int], ms: list[float]) -> tuple[float, float]:
     return round(float(fixed), 3), round(float(slope), 4)
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", default="8,32,64")
@@ -151,7 +143,7 @@ def main() -> int:
     state.talker.position[:] = args.context + cfg.talker.n_warmup
     print(f"built in {time.perf_counter() - t0:.1f} s", flush=True)
     res = {"command": "python3 bench/graph_stages.py " + " ".join(sys.argv[1:]),
-           "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "commit": commit(),
+           "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "commit": git_commit(),
            "profile": args.profile, "config": args.config, "context": args.context,
            "sessions": ns, "stage_ms": {}, "frame_ms": {}}
     for n in ns:

@@ -34,14 +34,20 @@ def test_opened_comes_when_the_model_is_ready_and_nothing_sent_after_it_is_dropp
     asyncio.run(body())
 
 
+async def open_and_wait_in_start(node):
+    """A raw client whose `open` is admitted and still prefilling."""
+    sock = await raw_dealer(node)
+    await sock.send_multipart(P.pack("open", "s", sample_rate=16000, format="pcm_f32le",
+                                     instructions=LONG_PROMPT))
+    await asyncio.sleep(2 * BEAT_S)
+    assert node.clock_actor.free_slots == 0 and not node.sessions
+    return sock
+
+
 def test_close_during_the_start_answers_closed_and_frees_the_slot():
     async def body():
         async with node_on_tcp(max_sessions=1) as node:
-            sock = await raw_dealer(node)
-            await sock.send_multipart(P.pack("open", "s", sample_rate=16000, format="pcm_f32le",
-                                             instructions=LONG_PROMPT))
-            await asyncio.sleep(2 * BEAT_S)                   # admitted, still prefilling
-            assert node.clock_actor.free_slots == 0
+            sock = await open_and_wait_in_start(node)
             await sock.send_multipart(P.pack("close", "s"))
             header, _ = await reply(sock)
             assert header["type"] == "closed" and header["session"] == "s"
@@ -61,10 +67,7 @@ def test_close_during_the_start_answers_closed_and_frees_the_slot():
 def test_drain_during_the_start_refuses_the_opener():
     async def body():
         async with node_on_tcp(max_sessions=1) as node:
-            sock = await raw_dealer(node)
-            await sock.send_multipart(P.pack("open", "s", sample_rate=16000, format="pcm_f32le",
-                                             instructions=LONG_PROMPT))
-            await asyncio.sleep(2 * BEAT_S)
+            sock = await open_and_wait_in_start(node)
             drain = asyncio.get_running_loop().create_task(node.drain(timeout=2))
             header, _ = await reply(sock)
             assert header["type"] == "refused" and header["reason"] == "draining"

@@ -257,7 +257,7 @@ def find_max(args, backend=None, ceiling: int | None = None) -> tuple[int, dict[
     return lo, seen
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
     if os.environ.get("WAVE_COMMIT"):          # a copied tree without its .git says it here
         return os.environ["WAVE_COMMIT"]
     try:
@@ -280,7 +280,7 @@ def _gpu_name() -> str:
 def summarize(args, n: int, runs: list[RunResult], extra: dict) -> BenchResult:
     return BenchResult(args.backend, args.profile, args.context, n, len(runs), args.beats,
                        sum(r.late_beats for r in runs), max(r.p50_ms for r in runs),
-                       max(r.p99_ms for r in runs), args.virtual, _gpu_name(), _git_commit(),
+                       max(r.p99_ms for r in runs), args.virtual, _gpu_name(), git_commit(),
                        dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        "python -m wave_actors.bench " + " ".join(sys.argv[1:]),
                        [asdict(r) for r in runs], extra)
