@@ -114,3 +114,14 @@ def test_char_encoder_sees_only_the_real_characters(talker):
     masked = emb(y, torch.zeros(22))                                   # mask 0: only the flags
     flags = emb.subword_flag_emb(y) + emb.bos_eos_emb(y)
     torch.testing.assert_close(masked, flags, rtol=RTOL, atol=ATOL)
+
+
+def test_rope_tables_are_bit_identical_to_rope():
+    """The backbone's per-frame RoPE tables give exactly `apply_rope` (fewer kernels a layer)."""
+    from gpu.model.talker_text import apply_rope, apply_rope_tables, rope_cos_sin, rope_tables
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 2, 4, 16, 72, generator=g) * 3                  # [B, R, T, heads, D]
+    pos = torch.randint(0, 7000, (3, 4), generator=g)
+    for theta in (1e4, 1e6):
+        cos, sin = rope_cos_sin(pos[:, None], 72, theta)               # [B, 1, T, D/2]
+        assert torch.equal(apply_rope_tables(x, rope_tables(cos, sin)), apply_rope(x, cos, sin))

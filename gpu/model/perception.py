@@ -147,6 +147,21 @@ def sinusoid(pos: Tensor, dim: int) -> Tensor:
 
 
 @dataclass
+class StreamConstants:
+    """What every layer's streaming attention shares in a frame, made once per frame rather than
+    24 times (each is several kernel launches on the GPU)."""
+    positions: Tensor   # sinusoid rows of the key distances W … 0 [W+1, D], compute dtype
+    mask: Tensor        # [B, 1, W+1]: cache row j holds a real frame
+
+    @classmethod
+    def of(cls, cfg: "PerceptionConfig", n_cached: Tensor, dtype: torch.dtype) -> "StreamConstants":
+        W = cfg.left_context
+        dist = torch.arange(W, -1, -1, device=n_cached.device)               # key j is W − j back
+        mask = (torch.arange(W + 1, device=n_cached.device) >= W - n_cached[:, None])[:, None]
+        return cls(sinusoid(dist, cfg.d_model).to(dtype), mask)
+
+
+@dataclass
 class PerceptionState:
     """Per-slot caches. Invariant: after n frames, chan[l, s, 70 − min(n, 70):] are the layer-normed
     attention inputs of the last frames (older rows masked), time[l, s] the last 8 GLU outputs."""
@@ -234,17 +249,15 @@ class RelPosAttention(nn.Module):
         o = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1).to(v.dtype), v)
         return self.linear_out(o.flatten(-2))
 
-    def stream(self, u: Tensor, chan: Tensor, n_cached: Tensor) -> Tensor:
-        """u [B, D] this frame's normed input, chan [B, W, D] cache, n_cached [B] valid cache rows."""
-        W = self.cfg.left_context
+    def stream(self, u: Tensor, chan: Tensor, frame: "StreamConstants") -> Tensor:
+        """u [B, D] this frame's normed input, chan [B, W, D] cache; `frame` holds the position
+        table and the mask of the valid cache rows (shared by the 24 layers)."""
         kv_in = torch.cat([chan, u[:, None]], dim=1)                            # [B, W+1, D]
         q, k, v = self._heads(self.linear_q, u[:, None]), self._heads(self.linear_k, kv_in), self._heads(self.linear_v, kv_in)
-        dist = torch.arange(W, -1, -1, device=u.device)                         # key j is W − j frames back
-        p = self._heads(self.linear_pos, sinusoid(dist, self.cfg.d_model).to(u.dtype))   # [W+1, H, dh]
+        p = self._heads(self.linear_pos, frame.positions)                      # [W+1, H, dh]
         ac = torch.einsum("bqhd,bkhd->bhqk", q + self.pos_bias_u, k)
         bd = torch.einsum("bqhd,khd->bhqk", q + self.pos_bias_v, p)
-        mask = (torch.arange(W + 1, device=u.device) >= W - n_cached[:, None])[:, None]   # [B, 1, W+1]
-        return self._finish(ac + bd, mask, v)[:, 0]
+        return self._finish(ac + bd, frame.mask, v)[:, 0]
 
     def full(self, u: Tensor) -> Tensor:
         """Offline over u [B, T, D]: NeMo's rel_shift over positions T−1 … −(T−1), causal left mask."""
@@ -292,11 +305,11 @@ class ConformerLayer(nn.Module):
         self.feed_forward1, self.feed_forward2 = FeedForward(cfg, **kw), FeedForward(cfg, **kw)
         self.self_attn, self.conv = RelPosAttention(cfg, **kw), ConvModule(cfg, **kw)
 
-    def stream(self, x: Tensor, chan: Tensor, tcache: Tensor, n_cached: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def stream(self, x: Tensor, chan: Tensor, tcache: Tensor, frame: "StreamConstants") -> tuple[Tensor, Tensor, Tensor]:
         """x [B, D] → (x, chan [B, W, D], tcache [B, D, 8]) for the next frame."""
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
         u = self.norm_self_att(x)
-        x = x + self.self_attn.stream(u, chan, n_cached)
+        x = x + self.self_attn.stream(u, chan, frame)
         conv, tcache = self.conv.stream(self.norm_conv(x), tcache)
         x = x + conv
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
@@ -333,13 +346,14 @@ class Perception(nn.Module):
         rows `slots` of state; other rows untouched."""
         frames = state.frames[slots]
         x = self.encoder.pre_encode(window, first=frames == 0)[:, -1]           # [B, D]: the kept frame
-        n_cached = frames.clamp(max=self.cfg.left_context)
+        frame = StreamConstants.of(self.cfg, frames.clamp(max=self.cfg.left_context),
+                                   self.proj.weight.dtype)
         # index_select / index_copy_: plain row copies (advanced indexing's generic gather ran at
         # a tenth of the H200's bandwidth on these 3.4 MB-per-session caches)
         chan, tcache = state.chan.index_select(1, slots), state.time.index_select(1, slots)  # [L, B, W, D], [L, B, D, 8]
         new_chan, new_time = [], []
         for i, layer in enumerate(self.encoder.layers):
-            x, c, t = layer.stream(x, chan[i], tcache[i], n_cached)
+            x, c, t = layer.stream(x, chan[i], tcache[i], frame)
             new_chan.append(c)
             new_time.append(t)
         state.chan.index_copy_(1, slots, torch.stack(new_chan))

@@ -25,8 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from gpu.model.talker_mog import MogHead, unmasking_schedule
-from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding, apply_rope,
-                                   rope_cos_sin)
+from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding,
+                                   apply_rope_tables, rope_cos_sin, rope_tables)
 from gpu.model.tokenizer import EOS, PAD, VOCAB
 
 PREFIX = "tts_model."                   # the talker module's names = checkpoint names minus this
@@ -224,22 +224,21 @@ class DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.decode_ops = None      # gpu.engine.decode_ops.TritonDecodeOps on the fast path
 
-    def forward(self, x: Tensor, pos: Tensor, state: TalkerState, slots: Tensor) -> Tensor:
-        """x [B, R, T, H] at positions pos [B, T] of the sessions in `slots` [B]."""
+    def forward(self, x: Tensor, pos: Tensor, state: TalkerState, slots: Tensor,
+                frame: "_FrameConstants") -> Tensor:
+        """x [B, R, T, H] at positions pos [B, T] of the sessions in `slots` [B]; `frame` holds
+        what every layer of this call shares (RoPE angles, the KV write indices)."""
         cfg, att = self.cfg, self.self_attn
         b, r, t, _ = x.shape
         h = self.input_layernorm(x)
         q = att.q_norm(att.q_proj(h).view(b, r, t, cfg.n_heads, cfg.head_dim))
         k = att.k_norm(att.k_proj(h).view(b, r, t, cfg.n_kv_heads, cfg.head_dim))
         v = att.v_proj(h).view(b, r, t, cfg.n_kv_heads, cfg.head_dim)
-        cos, sin = rope_cos_sin(pos[:, None], cfg.head_dim, self.theta)   # [B, 1, T, D/2]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rope = frame.rope[self.theta]
+        q, k = apply_rope_tables(q, rope), apply_rope_tables(k, rope)
         # Write this chunk's rows first (index writes only: other slots untouched), then read
         # the slot's whole cache back, so a query sees the stored (e.g. bf16-rounded) keys.
-        at = (slots[:, None, None, None], self.index,                     # → [B, R, T, Hkv]
-              torch.arange(r, device=x.device)[None, :, None, None],
-              torch.arange(cfg.n_kv_heads, device=x.device)[None, None, None, :],
-              pos[:, None, :, None])
+        at = (frame.slot_idx, self.index, frame.row_idx, frame.head_idx, frame.pos_idx)
         state.k[at] = k.to(state.k.dtype)
         state.v[at] = v.to(state.v.dtype)
         if self.decode_ops is not None and t == 1:      # engine's kernel: reads only [0, pos]
@@ -253,15 +252,37 @@ class DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
+@dataclass
+class _FrameConstants:
+    """Computed once per backbone call instead of once per layer: on the GPU each of these is
+    a few kernel launches, and the talker's beat is launch-bound (28 layers)."""
+    rope: dict[float, tuple[Tensor, Tensor]]   # θ → rope_tables [B, 1, T, 1, D]
+    slot_idx: Tensor                           # KV write indices, broadcast to [B, R, T, Hkv]
+    row_idx: Tensor
+    head_idx: Tensor
+    pos_idx: Tensor
+
+    @classmethod
+    def of(cls, cfg: TalkerConfig, pos: Tensor, slots: Tensor, rows: int) -> "_FrameConstants":
+        dev = pos.device
+        thetas = (cfg.rope_theta_full, cfg.rope_theta_local)
+        return cls({th: rope_tables(*rope_cos_sin(pos[:, None], cfg.head_dim, th)) for th in thetas},
+                   slots[:, None, None, None], torch.arange(rows, device=dev)[None, :, None, None],
+                   torch.arange(cfg.n_kv_heads, device=dev)[None, None, None, :],
+                   pos[:, None, :, None])
+
+
 class Backbone(nn.Module):
     def __init__(self, cfg: TalkerConfig):
         super().__init__()
+        self.cfg = cfg
         self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.n_layers)])
         self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
 
     def forward(self, x: Tensor, pos: Tensor, state: TalkerState, slots: Tensor) -> Tensor:
+        frame = _FrameConstants.of(self.cfg, pos, slots, x.shape[1])
         for layer in self.layers:
-            x = layer(x, pos, state, slots)
+            x = layer(x, pos, state, slots, frame)
         return self.norm(x)
 
 

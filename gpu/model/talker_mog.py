@@ -54,15 +54,23 @@ def gumbel_choice(logits: Tensor, uniforms: Tensor) -> Tensor:
     return (logits + gumbel).argmax(dim=-1)
 
 
-def rvq_search(z: Tensor, codebooks: Tensor) -> tuple[Tensor, Tensor]:
-    """Greedy L2 residual VQ of z [B, D] over codebooks [w, V, D].
+def codebook_sqnorms(codebooks: Tensor) -> Tensor:
+    """‖e_i‖² of every code vector: [..., V, D] → [..., V]."""
+    return (codebooks * codebooks).sum(-1)
+
+
+def rvq_search(z: Tensor, codebooks: Tensor, sqnorms: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Greedy L2 residual VQ of z [B, D] over codebooks [w, V, D] (their ‖e‖² [w, V] may be
+    passed in: computed once per frame for all 31 books, not once per step).
 
     Returns the codes [B, w] (c_j = argmin_i ‖e_i‖² − 2·r·e_i, then r ← r − e_{c_j}) and the sum
     of the chosen vectors [B, D].
     """
+    if sqnorms is None:
+        sqnorms = codebook_sqnorms(codebooks)
     r, chosen_sum, codes = z, torch.zeros_like(z), []
-    for book in codebooks:                                      # w iterations, static
-        dist = (book * book).sum(-1)[None, :] - 2.0 * (r @ book.T)        # [B, V]
+    for book, norms in zip(codebooks, sqnorms):                 # w iterations, static
+        dist = torch.addmm(norms[None, :], r, book.T, alpha=-2.0)          # ‖e‖² − 2·r·e [B, V]
         c = dist.argmin(dim=-1)
         e = book[c]                                                       # [B, D]
         r, chosen_sum = r - e, chosen_sum + e
@@ -121,6 +129,7 @@ class MogHead(nn.Module):
         """Codes [B, Q] from h [B, R, H], uniforms [B, S, K], normals [B, S, D]."""
         cfg = self.cfg
         q = h.new_zeros(h.shape[0], cfg.latent)
+        sqnorms = codebook_sqnorms(rvq_embs)                     # [Q, V], once per frame
         codes, first = [], 0
         for s, width in enumerate(cfg.schedule):
             if width == 0:                                   # static: the schedule is config
@@ -128,7 +137,7 @@ class MogHead(nn.Module):
             g = self.guided(h + embed_code(q)[:, None, :])
             k = gumbel_choice(top_p_filter(self.proj_logits(g), cfg.top_p), uniforms[:, s])
             z = self.latent(g, k, normals[:, s])
-            c, chosen = rvq_search(z, rvq_embs[first:first + width])
+            c, chosen = rvq_search(z, rvq_embs[first:first + width], sqnorms[first:first + width])
             codes.append(c)
             q, first = q + chosen, first + width
         return torch.cat(codes, dim=-1)

@@ -69,6 +69,18 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def rope_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """cos/sin [..., T, D/2] → ([cos | cos], [−sin | sin]) [..., T, 1, D], for `apply_rope_tables`."""
+    return torch.cat([cos, cos], -1)[..., None, :], torch.cat([-sin, sin], -1)[..., None, :]
+
+
+def apply_rope_tables(x: Tensor, tables: tuple[Tensor, Tensor]) -> Tensor:
+    """`apply_rope` in 4 ops instead of 7 (the tables are made once per frame): x·[cos|cos] +
+    [x2|x1]·[−sin|sin]. Bit-identical: x1·cos + x2·(−sin) is x1·cos − x2·sin exactly."""
+    cos_full, sin_signed = tables
+    return x * cos_full + x.roll(x.shape[-1] // 2, dims=-1) * sin_signed
+
+
 # ---------------------------------------------------------------------------- character table
 
 @dataclass(frozen=True)
