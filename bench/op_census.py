@@ -1,0 +1,130 @@
+"""Kernel launches per frame, stage by stage, on the engine's path, without a GPU.
+
+The full model runs on the meta device (shapes only: no memory, no arithmetic) under a dispatch
+mode that counts every aten op that launches work (views are free). The engine's Triton kernels
+cannot run there, so their hooks are replaced by shape-only stand-ins that count their real
+number of launches. A CUDA-graph replay pays ~2-3 µs per launch on the H200, so at small batch
+these counts are most of each stage's fixed cost (README, "What bounds it").
+
+    python3 bench/op_census.py [--sessions 8] [--profile reference] [--rows 8]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.graph_stages import stage_fns                              # noqa: E402
+from gpu.engine import decode_ops                                      # noqa: E402
+from gpu.model.config import Profile, VoiceChatConfig                 # noqa: E402
+from gpu.model.voicechat import VoiceChat                             # noqa: E402
+from gpu.model.voicechat_weights import load_dtype, param_shapes       # noqa: E402
+
+FREE = {"view", "_unsafe_view", "expand", "t", "transpose", "permute", "unsqueeze", "squeeze",
+        "select", "slice", "detach", "alias", "as_strided", "split", "chunk", "unbind",
+        "split_with_sizes", "unflatten", "flatten"}
+
+
+class _Census(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.stage = "?"
+        self.counts: collections.Counter = collections.Counter()
+        self.quiet = 0            # > 0 inside a stand-in: its shape-making ops are not launches
+
+    def launch(self, name: str, n: int = 1) -> None:
+        self.counts[(self.stage, name)] += n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name not in FREE and not self.quiet:
+            self.launch(name)
+        return out
+
+
+class _StandIns(decode_ops.TritonDecodeOps):
+    """The decode kernels' output shapes, counted as their launches (see decode_ops)."""
+
+    def __init__(self, census: _Census):
+        self.census = census
+
+    def _empty(self, *shape, like):
+        self.census.quiet += 1
+        try:
+            return torch.empty(*shape, device=like.device, dtype=like.dtype)
+        finally:
+            self.census.quiet -= 1
+
+    def mamba(self, mixer, u, conv, ssm, slots):
+        self.census.launch("triton mamba_step (conv, ssm, norm)", 3)
+        return mixer.out_proj(self._empty(u.shape[0], mixer.cfg.d_inner, like=u))[:, None]
+
+    def thinker_attention(self, attn, u, k_cache, v_cache, slots, length):
+        self.census.launch("triton decode_attention (+ combine)", 2)
+        q, k, v = attn._qkv(u)
+        k_cache[slots, length] = k[:, 0]
+        v_cache[slots, length] = v[:, 0]
+        return attn.o_proj(self._empty(u.shape[0], q.shape[-2] * q.shape[-1], like=u))[:, None]
+
+    def talker_attention(self, q, k_layer, v_layer, slots, pos, window, scale):
+        self.census.launch("triton decode_attention (+ combine)", 2 * q.shape[1])
+        return self._empty(q.shape[0], q.shape[1], 1, q.shape[3] * q.shape[4], like=q)
+
+
+def census(sessions: int, profile: str) -> collections.Counter:
+    cfg, prof = VoiceChatConfig.full(), Profile.named(profile)
+    model = VoiceChat(cfg, prof, "meta")
+    dtype_of = load_dtype(cfg, prof)
+    model.load({n: torch.zeros(s, dtype=dtype_of(n), device="meta")
+                for n, s in param_shapes(cfg).items()})
+    counter = _Census()
+    decode_ops.install(model, _StandIns(counter))
+
+    def norm_stand_in(x, weight, eps):
+        counter.launch("triton rms_norm")
+        counter.quiet += 1
+        try:
+            return torch.empty_like(x)
+        finally:
+            counter.quiet -= 1
+    for module in model.modules():
+        if getattr(module, "fused", None) is not None:      # the RMSNorms install() fused
+            module.fused = norm_stand_in
+    state = model.alloc_state(sessions, 1600, 8)
+    slots = torch.arange(sessions, device="meta")
+    fns, _ = stage_fns(model, state, slots, torch.zeros(sessions, 1280, device="meta"),
+                       torch.zeros(sessions, dtype=torch.long, device="meta"))
+    with torch.no_grad(), counter:
+        for name, f in fns.items():
+            counter.stage = name
+            f()
+    return counter.counts
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--profile", default="reference")
+    ap.add_argument("--rows", type=int, default=8)
+    args = ap.parse_args()
+    counts = census(args.sessions, args.profile)
+    stages = list(dict.fromkeys(stage for stage, _ in counts))
+    total = 0
+    for stage in stages:
+        rows = sorted(((op, n) for (s, op), n in counts.items() if s == stage), key=lambda r: -r[1])
+        n = sum(c for _, c in rows)
+        total += n
+        print(f"{stage:11} {n:5d} launches: " + ", ".join(f"{op} {c}" for op, c in rows[:args.rows]))
+    print(f"{'frame':11} {total:5d} launches ({2 * total} a beat)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
