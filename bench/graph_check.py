@@ -1,5 +1,7 @@
-"""Device check of the graph backend: parity with the eager reference model, per-stage timing of
-one beat, and the deviation of the serving precision from fp32. Prints a table; writes JSON.
+"""Device check of the graph backend: parity with the eager reference model (equal tokens in fp32;
+the serving precisions' deviation measured), and graph replay against the same backend run
+eagerly in the serving precision (same kernels, same batches: must be equal). Prints a table;
+writes JSON.
 
     python3 bench/graph_check.py --out $OUT/graph-check.json [--full]
 """
@@ -26,25 +28,53 @@ SPECS = [SessionSpec("You are a helpful assistant."), SessionSpec(""),
          SessionSpec("Speak French.")]
 
 
-def parity(config: str, profile: str, frames: int, seed: int = 0) -> dict:
-    t0 = time.perf_counter()
-    backend = GraphBackend(BackendOptions(max_sessions=6, profile=profile, config=config,
-                                          max_context=frames + 64, seed=seed))
-    build_s = time.perf_counter() - t0
+SLOTS = [4, 0, 2, 5]
+
+
+def _audio(frames: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    audio = (0.1 * rng.standard_normal((len(SPECS), frames, 1280))).astype(np.float32)
-    slots = [4, 0, 2, 5]
-    t1 = time.perf_counter()
-    run, keys = engine_run(backend, SPECS, audio, slots)
-    engine_s = time.perf_counter() - t1
-    ref = reference_run(backend.model, backend.text_codec, SPECS, audio, keys, seed)
-    res = {"config": config, "profile": profile, "sessions": len(SPECS), "frames": frames,
-           "build_s": round(build_s, 1), "engine_s": round(engine_s, 1), **compare(run, ref),
-           "finite": bool(np.isfinite(run.pcm).all())}
+    return (0.1 * rng.standard_normal((len(SPECS), frames, 1280))).astype(np.float32)
+
+
+def _backend(config: str, profile: str, frames: int, seed: int, capture: bool = True) -> GraphBackend:
+    return GraphBackend(BackendOptions(max_sessions=6, profile=profile, config=config,
+                                       max_context=frames + 64, seed=seed), capture=capture)
+
+
+def _release(backend: GraphBackend) -> None:
     backend.close()
     del backend
     torch.cuda.empty_cache()
+
+
+def parity(config: str, profile: str, frames: int, seed: int = 0) -> dict:
+    """The graph backend against the plain reference model (no kernels, no graphs)."""
+    t0 = time.perf_counter()
+    backend = _backend(config, profile, frames, seed)
+    build_s = time.perf_counter() - t0
+    audio = _audio(frames, seed)
+    t1 = time.perf_counter()
+    run, keys = engine_run(backend, SPECS, audio, SLOTS)
+    engine_s = time.perf_counter() - t1
+    ref = reference_run(backend.model, backend.text_codec, SPECS, audio, keys, seed)
+    res = {"against": "reference model", "config": config, "profile": profile,
+           "sessions": len(SPECS), "frames": frames, "build_s": round(build_s, 1),
+           "engine_s": round(engine_s, 1), **compare(run, ref),
+           "finite": bool(np.isfinite(run.pcm).all())}
+    _release(backend)
     return res
+
+
+def graph_vs_eager(config: str, profile: str, frames: int, seed: int = 0) -> dict:
+    """Graph replay against the same backend with capture off, in the serving precision."""
+    audio, runs = _audio(frames, seed), []
+    for capture in (True, False):
+        backend = _backend(config, profile, frames, seed, capture)
+        runs.append(engine_run(backend, SPECS, audio, SLOTS)[0])
+        _release(backend)
+    return {"against": "same backend, eager", "config": config, "profile": profile,
+            "sessions": len(SPECS), "frames": frames, "build_s": 0.0, "engine_s": 0.0,
+            **compare(runs[0], runs[1]), "finite": bool(np.isfinite(runs[0].pcm).all())}
 
 
 def main() -> int:
@@ -53,15 +83,17 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="also the full model (needs an H200)")
     ap.add_argument("--frames", type=int, default=50)
     args = ap.parse_args()
-    rows = [parity("tiny", "fp32", args.frames), parity("tiny", "reference", args.frames)]
+    rows = [parity("tiny", "fp32", args.frames), parity("tiny", "reference", args.frames),
+            graph_vs_eager("tiny", "reference", args.frames)]
     if args.full:
-        rows += [parity("full", "reference", args.frames), parity("full", "dense", args.frames)]
+        rows += [parity("full", "reference", args.frames), parity("full", "dense", args.frames),
+                 graph_vs_eager("full", "reference", args.frames)]
     Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "rows": rows},
                                          indent=1))
-    print(f"{'config':6} {'profile':10} {'text=':>6} {'func=':>6} {'user=':>6} {'same to':>7} "
+    print(f"{'against':20} {'config':6} {'profile':10} {'text=':>6} {'func=':>6} {'user=':>6} {'same to':>7} "
           f"{'pcm rel':>9} {'build s':>7} {'engine s':>8}")
     for r in rows:
-        print(f"{r['config']:6} {r['profile']:10} {r['text_equal']:6.3f} {r['func_equal']:6.3f} "
+        print(f"{r['against']:20} {r['config']:6} {r['profile']:10} {r['text_equal']:6.3f} {r['func_equal']:6.3f} "
               f"{r['user_equal']:6.3f} {r['frames_identical']:7d} {r['pcm_rel']:9.2e} "
               f"{r['build_s']:7.1f} {r['engine_s']:8.1f}")
     return 0

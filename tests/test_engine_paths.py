@@ -85,6 +85,21 @@ def test_memory_plan_matches_model_md():
 
 
 @pytest.mark.gpu
+def test_graph_replay_equals_the_same_backend_run_eagerly_in_bf16():
+    """Same precision, same kernels, same batches: capture and replay change nothing."""
+    from gpu.engine.graph_backend import GraphBackend
+    audio, runs = audio_for(len(SPECS), 50), []
+    for capture in (True, False):
+        b = GraphBackend(BackendOptions(max_sessions=5, profile="reference", config="tiny",
+                                        max_context=128), capture=capture)
+        runs.append(engine_run(b, SPECS, audio, [4, 0, 2])[0])
+        b.close()
+    res = compare(runs[0], runs[1])
+    assert res["text_equal"] == res["func_equal"] == res["user_equal"] == 1.0, res
+    assert res["pcm_max_abs"] == 0.0, res
+
+
+@pytest.mark.gpu
 def test_graph_backend_equals_reference_in_fp32_on_the_gpu():
     from gpu.engine.graph_backend import GraphBackend
     b = GraphBackend(BackendOptions(max_sessions=5, profile="fp32", config="tiny", max_context=128))

@@ -120,7 +120,11 @@ class GraphBackend(CpuBackend):
     starts_per_beat = STARTS_PER_BEAT
     prefill_chunk = GRAPH_PREFILL_CHUNK
 
-    def __init__(self, opts: BackendOptions):
+    def __init__(self, opts: BackendOptions, capture: bool = True):
+        """capture=False runs the same beat body eagerly instead of replaying its graph: the same
+        kernels on the same batch, so its outputs must equal the graph's bit for bit (the
+        same-precision parity check of bench/graph_check.py)."""
+        self.capture = capture
         if not torch.cuda.is_available():
             raise RuntimeError("the graph backend needs a CUDA device; use --backend cpu or sim")
         self.device = torch.device("cuda")
@@ -230,7 +234,11 @@ class GraphBackend(CpuBackend):
         h["frame0"][:n] = torch.from_numpy(plan.frame0)
         for k, t in g.d_in.items():
             t.copy_(h[k], non_blocking=True)
-        g.graph.replay()
+        if g.graph is not None:
+            g.graph.replay()
+        else:
+            with torch.no_grad():
+                self._beat_body(g)
         for k, t in g.d_out.items():
             g.h_out[k].copy_(t, non_blocking=True)
         torch.cuda.current_stream().synchronize()
@@ -261,6 +269,9 @@ class GraphBackend(CpuBackend):
         g = _Captured(bucket, self.device)
         g.d_in["slots"].fill_(self.trash)
         g.d_in["forced"].fill_(-1)
+        if not self.capture:                         # eager mode: the buffers, no graph
+            self._graphs[bucket] = g
+            return g
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():
