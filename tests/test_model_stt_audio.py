@@ -196,7 +196,7 @@ def test_perception_bf16_profile_is_close_and_finite():
     ref, _ = run_stream(model, windows, P.PerceptionState.alloc(cfg, 2), torch.arange(2))
     state = P.PerceptionState.alloc(cfg, 2, dtype=torch.bfloat16)
     enc, audio = run_stream(bf, windows, state, torch.arange(2))
-    assert enc.dtype == torch.bfloat16 and state.chan.dtype == torch.bfloat16
+    assert enc.dtype == torch.bfloat16 and state.k.dtype == state.v.dtype == torch.bfloat16
     assert torch.isfinite(enc).all() and torch.isfinite(audio).all()
     assert rel(enc.float(), ref) < 3e-2
 

@@ -7,10 +7,11 @@ Algorithm, per frame and session:
    (`drop_extra_pre_encoded`) and `out` maps C·17 → d_model. On a session's first frame NeMo feeds
    one column alone; here the window's other columns are zero and every strided conv's input is
    zeroed before its last time step, which is exactly the zero padding the 1-column input gets.
-2. 24 Conformer layers on that one row x: x += ½·FF1(LN x); u = LN_att(x); keys/values from
-   [channel cache (70 rows); u], Transformer-XL scores ((q+u_bias)·k_j + (q+v_bias)·p_{d_j})/√dh with
-   p_d = linear_pos(sinusoid(d)) at distance d_j = 70 − j; cache rows older than the session's
-   first frame are masked; x += out(softmax·V); cache ← last 70 rows; conv module GLU(pw1) →
+2. 24 Conformer layers on that one row x: x += ½·FF1(LN x); u = LN_att(x); this frame's key and
+   value (linear_k/v of u) go into row n mod 71 of the layer's K/V ring, which then holds the last
+   71 frames; Transformer-XL scores ((q+u_bias)·k_i + (q+v_bias)·p_{d_i})/√dh with
+   p_d = linear_pos(sinusoid(d)) at ring row i's distance d_i = (n − i) mod 71; rows older than
+   the session's first frame are masked; x += out(softmax·V); conv module GLU(pw1) →
    depthwise k=9 over [time cache (8); g] → LN → SiLU → pw2; x += ½·FF2(LN x); x = LN_out(x).
 3. e_t = x (RNNT input), a_t = proj(e_t) (thinker input).
 
@@ -20,8 +21,10 @@ NeMo's pad-and-reshape `rel_shift` over 2T−1 positions. The two agree exactly 
 streaming feeds zero mel columns (not padding) to encoder frame 1, which differs from offline only
 when the subsampling biases are nonzero (random init has them 0, §8).
 
-The channel cache holds the layer-normed attention inputs (NeMo/TM layout); caching K/V instead
-would be exact and cheaper (§2.2) and is left to the fast path.
+NeMo and TM cache the layer-normed attention inputs (70 rows) and recompute K/V over 71 rows every
+frame; caching K/V is exact (§2.2), saves that recompute (7.2 GFLOP a session-frame) and, as a
+ring, every cache shift: a frame writes one row per layer. The softmax sums its terms in ring
+order, so results equal the shifted layout's up to float summation order.
 """
 from __future__ import annotations
 
@@ -149,35 +152,48 @@ def sinusoid(pos: Tensor, dim: int) -> Tensor:
 @dataclass
 class StreamConstants:
     """What every layer's streaming attention shares in a frame, made once per frame rather than
-    24 times (each is several kernel launches on the GPU)."""
-    positions: Tensor   # sinusoid rows of the key distances W … 0 [W+1, D], compute dtype
-    mask: Tensor        # [B, 1, W+1]: cache row j holds a real frame
+    24 times (each is several kernel launches on the GPU). Frame n of a session writes its K/V
+    into ring row n mod (W+1); ring row i then holds the frame dist_i = (n − i) mod (W+1) back."""
+    positions: Tensor   # sinusoid rows of the distances W … 0 [W+1, D], compute dtype
+    write_at: tuple     # index of this frame's rows in a layer's ring: → [B, H]
+    pos_index: Tensor   # [B, W+1]: for ring row i, the row of `positions` at its distance
+    mask: Tensor        # [B, 1, W+1]: ring row i holds a real frame (dist_i ≤ n)
 
     @classmethod
-    def of(cls, cfg: "PerceptionConfig", n_cached: Tensor, dtype: torch.dtype) -> "StreamConstants":
-        W = cfg.left_context
-        dist = torch.arange(W, -1, -1, device=n_cached.device)               # key j is W − j back
-        mask = (torch.arange(W + 1, device=n_cached.device) >= W - n_cached[:, None])[:, None]
-        return cls(sinusoid(dist, cfg.d_model).to(dtype), mask)
+    def of(cls, cfg: "PerceptionConfig", frames: Tensor, slots: Tensor,
+           dtype: torch.dtype) -> "StreamConstants":
+        W, dev = cfg.left_context, frames.device
+        dist_of_j = torch.arange(W, -1, -1, device=dev)                       # positions row j: W − j back
+        dist = torch.remainder(frames[:, None] - torch.arange(W + 1, device=dev), W + 1)   # [B, W+1]
+        write_at = (slots[:, None], torch.arange(cfg.n_heads, device=dev),
+                    torch.remainder(frames, W + 1)[:, None])
+        return cls(sinusoid(dist_of_j, cfg.d_model).to(dtype), write_at, W - dist,
+                   (dist <= frames[:, None])[:, None])
 
 
 @dataclass
 class PerceptionState:
-    """Per-slot caches. Invariant: after n frames, chan[l, s, 70 − min(n, 70):] are the layer-normed
-    attention inputs of the last frames (older rows masked), time[l, s] the last 8 GLU outputs."""
-    chan: Tensor    # [L, S, 70, D] compute dtype
+    """Per-slot caches. Invariant: after n frames, kv[l, s, f mod 71] holds the attention keys and
+    values of frame f for the last min(n, 71) frames (MODEL.md §2.2: caching K/V instead of the
+    layer-normed inputs is exact and saves their recompute over 71 rows every frame; a frame
+    writes one row, nothing shifts), time[l, s] the last 8 GLU outputs."""
+    k: Tensor       # [L, S, H, W+1, dh] compute dtype: keys, ring rows per head
+    v: Tensor       # [L, S, H, W+1, dh] compute dtype: values
     time: Tensor    # [L, S, D, 8]  compute dtype
     frames: Tensor  # [S] long
 
     @classmethod
     def alloc(cls, cfg: PerceptionConfig, max_slots: int, device=None, dtype=torch.float32) -> "PerceptionState":
         L, D = cfg.n_layers, cfg.d_model
-        return cls(torch.zeros(L, max_slots, cfg.left_context, D, device=device, dtype=dtype),
+        ring = (L, max_slots, cfg.n_heads, cfg.left_context + 1, cfg.head_dim)
+        return cls(torch.zeros(ring, device=device, dtype=dtype),
+                   torch.zeros(ring, device=device, dtype=dtype),
                    torch.zeros(L, max_slots, D, cfg.time_cache, device=device, dtype=dtype),
                    torch.zeros(max_slots, dtype=torch.long, device=device))
 
     def reset(self, slots: Tensor) -> None:
-        self.chan[:, slots] = 0
+        self.k[:, slots] = 0
+        self.v[:, slots] = 0
         self.time[:, slots] = 0
         self.frames[slots] = 0
 
@@ -249,15 +265,23 @@ class RelPosAttention(nn.Module):
         o = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1).to(v.dtype), v)
         return self.linear_out(o.flatten(-2))
 
-    def stream(self, u: Tensor, chan: Tensor, frame: "StreamConstants") -> Tensor:
-        """u [B, D] this frame's normed input, chan [B, W, D] cache; `frame` holds the position
-        table and the mask of the valid cache rows (shared by the 24 layers)."""
-        kv_in = torch.cat([chan, u[:, None]], dim=1)                            # [B, W+1, D]
-        q, k, v = self._heads(self.linear_q, u[:, None]), self._heads(self.linear_k, kv_in), self._heads(self.linear_v, kv_in)
+    def stream(self, u: Tensor, k_ring: Tensor, v_ring: Tensor, slots: Tensor,
+               frame: "StreamConstants") -> Tensor:
+        """u [B, D] this frame's normed input; k_ring, v_ring [S, H, W+1, dh] this layer's K and
+        V rings (head-major, so the score and value products read them without a copy; this
+        frame's row is written at `slots` in place); `frame` the tables the layers share."""
+        H, dh = self.cfg.n_heads, self.cfg.head_dim
+        k_ring[frame.write_at] = self.linear_k(u).unflatten(-1, (H, dh)).to(k_ring.dtype)
+        v_ring[frame.write_at] = self.linear_v(u).unflatten(-1, (H, dh)).to(v_ring.dtype)
+        k, v = k_ring.index_select(0, slots), v_ring.index_select(0, slots)     # [B, H, W+1, dh]
+        q = self._heads(self.linear_q, u).unsqueeze(2)                          # [B, H, 1, dh]
         p = self._heads(self.linear_pos, frame.positions)                      # [W+1, H, dh]
-        ac = torch.einsum("bqhd,bkhd->bhqk", q + self.pos_bias_u, k)
-        bd = torch.einsum("bqhd,khd->bhqk", q + self.pos_bias_v, p)
-        return self._finish(ac + bd, frame.mask, v)[:, 0]
+        ac = (q + self.pos_bias_u[:, None]) @ k.transpose(-1, -2)               # [B, H, 1, W+1]
+        bd = torch.einsum("bhqd,khd->bhqk", q + self.pos_bias_v[:, None], p)   # distance order
+        bd = bd.gather(-1, frame.pos_index[:, None, None, :].expand_as(bd))    # → ring order
+        s = ((ac + bd).float() / math.sqrt(dh)).masked_fill(~frame.mask[:, None], float("-inf"))
+        o = s.softmax(-1).to(v.dtype) @ v                                        # [B, H, 1, dh]
+        return self.linear_out(o.flatten(1))
 
     def full(self, u: Tensor) -> Tensor:
         """Offline over u [B, T, D]: NeMo's rel_shift over positions T−1 … −(T−1), causal left mask."""
@@ -305,15 +329,17 @@ class ConformerLayer(nn.Module):
         self.feed_forward1, self.feed_forward2 = FeedForward(cfg, **kw), FeedForward(cfg, **kw)
         self.self_attn, self.conv = RelPosAttention(cfg, **kw), ConvModule(cfg, **kw)
 
-    def stream(self, x: Tensor, chan: Tensor, tcache: Tensor, frame: "StreamConstants") -> tuple[Tensor, Tensor, Tensor]:
-        """x [B, D] → (x, chan [B, W, D], tcache [B, D, 8]) for the next frame."""
+    def stream(self, x: Tensor, k_ring: Tensor, v_ring: Tensor, slots: Tensor, tcache: Tensor,
+               frame: "StreamConstants") -> tuple[Tensor, Tensor]:
+        """x [B, D] → (x, tcache [B, D, 8]) for the next frame; writes this frame's K/V row of
+        the sessions at `slots` into this layer's rings [S, H, W+1, dh]."""
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
         u = self.norm_self_att(x)
-        x = x + self.self_attn.stream(u, chan, frame)
+        x = x + self.self_attn.stream(u, k_ring, v_ring, slots, frame)
         conv, tcache = self.conv.stream(self.norm_conv(x), tcache)
         x = x + conv
         x = x + 0.5 * self.feed_forward2(self.norm_feed_forward2(x))
-        return self.norm_out(x), torch.cat([chan[:, 1:], u[:, None]], dim=1), tcache
+        return self.norm_out(x), tcache
 
     def full(self, x: Tensor) -> Tensor:
         x = x + 0.5 * self.feed_forward1(self.norm_feed_forward1(x))
@@ -346,17 +372,14 @@ class Perception(nn.Module):
         rows `slots` of state; other rows untouched."""
         frames = state.frames[slots]
         x = self.encoder.pre_encode(window, first=frames == 0)[:, -1]           # [B, D]: the kept frame
-        frame = StreamConstants.of(self.cfg, frames.clamp(max=self.cfg.left_context),
-                                   self.proj.weight.dtype)
+        frame = StreamConstants.of(self.cfg, frames, slots, self.proj.weight.dtype)
         # index_select / index_copy_: plain row copies (advanced indexing's generic gather ran at
-        # a tenth of the H200's bandwidth on these 3.4 MB-per-session caches)
-        chan, tcache = state.chan.index_select(1, slots), state.time.index_select(1, slots)  # [L, B, W, D], [L, B, D, 8]
-        new_chan, new_time = [], []
+        # a tenth of the H200's bandwidth on the per-slot caches)
+        tcache = state.time.index_select(1, slots)                              # [L, B, D, 8]
+        new_time = []
         for i, layer in enumerate(self.encoder.layers):
-            x, c, t = layer.stream(x, chan[i], tcache[i], frame)
-            new_chan.append(c)
+            x, t = layer.stream(x, state.k[i], state.v[i], slots, tcache[i], frame)
             new_time.append(t)
-        state.chan.index_copy_(1, slots, torch.stack(new_chan))
         state.time.index_copy_(1, slots, torch.stack(new_time))
         state.frames[slots] = frames + 1
         return PerceptionOutput(x, self.proj(x))
