@@ -201,8 +201,11 @@ class Codec(nn.Module):
     def latent(self, codes: Tensor) -> Tensor:
         """codes int [B, T, Q] → Σ_q mus_list[q][c_q] as [B, latent, T]."""
         codes = codes.long()
-        latent = sum(book[codes[..., q]] for q, book in enumerate(self.prvq.mus_list))  # [B, T, D]
-        return latent.transpose(1, 2)
+        # One stacked gather and one sum (3 launches) instead of 31 gathers and 30 adds; the
+        # stack copies the 65 MB of codebooks, ~16 µs on the H200.
+        books = torch.stack(tuple(self.prvq.mus_list))                          # [Q, V, D]
+        vecs = books[torch.arange(books.shape[0], device=codes.device), codes]  # [B, T, Q, D]
+        return vecs.sum(-2).transpose(1, 2)
 
     def spectra(self, latent: Tensor, contexts: list[Tensor]) -> tuple[Tensor, list[Tensor]]:
         """latent [B, D, T] → (real|imag spectra [B, 18, 441·T], the 9 new causal contexts)."""
