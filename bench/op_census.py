@@ -78,8 +78,9 @@ class _StandIns(decode_ops.TritonDecodeOps):
         return self._empty(q.shape[0], q.shape[1], 1, q.shape[3] * q.shape[4], like=q)
 
 
-def census(sessions: int, profile: str) -> collections.Counter:
-    cfg, prof = VoiceChatConfig.full(), Profile.named(profile)
+def census(sessions: int, profile: str, config: str = "full") -> collections.Counter:
+    """(stage, op) → launches in one frame of `sessions` sessions on the engine path."""
+    cfg, prof = VoiceChatConfig.named(config), Profile.named(profile)
     model = VoiceChat(cfg, prof, "meta")
     dtype_of = load_dtype(cfg, prof)
     model.load({n: torch.zeros(s, dtype=dtype_of(n), device="meta")
@@ -112,9 +113,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--profile", default="reference")
+    ap.add_argument("--config", default="full")
     ap.add_argument("--rows", type=int, default=8)
     args = ap.parse_args()
-    counts = census(args.sessions, args.profile)
+    counts = census(args.sessions, args.profile, args.config)
     stages = list(dict.fromkeys(stage for stage, _ in counts))
     total = 0
     for stage in stages:
