@@ -49,6 +49,7 @@ class Release:
 
 
 STREAM_END_WAIT_S = 0.5         # a marker lost with a restarting socket cannot hold a release
+_END_HEADER = FRAME_HEADER.pack(END_OF_STREAM)
 
 
 @dataclass
@@ -207,9 +208,10 @@ class BeatClockActor(Actor):
         while True:
             identity, header, pcm = await self._sock.recv_multipart()
             slot = self._identity_slot.get(identity)
-            if header == FRAME_HEADER.pack(END_OF_STREAM):
-                if slot is not None and not self._stream_end(slot).done():
-                    self._stream_end(slot).set_result(True)
+            if header == _END_HEADER:
+                ended = self._stream_end(slot) if slot is not None else None
+                if ended is not None and not ended.done():
+                    ended.set_result(True)
                 continue
             if slot is None or len(pcm) != 4 * self._inputs[0].audio.shape[-1]:
                 self.stats.dropped_frames += 1

@@ -360,7 +360,7 @@ class Node:
             self._starting.pop(key, None)
             self._opening.discard(key)
         if self.draining or not (ready.done() and not ready.cancelled() and ready.result()):
-            await self._abandon_start(slot)
+            await self._free_slot(slot)
             if self.draining:
                 return self._refuse(identity, msg.session, "draining", "the node is shutting down")
             if ready.cancelled():                       # the client closed it while it started
@@ -407,18 +407,16 @@ class Node:
         asyncio.get_running_loop().create_task(
             self.supervisor.stop_child(f"session:{actor.cfg.identity.hex()}:{actor.cfg.session}"))
 
-    async def _abandon_start(self, slot: int) -> None:
+    async def _free_slot(self, slot: int, stream_ended: bool = False):
+        """The clock's stats of the slot it frees, or None if it has none."""
         try:
-            await self.clock_actor.ask(Release(slot))
+            return await self.clock_actor.ask(Release(slot, stream_ended))
         except Exception as exc:     # the clock restarting: the slot table went with it
-            log.warning("release of starting slot %d failed: %r", slot, exc)
+            log.warning("release of slot %d failed: %r", slot, exc)
+            return None
 
     async def _release(self, actor: SessionActor) -> dict:
-        slot_stats = None
-        try:
-            slot_stats = await self.clock_actor.ask(Release(actor.cfg.slot, actor.end_stream()))
-        except Exception as exc:     # the clock restarting: the slot table went with it
-            log.warning("release of slot %d failed: %r", actor.cfg.slot, exc)
+        slot_stats = await self._free_slot(actor.cfg.slot, actor.end_stream())
         actor.flush_input()
         c = actor.counters
         s = slot_stats

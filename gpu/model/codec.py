@@ -197,13 +197,21 @@ class Codec(nn.Module):
         self.cfg = cfg
         self.prvq = _Prvq(cfg)
         self.decoder = _Decoder(cfg)
+        # The 31 codebooks as one [Q, V, D] table (`load_codec` makes the checkpoint's 31
+        # parameters views of it): the latent is one gather and one sum, not 31 and 30.
+        self.register_buffer("codebooks", torch.empty(cfg.n_codebooks, cfg.codebook_size, cfg.latent),
+                             persistent=False)
+
+    @torch.no_grad()
+    def stack_codebooks(self) -> None:
+        self.codebooks = torch.stack(tuple(self.prvq.mus_list))
+        for q in range(self.cfg.n_codebooks):
+            self.prvq.mus_list[q] = nn.Parameter(self.codebooks[q])
 
     def latent(self, codes: Tensor) -> Tensor:
         """codes int [B, T, Q] → Σ_q mus_list[q][c_q] as [B, latent, T]."""
         codes = codes.long()
-        # One stacked gather and one sum (3 launches) instead of 31 gathers and 30 adds; the
-        # stack copies the 65 MB of codebooks, ~16 µs on the H200.
-        books = torch.stack(tuple(self.prvq.mus_list))                          # [Q, V, D]
+        books = self.codebooks                                                   # [Q, V, D]
         vecs = books[torch.arange(books.shape[0], device=codes.device), codes]  # [B, T, Q, D]
         return vecs.sum(-2).transpose(1, 2)
 
@@ -319,3 +327,4 @@ def init_random(cfg: CodecConfig, generator: torch.Generator) -> dict[str, Tenso
 def load_codec(codec: Codec, weights: Mapping[str, Tensor]) -> None:
     """Load by checkpoint name (an encoder subtree or other tensors in `weights` are ignored)."""
     load_named(codec, weights, param_shapes(codec.cfg), frozenset(), PREFIX)
+    codec.stack_codebooks()

@@ -154,21 +154,17 @@ class StreamConstants:
     """What every layer's streaming attention shares in a frame, made once per frame rather than
     24 times (each is several kernel launches on the GPU). Frame n of a session writes its K/V
     into ring row n mod (W+1); ring row i then holds the frame dist_i = (n − i) mod (W+1) back."""
-    positions: Tensor   # sinusoid rows of the distances W … 0 [W+1, D], compute dtype
     write_at: tuple     # index of this frame's rows in a layer's ring: → [B, H]
-    pos_index: Tensor   # [B, W+1]: for ring row i, the row of `positions` at its distance
+    pos_index: Tensor   # [B, W+1]: for ring row i, the row of `stream_pos` at its distance
     mask: Tensor        # [B, 1, W+1]: ring row i holds a real frame (dist_i ≤ n)
 
     @classmethod
-    def of(cls, cfg: "PerceptionConfig", frames: Tensor, slots: Tensor,
-           dtype: torch.dtype) -> "StreamConstants":
+    def of(cls, cfg: "PerceptionConfig", frames: Tensor, slots: Tensor) -> "StreamConstants":
         W, dev = cfg.left_context, frames.device
-        dist_of_j = torch.arange(W, -1, -1, device=dev)                       # positions row j: W − j back
         dist = torch.remainder(frames[:, None] - torch.arange(W + 1, device=dev), W + 1)   # [B, W+1]
         write_at = (slots[:, None], torch.arange(cfg.n_heads, device=dev),
                     torch.remainder(frames, W + 1)[:, None])
-        return cls(sinusoid(dist_of_j, cfg.d_model).to(dtype), write_at, W - dist,
-                   (dist <= frames[:, None])[:, None])
+        return cls(write_at, W - dist, (dist <= frames[:, None])[:, None])
 
 
 @dataclass
@@ -255,6 +251,16 @@ class RelPosAttention(nn.Module):
         self.linear_pos = nn.Linear(D, D, bias=False, **kw)
         self.pos_bias_u = nn.Parameter(torch.zeros(H, cfg.head_dim, **kw))
         self.pos_bias_v = nn.Parameter(torch.zeros(H, cfg.head_dim, **kw))
+        # linear_pos of the streaming distances W … 0, [W+1, H, dh]: it depends only on the
+        # weights, so `Perception.load_named` makes it once instead of every layer every frame
+        self.register_buffer("stream_pos", torch.empty(cfg.left_context + 1, H, cfg.head_dim, **kw),
+                             persistent=False)
+
+    @torch.no_grad()
+    def derive_stream_pos(self) -> None:
+        distances = torch.arange(self.cfg.left_context, -1, -1, device=self.linear_pos.weight.device)
+        table = sinusoid(distances, self.cfg.d_model).to(self.linear_pos.weight.dtype)
+        self.stream_pos = self._heads(self.linear_pos, table)
 
     def _heads(self, lin: nn.Linear, x: Tensor) -> Tensor:
         return lin(x).unflatten(-1, (self.cfg.n_heads, self.cfg.head_dim))      # [B, T, H, dh]
@@ -275,7 +281,7 @@ class RelPosAttention(nn.Module):
         v_ring[frame.write_at] = self.linear_v(u).unflatten(-1, (H, dh)).to(v_ring.dtype)
         k, v = k_ring.index_select(0, slots), v_ring.index_select(0, slots)     # [B, H, W+1, dh]
         q = self._heads(self.linear_q, u).unsqueeze(2)                          # [B, H, 1, dh]
-        p = self._heads(self.linear_pos, frame.positions)                      # [W+1, H, dh]
+        p = self.stream_pos                                                     # [W+1, H, dh]
         ac = (q + self.pos_bias_u[:, None]) @ k.transpose(-1, -2)               # [B, H, 1, W+1]
         bd = torch.einsum("bhqd,khd->bhqk", q + self.pos_bias_v[:, None], p)   # distance order
         bd = bd.gather(-1, frame.pos_index[:, None, None, :].expand_as(bd))    # → ring order
@@ -365,6 +371,8 @@ class Perception(nn.Module):
         dtype = self.proj.weight.dtype
         self.load_state_dict({k[len(PREFIX):]: tensors[k].to(dtype) for k in param_shapes(self.cfg)},
                              strict=True, assign=True)
+        for layer in self.encoder.layers:
+            layer.self_attn.derive_stream_pos()
 
     @torch.no_grad()
     def step(self, state: PerceptionState, window: Tensor, slots: Tensor) -> PerceptionOutput:
@@ -372,7 +380,7 @@ class Perception(nn.Module):
         rows `slots` of state; other rows untouched."""
         frames = state.frames[slots]
         x = self.encoder.pre_encode(window, first=frames == 0)[:, -1]           # [B, D]: the kept frame
-        frame = StreamConstants.of(self.cfg, frames, slots, self.proj.weight.dtype)
+        frame = StreamConstants.of(self.cfg, frames, slots)
         # index_select / index_copy_: plain row copies (advanced indexing's generic gather ran at
         # a tenth of the H200's bandwidth on the per-slot caches)
         tcache = state.time.index_select(1, slots)                              # [L, B, D, 8]

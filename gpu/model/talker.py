@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gpu.model.talker_mog import MogHead, unmasking_schedule
+from gpu.model.talker_mog import MogHead, codebook_sqnorms, unmasking_schedule
 from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding,
                                    apply_rope_tables, rope_cos_sin, rope_tables)
 from gpu.model.tokenizer import EOS, PAD, VOCAB
@@ -322,6 +322,13 @@ class EarTTS(nn.Module):
         self.audio_prompt_projection_W = nn.Parameter(torch.empty(cfg.hidden, cfg.hidden))
         self.gated_fusion_audio_text = GatedFusion(cfg)
         self.mog_head = MogHead(cfg)
+        # ‖e‖² of every code vector [Q, V]: weights only, so made at load (`derive_tables`)
+        self.register_buffer("rvq_sqnorms", torch.empty(cfg.n_codebooks, cfg.codebook_size),
+                             persistent=False)
+
+    @torch.no_grad()
+    def derive_tables(self) -> None:
+        self.rvq_sqnorms = codebook_sqnorms(self.rvq_embs)
 
     def audio_embedding(self, codes: Tensor) -> Tensor:
         """codes int [..., Q] → embed_code(Σ_q rvq_embs[q][c_q]) [..., H]; c ≥ V adds zero."""
@@ -372,7 +379,8 @@ class Talker(nn.Module):
         audio = m.audio_embedding(state.prev_codes[slots])                   # [B, H]
         x = m.fuse(audio, text, state.rows)[:, :, None]                      # [B, R, 1, H]
         h = m.backbone(x, pos[:, None], state, slots)[:, :, 0]               # [B, R, H]
-        codes = m.mog_head.sample(h, m.embed_code, m.rvq_embs, inputs.uniforms, inputs.normals)
+        codes = m.mog_head.sample(h, m.embed_code, m.rvq_embs, inputs.uniforms, inputs.normals,
+                                  m.rvq_sqnorms)
         prev, codec_codes = self.substitute(codes, inputs.y, inputs.idle)
         state.prev_codes[slots] = prev
         state.position[slots] = pos + 1

@@ -125,11 +125,13 @@ class MogHead(nn.Module):
         return mean + cfg.noise_scale * eps * sigma
 
     def sample(self, h: Tensor, embed_code: nn.Linear, rvq_embs: Tensor,
-               uniforms: Tensor, normals: Tensor) -> Tensor:
-        """Codes [B, Q] from h [B, R, H], uniforms [B, S, K], normals [B, S, D]."""
+               uniforms: Tensor, normals: Tensor, sqnorms: Tensor | None = None) -> Tensor:
+        """Codes [B, Q] from h [B, R, H], uniforms [B, S, K], normals [B, S, D]; `sqnorms`
+        [Q, V] = codebook_sqnorms(rvq_embs) when the caller keeps them (EarTTS does)."""
         cfg = self.cfg
         q = h.new_zeros(h.shape[0], cfg.latent)
-        sqnorms = codebook_sqnorms(rvq_embs)                     # [Q, V], once per frame
+        if sqnorms is None:
+            sqnorms = codebook_sqnorms(rvq_embs)
         codes, first = [], 0
         for s, width in enumerate(cfg.schedule):
             if width == 0:                                   # static: the schedule is config

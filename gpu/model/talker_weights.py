@@ -168,3 +168,4 @@ def load_named(module: nn.Module, weights: Mapping[str, Tensor], shapes: dict[st
 
 def load_talker(talker: Talker, weights: Mapping[str, Tensor]) -> None:
     load_named(talker, weights, param_shapes(talker.cfg), integer_buffers(talker.cfg), PREFIX)
+    talker.tts_model.derive_tables()
