@@ -36,9 +36,9 @@ def _audio(frames: int, seed: int) -> np.ndarray:
     return (0.1 * rng.standard_normal((len(SPECS), frames, 1280))).astype(np.float32)
 
 
-def _backend(config: str, profile: str, frames: int, seed: int, capture: bool = True) -> GraphBackend:
+def _backend(config: str, profile: str, frames: int, seed: int, **variant) -> GraphBackend:
     return GraphBackend(BackendOptions(max_sessions=6, profile=profile, config=config,
-                                       max_context=frames + 64, seed=seed), capture=capture)
+                                       max_context=frames + 64, seed=seed), **variant)
 
 
 def _release(backend: GraphBackend) -> None:
@@ -65,14 +65,19 @@ def parity(config: str, profile: str, frames: int, seed: int = 0) -> dict:
     return res
 
 
-def graph_vs_eager(config: str, profile: str, frames: int, seed: int = 0) -> dict:
-    """Graph replay against the same backend with capture off, in the serving precision."""
+VARIANTS = {"eager": dict(capture=False),              # same beat body, no graph
+            "one stream": dict(streams=False)}          # same graph, stages in order
+
+
+def same_backend(config: str, profile: str, frames: int, variant: str, seed: int = 0) -> dict:
+    """The serving graph against a variant of the same backend, in the serving precision: the
+    same kernels on the same batches, so every output must be equal."""
     audio, runs = _audio(frames, seed), []
-    for capture in (True, False):
-        backend = _backend(config, profile, frames, seed, capture)
+    for kw in ({}, VARIANTS[variant]):
+        backend = _backend(config, profile, frames, seed, **kw)
         runs.append(engine_run(backend, SPECS, audio, SLOTS)[0])
         _release(backend)
-    return {"against": "same backend, eager", "config": config, "profile": profile,
+    return {"against": f"same backend, {variant}", "config": config, "profile": profile,
             "sessions": len(SPECS), "frames": frames, "build_s": 0.0, "engine_s": 0.0,
             **compare(runs[0], runs[1]), "finite": bool(np.isfinite(runs[0].pcm).all())}
 
@@ -84,16 +89,18 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=50)
     args = ap.parse_args()
     rows = [parity("tiny", "fp32", args.frames), parity("tiny", "reference", args.frames),
-            graph_vs_eager("tiny", "reference", args.frames)]
+            same_backend("tiny", "reference", args.frames, "eager"),
+            same_backend("tiny", "reference", args.frames, "one stream")]
     if args.full:
         rows += [parity("full", "reference", args.frames), parity("full", "dense", args.frames),
-                 graph_vs_eager("full", "reference", args.frames)]
+                 same_backend("full", "reference", args.frames, "eager"),
+                 same_backend("full", "reference", args.frames, "one stream")]
     Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "rows": rows},
                                          indent=1))
-    print(f"{'against':20} {'config':6} {'profile':10} {'text=':>6} {'func=':>6} {'user=':>6} {'same to':>7} "
+    print(f"{'against':25} {'config':6} {'profile':10} {'text=':>6} {'func=':>6} {'user=':>6} {'same to':>7} "
           f"{'pcm rel':>9} {'build s':>7} {'engine s':>8}")
     for r in rows:
-        print(f"{r['against']:20} {r['config']:6} {r['profile']:10} {r['text_equal']:6.3f} {r['func_equal']:6.3f} "
+        print(f"{r['against']:25} {r['config']:6} {r['profile']:10} {r['text_equal']:6.3f} {r['func_equal']:6.3f} "
               f"{r['user_equal']:6.3f} {r['frames_identical']:7d} {r['pcm_rel']:9.2e} "
               f"{r['build_s']:7.1f} {r['engine_s']:8.1f}")
     return 0

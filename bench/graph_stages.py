@@ -9,6 +9,7 @@ fixed cost (weights, launches) and its cost per session.
 
     python3 bench/graph_stages.py --sessions 8,32,64 --context 1500 [--profile reference]
         [--kernels 64]   # also print the top kernels of each stage at 64 sessions (eager)
+        [--beat]         # also time whole beats: stages on one stream against several
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpu.engine.beat_streams import StreamedBeat                      # noqa: E402
 from gpu.engine.decode_ops import TritonDecodeOps, install            # noqa: E402
 from gpu.model.config import Profile, VoiceChatConfig                 # noqa: E402
 from gpu.model.talker import TalkerInputs                             # noqa: E402
@@ -67,6 +69,23 @@ def stage_fns(model, state, slots, audio, frame):
     return dict(zip(STAGES, (mel, perception, rnnt, thinker, talker, codec))), box
 
 
+def beat_fns(model, state, slots, audio2, frame) -> dict:
+    """A whole beat (two frames, as the graph backend runs it): stages in order on one stream,
+    and spread over streams (gpu/engine/beat_streams.py)."""
+    streamed = StreamedBeat(model, slots.device)
+    forced = torch.full((len(slots), 2), -1, device=slots.device)
+    noise_of = lambda f: model.noise(0, slots, frame + f)       # noqa: E731
+    emit = lambda f, o: None                                     # noqa: E731
+
+    def serial():
+        for f in range(2):
+            model.step(state, audio2[:, f], slots, noise_of(f), forced[:, f])
+
+    def streams():
+        streamed.run(state, audio2, slots, noise_of, forced, emit)
+    return {"beat one stream": serial, "beat streams": streams}
+
+
 def capture_stages(fns, pool) -> dict:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -78,8 +97,11 @@ def capture_stages(fns, pool) -> dict:
     graphs = {}
     for name, f in fns.items():
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool), torch.no_grad():
-            f()
+        try:
+            with torch.cuda.graph(g, pool=pool), torch.no_grad():
+                f()
+        except Exception as e:
+            raise RuntimeError(f"capturing {name!r} failed") from e
         graphs[name] = g
     return graphs
 
@@ -124,6 +146,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--out", default="")
     ap.add_argument("--cudnn-off", action="store_true")
+    ap.add_argument("--beat", action="store_true",
+                    help="also time whole two-frame beats, one stream against several")
     args = ap.parse_args()
     global CUDNN_OFF
     CUDNN_OFF = args.cudnn_off
@@ -136,7 +160,7 @@ def main() -> int:
     model.load(random_weights_on(cfg, dev, 0, load_dtype(cfg, prof)))
     install(model, TritonDecodeOps())
     n_max = max(ns + [args.kernels])
-    headroom = 2 * (len(ns) + 2) * (args.reps + 4) + 16
+    headroom = (6 if args.beat else 2) * (len(ns) + 2) * (args.reps + 4) + 16
     state = model.alloc_state(n_max, args.context + headroom, 8)
     state.reset(torch.arange(n_max, device=dev))
     state.thinker.length[:] = args.context
@@ -155,8 +179,18 @@ def main() -> int:
         graphs = capture_stages(fns, pool)
         res["stage_ms"][n] = {k: round(replay_ms(g, args.reps), 3) for k, g in graphs.items()}
         res["frame_ms"][n] = round(sum(res["stage_ms"][n].values()), 3)
+        if n == args.kernels:            # kernel times inside the replays (eager ones differ)
+            res["graph_kernels"] = {"sessions": n, "stages": top_kernels(
+                {k: g.replay for k, g in graphs.items()}, args.rows)}
         print(n, res["frame_ms"][n], res["stage_ms"][n], flush=True)
         del graphs, fns
+        if args.beat:
+            fns = beat_fns(model, state, slots, 0.05 * torch.randn(n, 2, 1280, device=dev), frame)
+            graphs = capture_stages(fns, torch.cuda.graph_pool_handle())   # the stages' pool is gone
+            res.setdefault("beat_ms", {})[n] = {k: round(replay_ms(g, args.reps), 3)
+                                                for k, g in graphs.items()}
+            print(n, "beat", res["beat_ms"][n], flush=True)
+            del graphs, fns
         torch.cuda.synchronize()
     if len(ns) > 1:
         res["fit_fixed_ms_per_session_ms"] = {
@@ -164,6 +198,10 @@ def main() -> int:
         res["fit_frame"] = fit(ns, [res["frame_ms"][n] for n in ns])
         print("fit (fixed ms, ms/session) per frame:", res["fit_fixed_ms_per_session_ms"],
               res["fit_frame"], flush=True)
+        if args.beat:
+            res["fit_beat"] = {k: fit(ns, [res["beat_ms"][n][k] for n in ns])
+                               for k in res["beat_ms"][ns[0]]}
+            print("fit (fixed ms, ms/session) per beat:", res["fit_beat"], flush=True)
     if args.kernels:
         n = args.kernels
         slots = torch.arange(n, device=dev)
@@ -173,10 +211,12 @@ def main() -> int:
             for f in fns.values():
                 f()
         res["kernels"] = {"sessions": n, "stages": top_kernels(fns, args.rows)}
-        for name, v in res["kernels"]["stages"].items():
-            print(f"-- {name} at {n}: {v['total_us'] / 1000:.2f} ms device time (eager)")
-            for row in v["top"]:
-                print(f"   {row[2] / 1000:7.3f} ms  x{row[1]:<4} {row[0]}")
+        for how in ("kernels", "graph_kernels"):
+            for name, v in res.get(how, {"stages": {}})["stages"].items():
+                print(f"-- {name} at {n}: {v['total_us'] / 1000:.2f} ms device time "
+                      f"({'eager' if how == 'kernels' else 'graph replay'})")
+                for row in v["top"]:
+                    print(f"   {row[2] / 1000:7.3f} ms  x{row[1]:<4} {row[0]}")
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))
     return 0

@@ -73,8 +73,14 @@ class _StandIns(decode_ops.TritonDecodeOps):
         v_cache[slots, length] = v[:, 0]
         return attn.o_proj(self._empty(u.shape[0], q.shape[-2] * q.shape[-1], like=u))[:, None]
 
+    def talker_qkv(self, layer, h, pos, state, slots, frame):
+        self.census.launch("triton qk_norm_rope", 1)
+        cfg = layer.cfg
+        torch.nn.functional.linear(h[:, :, 0], decode_ops.fused_qkv_weight(layer.self_attn))
+        return self._empty(h.shape[0], h.shape[1], 1, cfg.n_heads, cfg.head_dim, like=h)
+
     def talker_attention(self, q, k_layer, v_layer, slots, pos, window, scale):
-        self.census.launch("triton decode_attention (+ combine)", 2 * q.shape[1])
+        self.census.launch("triton decode_attention (+ combine)", 2)      # all CFG rows
         return self._empty(q.shape[0], q.shape[1], 1, q.shape[3] * q.shape[4], like=q)
 
 

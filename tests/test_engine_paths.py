@@ -86,13 +86,16 @@ def test_memory_plan_matches_model_md():
 
 
 @pytest.mark.gpu
-def test_graph_replay_equals_the_same_backend_run_eagerly_in_bf16():
-    """Same precision, same kernels, same batches: capture and replay change nothing."""
+@pytest.mark.parametrize("variant", [dict(capture=False), dict(streams=False)],
+                         ids=["eager", "one-stream"])
+def test_graph_replay_equals_the_same_backend_variant_in_bf16(variant):
+    """Same precision, same kernels, same batches: neither capture and replay nor spreading a
+    beat's stages over streams changes an output bit."""
     from gpu.engine.graph_backend import GraphBackend
     audio, runs = audio_for(len(SPECS), 50), []
-    for capture in (True, False):
+    for kw in ({}, variant):
         b = GraphBackend(BackendOptions(max_sessions=5, profile="reference", config="tiny",
-                                        max_context=128), capture=capture)
+                                        max_context=128), **kw)
         runs.append(engine_run(b, SPECS, audio, [4, 0, 2])[0])
         b.close()
     res = compare(runs[0], runs[1])

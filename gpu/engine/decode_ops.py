@@ -8,6 +8,12 @@ PyTorch. What moves per session-frame (MODEL.md §5):
     being copied out, updated and copied back (three times the traffic);
   - attention: only the first `length` positions of a slot's KV are read, not the allocated
     capacity (the talker's fp32 CFG cache is 504 KB per past frame).
+The talker's attention block is launch-bound (28 layers, a few µs of GPU time per launch in a
+graph whatever its size), so its decode step runs in 4 launches a layer: one matmul for q, k and
+v, one kernel for both head norms, RoPE and the K/V write, and one launch pair of attention over
+all CFG rows. It took 25 with CFG (23 without): 3 matmuls, 2 norms, 8 RoPE ops, 2 index writes
+(+ 2 casts to a bf16 cache), 3 ops for int32 slots and lengths, and per CFG row a q copy (with
+CFG) and an attention pair, then a stack.
 """
 from __future__ import annotations
 
@@ -15,10 +21,12 @@ import functools
 import math
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from gpu.kernels.decode_attention import decode_attention
 from gpu.kernels.mamba_step import mamba_step
+from gpu.kernels.qk_norm_rope import qk_norm_rope
 from gpu.kernels.rms_norm import rms_norm
 from gpu.model import talker_text, thinker
 
@@ -51,18 +59,74 @@ class TritonDecodeOps:
                              (length + 1).to(torch.int32), scale=1.0 / math.sqrt(c.head_dim))
         return attn.o_proj(o.flatten(-2))[:, None]
 
+    def talker_qkv_attention(self, layer, h: Tensor, pos: Tensor, state, slots: Tensor,
+                             frame) -> Tensor:
+        """The talker DecoderLayer's attention block on a one-position step: normed input
+        h [B, R, 1, H] at positions pos [B, 1] → [B, R, 1, Hq·D] (fp32); writes the layer's K/V
+        rows at pos first, as the reference does."""
+        q = self.talker_qkv(layer, h, pos, state, slots, frame)
+        return self.talker_attention(q, state.k[:, layer.index], state.v[:, layer.index], slots,
+                                     pos, layer.window, layer.cfg.attn_scale)
+
+    def talker_qkv(self, layer, h: Tensor, pos: Tensor, state, slots: Tensor, frame) -> Tensor:
+        """h [B, R, 1, H] → q [B, R, 1, Hq, D] normed and rotated (fp32); k normed and rotated and
+        v written at [slots, layer, :, :, pos] of the state. Two launches: the fused qkv matmul
+        and qk_norm_rope (on the frame's cos/sin for the layer's θ)."""
+        cfg, att = layer.cfg, layer.self_attn
+        qkv = F.linear(h[:, :, 0], fused_qkv_weight(att))          # [B, R, (Hq + 2·Hkv)·D]
+        width = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        q, k, v = qkv.split([width[0], width[1], width[1]], -1)
+        cos, sin = frame.cos_sin[layer.theta]                       # [B, 1, 1, D/2]
+        q = qk_norm_rope(q, k, v, att.q_norm.weight, att.k_norm.weight, cos[:, 0, 0], sin[:, 0, 0],
+                         slots, pos[:, 0], state.k[:, layer.index], state.v[:, layer.index],
+                         eps=cfg.rms_eps)
+        return q[:, :, None]
+
     def talker_attention(self, q: Tensor, k_layer: Tensor, v_layer: Tensor, slots: Tensor,
                          pos: Tensor, window: int | None, scale: float) -> Tensor:
         """q [B, R, 1, Hq, D] at positions pos [B, 1], over k/v_layer [S, R, Hkv, P, D] whose
-        rows up to pos are written → [B, R, 1, Hq·D] (fp32, as the reference)."""
-        lengths = (pos[:, 0] + 1).to(torch.int32)
-        slots32 = slots.to(torch.int32)
-        rows = []
-        for r in range(q.shape[1]):            # one launch per CFG row (the rows' KV interleave)
-            o = decode_attention(q[:, r, 0].float().contiguous(), k_layer[:, r], v_layer[:, r],
-                                 slots32, lengths, scale=scale, window=window or 0)
-            rows.append(o.flatten(-2))
-        return torch.stack(rows, 1)[:, :, None]
+        rows up to pos are written → [B, R, 1, Hq·D] (fp32, as the reference). One launch pair
+        for all CFG rows; slots and pos go in as they are (int32 or int64): the kernel reads
+        pos + 1 as the length."""
+        o = decode_attention(q[:, :, 0].float().contiguous(), k_layer, v_layer, slots, pos[:, 0],
+                             scale=scale, window=window or 0, length_bias=1)
+        return o.flatten(-2)[:, :, None]
+
+
+def fused_qkv_weight(att: nn.Module) -> Tensor:
+    """[W_q; W_k; W_v] [(Hq + 2·Hkv)·D, H] of a talker DecoderAttention, for one matmul in place
+    of three. Made once and kept as the non-persistent buffer `att.qkv_weight`, with q/k/v_proj's
+    weights turned into views of it: no second copy (that would be 446 MB for the full fp32
+    talker), and an in-place load writes through. A load that assigns new tensors (load_talker
+    does) or a move breaks the views; that is noticed here and the buffer made again."""
+    projs = (att.q_proj, att.k_proj, att.v_proj)
+    fused = getattr(att, "qkv_weight", None)
+    if fused is not None and _views_into(fused, [p.weight for p in projs]):
+        return fused
+    # Made inside a CUDA-graph capture, the copy would be replayed from weights since freed.
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("fused_qkv_weight: made during a graph capture; call install() first")
+    with torch.no_grad():
+        fused = torch.cat([p.weight for p in projs])
+        start = 0
+        for p in projs:
+            rows = p.weight.shape[0]
+            p.weight = nn.Parameter(fused[start:start + rows], requires_grad=p.weight.requires_grad)
+            start += rows
+    att.register_buffer("qkv_weight", fused, persistent=False)
+    return fused
+
+
+def _views_into(fused: Tensor, weights: list[Tensor]) -> bool:
+    # Host metadata only (pointers, strides): no device work on the per-frame path.
+    row = fused.stride(0) * fused.element_size()
+    start = 0
+    for w in weights:
+        if (w.device != fused.device or w.dtype != fused.dtype or w.stride() != fused.stride()
+                or w.shape[1] != fused.shape[1] or w.data_ptr() != fused.data_ptr() + start * row):
+            return False
+        start += w.shape[0]
+    return start == fused.shape[0]
 
 
 # One launch per RMSNorm instead of ~7 elementwise/reduction kernels: the talker alone runs ~200
@@ -85,6 +149,8 @@ def install(model, ops: TritonDecodeOps | None = None) -> None:
     model.thinker.decode_ops = ops
     for layer in model.talker.tts_model.backbone.layers:
         layer.decode_ops = ops
+        if ops is not None:         # now, not on the first frame: that may be a graph capture
+            fused_qkv_weight(layer.self_attn)
     for module in model.modules():
         fused = _FUSED_NORMS.get(type(module))
         if fused is not None:

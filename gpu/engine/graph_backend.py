@@ -22,6 +22,7 @@ import time
 import numpy as np
 import torch
 
+from gpu.engine.beat_streams import StreamedBeat
 from gpu.engine.cpu_backend import CpuBackend, _Plan
 from gpu.engine.decode_ops import TritonDecodeOps, install
 from gpu.engine.start_budget import StartBudget
@@ -120,10 +121,11 @@ class GraphBackend(CpuBackend):
     starts_per_beat = STARTS_PER_BEAT
     prefill_chunk = GRAPH_PREFILL_CHUNK
 
-    def __init__(self, opts: BackendOptions, capture: bool = True):
-        """capture=False runs the same beat body eagerly instead of replaying its graph: the same
-        kernels on the same batch, so its outputs must equal the graph's bit for bit (the
-        same-precision parity check of bench/graph_check.py)."""
+    def __init__(self, opts: BackendOptions, capture: bool = True, streams: bool = True):
+        """capture=False runs the same beat body eagerly instead of replaying its graph, and
+        streams=False runs a beat's stages in order on one stream: the same kernels on the same
+        batch either way, so the outputs must equal the default's bit for bit (the same-precision
+        parity checks of bench/graph_check.py)."""
         self.capture = capture
         if not torch.cuda.is_available():
             raise RuntimeError("the graph backend needs a CUDA device; use --backend cpu or sim")
@@ -148,6 +150,7 @@ class GraphBackend(CpuBackend):
         self.trash = opts.max_sessions
         self._graphs: dict[int, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()
+        self.streamed = StreamedBeat(self.model, self.device) if streams else None
         self.context_offset = opts.context_offset
         self.timings: list[float] = []
         # The largest bucket is captured now, so no beat ever waits for a capture; smaller ones
@@ -252,17 +255,25 @@ class GraphBackend(CpuBackend):
         """What one replay does: two frames for the bucket's slots, outputs into static buffers.
         The trash slot's counters restart each beat so padded rows never run off its caches.
         cuDNN stays on for the convolutions (perception, codec): without it they cost 5x more
-        per session (bench/results/graph-stages-*.json); the RNNT turns it off for its LSTM."""
+        per session (bench/results/graph-stages-*.json); the RNNT turns it off for its LSTM.
+        With `streams` the frames' independent stages overlap (beat_streams.py); without, they
+        run in order on one stream (the same kernels: outputs equal bit for bit)."""
         st, d, t = self.state, g.d_in, self.trash
         st.thinker.length[t:t + 1].fill_(0)            # slices: a graph captures no host copy
         st.talker.position[t:t + 1].fill_(self.cfg.talker.n_warmup)
-        for f in range(FRAMES_PER_BEAT):
-            noise = self.model.noise(self.opts.seed, d["session"], d["frame0"] + f)
-            o = self.model.step(st, d["audio"][:, f], d["slots"], noise, d["forced"][:, f])
+        noise_of = lambda f: self.model.noise(self.opts.seed, d["session"], d["frame0"] + f)  # noqa: E731
+
+        def emit(f: int, o) -> None:
             g.d_out["pcm"][:, f].copy_(o.pcm)
             g.d_out["text"][:, f].copy_(o.text)
             g.d_out["func"][:, f].copy_(o.func)
             g.d_out["user"][:, f].copy_(o.user)
+
+        if self.streamed is not None:
+            self.streamed.run(st, d["audio"], d["slots"], noise_of, d["forced"], emit)
+            return
+        for f in range(FRAMES_PER_BEAT):
+            emit(f, self.model.step(st, d["audio"][:, f], d["slots"], noise_of(f), d["forced"][:, f]))
 
     def _capture(self, bucket: int) -> _Captured:
         t0 = time.perf_counter()

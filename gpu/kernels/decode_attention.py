@@ -1,19 +1,23 @@
 """Single-query decode attention over a slot-indexed KV cache, split-K (flash-decoding).
 
-For batch row b (state row s = slots[b], valid length n = lengths[b], start = max(0, n - window)
-when window > 0 else 0), query head j reading kv head j // (HQ/HKV):
-    o[b, j] = softmax(q[b, j] · K[s, kv, start:n]ᵀ · scale) · V[s, kv, start:n]
-Cache layout [max_slots, HKV, max_len, head_dim] (any strides, head_dim contiguous); the caller
-appends this step's K/V before the call. Thinker: HQ 40 / HKV 8, head_dim 128, bf16, scale 1/√128.
-Talker: 16 / 16, head_dim 72 (as 64 + 8 tiles, or one masked 128 tile), fp32 or bf16 KV, scale 1/√256,
-optional sliding window.
-Launch 1, grid (B, HKV, splits): each program streams one slice of [start, n) of its kv head once
-(all GROUP query heads of the kv head share the read) with an online softmax, and writes a partial
-(max, sum, unnormalised acc). GQA (GROUP > 1) uses tl.dot on fp32 operands ("tf32" when q and KV
-are 16-bit: exact for q·k; "tf32x3" when any is fp32: ~fp32); MHA (GROUP == 1) uses fp32
+For batch row b (state row s = slots[b], valid length n = lengths[b] + length_bias, start =
+max(0, n - window) when window > 0 else 0), CFG row r, query head j reading kv head j // (HQ/HKV):
+    o[b, r, j] = softmax(q[b, r, j] · K[s, r, kv, start:n]ᵀ · scale) · V[s, r, kv, start:n]
+Cache layout [max_slots, R, HKV, max_len, head_dim] (any strides, head_dim contiguous) with q
+[B, R, HQ, head_dim]: the R rows (the talker's CFG rows) share a slot and a length but not their
+keys, and one launch covers them all. The plain form, q [B, HQ, D] over [max_slots, HKV, max_len,
+D], is the same with R = 1. The caller appends this step's K/V before the call. Thinker: HQ 40 /
+HKV 8, head_dim 128, bf16, scale 1/√128. Talker: R 2 (reference) or 1 (dense), 16 / 16, head_dim
+72 (as 64 + 8 tiles, or one masked 128 tile), fp32 or bf16 KV, scale 1/√256, optional sliding
+window; it passes its positions as `lengths` with length_bias 1, which saves the +1 and int32
+casts (three launches a layer) that lengths = pos + 1 would cost.
+Launch 1, grid (B·R, HKV, splits): each program streams one slice of [start, n) of its kv head
+once (all GROUP query heads of the kv head share the read) with an online softmax, and writes a
+partial (max, sum, unnormalised acc). GQA (GROUP > 1) uses tl.dot on fp32 operands ("tf32" when q
+and KV are 16-bit: exact for q·k; "tf32x3" when any is fp32: ~fp32); MHA (GROUP == 1) uses fp32
 multiply-adds with head_dim as 64 + 8 tiles (no idle lanes), or the dot kernel with mha_dot=True.
-Launch 2, grid (B, HQ): merges the splits. Bytes: 2·(n - start)·HKV·head_dim·elem per row, plus
-splits·HQ·(head_dim + 2)·4 of partials.
+Launch 2, grid (B·R, HQ): merges the splits. Bytes: 2·(n - start)·HKV·head_dim·elem per row and
+CFG row, plus splits·HQ·(head_dim + 2)·4 of partials.
 """
 from __future__ import annotations
 
@@ -24,14 +28,16 @@ import triton.language as tl
 from gpu.kernels._check import FLOATS, check, check_slots, next_pow2
 
 LOG2E = 1.4426950408889634
+INDEX = (torch.int32, torch.int64)
 
 
 @triton.jit
-def _span(SLOTS, LENS, b, sp, window, max_slots, N_SPLITS: tl.constexpr, BLOCK_L: tl.constexpr):
+def _span(SLOTS, LENS, b, sp, window, max_slots, length_bias, N_SPLITS: tl.constexpr,
+          BLOCK_L: tl.constexpr):
     # This split's slice [lo, hi) of the row's attended range [start, length); BLOCK_L-aligned chunks.
     slot = tl.load(SLOTS + b)
     tl.device_assert((slot >= 0) & (slot < max_slots), "decode_attention: slot out of range")
-    length = tl.load(LENS + b)
+    length = tl.load(LENS + b).to(tl.int32) + length_bias
     start = tl.where(window > 0, tl.maximum(length - window, 0), 0)
     chunk = tl.cdiv(tl.cdiv(length - start, N_SPLITS), BLOCK_L) * BLOCK_L
     lo = start + sp * chunk
@@ -40,25 +46,39 @@ def _span(SLOTS, LENS, b, sp, window, max_slots, N_SPLITS: tl.constexpr, BLOCK_L
 
 
 @triton.jit
-def _attn_gqa_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
-                     sq_b, sq_h, sk_s, sk_h, sv_s, sv_h,
-                     SK_L: tl.constexpr, SV_L: tl.constexpr, HQ: tl.constexpr,
+def _row_bases(Q, K, V, SLOTS, LENS, kh, sp, window, max_slots, length_bias,
+               sq_b, sq_r, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
+               ROWS: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK_L: tl.constexpr):
+    # Program dim 0 is b·ROWS + r: q row (b, r), and kv head kh of cache row r of slot slots[b].
+    row = tl.program_id(0)
+    b = row // ROWS
+    r = row % ROWS
+    slot, lo, hi = _span(SLOTS, LENS, b, sp, window, max_slots, length_bias, N_SPLITS, BLOCK_L)
+    qp = Q + b * sq_b + r * sq_r
+    kp = K + slot * sk_s + r * sk_r + kh * sk_h
+    vp = V + slot * sv_s + r * sv_r + kh * sv_h
+    return row, qp, kp, vp, lo, hi
+
+
+@triton.jit
+def _attn_gqa_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots, length_bias,
+                     sq_b, sq_r, sq_h, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
+                     SK_L: tl.constexpr, SV_L: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr,
                      HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, N_SPLITS: tl.constexpr,
                      BLOCK_G: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
                      DOT_PREC: tl.constexpr):
-    b = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
-    slot, lo, hi = _span(SLOTS, LENS, b, sp, window, max_slots, N_SPLITS, BLOCK_L)
+    row, qp, kp, vp, lo, hi = _row_bases(Q, K, V, SLOTS, LENS, kh, sp, window, max_slots,
+                                         length_bias, sq_b, sq_r, sk_s, sk_r, sk_h, sv_s, sv_r,
+                                         sv_h, ROWS, N_SPLITS, BLOCK_L)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     mg = g < GROUP
     md = d < HEAD_DIM
     heads = kh * GROUP + g
-    q = tl.load(Q + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=mg[:, None] & md[None, :],
+    q = tl.load(qp + heads[:, None] * sq_h + d[None, :], mask=mg[:, None] & md[None, :],
                 other=0.0).to(tl.float32)
-    kb = K + slot * sk_s + kh * sk_h
-    vb = V + slot * sv_s + kh * sv_h
     m_i = tl.full([BLOCK_G], -1e30, tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -68,8 +88,8 @@ def _attn_gqa_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slo
         kv_mask = ml[:, None] & md[None, :]
         # fp32 operands: with bf16 K/V and q, "tf32" is exact for q·k (8-bit mantissas fit in
         # tf32's 11) and rounds p to tf32 (finer than bf16); the interpreter has no bf16 dot.
-        k = tl.load(kb + pos[:, None] * SK_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(vb + pos[:, None] * SV_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        k = tl.load(kp + pos[:, None] * SK_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(vp + pos[:, None] * SV_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale     # log2 domain
         s = tl.where(ml[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -78,28 +98,27 @@ def _attn_gqa_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slo
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PREC)
         m_i = m_new
-    part = (b * HQ + heads) * N_SPLITS + sp
+    part = (row * HQ + heads) * N_SPLITS + sp
     tl.store(MP + part, m_i, mask=mg)
     tl.store(LP + part, l_i, mask=mg)
     tl.store(OP + part[:, None] * BLOCK_D + d[None, :], acc, mask=mg[:, None])
 
 
 @triton.jit
-def _attn_mha_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
-                     sq_b, sq_h, sk_s, sk_h, sv_s, sv_h,
-                     SK_L: tl.constexpr, SV_L: tl.constexpr, HQ: tl.constexpr,
+def _attn_mha_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots, length_bias,
+                     sq_b, sq_r, sq_h, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
+                     SK_L: tl.constexpr, SV_L: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr,
                      HEAD_DIM: tl.constexpr, N_SPLITS: tl.constexpr,
                      BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
     # One query head per kv head: scores by fp32 multiply-add (exact fp32 for the fp32 talker KV).
-    b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
-    slot, lo, hi = _span(SLOTS, LENS, b, sp, window, max_slots, N_SPLITS, BLOCK_L)
+    row, qp, kp, vp, lo, hi = _row_bases(Q, K, V, SLOTS, LENS, h, sp, window, max_slots,
+                                         length_bias, sq_b, sq_r, sk_s, sk_r, sk_h, sv_s, sv_r,
+                                         sv_h, ROWS, N_SPLITS, BLOCK_L)
     d = tl.arange(0, BLOCK_D)
     md = d < HEAD_DIM
-    q = tl.load(Q + b * sq_b + h * sq_h + d, mask=md, other=0.0).to(tl.float32) * qk_scale
-    kb = K + slot * sk_s + h * sk_h
-    vb = V + slot * sv_s + h * sv_h
+    q = tl.load(qp + h * sq_h + d, mask=md, other=0.0).to(tl.float32) * qk_scale
     m_i = tl.max(tl.full([BLOCK_L], -1e30, tl.float32), axis=0)
     l_i = tl.sum(tl.zeros([BLOCK_L], tl.float32), axis=0)
     acc = tl.zeros([BLOCK_D], tl.float32)
@@ -107,8 +126,8 @@ def _attn_mha_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slo
         pos = l0 + tl.arange(0, BLOCK_L)
         ml = pos < hi
         kv_mask = ml[:, None] & md[None, :]
-        k = tl.load(kb + pos[:, None] * SK_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(vb + pos[:, None] * SV_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        k = tl.load(kp + pos[:, None] * SK_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(vp + pos[:, None] * SV_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         s = tl.where(ml, tl.sum(k * q[None, :], axis=1), float("-inf"))     # log2 domain
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         alpha = tl.exp2(m_i - m_new)
@@ -116,7 +135,7 @@ def _attn_mha_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slo
         l_i = l_i * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m_i = m_new
-    part = (b * HQ + h) * N_SPLITS + sp
+    part = (row * HQ + h) * N_SPLITS + sp
     tl.store(MP + part, m_i)
     tl.store(LP + part, l_i)
     tl.store(OP + part * BLOCK_D + d, acc)
@@ -124,24 +143,24 @@ def _attn_mha_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slo
 
 @triton.jit
 def _attn_mha_split_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
-                           sq_b, sq_h, sk_s, sk_h, sv_s, sv_h,
-                           SK_L: tl.constexpr, SV_L: tl.constexpr, HQ: tl.constexpr,
-                           HEAD_DIM: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK_L: tl.constexpr,
-                           BLOCK_D: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr):
+                           length_bias, sq_b, sq_r, sq_h, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
+                           SK_L: tl.constexpr, SV_L: tl.constexpr, ROWS: tl.constexpr,
+                           HQ: tl.constexpr, HEAD_DIM: tl.constexpr, N_SPLITS: tl.constexpr,
+                           BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, D_A: tl.constexpr,
+                           D_B: tl.constexpr):
     # _attn_mha_kernel with head_dim as two tiles, D_A (a power of two) + D_B (the rest, padded):
     # 72 = 64 + 8 uses every lane, where one padded 128 tile leaves 44% of them idle.
-    b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.program_id(2)
-    slot, lo, hi = _span(SLOTS, LENS, b, sp, window, max_slots, N_SPLITS, BLOCK_L)
+    row, qp, kp, vp, lo, hi = _row_bases(Q, K, V, SLOTS, LENS, h, sp, window, max_slots,
+                                         length_bias, sq_b, sq_r, sk_s, sk_r, sk_h, sv_s, sv_r,
+                                         sv_h, ROWS, N_SPLITS, BLOCK_L)
     da = tl.arange(0, D_A)
     db = D_A + tl.arange(0, D_B)
     mdb = db < HEAD_DIM
-    qrow = Q + b * sq_b + h * sq_h
+    qrow = qp + h * sq_h
     qa = tl.load(qrow + da).to(tl.float32) * qk_scale
     qb = tl.load(qrow + db, mask=mdb, other=0.0).to(tl.float32) * qk_scale
-    kb = K + slot * sk_s + h * sk_h
-    vb = V + slot * sv_s + h * sv_h
     m_i = tl.max(tl.full([BLOCK_L], -1e30, tl.float32), axis=0)
     l_i = tl.sum(tl.zeros([BLOCK_L], tl.float32), axis=0)
     acc_a = tl.zeros([D_A], tl.float32)
@@ -150,10 +169,10 @@ def _attn_mha_split_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, m
         pos = l0 + tl.arange(0, BLOCK_L)
         ml = pos < hi
         mb = ml[:, None] & mdb[None, :]
-        k_a = tl.load(kb + pos[:, None] * SK_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
-        k_b = tl.load(kb + pos[:, None] * SK_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
-        v_a = tl.load(vb + pos[:, None] * SV_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
-        v_b = tl.load(vb + pos[:, None] * SV_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
+        k_a = tl.load(kp + pos[:, None] * SK_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
+        k_b = tl.load(kp + pos[:, None] * SK_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
+        v_a = tl.load(vp + pos[:, None] * SV_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
+        v_b = tl.load(vp + pos[:, None] * SV_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
         s = tl.sum(k_a * qa[None, :], axis=1) + tl.sum(k_b * qb[None, :], axis=1)
         s = tl.where(ml, s, float("-inf"))                                  # log2 domain
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
@@ -163,7 +182,7 @@ def _attn_mha_split_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, m
         acc_a = acc_a * alpha + tl.sum(p[:, None] * v_a, axis=0)
         acc_b = acc_b * alpha + tl.sum(p[:, None] * v_b, axis=0)
         m_i = m_new
-    part = (b * HQ + h) * N_SPLITS + sp
+    part = (row * HQ + h) * N_SPLITS + sp
     tl.store(MP + part, m_i)
     tl.store(LP + part, l_i)
     tl.store(OP + part * BLOCK_D + da, acc_a)
@@ -171,22 +190,24 @@ def _attn_mha_split_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, m
 
 
 @triton.jit
-def _combine_kernel(MP, LP, OP, OUT, so_b, so_h, HQ: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    N_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    # grid (B, HQ): o = Σ_s 2^(m_s - M) acc_s / Σ_s 2^(m_s - M) l_s; an empty row gives 0.
-    b = tl.program_id(0)
+def _combine_kernel(MP, LP, OP, OUT, so_b, so_r, so_h, ROWS: tl.constexpr, HQ: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+    # grid (B·R, HQ): o = Σ_s 2^(m_s - M) acc_s / Σ_s 2^(m_s - M) l_s; an empty row gives 0.
+    row = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
     ms = s < N_SPLITS
-    part = (b * HQ + h) * N_SPLITS + s
+    part = (row * HQ + h) * N_SPLITS + s
     m = tl.load(MP + part, mask=ms, other=-1e30)
     w = tl.where(ms, tl.exp2(m - tl.max(m, axis=0)), 0.0)
     den = tl.sum(w * tl.load(LP + part, mask=ms, other=0.0), axis=0)
     acc = tl.load(OP + part[:, None] * BLOCK_D + d[None, :], mask=ms[:, None] & (d < HEAD_DIM)[None, :],
                   other=0.0)
     o = tl.sum(w[:, None] * acc, axis=0) / tl.where(den > 0.0, den, 1.0)
-    tl.store(OUT + b * so_b + h * so_h + d, o.to(OUT.dtype.element_ty), mask=d < HEAD_DIM)
+    out = OUT + (row // ROWS) * so_b + (row % ROWS) * so_r + h * so_h
+    tl.store(out + d, o.to(OUT.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 def _splits(batch: int, hkv: int, max_len: int, device: torch.device) -> int:
@@ -195,72 +216,108 @@ def _splits(batch: int, hkv: int, max_len: int, device: torch.device) -> int:
     return max(1, min(triton.cdiv(4 * sms, batch * hkv), triton.cdiv(max_len, 128)))
 
 
+def check_index_slots(slots: torch.Tensor, batch: int, max_slots: int, device: torch.device) -> None:
+    """`check_slots` for a slot map of int32 or int64 (the kernels load either as it is, so the
+    talker's int64 slots need no cast launch)."""
+    check("slots", slots, (batch,), INDEX, device=device)
+    if slots.device.type == "cpu":
+        check_slots(slots.to(torch.int32), batch, max_slots, device)
+
+
 def decode_attention(q, k_cache, v_cache, slots, lengths, *, scale: float, window: int = 0,
                      max_len: int | None = None, out=None, num_splits: int | None = None,
                      block_l: int | None = None, num_warps: int = 4, mha_dot: bool = False,
-                     split_d: bool = True):
+                     split_d: bool = True, length_bias: int = 0):
     """o [B, HQ, D] (q's dtype) = attention of q [B, HQ, D] over k/v_cache [S, HKV, Lmax, D] rows
-    slots (int32[B]) at positions [max(0, lengths - window) if window else 0, lengths).
-    max_len (host int, ≥ every length) sizes the split grid without reading `lengths`; defaults
+    slots (int32|int64 [B]) at positions [max(0, n - window) if window else 0, n), n = lengths
+    (int32|int64 [B]) + length_bias. With a rows dim, q [B, R, HQ, D] over k/v_cache
+    [S, R, HKV, Lmax, D] → o [B, R, HQ, D], all R rows in the same two launches.
+    max_len (host int, ≥ every n) sizes the split grid without reading `lengths`; defaults
     to Lmax. Reads only; the caller writes the new K/V rows first. num_splits/block_l/num_warps
     override the launch shape (defaults: _splits(), BLOCK_L 64, or 32 for the padded MHA kernel;
     4 warps). GROUP == 1 with a non-power-of-two head_dim runs on pow2 + rest tiles (72 = 64 + 8;
     split_d, default: 94-101% of 4.3 TB/s on H200 against 68-71% padded); mha_dot sends
     GROUP == 1 through the tl.dot kernel instead (slower on H200, kept for other shapes)."""
-    batch, hq, head_dim = q.shape
-    max_slots, hkv, cap, _ = k_cache.shape
+    assert q.dim() in (3, 4) and k_cache.dim() == q.dim() + 1, \
+        f"q {tuple(q.shape)} with cache {tuple(k_cache.shape)}: expected 3-D/4-D or 4-D/5-D"
+    if q.dim() == 4:
+        return _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, max_len,
+                                      out, num_splits, block_l, num_warps, mha_dot, split_d,
+                                      length_bias)
+    if out is None:
+        out = torch.empty_like(q)
+    _decode_attention_rows(q[:, None], k_cache[:, None], v_cache[:, None], slots, lengths, scale,
+                           window, max_len, out[:, None], num_splits, block_l, num_warps, mha_dot,
+                           split_d, length_bias)
+    return out
+
+
+def _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, max_len, out,
+                           num_splits, block_l, num_warps, mha_dot, split_d, length_bias):
+    batch, rows, hq, head_dim = q.shape
+    max_slots, _, hkv, cap, _ = k_cache.shape
     dev = q.device
-    check("q", q, (batch, hq, head_dim), FLOATS, device=dev)
-    check("k_cache", k_cache, (max_slots, hkv, cap, head_dim), FLOATS, contiguous=False, device=dev)
-    check("v_cache", v_cache, (max_slots, hkv, cap, head_dim), k_cache.dtype, contiguous=False, device=dev)
-    assert k_cache.stride(3) == 1 and v_cache.stride(3) == 1, "head_dim must be contiguous"
+    check("q", q, (batch, rows, hq, head_dim), FLOATS, device=dev)
+    check("k_cache", k_cache, (max_slots, rows, hkv, cap, head_dim), FLOATS, contiguous=False, device=dev)
+    check("v_cache", v_cache, (max_slots, rows, hkv, cap, head_dim), k_cache.dtype, contiguous=False,
+          device=dev)
+    assert k_cache.stride(4) == 1 and v_cache.stride(4) == 1, "head_dim must be contiguous"
     assert hq % hkv == 0, (hq, hkv)
-    check_slots(slots, batch, max_slots, dev)
-    check("lengths", lengths, (batch,), torch.int32, device=dev)
+    check_index_slots(slots, batch, max_slots, dev)
+    check("lengths", lengths, (batch,), INDEX, device=dev)
     max_len = cap if max_len is None else int(max_len)
     assert 1 <= max_len <= cap and int(window) >= 0, (max_len, cap, window)
     if lengths.device.type == "cpu":
-        assert all(0 <= n <= max_len for n in lengths.tolist()), f"lengths {lengths.tolist()} > {max_len}"
+        n = [x + int(length_bias) for x in lengths.tolist()]
+        assert all(0 <= x <= max_len for x in n), f"lengths {n} (bias {length_bias}) > {max_len}"
     if out is None:
         out = torch.empty_like(q)
-    check("out", out, (batch, hq, head_dim), q.dtype, device=dev)
-    n_splits = num_splits or _splits(batch, hkv, max_len, dev)
+    check("out", out, (batch, rows, hq, head_dim), q.dtype, contiguous=False, device=dev)
+    assert out.stride(3) == 1, "out: head_dim must be contiguous"
+    n_splits = num_splits or _splits(batch * rows, hkv, max_len, dev)
     group, block_d = hq // hkv, next_pow2(head_dim)
-    mpart = torch.empty(batch, hq, n_splits, device=dev, dtype=torch.float32)
+    mpart = torch.empty(batch * rows, hq, n_splits, device=dev, dtype=torch.float32)
     lpart = torch.empty_like(mpart)
-    opart = torch.empty(batch, hq, n_splits, block_d, device=dev, dtype=torch.float32)
+    opart = torch.empty(batch * rows, hq, n_splits, block_d, device=dev, dtype=torch.float32)
     common = (q, k_cache, v_cache, slots, lengths, mpart, lpart, opart, int(window), scale * LOG2E,
-              max_slots, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-              v_cache.stride(0), v_cache.stride(1))
+              max_slots, int(length_bias), q.stride(0), q.stride(1), q.stride(2),
+              k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+              v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
+    shape = dict(SK_L=k_cache.stride(3), SV_L=v_cache.stride(3), ROWS=rows, HQ=hq, HEAD_DIM=head_dim,
+                 N_SPLITS=n_splits, num_warps=num_warps)
+    grid = (batch * rows, hkv, n_splits)
     if group > 1 or mha_dot:
         # "tf32" is exact for 16-bit q and K (8-bit mantissas); any fp32 operand needs "tf32x3"
         # (3 tensor-core passes, ~fp32 accuracy); the interpreter computes all of them in fp32.
         exact16 = q.dtype != torch.float32 and k_cache.dtype != torch.float32
-        _attn_gqa_kernel[(batch, hkv, n_splits)](
-            *common, SK_L=k_cache.stride(2), SV_L=v_cache.stride(2), HQ=hq, HEAD_DIM=head_dim,
-            GROUP=group, N_SPLITS=n_splits, BLOCK_G=max(16, next_pow2(group)), BLOCK_L=block_l or 64,
-            BLOCK_D=block_d, DOT_PREC="tf32" if exact16 else "tf32x3", num_warps=num_warps)
+        _attn_gqa_kernel[grid](*common, GROUP=group, BLOCK_G=max(16, next_pow2(group)),
+                               BLOCK_L=block_l or 64, BLOCK_D=block_d,
+                               DOT_PREC="tf32" if exact16 else "tf32x3", **shape)
     elif split_d and head_dim != block_d:
         d_a = block_d // 2                                   # largest power of two < head_dim
-        _attn_mha_split_kernel[(batch, hkv, n_splits)](
-            *common, SK_L=k_cache.stride(2), SV_L=v_cache.stride(2), HQ=hq, HEAD_DIM=head_dim,
-            N_SPLITS=n_splits, BLOCK_L=block_l or 64, BLOCK_D=block_d, D_A=d_a,
-            D_B=max(2, next_pow2(head_dim - d_a)), num_warps=num_warps)
+        _attn_mha_split_kernel[grid](*common, BLOCK_L=block_l or 64, BLOCK_D=block_d, D_A=d_a,
+                                     D_B=max(2, next_pow2(head_dim - d_a)), **shape)
     else:
-        _attn_mha_kernel[(batch, hkv, n_splits)](
-            *common, SK_L=k_cache.stride(2), SV_L=v_cache.stride(2), HQ=hq, HEAD_DIM=head_dim,
-            N_SPLITS=n_splits, BLOCK_L=block_l or 32, BLOCK_D=block_d, num_warps=num_warps)
-    _combine_kernel[(batch, hq)](mpart, lpart, opart, out, out.stride(0), out.stride(1), HQ=hq,
-                                 HEAD_DIM=head_dim, N_SPLITS=n_splits, BLOCK_S=next_pow2(n_splits),
-                                 BLOCK_D=block_d, num_warps=4)
+        _attn_mha_kernel[grid](*common, BLOCK_L=block_l or 32, BLOCK_D=block_d, **shape)
+    _combine_kernel[(batch * rows, hq)](mpart, lpart, opart, out, out.stride(0), out.stride(1),
+                                        out.stride(2), ROWS=rows, HQ=hq, HEAD_DIM=head_dim,
+                                        N_SPLITS=n_splits, BLOCK_S=next_pow2(n_splits),
+                                        BLOCK_D=block_d, num_warps=4)
     return out
 
 
 def decode_attention_ref(q, k_cache, v_cache, slots, lengths, *, scale: float, window: int = 0,
                          max_len: int | None = None, out=None, num_splits: int | None = None,
                          block_l: int | None = None, num_warps: int = 4, mha_dot: bool = False,
-                         split_d: bool = True):
-    """PyTorch twin (same signature; launch shape ignored). fp32 math, fp64 when given fp64."""
+                         split_d: bool = True, length_bias: int = 0):
+    """PyTorch twin (same signature; launch shape ignored). fp32 math, fp64 when given fp64.
+    The rows form is the plain form once per row."""
+    if q.dim() == 4:
+        o = torch.stack([decode_attention_ref(q[:, r], k_cache[:, r], v_cache[:, r], slots, lengths,
+                                              scale=scale, window=window, max_len=max_len,
+                                              length_bias=length_bias)
+                         for r in range(q.shape[1])], 1)
+        return o if out is None else out.copy_(o)
     batch, hq, head_dim = q.shape
     hkv, cap = k_cache.shape[1], k_cache.shape[2]
     f = torch.promote_types(q.dtype, torch.float32)
@@ -271,7 +328,7 @@ def decode_attention_ref(q, k_cache, v_cache, slots, lengths, *, scale: float, w
     qq = q.to(f).reshape(batch, hkv, hq // hkv, head_dim)             # head j -> kv head j // G
     s = torch.einsum("bhgd,bhld->bhgl", qq, k) * scale
     pos = torch.arange(n, device=q.device)[None, :]
-    lens = lengths.long()[:, None]
+    lens = lengths.long()[:, None] + length_bias
     start = (lens - window).clamp_min(0) if window > 0 else torch.zeros_like(lens)
     valid = (pos < lens) & (pos >= start)                             # [B, n]
     p = torch.softmax(s.masked_fill(~valid[:, None, None, :], float("-inf")), dim=-1).nan_to_num(0.0)

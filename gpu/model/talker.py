@@ -228,9 +228,21 @@ class DecoderLayer(nn.Module):
                 frame: "_FrameConstants") -> Tensor:
         """x [B, R, T, H] at positions pos [B, T] of the sessions in `slots` [B]; `frame` holds
         what every layer of this call shares (RoPE angles, the KV write indices)."""
-        cfg, att = self.cfg, self.self_attn
-        b, r, t, _ = x.shape
+        att = self.self_attn
         h = self.input_layernorm(x)
+        if self.decode_ops is not None and x.shape[2] == 1:
+            # engine's kernels: one qkv matmul, norms + RoPE + KV write, attention over [0, pos]
+            a = self.decode_ops.talker_qkv_attention(self, h, pos, state, slots, frame)
+        else:
+            a = self._attention(h, pos, state, slots, frame)
+        x = x + self.post_attention_layernorm(att.o_proj(a))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+    def _attention(self, h: Tensor, pos: Tensor, state: TalkerState, slots: Tensor,
+                   frame: "_FrameConstants") -> Tensor:
+        """The reference: normed input h [B, R, T, H] → attention output [B, R, T, Hq·D]."""
+        cfg, att = self.cfg, self.self_attn
+        b, r, t, _ = h.shape
         q = att.q_norm(att.q_proj(h).view(b, r, t, cfg.n_heads, cfg.head_dim))
         k = att.k_norm(att.k_proj(h).view(b, r, t, cfg.n_kv_heads, cfg.head_dim))
         v = att.v_proj(h).view(b, r, t, cfg.n_kv_heads, cfg.head_dim)
@@ -241,15 +253,9 @@ class DecoderLayer(nn.Module):
         at = (frame.slot_idx, self.index, frame.row_idx, frame.head_idx, frame.pos_idx)
         state.k[at] = k.to(state.k.dtype)
         state.v[at] = v.to(state.v.dtype)
-        if self.decode_ops is not None and t == 1:      # engine's kernel: reads only [0, pos]
-            a = self.decode_ops.talker_attention(q, state.k[:, self.index], state.v[:, self.index],
-                                                 slots, pos, self.window, cfg.attn_scale)
-        else:
-            keys = state.k[slots, self.index].transpose(2, 3).float()        # [B, R, P, Hkv, D]
-            values = state.v[slots, self.index].transpose(2, 3).float()
-            a = attend(q, keys, values, pos, self.window, cfg.attn_scale)
-        x = x + self.post_attention_layernorm(att.o_proj(a))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        keys = state.k[slots, self.index].transpose(2, 3).float()            # [B, R, P, Hkv, D]
+        values = state.v[slots, self.index].transpose(2, 3).float()
+        return attend(q, keys, values, pos, self.window, cfg.attn_scale)
 
 
 @dataclass
@@ -257,6 +263,7 @@ class _FrameConstants:
     """Computed once per backbone call instead of once per layer: on the GPU each of these is
     a few kernel launches, and the talker's beat is launch-bound (28 layers)."""
     rope: dict[float, tuple[Tensor, Tensor]]   # θ → rope_tables [B, 1, T, 1, D]
+    cos_sin: dict[float, tuple[Tensor, Tensor]]  # θ → rope_cos_sin [B, 1, T, D/2] (the engine's)
     slot_idx: Tensor                           # KV write indices, broadcast to [B, R, T, Hkv]
     row_idx: Tensor
     head_idx: Tensor
@@ -266,7 +273,8 @@ class _FrameConstants:
     def of(cls, cfg: TalkerConfig, pos: Tensor, slots: Tensor, rows: int) -> "_FrameConstants":
         dev = pos.device
         thetas = (cfg.rope_theta_full, cfg.rope_theta_local)
-        return cls({th: rope_tables(*rope_cos_sin(pos[:, None], cfg.head_dim, th)) for th in thetas},
+        cos_sin = {th: rope_cos_sin(pos[:, None], cfg.head_dim, th) for th in thetas}
+        return cls({th: rope_tables(*cos_sin[th]) for th in thetas}, cos_sin,
                    slots[:, None, None, None], torch.arange(rows, device=dev)[None, :, None, None],
                    torch.arange(cfg.n_kv_heads, device=dev)[None, None, None, :],
                    pos[:, None, :, None])

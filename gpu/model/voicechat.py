@@ -31,9 +31,9 @@ from torch import Tensor, nn
 from gpu.model.codec import Codec, load_codec
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.mel import MelFrontEnd
-from gpu.model.perception import Perception
-from gpu.model.rnnt import RNNT
-from gpu.model.talker import Talker, TalkerInputs
+from gpu.model.perception import Perception, PerceptionOutput
+from gpu.model.rnnt import RNNT, RNNTOutput
+from gpu.model.talker import Talker, TalkerInputs, TalkerOutput
 from gpu.model.talker_text import CharTable
 from gpu.model.talker_weights import load_talker
 from gpu.model.thinker import Thinker
@@ -52,6 +52,13 @@ class FrameOutput:
     codes: Tensor    # int64 [B, Q]: the talker's generated codes (before silence substitution)
     bou: Tensor      # bool [B]: the user began an utterance this frame
     eou: Tensor      # bool [B]: the user's utterance ended this frame
+
+
+@dataclass
+class Thought:
+    text: Tensor     # int64 [B]: y_t
+    func: Tensor     # int64 [B]: f_t
+    idle: Tensor     # bool [B]: outside an assistant turn (the talker turns PAD into silence)
 
 
 @contextlib.contextmanager
@@ -122,10 +129,28 @@ class VoiceChat(nn.Module):
              forced_func: Tensor) -> FrameOutput:
         """One frame for the sessions at `slots` [B]: audio fp32 [B, 1280] (16 kHz), noise for
         [B] rows, forced_func int [B] (a tool-result token to force as f_{t−1}, −1 for none).
-        Advances those slots' state; other slots are untouched."""
+        Advances those slots' state; other slots are untouched. The five stages below, in order;
+        the engine runs the same stages on several CUDA streams (gpu/engine/beat_streams.py)."""
+        heard = self.hear(state, audio, slots)
+        asr = self.transcribe(state, heard, slots)
+        th = self.think(state, heard, slots, forced_func)
+        spoken = self.speak(state, th, noise, slots)
+        pcm = self.decode(state, spoken, slots)
+        return FrameOutput(pcm, th.text, th.func, asr.tokens, spoken.codes, asr.bou, asr.eou)
+
+    # -- the stages of a frame. Each touches only its own networks' state, so stages of different
+    # frames may overlap where their inputs allow: hear(t+1) does not wait for think(t), speak(t)
+    # and think(t+1) are independent, and nothing waits for transcribe.
+    def hear(self, state: VoiceChatState, audio: Tensor, slots: Tensor) -> PerceptionOutput:
         mel = self.mel.step(state.mel, audio, slots)
-        heard = self.perception.step(state.perception, mel.window, slots)
-        asr = self.rnnt.step(state.rnnt, heard.enc, slots)
+        return self.perception.step(state.perception, mel.window, slots)
+
+    def transcribe(self, state: VoiceChatState, heard: PerceptionOutput, slots: Tensor) -> RNNTOutput:
+        return self.rnnt.step(state.rnnt, heard.enc, slots)
+
+    def think(self, state: VoiceChatState, heard: PerceptionOutput, slots: Tensor, forced_func: Tensor) -> Thought:
+        """The thinker's tokens, and the turn bookkeeping the talker needs (`Thought.idle`).
+        text_prev, func_prev and speaking are read and written here only."""
         forced = forced_func >= 0
         text_in = torch.where(forced, PAD, state.text_prev[slots])
         func_in = torch.where(forced, forced_func.long(), state.func_prev[slots])
@@ -133,12 +158,17 @@ class VoiceChat(nn.Module):
         y = th.text
         speaking = state.speaking[slots]
         idle = ~(speaking | (y == BOS))
-        spoken = self.talker.step(state.talker, TalkerInputs(y, noise.uniforms, noise.normals, idle), slots)
-        pcm = self.codec.step(state.codec, spoken.codec_codes, slots)
         state.text_prev[slots] = y
         state.func_prev[slots] = th.func
         state.speaking[slots] = (speaking | (y == BOS)) & (y != EOS)
-        return FrameOutput(pcm, y, th.func, asr.tokens, spoken.codes, asr.bou, asr.eou)
+        return Thought(y, th.func, idle)
+
+    def speak(self, state: VoiceChatState, th: Thought, noise: FrameNoise, slots: Tensor) -> TalkerOutput:
+        return self.talker.step(state.talker, TalkerInputs(th.text, noise.uniforms, noise.normals,
+                                                           th.idle), slots)
+
+    def decode(self, state: VoiceChatState, spoken: TalkerOutput, slots: Tensor) -> Tensor:
+        return self.codec.step(state.codec, spoken.codec_codes, slots)
 
     @torch.no_grad()
     def prefill_chunk(self, state: VoiceChatState, slots: Tensor, tokens: Tensor, n_valid: Tensor) -> None:

@@ -1,0 +1,89 @@
+"""The talker's engine attention path (decode_ops.talker_qkv_attention: one qkv matmul, qk_norm_rope,
+rows-form decode_attention; kernels interpreted on the CPU) against the reference layer on the
+tiny talker: the same hidden states and caches over live frames, in both profiles, with the
+sessions at different positions and the sliding window biting. Also the fused qkv weight: views,
+no extra tensor in the state_dict, and rebuilt after a load that assigns new weights."""
+import dataclasses
+
+import pytest
+import torch
+
+from gpu.engine.decode_ops import TritonDecodeOps, fused_qkv_weight
+from gpu.model.talker import TalkerState
+from gpu.model.talker_weights import load_talker
+from tests.test_model_tts import CFG, inputs, make_talker, tiny_weights
+from tests.tensorkit import rel
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"      # compiled kernels need device tensors
+
+
+def on_dev(x):
+    return type(x)(*(getattr(x, f.name).to(DEV) for f in dataclasses.fields(x)))
+
+
+class CountingOps(TritonDecodeOps):
+    def __init__(self):
+        self.calls = 0
+
+    def talker_qkv_attention(self, *args):
+        self.calls += 1
+        return super().talker_qkv_attention(*args)
+
+
+def use(talker, ops) -> None:
+    """What decode_ops.install does for the talker's layers (no RMSNorm fusion: only the attention
+    block differs between the two runs)."""
+    for layer in talker.tts_model.backbone.layers:
+        layer.decode_ops = ops
+
+
+@torch.no_grad()
+def run(talker, ops, profile: str):
+    use(talker, ops)
+    state = TalkerState.alloc(CFG, 4, 24, device=DEV, profile=profile)
+    both = torch.tensor([3, 0], device=DEV)
+    talker.warmup(state, both, CFG.n_warmup)                  # t > 1: the reference path either way
+    outs = [talker.step(state, on_dev(inputs(1, seed=9)), torch.tensor([3], device=DEV))]  # ahead
+    outs += [talker.step(state, on_dev(inputs(2, seed=10 + f)), both) for f in range(4)]
+    use(talker, None)
+    return outs, state
+
+
+@pytest.fixture(scope="module")
+def talker():
+    return make_talker().to(DEV)
+
+
+@pytest.mark.parametrize("profile", ["reference", "dense"])
+def test_engine_attention_equals_reference_layer(talker, profile):
+    ref, st_ref = run(talker, None, profile)
+    ops = CountingOps()
+    fast, st_fast = run(talker, ops, profile)
+    assert ops.calls == 5 * CFG.n_layers                      # every live frame, every layer
+    fp32 = profile == "reference"
+    for a, b in zip(ref, fast):
+        assert rel(b.hidden, a.hidden) < (1e-5 if fp32 else 1e-4), rel(b.hidden, a.hidden)
+        assert torch.equal(a.codes, b.codes)
+    assert torch.equal(st_fast.position, st_ref.position)
+    for name in ("k", "v"):
+        got, want = getattr(st_fast, name), getattr(st_ref, name)
+        assert got.dtype == want.dtype
+        assert rel(got, want) < (1e-5 if fp32 else 1e-2), (name, rel(got, want))
+        assert torch.equal(got[[1, 2]], want[[1, 2]])        # other slots untouched (zeros)
+
+
+@torch.no_grad()
+def test_fused_qkv_weight_is_views_and_follows_a_reload():
+    talker = make_talker()
+    att = talker.tts_model.backbone.layers[1].self_attn
+    keys = set(talker.state_dict())
+    w = fused_qkv_weight(att)
+    assert w.shape == (3 * CFG.hidden, CFG.hidden) and fused_qkv_weight(att) is w
+    assert att.k_proj.weight.data_ptr() == w[CFG.hidden].data_ptr()
+    assert set(talker.state_dict()) == keys                  # non-persistent: no new name
+    load_talker(talker, tiny_weights(seed=1))                 # assigns new tensors
+    w2 = fused_qkv_weight(att)
+    assert w2 is not w
+    assert torch.equal(w2[: CFG.hidden], att.q_proj.weight)
+    assert torch.equal(w2[2 * CFG.hidden:], tiny_weights(seed=1)[
+        "tts_model.tts_model.backbone.layers.1.self_attn.v_proj.weight"])
