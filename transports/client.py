@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from transports import protocol as P
+from transports import zsock
 
 EVENT_QUEUE = 4096          # events a session buffers for a slow consumer before dropping
 SEND_TIMEOUT_S = 10.0       # how long a send may wait for a node to take it
@@ -123,6 +124,7 @@ class NodeClient:
         self.sock.setsockopt(zmq.IDENTITY, self.identity)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 100_000)      # many sessions share this socket
+        self._tx = zsock.Tx(self.sock)                # cheap sends and drained receives
         if curve is not None:
             self.sock.curve_publickey = curve.public
             self.sock.curve_secretkey = curve.secret
@@ -163,6 +165,11 @@ class NodeClient:
         """Send one message. A DEALER with no connected node blocks; past `timeout` this raises
         `NodeUnavailable` (with `unauthorized` when the node refused our CURVE key)."""
         async with self._send_lock:
+            try:                                   # the usual case: the queue has room now
+                self._tx.send(frames)
+                return
+            except zmq.Again:
+                pass
             try:
                 await asyncio.wait_for(self.sock.send_multipart(frames), timeout)
             except asyncio.TimeoutError:
@@ -213,14 +220,14 @@ class NodeClient:
         await asyncio.wait_for(fut, timeout)
 
     async def _read_loop(self) -> None:
-        while True:
-            frames = await self.sock.recv_multipart()
-            try:
-                msg = P.parse(frames, P.NODE_TYPES)
-            except P.ProtocolError as exc:
-                self.orphan_errors.append(Error(exc.code, f"undecodable node message: {exc}"))
-                continue
-            self._dispatch(msg)
+        async for batch in zsock.batches(self.sock, self._tx.sync):
+            for frames in batch:
+                try:
+                    msg = P.parse(frames, P.NODE_TYPES)
+                except P.ProtocolError as exc:
+                    self.orphan_errors.append(Error(exc.code, f"undecodable node message: {exc}"))
+                    continue
+                self._dispatch(msg)
 
     async def _close_orphan(self, sid: str) -> None:
         try:

@@ -26,16 +26,17 @@ from pathlib import Path
 
 import numpy as np
 
-from transports.client import NodeClient, Refused
+from transports.client import NodeClient
 from wave_actors.backends import NAMES, BackendOptions, make_backend
+from wave_actors.bench_clients import OPEN_TIMEOUT_S, Generators, drive_all
 from wave_actors.clocks import Clock, new_loop
-from wave_actors.frames import BEAT_S, IN_RATE, SAMPLES_IN
+from wave_actors.frames import BEAT_S
 from wave_actors.node import Node, NodeConfig
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 WARMUP_BEATS = 8            # on-time beats in a row before measuring
 WARMUP_MAX = 64             # beats of warm-up at most
-OPEN_TIMEOUT_S = 900.0      # the slowest session start of a burst of N opens
+CLIENT_PROCS = max(1, min(4, (os.cpu_count() or 2) // 4))   # callers' processes, real time
 
 
 @dataclass
@@ -73,38 +74,6 @@ class BenchResult:
     command: str
     per_run: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
-
-
-def speech_like(seconds: float, seed: int) -> np.ndarray:
-    """Deterministic noise bursts with pauses: energy for the RNNT, silence for turn-taking."""
-    rng = np.random.default_rng(seed)
-    n = int(seconds * IN_RATE)
-    env = (np.sin(np.arange(n) * 2 * np.pi / (IN_RATE * 1.7)) > -0.2).astype(np.float32)
-    return (0.1 * env * rng.standard_normal(n)).astype(np.float32)
-
-
-async def _drive_session(client: NodeClient, sid: str, clock: Clock, stop: asyncio.Event,
-                         seed: int) -> dict:
-    # A burst of N opens at once: the GPU starts them only in beats with room, so the last
-    # `opened` can take minutes at full load (bench only; a real opener waits for fewer).
-    s = await client.open(sid, sample_rate=IN_RATE, format="pcm_f32le", timeout=OPEN_TIMEOUT_S)
-    audio = speech_like(8.0, seed)
-    t0, i = clock.now(), 0
-    drain = asyncio.get_running_loop().create_task(_discard(s))
-    while not stop.is_set():
-        start = (i * SAMPLES_IN) % (len(audio) - SAMPLES_IN)
-        await s.send_audio(audio[start:start + SAMPLES_IN].tobytes())
-        i += 1
-        await clock.sleep_until(t0 + i * 0.08)
-    drain.cancel()
-    await asyncio.gather(drain, return_exceptions=True)
-    closed = await s.close(timeout=30)
-    return closed.stats
-
-
-async def _discard(s) -> None:
-    while True:
-        await s.events.get()
 
 
 def context_frames(args, n: int) -> int:
@@ -145,27 +114,28 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                            start_timeout_s=OPEN_TIMEOUT_S),
                 backend, clock)
     await node.start()
-    stop = asyncio.Event()
-    refusals = 0
-    async with NodeClient(node.endpoint, ctx=node.ctx) as client:
-        tasks = [asyncio.get_running_loop().create_task(
-            _drive_session(client, f"bench-{i}", clock, stop, i)) for i in range(n)]
-        await _wait_live(node, n, clock)
-        await _wait_steady(node, clock, args.warmup_max)
-        first = len(_live_records(node))
-        await _wait_beats(node, first, args.beats, clock, args.fail_fast)
-        records = _live_records(node)[first:first + args.beats]
-        stop.set()
-        stats = []
-        for t in tasks:
+    procs = 0 if loop_virtual else args.client_procs
+    try:
+        if procs:
+            callers = Generators(node.endpoint, n, procs)
             try:
-                stats.append(await t)
-            except Refused:
-                refusals += 1
-    errors = sum(node.counters.errors.values())
-    await node.drain()
-    if own:
-        backend.close()
+                records = await _while_alive(callers, _measure_beats(args, node, n, clock))
+                stats, refusals = await callers.finish()
+            finally:
+                callers.kill()
+        else:
+            stop = asyncio.Event()
+            async with NodeClient(node.endpoint, ctx=node.ctx) as client:
+                driving = asyncio.get_running_loop().create_task(
+                    drive_all(client, range(n), clock, stop))
+                records = await _measure_beats(args, node, n, clock)
+                stop.set()
+                stats, refusals = await driving
+        errors = sum(node.counters.errors.values())
+    finally:
+        await node.drain()
+        if own:
+            backend.close()
     lat = np.array([r.latency_s for r in records]) * 1000
     return RunResult(n, len(records), int(sum(r.late for r in records)),
                      float(np.percentile(lat, 50)), float(np.percentile(lat, 99)),
@@ -173,6 +143,28 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      sum(s["underruns"] for s in stats), sum(s["dropped"] for s in stats),
                      refusals, sum(s["frames_in"] for s in stats),
                      sum(s["frames_out"] for s in stats), errors)
+
+
+async def _measure_beats(args, node: Node, n: int, clock: Clock) -> list:
+    """Once all n sessions are live and a start-up backlog has drained, the next `--beats`
+    beat records."""
+    await _wait_live(node, n, clock)
+    await _wait_steady(node, clock, args.warmup_max)
+    first = len(_live_records(node))
+    await _wait_beats(node, first, args.beats, clock, args.fail_fast)
+    return _live_records(node)[first:first + args.beats]
+
+
+async def _while_alive(callers: Generators, work):
+    """`work`, unless a load generator dies first (its sessions would never go live)."""
+    task = asyncio.get_running_loop().create_task(work)
+    while not task.done():
+        why = callers.failed()
+        if why:
+            task.cancel()
+            raise RuntimeError(why)
+        await asyncio.wait([task], timeout=0.5)
+    return task.result()
 
 
 async def _wait_live(node: Node, n: int, clock: Clock) -> None:
@@ -318,6 +310,9 @@ def parse_args(argv=None):
     ap.add_argument("--virtual", action="store_true", help="virtual time (sim backend only)")
     ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--client-procs", type=int, default=CLIENT_PROCS,
+                    help="load-generator processes for the sessions (0: the callers share the "
+                         "node's process; --virtual always does)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     if args.virtual and args.backend != "sim":

@@ -23,6 +23,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
+from transports import zsock
 from wave_actors.backend import Backend, SessionSpec
 from wave_actors.clocks import Clock
 from wave_actors.frames import BEAT_S
@@ -107,6 +108,7 @@ class BeatClockActor(Actor):
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(self.endpoint)
+        self._tx = zsock.Tx(self._sock)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read_frames(), name="clock-frames"),
                        loop.create_task(self._beat_loop(), name="clock-beats")]
@@ -205,19 +207,22 @@ class BeatClockActor(Actor):
 
     # -- frames in --------------------------------------------------------------------------------
     async def _read_frames(self) -> None:
-        while True:
-            identity, header, pcm = await self._sock.recv_multipart()
-            slot = self._identity_slot.get(identity)
-            if header == _END_HEADER:
-                ended = self._stream_end(slot) if slot is not None else None
-                if ended is not None and not ended.done():
-                    ended.set_result(True)
-                continue
-            if slot is None or len(pcm) != 4 * self._inputs[0].audio.shape[-1]:
-                self.stats.dropped_frames += 1
-                continue
-            (frame_no,) = FRAME_HEADER.unpack(header)
-            self.scheduler.push(slot, frame_no, np.frombuffer(pcm, np.float32))
+        async for batch in zsock.batches(self._sock, self._tx.sync):
+            for identity, header, pcm in batch:
+                self._frame_in(identity, header, pcm)
+
+    def _frame_in(self, identity: bytes, header: bytes, pcm: bytes) -> None:
+        slot = self._identity_slot.get(identity)
+        if header == _END_HEADER:
+            ended = self._stream_end(slot) if slot is not None else None
+            if ended is not None and not ended.done():
+                ended.set_result(True)
+            return
+        if slot is None or len(pcm) != 4 * self._inputs[0].audio.shape[-1]:
+            self.stats.dropped_frames += 1
+            return
+        (frame_no,) = FRAME_HEADER.unpack(header)
+        self.scheduler.push(slot, frame_no, np.frombuffer(pcm, np.float32))
 
     # -- the beat ---------------------------------------------------------------------------------
     async def _beat_loop(self) -> None:
@@ -254,8 +259,7 @@ class BeatClockActor(Actor):
                 "user": out.user[slot].tolist(),
             })
             try:
-                self._sock.send_multipart([identity, header, out.pcm[slot].tobytes()],
-                                          flags=zmq.NOBLOCK)
+                self._tx.send([identity, header, out.pcm[slot].tobytes()])
             except (zmq.ZMQError, TypeError):
                 self.stats.unroutable += 1
 

@@ -19,6 +19,7 @@ import zmq
 import zmq.asyncio
 
 from transports import protocol as P
+from transports import zsock
 from wave_actors.backend import Backend, SessionSpec
 from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
 from wave_actors.clocks import Clock
@@ -110,6 +111,7 @@ class Node:
         if self.cfg.curve_keys:
             await self._setup_curve(Path(self.cfg.curve_keys))
         self.sock.bind(self.cfg.bind)
+        self._tx = zsock.Tx(self.sock)
         self.supervisor.start_child(ChildSpec("clock", self._make_clock, Restart.PERMANENT,
                                               self._clock_crashed))
         if self.cfg.metrics_port:
@@ -185,11 +187,12 @@ class Node:
         """Send to a client without blocking the node. A client that is not reading loses
         `droppable` messages (audio, counted); anything else waits for it in a task, bounded
         by SEND_TIMEOUT_S. False when the message did not go out now."""
-        fut = self.sock.send_multipart([identity, *frames], flags=zmq.NOBLOCK)
-        exc = fut.exception() if fut.done() else None
-        if exc is None:
+        try:
+            self._tx.send([identity, *frames])
             return True
-        if isinstance(exc, zmq.ZMQError) and exc.errno == zmq.EHOSTUNREACH:
+        except zmq.ZMQError as exc:
+            unreachable = exc.errno == zmq.EHOSTUNREACH
+        if unreachable:
             self._client_lost(identity)
             self.metrics.drops.labels("client_gone").inc()
             return False
@@ -227,14 +230,14 @@ class Node:
 
     # -- inbound ----------------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
-        while True:
-            raw = await self.sock.recv_multipart(copy=False)
-            try:
-                self._on_frames(raw)
-            except Exception:
-                # The front must survive anything a peer sends; a bug here is logged and counted.
-                log.exception("front: unexpected failure handling a message")
-                self.metrics.errors.labels(P.INTERNAL).inc()
+        async for batch in zsock.batches(self.sock, self._tx.sync, copy=False):
+            for raw in batch:
+                try:
+                    self._on_frames(raw)
+                except Exception:
+                    # The front survives anything a peer sends; a bug here is logged and counted.
+                    log.exception("front: unexpected failure handling a message")
+                    self.metrics.errors.labels(P.INTERNAL).inc()
 
     def _on_frames(self, raw: list) -> None:
         identity = raw[0].bytes

@@ -25,6 +25,7 @@ import zmq.asyncio
 from gpu.model.tokenizer import TextStream
 from transports import audio as A
 from transports import protocol as P
+from transports import zsock
 from wave_actors.backend import NO_TOKEN, TextCodec
 from wave_actors.clocks import Clock
 from wave_actors.frames import IN_RATE, OUT_RATE, SAMPLES_IN, SAMPLES_OUT
@@ -134,6 +135,7 @@ class SessionActor(Actor):
         self._sock.setsockopt(zmq.IDENTITY, self._inproc_identity)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self.cfg.clock_endpoint)
+        self._tx = zsock.Tx(self._sock)
         self._last_input = self.clock.now()
         loop = asyncio.get_running_loop()
         self._reader = loop.create_task(self._read_clock())
@@ -147,9 +149,9 @@ class SessionActor(Actor):
             self._sock.close(0)
 
     async def _read_clock(self) -> None:
-        while True:
-            header, pcm = await self._sock.recv_multipart()
-            self.tell(BeatOut(msgpack.unpackb(header), pcm), MsgClass.AUDIO)
+        async for batch in zsock.batches(self._sock, self._tx.sync):
+            for header, pcm in batch:
+                self.tell(BeatOut(msgpack.unpackb(header), pcm), MsgClass.AUDIO)
 
     async def _watch_idle(self) -> None:
         """A client that vanished without `close`: no input and no ping for `idle_timeout_s`."""
@@ -207,9 +209,9 @@ class SessionActor(Actor):
         n = len(pending) // SAMPLES_IN
         for i in range(n):
             frame = pending[i * SAMPLES_IN:(i + 1) * SAMPLES_IN]
-            fut = self._sock.send_multipart([FRAME_HEADER.pack(self._frame_no), frame.tobytes()],
-                                            flags=zmq.NOBLOCK)
-            if fut.done() and fut.exception() is not None:
+            try:
+                self._tx.send([FRAME_HEADER.pack(self._frame_no), frame.tobytes()])
+            except zmq.ZMQError:
                 self.counters.engine_unavailable += 1     # the clock is restarting
             self._frame_no += 1
         self._pending = pending[n * SAMPLES_IN:].copy()
@@ -263,8 +265,11 @@ class SessionActor(Actor):
         marker could not be sent (the clock is restarting)."""
         if self._sock is None:
             return False
-        fut = self._sock.send_multipart([FRAME_HEADER.pack(END_OF_STREAM), b""], flags=zmq.NOBLOCK)
-        return not (fut.done() and fut.exception() is not None)
+        try:
+            self._tx.send([FRAME_HEADER.pack(END_OF_STREAM), b""])
+        except zmq.ZMQError:
+            return False
+        return True
 
     def flush_input(self) -> None:
         """At close: audio still inside the resampler or short of a whole frame will never be

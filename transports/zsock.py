@@ -1,0 +1,74 @@
+"""The per-frame socket traffic without pyzmq's asyncio machinery where it is not needed.
+
+An awaited send or receive on a `zmq.asyncio` socket costs ~50-80 µs of Python (futures, event
+registration, flag enums), and the node moves several messages per session per beat: a client's
+audio in, the frame to the clock, the beat's outputs back to the session, the audio and text out.
+At 160 sessions that was most of the event loop's time (cProfile of the sim bench), and every
+millisecond of it lands in a beat's latency. Two cheaper paths, used only from the loop's thread:
+  - `Tx.send`: a send that must not wait (NOBLOCK) goes through a synchronous twin of the socket
+    and raises at once (zmq.Again when the peer's queue is full, EHOSTUNREACH for a ROUTER's
+    unknown peer) instead of returning a future that has to be inspected;
+  - `batches`: a receive loop awaits one message, then takes what else is already queued
+    synchronously (a beat's outputs arrive together), up to DRAIN_MAX before it lets the loop
+    run other tasks.
+ZMQ signals readiness on an edge-triggered descriptor, and any operation on the socket (a send
+included) may consume that edge. The asyncio socket re-checks its events after its own
+operations only, so after ours it is asked to (`kick`, once per loop iteration at most): without
+that, a receive awaited on the same socket can sleep through messages that already arrived.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+DRAIN_MAX = 256
+
+
+def twin(sock: zmq.asyncio.Socket) -> zmq.Socket:
+    """A synchronous socket on the same ZMQ socket (it does not own it: close the original)."""
+    return zmq.Socket.shadow(sock.underlying)
+
+
+def kick(sock: zmq.asyncio.Socket) -> None:
+    """Make the asyncio socket look at its events again (pyzmq's own hook for this)."""
+    sock._schedule_remaining_events()
+
+
+class Tx:
+    """Non-blocking sends on an asyncio socket's synchronous twin."""
+
+    def __init__(self, sock: zmq.asyncio.Socket):
+        self.sock = sock
+        self.sync = twin(sock)
+        self._kick_due = False
+
+    def send(self, frames: list) -> None:
+        """Queue a multipart message now or raise zmq.ZMQError (zmq.Again: no room)."""
+        try:
+            self.sync.send_multipart(frames, flags=zmq.NOBLOCK)
+        finally:
+            if not self._kick_due:
+                self._kick_due = True
+                asyncio.get_running_loop().call_soon(self._kick)
+
+    def _kick(self) -> None:
+        self._kick_due = False
+        if not self.sock.closed:
+            kick(self.sock)
+
+
+async def batches(sock: zmq.asyncio.Socket, sync: zmq.Socket, copy: bool = True
+                  ) -> AsyncIterator[list]:
+    """Lists of multipart messages in arrival order: one awaited, then the queued rest."""
+    while True:
+        batch = [await sock.recv_multipart(copy=copy)]
+        while len(batch) < DRAIN_MAX:
+            try:
+                batch.append(sync.recv_multipart(flags=zmq.NOBLOCK, copy=copy))
+            except zmq.Again:
+                break
+        kick(sock)
+        yield batch

@@ -1,0 +1,139 @@
+"""The benchmark's callers: sessions that stream speech-like audio at real-time pace and take
+what the node sends back, in the benchmark's own process or in separate load-generator processes.
+
+Why other processes: a caller costs about as much Python as the node spends on its session, and
+in one process both share one interpreter lock. At 160 sessions the callers' work showed up as
+tens of ms of the node's beat latency that no deployment has (its callers are telephony bridges
+and web clients on other machines). Virtual time keeps the callers in process: they must share
+the node's loop to share its clock.
+"""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import queue
+
+import numpy as np
+
+from transports.client import NodeClient, Refused
+from wave_actors.clocks import Clock
+from wave_actors.frames import IN_RATE, SAMPLES_IN
+
+OPEN_TIMEOUT_S = 900.0      # the slowest session start of a burst of N opens
+RESULT_TIMEOUT_S = 120.0    # a load generator's report after it was told to stop
+
+
+def speech_like(seconds: float, seed: int) -> np.ndarray:
+    """Deterministic noise bursts with pauses: energy for the RNNT, silence for turn-taking."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds * IN_RATE)
+    env = (np.sin(np.arange(n) * 2 * np.pi / (IN_RATE * 1.7)) > -0.2).astype(np.float32)
+    return (0.1 * env * rng.standard_normal(n)).astype(np.float32)
+
+
+async def drive_session(client: NodeClient, sid: str, clock: Clock, stop: asyncio.Event,
+                        seed: int) -> dict:
+    """Open, stream 80 ms chunks until `stop`, close; the node's `closed` stats."""
+    # A burst of N opens at once: the GPU starts them only in beats with room, so the last
+    # `opened` can take minutes at full load (bench only; a real opener waits for fewer).
+    s = await client.open(sid, sample_rate=IN_RATE, format="pcm_f32le", timeout=OPEN_TIMEOUT_S)
+    audio = speech_like(8.0, seed)
+    t0, i = clock.now(), 0
+    drain = asyncio.get_running_loop().create_task(_discard(s))
+    while not stop.is_set():
+        start = (i * SAMPLES_IN) % (len(audio) - SAMPLES_IN)
+        await s.send_audio(audio[start:start + SAMPLES_IN].tobytes())
+        i += 1
+        await clock.sleep_until(t0 + i * 0.08)
+    drain.cancel()
+    await asyncio.gather(drain, return_exceptions=True)
+    closed = await s.close(timeout=30)
+    return closed.stats
+
+
+async def _discard(s) -> None:
+    while True:
+        await s.events.get()
+
+
+async def drive_all(client: NodeClient, ids: range, clock: Clock, stop: asyncio.Event
+                    ) -> tuple[list[dict], int]:
+    """Sessions bench-<i> for i in `ids` until `stop`: (their stats, how many were refused)."""
+    tasks = [asyncio.get_running_loop().create_task(
+        drive_session(client, f"bench-{i}", clock, stop, i)) for i in ids]
+    stats, refusals = [], 0
+    for t in tasks:
+        try:
+            stats.append(await t)
+        except Refused:
+            refusals += 1
+    return stats, refusals
+
+
+# -- load-generator processes ------------------------------------------------------------------
+def _generator_main(endpoint: str, first: int, count: int, stop, out) -> None:
+    async def run() -> tuple[list[dict], int]:
+        done = asyncio.Event()
+
+        async def watch() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0.02)
+            done.set()
+        watcher = asyncio.get_running_loop().create_task(watch())
+        async with NodeClient(endpoint) as client:
+            result = await drive_all(client, range(first, first + count), Clock(), done)
+        watcher.cancel()
+        return result
+    try:
+        out.put(("ok", *asyncio.run(run())))
+    except BaseException as exc:                       # reported to the benchmark, not lost
+        out.put(("error", repr(exc), 0))
+
+
+class Generators:
+    """`procs` processes sharing `n` sessions (ids 0..n-1) against the node at `endpoint`."""
+
+    def __init__(self, endpoint: str, n: int, procs: int):
+        ctx = mp.get_context("spawn")                  # no copy of the parent's GPU or sockets
+        self._stop, self._out = ctx.Event(), ctx.Queue()
+        shares = np.array_split(np.arange(n), procs)
+        self._procs = [ctx.Process(target=_generator_main, daemon=True, name=f"bench-load-{k}",
+                                   args=(endpoint, int(s[0]), len(s), self._stop, self._out))
+                       for k, s in enumerate(shares) if len(s)]
+        for p in self._procs:
+            p.start()
+
+    def failed(self) -> str | None:
+        """Why a generator is gone before it was told to stop (None while all run)."""
+        for p in self._procs:
+            if p.exitcode is not None and not self._stop.is_set():
+                return f"{p.name} exited with code {p.exitcode} before the run ended"
+        return None
+
+    async def finish(self) -> tuple[list[dict], int]:
+        """Tell every generator to close its sessions; their stats and refusals."""
+        self._stop.set()
+        loop = asyncio.get_running_loop()
+        stats, refusals = [], 0
+        for _ in self._procs:
+            try:
+                kind, got, refused = await loop.run_in_executor(
+                    None, self._out.get, True, RESULT_TIMEOUT_S)
+            except queue.Empty:
+                raise RuntimeError("a load generator did not report its sessions") from None
+            if kind == "error":
+                raise RuntimeError(f"a load generator failed: {got}")
+            stats += got
+            refusals += refused
+        for p in self._procs:
+            p.join(timeout=10)
+        return stats, refusals
+
+    def kill(self) -> None:
+        """Stop every generator still running (after `finish`, or when the run failed)."""
+        self._stop.set()
+        for p in self._procs:
+            if p.is_alive():
+                p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
