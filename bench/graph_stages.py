@@ -160,17 +160,23 @@ def main() -> int:
     model.load(random_weights_on(cfg, dev, 0, load_dtype(cfg, prof)))
     install(model, TritonDecodeOps())
     n_max = max(ns + [args.kernels])
-    headroom = (6 if args.beat else 2) * (len(ns) + 2) * (args.reps + 4) + 16
+    # Positions restart at `context` for every batch size, so the caches need room only for what
+    # one size's replays add. Unused capacity past a head's positions slows the talker's
+    # attention by a third (bench/results/attn-layout-h200.json): keep it small, as the engine does.
+    headroom = (1 + (4 if args.beat else 0)) * (args.reps + 4) + 16
     state = model.alloc_state(n_max, args.context + headroom, 8)
     state.reset(torch.arange(n_max, device=dev))
-    state.thinker.length[:] = args.context
-    state.talker.position[:] = args.context + cfg.talker.n_warmup
+
+    def rewind() -> None:
+        state.thinker.length[:] = args.context
+        state.talker.position[:] = args.context + cfg.talker.n_warmup
     print(f"built in {time.perf_counter() - t0:.1f} s", flush=True)
     res = {"command": "python3 bench/graph_stages.py " + " ".join(sys.argv[1:]),
            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "commit": git_commit(),
            "profile": args.profile, "config": args.config, "context": args.context,
            "sessions": ns, "stage_ms": {}, "frame_ms": {}}
     for n in ns:
+        rewind()
         pool = torch.cuda.graph_pool_handle()        # one per size: freed with its graphs
         slots = torch.arange(n, device=dev)
         audio = 0.05 * torch.randn(n, 1280, device=dev)
@@ -203,6 +209,7 @@ def main() -> int:
                                for k in res["beat_ms"][ns[0]]}
             print("fit (fixed ms, ms/session) per beat:", res["fit_beat"], flush=True)
     if args.kernels:
+        rewind()
         n = args.kernels
         slots = torch.arange(n, device=dev)
         fns, _ = stage_fns(model, state, slots, 0.05 * torch.randn(n, 1280, device=dev),
