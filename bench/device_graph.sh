@@ -2,7 +2,8 @@
 # One device call: carried wheels, then any of (each optional, each bounded by its timeout):
 #   PYTEST=1            the GPU tests: `gpu`-marked, kernels, engine paths (no network-bound e2e)
 #   CHECK="--full"      graph-backend parity (tiny, and with --full the full model), graph vs eager
-#   STAGES="8,32,64,96" per-stage graph timings + the top kernels of each stage at 64 sessions
+#   STAGES="8,32,64,96" per-stage graph timings, whole beats on one stream and on five, and the
+#                       top kernels of each stage at 64 sessions (eager and inside the replay)
 #   "$1"                the capacity bench with these arguments
 # Usage on the device machine:
 #   WAVE_COMMIT=<sha> PYTEST=1 STAGES=8,32,64,96 bash bench/device_graph.sh "<bench args>"
@@ -13,13 +14,14 @@ export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee $OUT/nvsmi.txt
 if [ -n "$PYTEST" ]; then
   timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/test_kernels_*.py \
-    tests/test_engine_paths.py tests/test_model_voicechat.py 2>&1 | tee $OUT/pytest.log | tail -4
+    tests/test_engine_paths.py tests/test_model_voicechat.py tests/test_talker_decode_ops.py \
+    2>&1 | tee $OUT/pytest.log | tail -4
 fi
 if [ -n "$CHECK" ]; then
   timeout ${CHECK_TIMEOUT:-240} python3 bench/graph_check.py --out $OUT/graph-check.json $CHECK 2>&1 | tee $OUT/check.log | grep -v "^  " | tail -25
 fi
 if [ -n "$STAGES" ]; then
-  timeout ${STAGES_TIMEOUT:-200} python3 bench/graph_stages.py --sessions $STAGES --kernels 64 \
+  timeout ${STAGES_TIMEOUT:-200} python3 bench/graph_stages.py --sessions $STAGES --kernels 64 --beat \
     --out $OUT/graph-stages.json 2>&1 | tee $OUT/stages.log | grep -v "Warn" | tail -60
 fi
 if [ -n "$1" ]; then
