@@ -73,6 +73,14 @@ class _StandIns(decode_ops.TritonDecodeOps):
         v_cache[slots, length] = v[:, 0]
         return attn.o_proj(self._empty(u.shape[0], q.shape[-2] * q.shape[-1], like=u))[:, None]
 
+    def mog_choice(self, logits, uniforms, top_p):
+        self.census.launch("triton mog_sample", 1)
+        self.census.quiet += 1
+        try:
+            return torch.empty(logits.shape[0], device=logits.device, dtype=torch.int32)
+        finally:
+            self.census.quiet -= 1
+
     def talker_qkv(self, layer, h, pos, state, slots, frame):
         self.census.launch("triton qk_norm_rope", 1)
         cfg = layer.cfg

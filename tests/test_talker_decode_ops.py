@@ -87,3 +87,23 @@ def test_fused_qkv_weight_is_views_and_follows_a_reload():
     assert torch.equal(w2[: CFG.hidden], att.q_proj.weight)
     assert torch.equal(w2[2 * CFG.hidden:], tiny_weights(seed=1)[
         "tts_model.tts_model.backbone.layers.1.self_attn.v_proj.weight"])
+
+
+@torch.no_grad()
+def test_engine_mog_choice_equals_the_reference_rule(talker):
+    """The MoG head's mixture through the kernel (decode_ops.mog_choice) against top_p_filter +
+    gumbel_choice, on uniforms sliced from a [B, steps, K] frame draw as the head passes them."""
+    head = talker.tts_model.mog_head
+    g = torch.Generator().manual_seed(3)
+    logits = (3 * torch.randn(64, CFG.n_mixtures, generator=g)).to(DEV)
+    frame_u = torch.rand(64, CFG.n_steps, CFG.n_mixtures, generator=g).to(DEV)
+    picks = []
+    for ops in (None, TritonDecodeOps()):
+        head.decode_ops = ops
+        try:
+            picks.append(torch.stack([head.choose(logits, frame_u[:, s]).long()
+                                      for s in range(CFG.n_steps)]))
+        finally:
+            head.decode_ops = None
+    assert torch.equal(picks[0], picks[1])
+    assert len(picks[0].unique()) > 4                   # the draws differ: not one constant

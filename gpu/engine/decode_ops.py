@@ -2,8 +2,8 @@
 Triton kernels in place on slot-indexed state, instead of gather → compute → scatter.
 
 The reference model calls these through its `decode_ops` hooks (thinker `_run` on a decode step,
-talker `DecoderLayer` on a one-position step); with the hooks unset it runs its own plain
-PyTorch. What moves per session-frame (MODEL.md §5):
+talker `DecoderLayer` on a one-position step, the MoG head's mixture choice); with the hooks
+unset it runs its own plain PyTorch. What moves per session-frame (MODEL.md §5):
   - Mamba2: the fp32 SSM state is read and written once (283 MB over 27 layers) instead of
     being copied out, updated and copied back (three times the traffic);
   - attention: only the first `length` positions of a slot's KV are read, not the allocated
@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from gpu.kernels.decode_attention import decode_attention
 from gpu.kernels.mamba_step import mamba_step
+from gpu.kernels.mog_sample import mog_sample
 from gpu.kernels.qk_norm_rope import qk_norm_rope
 from gpu.kernels.rms_norm import rms_norm
 from gpu.model import talker_text, thinker
@@ -58,6 +59,12 @@ class TritonDecodeOps:
                              v_cache.permute(0, 2, 1, 3), slots.to(torch.int32),
                              (length + 1).to(torch.int32), scale=1.0 / math.sqrt(c.head_dim))
         return attn.o_proj(o.flatten(-2))[:, None]
+
+    def mog_choice(self, logits: Tensor, uniforms: Tensor, top_p: float) -> Tensor:
+        """The MoG head's mixture: top-p filter and Gumbel-max in one launch (one row per
+        program, a sort in registers) → int32 [B]. Same rule as top_p_filter + gumbel_choice;
+        where probabilities tie exactly, the lower index is kept first (a stable sort)."""
+        return mog_sample(logits.float().contiguous(), uniforms.contiguous(), top_p=top_p)
 
     def talker_qkv_attention(self, layer, h: Tensor, pos: Tensor, state, slots: Tensor,
                              frame) -> Tensor:
@@ -147,6 +154,7 @@ def install(model, ops: TritonDecodeOps | None = None) -> None:
     """Route the model's decode steps and RMSNorms through the kernels (`ops`; None restores the
     reference path everywhere)."""
     model.thinker.decode_ops = ops
+    model.talker.tts_model.mog_head.decode_ops = ops
     for layer in model.talker.tts_model.backbone.layers:
         layer.decode_ops = ops
         if ops is not None:         # now, not on the first frame: that may be a graph capture

@@ -105,6 +105,7 @@ class MogHead(nn.Module):
         self.proj_logs = nn.Linear(cfg.hidden, 1, bias=False)
         self.proj_else = nn.Linear(cfg.hidden, cfg.latent, bias=False)
         self.low_mat = nn.Parameter(torch.empty(cfg.n_mixtures, cfg.latent, cfg.low_rank))
+        self.decode_ops = None      # gpu.engine.decode_ops.TritonDecodeOps on the fast path
 
     def guided(self, x: Tensor) -> Tensor:
         """MLP stack on every CFG row x [B, R, H], then ĝ [B, H] (CFG when R = 2)."""
@@ -114,6 +115,13 @@ class MogHead(nn.Module):
         if x.shape[1] == 1:
             return m_c
         return m_c + self.cfg.cfg_scale * (m_c - x[:, 1])
+
+    def choose(self, logits: Tensor, uniforms: Tensor) -> Tensor:
+        """The mixture k [B]: Gumbel-max over the top-p filtered logits [B, K] (one kernel
+        launch on the engine's fast path instead of a sort and a dozen elementwise ops)."""
+        if self.decode_ops is not None:
+            return self.decode_ops.mog_choice(logits, uniforms, self.cfg.top_p)
+        return gumbel_choice(top_p_filter(logits, self.cfg.top_p), uniforms)
 
     def latent(self, g: Tensor, k: Tensor, eps: Tensor) -> Tensor:
         """z [B, D] of mixture k [B] at ĝ [B, H] with normals ε [B, D]."""
@@ -137,7 +145,7 @@ class MogHead(nn.Module):
             if width == 0:                                   # static: the schedule is config
                 continue
             g = self.guided(h + embed_code(q)[:, None, :])
-            k = gumbel_choice(top_p_filter(self.proj_logits(g), cfg.top_p), uniforms[:, s])
+            k = self.choose(self.proj_logits(g), uniforms[:, s])
             z = self.latent(g, k, normals[:, s])
             c, chosen = rvq_search(z, rvq_embs[first:first + width], sqnorms[first:first + width])
             codes.append(c)
