@@ -7,10 +7,11 @@ A frame's stages (VoiceChat.hear / transcribe / think / speak / decode) depend o
     hear(t+1) ──→ think(t+1) ──┴→ speak(t+1) ─→ decode(t+1)
 and each stage also follows the same stage of the previous frame (its networks' state). So the
 beat's critical path is hear(0) → think(0) → think(1) → speak(1) → decode(1), while hear(1),
-both transcriptions, speak(0) and decode(0) run beside it. Why it pays: most of a small batch's
-frame is launch latency, not bandwidth (the talker alone is ~1600 small kernels, ~7 ms at any
-batch), and latency-bound kernels on one stream leave the memory system idle for another's
-weight reads (the thinker streams 17.8 GB per frame).
+both transcriptions, speak(0) and decode(0) run beside it. Why it pays: much of a frame is
+launch latency, not bandwidth (the talker is ~1100 small kernels, ~4.7 ms at any batch), and
+latency-bound kernels on one stream leave the memory system idle for another's weight reads (the
+thinker streams 17.8 GB per frame). Measured on the H200: a beat's fixed cost 32.7 → 25.1 ms, its
+cost per session unchanged (bandwidth; bench/results/graph-stages-reference-n8-96-streams.json).
 
 The lanes are made once per process, from torch's pool of high-priority streams: a
 torch.cuda.Stream() comes round-robin from a pool of 32, so streams made per capture (the side
