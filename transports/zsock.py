@@ -25,7 +25,7 @@ from typing import AsyncIterator
 import zmq
 import zmq.asyncio
 
-DRAIN_MAX = 256
+DRAIN_MAX = 64       # ~2-3 ms of handling at most before other tasks (a finished beat) run
 
 
 def twin(sock: zmq.asyncio.Socket) -> zmq.Socket:
