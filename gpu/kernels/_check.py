@@ -38,5 +38,16 @@ def check_slots(slots: torch.Tensor, batch: int, max_slots: int, device: torch.d
         assert len(set(vals)) == len(vals), f"slots {vals} repeat: two rows would race on one state"
 
 
+INDEX = (torch.int32, torch.int64)
+
+
+def check_index_slots(slots: torch.Tensor, batch: int, max_slots: int, device: torch.device) -> None:
+    """`check_slots` for a slot map of int32 or int64 (the kernels that load either as it is
+    spare the talker's int64 slots a cast launch)."""
+    check("slots", slots, (batch,), INDEX, device=device)
+    if slots.device.type == "cpu":
+        check_slots(slots.to(torch.int32), batch, max_slots, device)
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())

@@ -25,10 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels._check import FLOATS, check, check_slots, next_pow2
+from gpu.kernels._check import FLOATS, INDEX, check, check_index_slots, next_pow2
 
 LOG2E = 1.4426950408889634
-INDEX = (torch.int32, torch.int64)
 
 
 @triton.jit
@@ -214,14 +213,6 @@ def _splits(batch: int, hkv: int, max_len: int, device: torch.device) -> int:
     # Enough programs for ~4 per SM, but no split shorter than 128 positions.
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     return max(1, min(triton.cdiv(4 * sms, batch * hkv), triton.cdiv(max_len, 128)))
-
-
-def check_index_slots(slots: torch.Tensor, batch: int, max_slots: int, device: torch.device) -> None:
-    """`check_slots` for a slot map of int32 or int64 (the kernels load either as it is, so the
-    talker's int64 slots need no cast launch)."""
-    check("slots", slots, (batch,), INDEX, device=device)
-    if slots.device.type == "cpu":
-        check_slots(slots.to(torch.int32), batch, max_slots, device)
 
 
 def decode_attention(q, k_cache, v_cache, slots, lengths, *, scale: float, window: int = 0,

@@ -27,8 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels._check import check, next_pow2
-from gpu.kernels.decode_attention import INDEX, check_index_slots
+from gpu.kernels._check import INDEX, check, check_index_slots, next_pow2
 from gpu.kernels.rms_norm import _round_bf16
 from gpu.model.talker_text import RMSNorm, apply_rope_tables, rope_tables
 

@@ -18,6 +18,7 @@ Checkpoint names, random init and loading: talker_weights.py (MODEL.md §7, §8)
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -258,26 +259,41 @@ class DecoderLayer(nn.Module):
         return attend(q, keys, values, pos, self.window, cfg.attn_scale)
 
 
-@dataclass
 class _FrameConstants:
     """Computed once per backbone call instead of once per layer: on the GPU each of these is
-    a few kernel launches, and the talker's beat is launch-bound (28 layers)."""
-    rope: dict[float, tuple[Tensor, Tensor]]   # θ → rope_tables [B, 1, T, 1, D]
-    cos_sin: dict[float, tuple[Tensor, Tensor]]  # θ → rope_cos_sin [B, 1, T, D/2] (the engine's)
-    slot_idx: Tensor                           # KV write indices, broadcast to [B, R, T, Hkv]
-    row_idx: Tensor
-    head_idx: Tensor
-    pos_idx: Tensor
+    a few kernel launches, and the talker's beat is launch-bound (28 layers). Each is made on
+    first use: the engine's decode path reads only `cos_sin`, the reference path the rest."""
 
-    @classmethod
-    def of(cls, cfg: TalkerConfig, pos: Tensor, slots: Tensor, rows: int) -> "_FrameConstants":
-        dev = pos.device
-        thetas = (cfg.rope_theta_full, cfg.rope_theta_local)
-        cos_sin = {th: rope_cos_sin(pos[:, None], cfg.head_dim, th) for th in thetas}
-        return cls({th: rope_tables(*cos_sin[th]) for th in thetas}, cos_sin,
-                   slots[:, None, None, None], torch.arange(rows, device=dev)[None, :, None, None],
-                   torch.arange(cfg.n_kv_heads, device=dev)[None, None, None, :],
-                   pos[:, None, :, None])
+    def __init__(self, cfg: TalkerConfig, pos: Tensor, slots: Tensor, rows: int):
+        self._cfg, self._pos, self._slots, self._rows = cfg, pos, slots, rows
+        self._thetas = (cfg.rope_theta_full, cfg.rope_theta_local)
+
+    @functools.cached_property
+    def cos_sin(self) -> dict[float, tuple[Tensor, Tensor]]:
+        """θ → rope_cos_sin [B, 1, T, D/2]."""
+        return {th: rope_cos_sin(self._pos[:, None], self._cfg.head_dim, th) for th in self._thetas}
+
+    @functools.cached_property
+    def rope(self) -> dict[float, tuple[Tensor, Tensor]]:
+        """θ → rope_tables [B, 1, T, 1, D]."""
+        return {th: rope_tables(*self.cos_sin[th]) for th in self._thetas}
+
+    # KV write indices, broadcast to [B, R, T, Hkv]
+    @functools.cached_property
+    def slot_idx(self) -> Tensor:
+        return self._slots[:, None, None, None]
+
+    @functools.cached_property
+    def row_idx(self) -> Tensor:
+        return torch.arange(self._rows, device=self._pos.device)[None, :, None, None]
+
+    @functools.cached_property
+    def head_idx(self) -> Tensor:
+        return torch.arange(self._cfg.n_kv_heads, device=self._pos.device)[None, None, None, :]
+
+    @functools.cached_property
+    def pos_idx(self) -> Tensor:
+        return self._pos[:, None, :, None]
 
 
 class Backbone(nn.Module):
@@ -288,7 +304,7 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
 
     def forward(self, x: Tensor, pos: Tensor, state: TalkerState, slots: Tensor) -> Tensor:
-        frame = _FrameConstants.of(self.cfg, pos, slots, x.shape[1])
+        frame = _FrameConstants(self.cfg, pos, slots, x.shape[1])
         for layer in self.layers:
             x = layer(x, pos, state, slots, frame)
         return self.norm(x)
