@@ -55,10 +55,10 @@ class _StandIns(decode_ops.TritonDecodeOps):
     def __init__(self, census: _Census):
         self.census = census
 
-    def _empty(self, *shape, like):
+    def _empty(self, *shape, like, dtype=None):
         self.census.quiet += 1
         try:
-            return torch.empty(*shape, device=like.device, dtype=like.dtype)
+            return torch.empty(*shape, device=like.device, dtype=dtype or like.dtype)
         finally:
             self.census.quiet -= 1
 
@@ -75,11 +75,7 @@ class _StandIns(decode_ops.TritonDecodeOps):
 
     def mog_choice(self, logits, uniforms, top_p):
         self.census.launch("triton mog_sample", 1)
-        self.census.quiet += 1
-        try:
-            return torch.empty(logits.shape[0], device=logits.device, dtype=torch.int32)
-        finally:
-            self.census.quiet -= 1
+        return self._empty(logits.shape[0], like=logits, dtype=torch.int32)
 
     def talker_qkv(self, layer, h, pos, state, slots, frame):
         self.census.launch("triton qk_norm_rope", 1)

@@ -46,17 +46,24 @@ MHA_DOT = [(torch.float32, torch.float32, 3, 3, 9, 45, [45, 7, 30], 10, 2, False
 def test_decode_attention_matches_ref(q_dtype, kv_dtype, hq, hkv, head_dim, cap, lengths, window,
                                       splits, seq_major, variant):
     q, k, v = make(q_dtype, kv_dtype, hq, hkv, head_dim, cap, seed=hq + cap, seq_major=seq_major)
+    o, slots, lens = run_checked(q, k, v, lengths, scale=head_dim ** -0.5, window=window,
+                                 num_splits=splits, **variant)
+    o_ref = decode_attention_ref(q, k, v, slots, lens, scale=head_dim ** -0.5, window=window)
+    tol = TOL[torch.bfloat16 if torch.bfloat16 in (q_dtype, kv_dtype) else torch.float32]
+    assert rel(o, o_ref) < tol, rel(o, o_ref)
+
+
+def run_checked(q, k, v, lengths, **kw):
+    """decode_attention of rows at slots [4, 0, 2] with these lengths into a NaN-filled `out`:
+    (o, slots, lengths) once it returned `out`, all finite, and left the cache as it was."""
     slots = torch.tensor([4, 0, 2], dtype=torch.int32, device=DEV)
     lens = torch.tensor(lengths, dtype=torch.int32, device=DEV)
     k0, v0 = k.clone(), v.clone()
     out = torch.full_like(q, float("nan"))
-    o = decode_attention(q, k, v, slots, lens, scale=head_dim ** -0.5, window=window, out=out,
-                         num_splits=splits, **variant)
-    o_ref = decode_attention_ref(q, k, v, slots, lens, scale=head_dim ** -0.5, window=window)
-    tol = TOL[torch.bfloat16 if torch.bfloat16 in (q_dtype, kv_dtype) else torch.float32]
+    o = decode_attention(q, k, v, slots, lens, out=out, **kw)
     assert o is out and torch.isfinite(o).all()
-    assert rel(o, o_ref) < tol, rel(o, o_ref)
     assert torch.equal(k, k0) and torch.equal(v, v0), "attention must not write the cache"
+    return o, slots, lens
 
 
 def test_decode_attention_default_splits_and_max_len():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -117,6 +118,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                            start_timeout_s=OPEN_TIMEOUT_S),
                 backend, clock)
     await node.start()
+    gc.freeze()                      # as `python -m wave_actors.node` serves (node_cli.serve)
     procs = 0 if loop_virtual else args.client_procs
     try:
         if procs:
@@ -137,6 +139,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
         errors = sum(node.counters.errors.values())
     finally:
         await node.drain()
+        gc.unfreeze()                # collectable again: a bench run inside a test process
         if own:
             backend.close()
     lat = np.array([r.latency_s for r in records]) * 1000

@@ -9,7 +9,6 @@ until SIGINT/SIGTERM, then drains: new opens are refused, every session gets `cl
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,11 +117,6 @@ class Node:
             self.metrics.serve(self.cfg.metrics_port)
         self._tasks.append(asyncio.get_running_loop().create_task(self._recv_loop()))
         self._update_gauges()
-        # The model, its state and the graphs are built: move them out of the cyclic collector's
-        # reach, so an old-generation collection walks only what serving allocates (a full walk of
-        # a loaded model is a pause of tens of ms, a late beat; on the H200 one beat in 200 at
-        # 96 sessions ran 162 ms against a p99 of 104 before this).
-        gc.freeze()
 
     def _make_clock(self) -> BeatClockActor:
         # A fresh inproc address per incarnation: a dead clock's socket may still hold its own.
@@ -180,7 +174,6 @@ class Node:
         if self._auth:
             self._auth.stop()
         self.sock.close(0)
-        gc.unfreeze()                # what start froze is collectable again (a node in a test)
 
     # -- outbound ---------------------------------------------------------------------------------
     def send(self, identity: bytes, frames: list[bytes], droppable: bool = False) -> bool:
