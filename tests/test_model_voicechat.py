@@ -193,25 +193,28 @@ def test_profiles_follow_model_md_section_4():
 KV_RING_EXTRA = 24 * 71 * 2 * 1024 * 2 - 3_440_640    # perception K/V ring vs §3's channel cache
 
 
-@pytest.mark.parametrize("name,mb,fixed,growth", [("reference", 969.0, 166_694_864, 532_480),
-                                                   ("dense", 374.0, 152_373_200, 145_408)])
+@pytest.mark.parametrize("name,mb,fixed,growth", [("reference", 969.5, 166_694_864, 532_480),
+                                                   ("dense", 374.2, 152_373_200, 145_408)])
 def test_session_state_bytes_match_model_md_section_3(name, mb, fixed, growth):
     """From the allocated shapes on the meta device. The differences from §3's table: the
     perception caches K and V in a 71-row ring (§2.2's exact alternative: 6,979,584 B instead of
     the 3,440,640 B channel cache), the thinker's trash KV row (16,384 B), int64 counters and
-    tokens, the mel tail (−116 B) and no 8-sample ISTFT tail (flush recomputes it)."""
+    tokens, the mel tail (−116 B) and no 8-sample ISTFT tail (flush recomputes it). The talker
+    holds an even number of positions (aligned_positions: 37 warm-up + 1500 frames take 1538)."""
     cfg, profile = VoiceChatConfig.full(), Profile.named(name)
-    at = session_state_bytes(cfg, profile, 1500)
+    at = session_state_bytes(cfg, profile, 1501)                        # 1538 positions, no padding
     assert round(at["total"] / 1e6, 1) == mb
-    assert session_state_bytes(cfg, profile, 1501)["total"] - at["total"] == growth
-    base = session_state_bytes(cfg, profile, 0)
-    assert 16_384 <= base["total"] - fixed - KV_RING_EXTRA < 16_384 + 512
+    padded = session_state_bytes(cfg, profile, 1500)
+    assert padded["talker.k"] == at["talker.k"] and at["total"] - padded["total"] == 16_384
+    assert session_state_bytes(cfg, profile, 1503)["total"] - at["total"] == 2 * growth
+    base = session_state_bytes(cfg, profile, 1)                         # 38 positions
+    assert 16_384 <= base["total"] - fixed - growth - KV_RING_EXTRA < 16_384 + 512
     assert base["thinker.ssm"] == 141_557_760 and base["thinker.conv"] == 1_990_656
     assert base["perception.k"] + base["perception.v"] == 6_979_584
     assert base["perception.time"] == 393_216
-    assert base["talker.k"] + base["talker.v"] == {"reference": 19_095_552, "dense": 4_773_888}[name]
+    assert base["talker.k"] + base["talker.v"] == {"reference": 19_095_552, "dense": 4_773_888}[name] + growth - 16_384
     assert sum(v for k, v in base.items() if k.startswith("codec.conv")) == 193_536
-    assert session_state_bytes(cfg, profile, 1500, prompt=100)["total"] - at["total"] == 100 * 16_384
+    assert session_state_bytes(cfg, profile, 1501, prompt=100)["total"] - at["total"] == 100 * 16_384
 
 
 def test_reset_touches_only_its_slots(model):

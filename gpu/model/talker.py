@@ -19,6 +19,7 @@ Checkpoint names, random init and loading: talker_weights.py (MODEL.md §7, §8)
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -117,6 +118,15 @@ PROFILES: dict[str, tuple[int, torch.dtype]] = {      # CFG rows, KV dtype (MODE
 }
 
 
+def aligned_positions(positions: int, head_dim: int) -> int:
+    """`positions` rounded up so that one head's span, positions·head_dim elements, is a multiple
+    of 16. Triton specialises an integer argument on divisibility by 16, and only then can it
+    prove each K/V row 16-byte aligned and load it as vectors: with an odd P (head_dim 72) the
+    talker's decode attention streamed 2.9 TB/s instead of 4.4 (bench/results/attn-layout-h200.json)."""
+    step = 16 // math.gcd(16, head_dim)
+    return -(-positions // step) * step
+
+
 @dataclass
 class TalkerState:
     """Per-slot talker state; every tensor's leading dim is max_slots."""
@@ -144,7 +154,8 @@ class TalkerState:
         if max_positions > cfg.max_positions:
             raise ValueError(f"max_positions {max_positions} > cap {cfg.max_positions}")
         rows, default_dtype = PROFILES[profile]
-        shape = (max_slots, cfg.n_layers, rows, cfg.n_kv_heads, max_positions, cfg.head_dim)
+        shape = (max_slots, cfg.n_layers, rows, cfg.n_kv_heads,
+                 aligned_positions(max_positions, cfg.head_dim), cfg.head_dim)
         dtype = kv_dtype or default_dtype
         return cls(torch.zeros(shape, dtype=dtype, device=device),
                    torch.zeros(shape, dtype=dtype, device=device),
