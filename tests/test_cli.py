@@ -109,6 +109,11 @@ def test_bench_writes_json(tmp_path):
                 "p50_ms", "p99_ms", "gpu", "commit"):
         assert key in res, key
     assert res["beats"] == 25 and res["late_beats"] == 0 and res["sessions"] == 6
+    # every measured beat's times, in order, for finding where a tail comes from
+    trace = res["per_run"][0]["trace"]
+    assert {len(v) for v in trace.values()} == {25} and set(trace) == {"latency_ms", "compute_ms", "begin_ms"}
+    assert max(trace["latency_ms"]) == round(res["per_run"][0]["max_ms"], 1)
+    assert all(c <= l + 0.1 for c, l in zip(trace["compute_ms"], trace["latency_ms"]))
     # the modelled beat at 6 sessions and 1500 frames of context (MODEL.md §5 roofline)
     assert 13.0 < res["p50_ms"] < 16.0
 

@@ -124,6 +124,38 @@ def test_beats_equal_the_reference_frames_with_forced_tokens_and_the_end_of_cont
     assert torch.allclose(mine.talker.v[1, :, :, :, :p], ref.talker.v[1, :, :, :, :p], atol=1e-5)
 
 
+def test_context_hold_keeps_a_session_running_at_the_end_of_its_context():
+    """With context_hold (the GPU benchmark's setting) a session at max_context steps back that
+    many positions and runs on, never silenced: its context cycles within hold frames of the end."""
+    context, hold = 8, 4
+    with pytest.raises(ValueError, match="context_hold"):
+        CpuBackend(BackendOptions(max_sessions=1, max_context=context, context_hold=context + 1))
+    backend = CpuBackend(BackendOptions(max_sessions=2, profile="fp32", max_context=context,
+                                        context_hold=hold))
+
+    async def run() -> list[tuple[int, int]]:
+        inp, out, seen = backend.alloc_input(), backend.alloc_output(), []
+        for k in range(16):
+            inp.live[:] = [backend.ready(s) for s in range(2)]
+            inp.audio[:] = beat_audio(k, 2)
+            await backend.run_beat(inp, out)
+            if inp.live[0]:
+                assert np.abs(out.pcm[0]).max() > 0, k                  # not silenced
+                seen.append((int(backend.state.thinker.length[0]), int(backend.state.talker.position[0])))
+        return seen
+
+    try:
+        backend.open_slot(0, SessionSpec("Hi.", []))
+        seen = asyncio.run(run())
+    finally:
+        backend.close()
+    n_prompt = len(prompt_tokens(backend.text_codec, "Hi.", []))
+    thinker = [n - n_prompt for n, _ in seen]
+    talker = [p - CFG.talker.n_warmup for _, p in seen]
+    assert len(seen) >= 8 and thinker == talker
+    assert talker == [2, 4, 6, 8] + [6, 8] * ((len(seen) - 4) // 2) + [6] * (len(seen) % 2)
+
+
 # ----------------------------------------------------------------------------- the real node
 
 def free_port() -> int:

@@ -21,6 +21,8 @@ class BackendOptions:
     checkpoint: str | None = None       # safetensors file with the real tensor names
     tokenizer: str | None = None        # tokenizer.json of the text tokenizer
     seed: int = 0
+    context_hold: int = 0               # bench: a session at max_context steps back this many
+                                        # frames and runs on, instead of going silent
 
 
 def make_backend(name: str, opts: BackendOptions, clock: Clock | None = None) -> Backend:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import gc
 import json
 import os
 import platform
@@ -33,10 +32,12 @@ from wave_actors.bench_clients import OPEN_TIMEOUT_S, Generators, drive_all
 from wave_actors.clocks import Clock, new_loop
 from wave_actors.frames import BEAT_S
 from wave_actors.node import Node, NodeConfig
+from wave_actors.serving_process import serving_process
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 WARMUP_BEATS = 8            # on-time beats in a row before measuring
 WARMUP_MAX = 64             # beats of warm-up at most
+HOLD_FRAMES = 8             # GPU runs: contexts stay within this many frames above --context
 CLIENT_PROCS = max(1, min(4, (os.cpu_count() or 2) // 4))   # callers' processes, real time
 
 
@@ -58,6 +59,9 @@ class RunResult:
     # the backend's own time per beat: what of the latency above it is host work
     compute_p50_ms: float = 0.0
     compute_p99_ms: float = 0.0
+    # every measured beat in order, ms to 0.1: latency, the backend's time, and the host's time
+    # before the backend was called; where a tail comes from
+    trace: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -89,16 +93,20 @@ def context_frames(args, n: int) -> int:
 
 def make_backend_for(args, max_n: int, clock: Clock | None = None):
     """One backend for the whole benchmark: a GPU model is built once and serves every run (each
-    run is a fresh node whose sessions reset their slots). Slots are sized for `max_n` sessions
-    and every session's context for the pre-filled frames plus the frames the runs add."""
-    # A GPU run ends at `context` frames: sessions start pre-filled to context minus what the
-    # run adds, so the state is sized for `context` (the memory ceiling at that context) and the
-    # last beats run at it. The simulator models the whole run at `context`.
+    run is a fresh node whose sessions reset their slots). Slots are sized for `max_n` sessions."""
+    # Every measured beat runs at `context` frames, however many beats a run has. On the GPU a
+    # session goes live pre-filled to `context` and holds there: each time it has run HOLD_FRAMES
+    # more it steps back HOLD_FRAMES positions (BackendOptions.context_hold), so the state is
+    # sized for context + HOLD_FRAMES (the memory ceiling at that context). 500 beats add 1000
+    # frames: grown instead, they would need two thirds more memory per session, or a start at
+    # 500 frames that measures a shorter conversation on average. The simulator models the
+    # whole run at `context`.
     gpu = args.backend == "graph"
-    offset = max(0, args.context - context_frames(args, max_n)) if gpu else args.context
-    max_context = args.context + 8 if gpu else args.context + context_frames(args, max_n)
+    offset = args.context
+    max_context = args.context + (HOLD_FRAMES if gpu else context_frames(args, max_n))
     opts = BackendOptions(max(max_n, args.max_sessions or 0), args.profile, args.config,
-                          max_context, offset, args.cost_model, None, None, args.seed)
+                          max_context, offset, args.cost_model, None, None, args.seed,
+                          context_hold=HOLD_FRAMES if gpu else 0)
     return make_backend(args.backend, opts, clock)
 
 
@@ -118,28 +126,12 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                            start_timeout_s=OPEN_TIMEOUT_S),
                 backend, clock)
     await node.start()
-    gc.freeze()                      # as `python -m wave_actors.node` serves (node_cli.serve)
-    procs = 0 if loop_virtual else args.client_procs
     try:
-        if procs:
-            callers = Generators(node.endpoint, n, procs)
-            try:
-                records = await _while_alive(callers, _measure_beats(args, node, n, clock))
-                stats, refusals = await callers.finish()
-            finally:
-                callers.kill()
-        else:
-            stop = asyncio.Event()
-            async with NodeClient(node.endpoint, ctx=node.ctx) as client:
-                driving = asyncio.get_running_loop().create_task(
-                    drive_all(client, range(n), clock, stop))
-                records = await _measure_beats(args, node, n, clock)
-                stop.set()
-                stats, refusals = await driving
+        with serving_process():      # as `python -m wave_actors.node` serves
+            records, stats, refusals = await _drive(args, node, n, clock, loop_virtual)
         errors = sum(node.counters.errors.values())
     finally:
         await node.drain()
-        gc.unfreeze()                # collectable again: a bench run inside a test process
         if own:
             backend.close()
     lat = np.array([r.latency_s for r in records]) * 1000
@@ -150,7 +142,44 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      sum(s["underruns"] for s in stats), sum(s["dropped"] for s in stats),
                      refusals, sum(s["frames_in"] for s in stats),
                      sum(s["frames_out"] for s in stats), errors,
-                     float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)))
+                     float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
+                     _trace(records))
+
+
+def _worst(trace: dict, k: int = 3) -> str:
+    """The k slowest beats as 'latency (backend, before the call) @ index', ms."""
+    lat = trace["latency_ms"]
+    top = sorted(range(len(lat)), key=lat.__getitem__, reverse=True)[:k]
+    return "  ".join(f"{lat[i]:.0f} ({trace['compute_ms'][i]:.0f}, {trace['begin_ms'][i]:.0f}) @{i}"
+                     for i in top)
+
+
+def _trace(records: list) -> dict:
+    ms = lambda xs: [round(1000 * x, 1) for x in xs]
+    return {"latency_ms": ms(r.latency_s for r in records),
+            "compute_ms": ms(r.compute_s for r in records),
+            "begin_ms": ms(r.begin_s for r in records)}
+
+
+async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool):
+    """n callers through the node until the measured beats ran: (records, caller stats,
+    refusals). Real time: callers in load-generator processes; virtual: in this loop."""
+    procs = 0 if loop_virtual else args.client_procs
+    if procs:
+        callers = Generators(node.endpoint, n, procs)
+        try:
+            records = await _while_alive(callers, _measure_beats(args, node, n, clock))
+            stats, refusals = await callers.finish()
+        finally:
+            callers.kill()
+        return records, stats, refusals
+    stop = asyncio.Event()
+    async with NodeClient(node.endpoint, ctx=node.ctx) as client:
+        driving = asyncio.get_running_loop().create_task(drive_all(client, range(n), clock, stop))
+        records = await _measure_beats(args, node, n, clock)
+        stop.set()
+        stats, refusals = await driving
+    return records, stats, refusals
 
 
 async def _measure_beats(args, node: Node, n: int, clock: Clock) -> list:
@@ -223,6 +252,8 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
               f"{res.p99_ms:7.2f} ms  late {res.late_beats:3d}/{res.beats}  underruns "
               f"{res.underruns}  dropped {res.dropped}  (backend p50 {res.compute_p50_ms:.1f} / "
               f"p99 {res.compute_p99_ms:.1f} ms)", flush=True)
+        if res.trace.get("latency_ms"):
+            print(f"           worst beats: {_worst(res.trace)}", flush=True)
         results.append(res)
         if args.fail_fast and res.late_beats:
             print(f"  N={n:4d}: late beat, stopping this N (--fail-fast)", flush=True)
@@ -302,7 +333,7 @@ def parse_args(argv=None):
     ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
     ap.add_argument("--config", choices=("tiny", "full"), default="full")
     ap.add_argument("--context", type=int, default=1500,
-                    help="frames of context every session is pre-filled to")
+                    help="frames of context every session holds while measured")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--max-sessions", type=int, default=0, help="slots (default: --sessions)")
     ap.add_argument("--beats", type=int, default=500)

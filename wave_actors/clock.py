@@ -67,6 +67,7 @@ class BeatRecord:
     compute_s: float
     sessions: int
     late: bool
+    begin_s: float = 0.0     # release → the backend called (frames packed, ops applied)
 
 
 @dataclass
@@ -239,12 +240,13 @@ class BeatClockActor(Actor):
                 self._resolve_ready(ready)
             plan = self.scheduler.pack(inp, ready)
             if self._backend_open:               # prefilling slots advance in beats too
+                begin = self.clock.now() - release
                 await self.backend.run_beat(inp, out)
                 latency = self.clock.now() - release
                 routed = self.scheduler.complete(plan, late=latency > LATE_AFTER_S and bool(plan.slots))
                 self._route(routed, out)
                 latency = self.clock.now() - release
-                self._record(plan.beat, release, latency, out.compute_s, len(plan.slots))
+                self._record(plan.beat, release, latency, out.compute_s, len(plan.slots), begin)
             else:
                 self.scheduler.complete(plan, late=False)
             k += 1
@@ -263,12 +265,13 @@ class BeatClockActor(Actor):
             except (zmq.ZMQError, TypeError):
                 self.stats.unroutable += 1
 
-    def _record(self, beat: int, release: float, latency: float, compute: float, n: int) -> None:
+    def _record(self, beat: int, release: float, latency: float, compute: float, n: int,
+                begin: float) -> None:
         """Every beat the backend ran is recorded (its time delays the next); only beats that
         carried live sessions count in latency and lateness: a prefill-only beat has no audio
         waiting on it."""
         late = latency > LATE_AFTER_S and n > 0
-        rec = BeatRecord(beat, release, latency, compute, n, late)
+        rec = BeatRecord(beat, release, latency, compute, n, late, begin)
         if self._keep_records:
             self.stats.records.append(rec)
         if n == 0:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import logging
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 from wave_actors.backends import NAMES, BackendOptions, make_backend
 from wave_actors.clocks import Clock, new_loop
 from wave_actors.node import Node, NodeConfig
+from wave_actors.serving_process import serving_process
 
 DEMO_WAV = Path(__file__).resolve().parents[1] / "assets" / "demo_user.wav"
 
@@ -102,10 +102,11 @@ async def show_status(node: Node, every: float = 0.5) -> None:
 async def serve(args) -> int:
     node = build(args)
     await node.start()
-    # The model, its state and its graphs are built: move them out of the cyclic collector's
-    # reach, so an old-generation collection walks only what serving allocates (a walk over a
-    # loaded model is a pause of tens of ms, enough to make a beat late).
-    gc.freeze()
+    with serving_process():          # the model, its state and its graphs are built
+        return await _serve(node, args)
+
+
+async def _serve(node: Node, args) -> int:
     print(json.dumps({"listening": node.endpoint, **node.backend.describe()}), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

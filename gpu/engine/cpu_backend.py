@@ -14,7 +14,10 @@ the model step never synchronises. The KV caches are sized for `max_context` fra
 runs on a window of them rounded up to 64 positions past the longest session in the call, which
 keeps the eager attention cost proportional to the context in use (results identical, see
 `VoiceChatState.window`). A session that has run `max_context` frames is out of context: it gets
-silence and PAD from then on (logged once), until it is closed.
+silence and PAD from then on (logged once), until it is closed. A benchmark instead sets
+`context_hold`: such a session steps back that many positions (thinker and talker; the caches keep
+their rows) and runs on, so its context stays within `context_hold` frames of `max_context` for
+as many beats as the run lasts.
 """
 from __future__ import annotations
 
@@ -61,6 +64,11 @@ class _Slot:
     prompt_done: int = 0                # thinker positions prefilled
     warm_done: int = 0                  # talker warm-up positions run
     frames: int = 0                     # frames run since it went live
+    rewound: int = 0                    # frames stepped back by `context_hold`
+
+    @property
+    def context(self) -> int:           # frames its caches hold (past the prompt and warm-up)
+        return self.frames - self.rewound
     forced: deque = field(default_factory=deque)    # function-result tokens still to force
     reset: bool = False                 # state rows to reset before anything else runs
 
@@ -76,6 +84,7 @@ class _Plan:
     thinker_need: int                   # positions the live frames reach (thinker, talker)
     talker_need: int
     spent: list[int]                    # live in the clock's eyes but out of context: silence
+    rewind: list[int] = field(default_factory=list)                          # step back first
     went_live: list[int] = field(default_factory=list)                       # ready after this beat
     prefill: list[tuple[int, list[int], int]] = field(default_factory=list)  # (slot, chunk, start)
     warmup: dict[int, list[tuple[int, int]]] = field(default_factory=dict)   # count → (slot, start)
@@ -95,6 +104,9 @@ class CpuBackend(Backend):
         self.opts = opts
         self.max_sessions = opts.max_sessions
         self.max_context = opts.max_context
+        if not 0 <= opts.context_hold <= opts.max_context - opts.context_offset:
+            raise ValueError(f"context_hold {opts.context_hold} must be within the "
+                             f"{opts.max_context - opts.context_offset} frames a session may run")
         self.text_codec = load_text_codec(opts.tokenizer)
         self.user_codec = UserByteFallbackCodec()
         self.cfg, char_table = self._config(opts)
@@ -190,12 +202,17 @@ class CpuBackend(Backend):
         resets = [i for i, s in enumerate(self._slots) if s.reset]
         for i in resets:
             self._slots[i].reset = False
-        live, spent = [], []
+        live, spent, rewind = [], [], []
+        hold = self.opts.context_hold
         for i in map(int, np.flatnonzero(inp.live)):
             s = self._slots[i]
-            if s.phase == "live" and s.frames + FRAMES_PER_BEAT > self.max_context:
-                log.warning("slot %d ran out of context (%d frames): silent from now on", i, s.frames)
-                s.phase = "spent"
+            if s.phase == "live" and s.context + FRAMES_PER_BEAT > self.max_context:
+                if hold:
+                    rewind.append(i)
+                    s.rewound += hold
+                else:
+                    log.warning("slot %d ran out of context (%d frames): silent from now on", i, s.frames)
+                    s.phase = "spent"
             if s.phase in ("live", "spent"):
                 (live if s.phase == "live" else spent).append(i)
         rows = [self._slots[i] for i in live]
@@ -206,9 +223,9 @@ class CpuBackend(Backend):
         plan = _Plan(resets, live, inp.audio[live], forced,                 # (a copy)
                      np.array([s.session for s in rows], np.int64),
                      np.array([s.frames for s in rows], np.int64),
-                     max((len(s.prompt) + s.frames for s in rows), default=0) + FRAMES_PER_BEAT,
-                     max((s.frames for s in rows), default=0) + self.cfg.talker.n_warmup + FRAMES_PER_BEAT,
-                     spent)
+                     max((len(s.prompt) + s.context for s in rows), default=0) + FRAMES_PER_BEAT,
+                     max((s.context for s in rows), default=0) + self.cfg.talker.n_warmup + FRAMES_PER_BEAT,
+                     spent, rewind)
         for s in rows:
             s.frames += FRAMES_PER_BEAT
         self._plan_start(plan)
@@ -248,6 +265,8 @@ class CpuBackend(Backend):
         with torch.no_grad():
             if plan.resets:
                 self.state.reset(self._index(plan.resets))
+            if plan.rewind:
+                self._rewind(self._index(plan.rewind))
             if plan.live:
                 self._frames(plan, out)
             for i in plan.spent:
@@ -266,6 +285,11 @@ class CpuBackend(Backend):
             self.start_budget.observe_live(len(plan.live), t1 - t0)
         self.beat_cpu_s.append(time.thread_time() - c0)
         return time.perf_counter() - t0
+
+    def _rewind(self, slots: torch.Tensor) -> None:
+        """`context_hold` positions back (see top): the next frames overwrite rows already there."""
+        self.state.thinker.length[slots] -= self.opts.context_hold
+        self.state.talker.position[slots] -= self.opts.context_hold
 
     def _index(self, values) -> torch.Tensor:
         """Host ints → an int64 tensor on the state's device (slots, tokens, counts)."""
