@@ -15,6 +15,7 @@ nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee $OUT/nvs
 if [ -n "$PYTEST" ]; then
   timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/test_kernels_*.py \
     tests/test_engine_paths.py tests/test_model_voicechat.py tests/test_talker_decode_ops.py \
+    tests/test_codec_decode_ops.py \
     2>&1 | tee $OUT/pytest.log | tail -4
 fi
 if [ -n "$CHECK" ]; then

@@ -87,6 +87,10 @@ class _StandIns(decode_ops.TritonDecodeOps):
         self.census.launch("triton decode_attention (+ combine)", 2)      # all CFG rows
         return self._empty(q.shape[0], q.shape[1], 1, q.shape[3] * q.shape[4], like=q)
 
+    def codec_dwconv_ln(self, block, x, cache, slots):
+        self.census.launch("triton convnext dwconv_ln (+ cache)", 2)
+        return self._empty(*x.shape, like=x)
+
 
 def census(sessions: int, profile: str, config: str = "full") -> collections.Counter:
     """(stage, op) → launches in one frame of `sessions` sessions on the engine path."""

@@ -63,7 +63,9 @@ def test_triton_decode_path_equals_reference_step():
     for a, b in zip(ref, fast):
         assert torch.equal(a.text, b.text) and torch.equal(a.func, b.func)
         assert torch.equal(a.codes, b.codes)
-        torch.testing.assert_close(a.pcm, b.pcm, rtol=1e-5, atol=1e-5)
+        # fp32 rounding: the engine's codec runs channels-last (its reference is itself ~2e-5
+        # from an fp64 run, the tolerance test_model_tts_codec uses)
+        torch.testing.assert_close(a.pcm, b.pcm, rtol=1e-5, atol=1e-4)
     # the kernels updated the state in place exactly where the reference wrote it
     torch.testing.assert_close(st_fast.thinker.ssm, st_ref.thinker.ssm, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(st_fast.talker.k, st_ref.talker.k, rtol=1e-5, atol=1e-6)

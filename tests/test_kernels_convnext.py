@@ -1,5 +1,6 @@
 """convnext_step (Triton dwconv+LN, torch pwconvs) against convnext_step_ref, cache included;
-chunked calls equal one call over the whole sequence (the cache carries the causal context)."""
+chunked calls equal one call over the whole sequence (the cache carries the causal context); the
+cache as a strided view (the codec state's [S, C, 6] transposed) and int64 slots."""
 import pytest
 import torch
 
@@ -7,7 +8,6 @@ from gpu.kernels.convnext_step import convnext_step, convnext_step_ref
 from tests.tensorkit import rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-
 
 
 
@@ -25,13 +25,25 @@ def call(fn, x, cache, slots, p, **kw):
               p["pw2_w"], p["pw2_b"], **kw)
 
 
-@pytest.mark.parametrize("n_c,n_t", [(24, 9), (40, 3), (12, 63), (20, 1)])
-def test_convnext_step_matches_ref(n_c, n_t):
+def caches(cache0, layout):
+    """Two equal [S, 6, C] caches: contiguous, or views of [S, C, 6] storage (the codec state)."""
+    if layout == "time_major":
+        return cache0.clone(), cache0.clone()
+    return tuple(cache0.transpose(1, 2).contiguous().transpose(1, 2) for _ in range(2))
+
+
+@pytest.mark.parametrize("n_c,n_t,layout,index", [
+    (24, 9, "time_major", torch.int32), (40, 3, "time_major", torch.int32),
+    (12, 63, "time_major", torch.int32), (20, 1, "time_major", torch.int32),
+    (24, 9, "channel_major", torch.int64), (20, 1, "channel_major", torch.int32),
+    (12, 63, "channel_major", torch.int64), (40, 3, "time_major", torch.int64)])
+def test_convnext_step_matches_ref(n_c, n_t, layout, index):
     p, g = make(n_c, n_c * n_t)
     slot_list = [4, 0, 2]
-    slots = torch.tensor(slot_list, dtype=torch.int32, device=DEV)
+    slots = torch.tensor(slot_list, dtype=index, device=DEV)
     cache0 = torch.randn(6, 6, n_c, generator=g).to(DEV)
-    ck, cr = cache0.clone(), cache0.clone()
+    ck, cr = caches(cache0, layout)
+    assert ck.is_contiguous() == (layout == "time_major")
     for _ in range(2):
         x = torch.randn(3, n_t, n_c, generator=g).to(DEV)
         out = torch.full_like(x, float("nan"))
@@ -61,6 +73,11 @@ def test_convnext_step_rejects_bad_args():
     x = torch.randn(2, 5, 8, device=DEV)
     with pytest.raises(AssertionError, match="cache"):
         call(convnext_step, x, torch.zeros(3, 8, 6, device=DEV), torch.tensor([0, 1], dtype=torch.int32, device=DEV), p)
+    cache, slots = torch.randn(3, 6, 8, device=DEV), torch.tensor([0, 1], device=DEV)
+    before = cache.clone()
+    with pytest.raises(AssertionError, match="pw1_w"):       # before the kernels move the cache
+        call(convnext_step, x, cache, slots, p | {"pw1_w": p["pw1_w"][:, :4]})
+    assert torch.equal(cache, before)
     if DEV == "cpu":    # slot values are checked only where that costs no device sync
         with pytest.raises(AssertionError, match="repeat"):
             call(convnext_step, x, torch.zeros(3, 6, 8, device=DEV), torch.tensor([1, 1], dtype=torch.int32, device=DEV), p)

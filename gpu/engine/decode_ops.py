@@ -14,6 +14,13 @@ v, one kernel for both head norms, RoPE and the K/V write, and one launch pair o
 all CFG rows. It took 25 with CFG (23 without): 3 matmuls, 2 norms, 8 RoPE ops, 2 index writes
 (+ 2 casts to a bf16 cache), 3 ops for int32 slots and lengths, and per CFG row a q copy (with
 CFG) and an attention pair, then a stack.
+The codec (`Codec.step`'s hook) runs channels-last [B, T, C]. The reference works [B, C, T] and
+pays, per ConvNeXt block, a cache gather, a cat, cuDNN's depthwise conv, transposes around a
+separate LayerNorm and an index write back: its non-matmul part is ~60% of the codec's
+per-session cost on the H200. Here each Upsample is one matmul whose output already is the next
+layer's [B, T·k, C] input, and each block one Triton launch (depthwise conv + bias + LayerNorm,
+reading the [S, C, 6] cache in place) and one for the cache update, around the two pointwise
+matmuls.
 """
 from __future__ import annotations
 
@@ -24,12 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gpu.kernels.convnext_step import convnext_pointwise, dwconv_ln
 from gpu.kernels.decode_attention import decode_attention
 from gpu.kernels.mamba_step import mamba_step
 from gpu.kernels.mog_sample import mog_sample
 from gpu.kernels.qk_norm_rope import qk_norm_rope
 from gpu.kernels.rms_norm import rms_norm
 from gpu.model import talker_text, thinker
+from gpu.model.codec import Codec, CodecState, ConvNeXtBlock, Upsample
 
 
 class TritonDecodeOps:
@@ -99,6 +108,35 @@ class TritonDecodeOps:
                              scale=scale, window=window or 0, length_bias=1)
         return o.flatten(-2)[:, :, None]
 
+    def codec_step(self, codec: Codec, state: CodecState, codes: Tensor, slots: Tensor) -> Tensor:
+        """`Codec.step` channels-last: codes int [B, Q] of the sessions at `slots` [B] (int32 or
+        int64) → pcm fp32 [B, 1764]; the ConvNeXt caches and spectra of those slots updated as
+        the reference updates them, other slots untouched."""
+        x = codec.latent(codes[:, None]).transpose(1, 2)           # [B, 1, D], contiguous
+        caches = iter(state.conv)
+        for layer in codec.decoder.layers[:-1]:
+            if isinstance(layer, ConvNeXtBlock):
+                h = self.codec_dwconv_ln(layer, x, next(caches).transpose(1, 2), slots)
+                x = convnext_pointwise(h, x, layer.pwconv1.weight[..., 0], layer.pwconv1.bias,
+                                       layer.pwconv2.weight[..., 0], layer.pwconv2.bias)
+            else:
+                x = _upsample(layer, x)
+        params = F.linear(x, codec.decoder.layers[-1].weight[..., 0])   # [B, 441, 18]
+        return codec.stream_pcm(state, codec.to_spectra(params.transpose(1, 2)), slots)
+
+    def codec_dwconv_ln(self, block: ConvNeXtBlock, x: Tensor, cache: Tensor, slots: Tensor) -> Tensor:
+        """A ConvNeXt block's Triton part, 2 launches: h = LayerNorm(dwconv7([cache; x]) + bias)
+        [B, T, C] from x [B, T, C]; cache [S, 6, C] (any strides) updated at `slots`. A method of
+        its own so that a stand-in can replace the kernels alone (bench/op_census.py)."""
+        return dwconv_ln(x, cache, slots, block.dwconv.weight[:, 0], block.dwconv.bias,
+                         block.norm.weight, block.norm.bias, eps=block.norm.eps)
+
+
+def _upsample(up: Upsample, x: Tensor) -> Tensor:
+    # x [B, T, C_in] → [B, T·k, C_out]: row b·T + t of the product holds samples t·k .. t·k + k − 1.
+    c_in, c_out, _ = up.weight.shape
+    return torch.mm(x.view(-1, c_in), upsample_matrix(up)).view(x.shape[0], -1, c_out)
+
 
 def fused_qkv_weight(att: nn.Module) -> Tensor:
     """[W_q; W_k; W_v] [(Hq + 2·Hkv)·D, H] of a talker DecoderAttention, for one matmul in place
@@ -122,6 +160,35 @@ def fused_qkv_weight(att: nn.Module) -> Tensor:
             start += rows
     att.register_buffer("qkv_weight", fused, persistent=False)
     return fused
+
+
+def upsample_matrix(up: Upsample) -> Tensor:
+    """The codec Upsample's ConvTranspose weight [C_in, C_out, k] as W' [C_in, k·C_out], column
+    j·C_out + o = weight[:, o, j]: x [B·T, C_in] @ W' is then [B, T·k, C_out] as it lies. Kept
+    like `fused_qkv_weight`: the non-persistent buffer `up.matrix`, with `up.weight` made a view
+    of it (strides (k·C_out, 1, C_out)), so no second copy and an in-place load writes through;
+    a load that assigns new tensors or a move breaks the view, and the buffer is made again."""
+    mat = getattr(up, "matrix", None)
+    if mat is not None and _is_upsample_view(up.weight, mat):
+        return mat
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("upsample_matrix: made during a graph capture; call install() first")
+    w = up.weight
+    c_in, c_out, k = w.shape
+    with torch.no_grad():
+        mat = w.permute(0, 2, 1).reshape(c_in, k * c_out).contiguous()
+        up.weight = nn.Parameter(mat.view(c_in, k, c_out).permute(0, 2, 1),
+                                 requires_grad=w.requires_grad)
+    up.register_buffer("matrix", mat, persistent=False)
+    return mat
+
+
+def _is_upsample_view(w: Tensor, mat: Tensor) -> bool:
+    # Host metadata only, as _views_into.
+    c_in, c_out, k = w.shape
+    return (w.device == mat.device and w.dtype == mat.dtype and mat.shape == (c_in, k * c_out)
+            and w.stride() == (k * c_out, 1, c_out) and mat.is_contiguous()
+            and w.data_ptr() == mat.data_ptr())
 
 
 def _views_into(fused: Tensor, weights: list[Tensor]) -> bool:
@@ -151,14 +218,18 @@ _FUSED_NORMS = {
 
 
 def install(model, ops: TritonDecodeOps | None = None) -> None:
-    """Route the model's decode steps and RMSNorms through the kernels (`ops`; None restores the
-    reference path everywhere)."""
+    """Route the model's decode steps, codec frames and RMSNorms through the kernels (`ops`; None
+    restores the reference path everywhere)."""
     model.thinker.decode_ops = ops
     model.talker.tts_model.mog_head.decode_ops = ops
     for layer in model.talker.tts_model.backbone.layers:
         layer.decode_ops = ops
         if ops is not None:         # now, not on the first frame: that may be a graph capture
             fused_qkv_weight(layer.self_attn)
+    model.codec.decode_ops = ops
+    for layer in model.codec.decoder.layers:
+        if ops is not None and isinstance(layer, Upsample):
+            upsample_matrix(layer)
     for module in model.modules():
         fused = _FUSED_NORMS.get(type(module))
         if fused is not None:

@@ -13,6 +13,10 @@ Algorithm, per frame, for every session in the batch (caches slot-indexed):
 At stream end `flush` runs 2 zero spectra after the cache: the last 8 samples.
 Everything is fp32; the non-streaming `decode_sequence` is the same network over a whole code
 sequence (the streaming check in tests/test_model_tts_codec.py).
+This is the reference, channels-first [B, C, T]. With a `decode_ops` hook set (the engine's
+gpu/engine/decode_ops.py) `step` hands the network to it instead: the same function channels-last,
+with the ConvNeXt caches updated in place by Triton kernels; both share `to_spectra`,
+`stream_pcm` and `istft`.
 """
 from __future__ import annotations
 
@@ -201,6 +205,7 @@ class Codec(nn.Module):
         # parameters views of it): the latent is one gather and one sum, not 31 and 30.
         self.register_buffer("codebooks", torch.empty(cfg.n_codebooks, cfg.codebook_size, cfg.latent),
                              persistent=False)
+        self.decode_ops = None      # gpu.engine.decode_ops.TritonDecodeOps on the fast path
 
     @torch.no_grad()
     def stack_codebooks(self) -> None:
@@ -224,14 +229,17 @@ class Codec(nn.Module):
                 new.append(ctx)
             else:
                 x = layer(x)                                    # Upsample ×rate
-        params = self.decoder.layers[-1](x)                     # [B, 18, N]
+        return self.to_spectra(self.decoder.layers[-1](x)), new     # conv1x1 → [B, 18, N]
+
+    def to_spectra(self, params: Tensor) -> Tensor:
+        """conv1x1 output [B, 18, N] (magnitude logits | phases) → real|imag spectra [B, 18, N]."""
         nb = self.cfg.n_bins
         mag = self.cfg.max_magnitude * torch.sigmoid(params[:, :nb] - math.log(self.cfg.max_magnitude))
         phase = params[:, nb:]
         imag = mag * torch.sin(phase)
         imag[:, 0] = 0
         imag[:, -1] = 0
-        return torch.cat([mag * torch.cos(phase), imag], dim=1), new
+        return torch.cat([mag * torch.cos(phase), imag], dim=1)
 
     def istft(self, spec: Tensor) -> Tensor:
         """real|imag spectra [B, 18, N] → samples [B, (N − 1)·hop + n_fft − 2·(6 + 8)]."""
@@ -251,10 +259,17 @@ class Codec(nn.Module):
     def step(self, state: CodecState, codes: Tensor, slots: Tensor) -> Tensor:
         """codes int [B, Q] (< codebook_size: the talker substitutes silence for control codes)
         of the sessions at `slots` [B] → pcm fp32 [B, 1764]; writes only their cache rows."""
+        if self.decode_ops is not None:
+            return self.decode_ops.codec_step(self, state, codes, slots)
         contexts = [cache[slots] for cache in state.conv]
         spec, new = self.spectra(self.latent(codes[:, None]), contexts)
         for cache, ctx in zip(state.conv, new):
             cache[slots] = ctx
+        return self.stream_pcm(state, spec, slots)
+
+    def stream_pcm(self, state: CodecState, spec: Tensor, slots: Tensor) -> Tensor:
+        """A frame's new spectra [B, 18, 441] → pcm [B, 1764], after the slots' 4 cached spectra,
+        which then become the last 4 of this frame."""
         full = torch.cat([state.spec[slots], spec], dim=-1)          # [B, 18, 4 + 441]
         state.spec[slots] = full[..., -self.cfg.cache_spectra:]
         return self.istft(full)
