@@ -64,6 +64,18 @@ def run(codec: Codec, state: CodecState, frames: list[list[int]], index: torch.d
             for f, s in enumerate(frames)]
 
 
+@pytest.fixture(autouse=True)
+def fp32_only():
+    """fp32 against fp32: on the GPU, cuDNN runs the reference's convolutions in TF32 by default
+    (the engine's serving precision, ~1e-3), which would hide an error of the fast path."""
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
 @pytest.fixture(scope="module")
 def codec():
     return make_codec()
