@@ -1,4 +1,7 @@
-"""Helpers the model and kernel tests share: relative error in float64, and a no-autograd fixture."""
+"""Helpers the model and kernel tests share: relative error in float64, a no-autograd fixture, and
+fp32 matmuls and convolutions where a test compares two fp32 paths."""
+import contextlib
+
 import pytest
 import torch
 
@@ -11,3 +14,16 @@ def _no_grad():
 
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+@contextlib.contextmanager
+def exact_fp32():
+    """Within: matmuls and cuDNN convolutions in fp32. On the GPU cuDNN defaults to TF32 and a
+    GraphBackend sets the matmul flag for its profile (~1e-3 either), which would hide an error
+    between two fp32 paths; on the CPU this changes nothing."""
+    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
+        tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = tf32

@@ -13,7 +13,7 @@ from gpu.model.codec import (PREFIX, Codec, CodecConfig, CodecState, Upsample, i
                              load_codec)
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
-from tests.tensorkit import rel
+from tests.tensorkit import exact_fp32, rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"      # compiled kernels need device tensors
 CFG = CodecConfig.tiny()
@@ -66,14 +66,8 @@ def run(codec: Codec, state: CodecState, frames: list[list[int]], index: torch.d
 
 @pytest.fixture(autouse=True)
 def fp32_only():
-    """fp32 against fp32: on the GPU, cuDNN runs the reference's convolutions in TF32 by default
-    (the engine's serving precision, ~1e-3), which would hide an error of the fast path."""
-    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
-        try:
-            yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = tf32
+    with exact_fp32():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from gpu.engine.decode_ops import TritonDecodeOps, install
 from gpu.engine.parity import compare, engine_run, reference_run
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
+from tests.tensorkit import exact_fp32
 from wave_actors.backend import SessionSpec
 from wave_actors.backends import BackendOptions
 
@@ -57,8 +58,9 @@ def test_triton_decode_path_equals_reference_step():
                            torch.full((2,), -1, device=dev))
                 for f in range(3)]
         return outs, st
-    ref, st_ref = run(None)
-    fast, st_fast = run(TritonDecodeOps())
+    with exact_fp32():                  # on the GPU, TF32 would differ by ~1e-2 in the pcm
+        ref, st_ref = run(None)
+        fast, st_fast = run(TritonDecodeOps())
     install(model, None)
     for a, b in zip(ref, fast):
         assert torch.equal(a.text, b.text) and torch.equal(a.func, b.func)
