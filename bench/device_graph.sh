@@ -7,6 +7,8 @@
 #   "$1"                the capacity bench with these arguments
 # Usage on the device machine:
 #   WAVE_COMMIT=<sha> PYTEST=1 STAGES=8,32,64,96 bash bench/device_graph.sh "<bench args>"
+# WAVE_COMMIT is the commit of the tree sent, written out where the call is made: the device's copy
+# carries a stale .git, so `git rev-parse` run there names an older commit.
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
