@@ -111,9 +111,13 @@ def test_bench_writes_json(tmp_path):
     assert res["beats"] == 25 and res["late_beats"] == 0 and res["sessions"] == 6
     # every measured beat's times, in order, for finding where a tail comes from
     trace = res["per_run"][0]["trace"]
-    assert {len(v) for v in trace.values()} == {25} and set(trace) == {"latency_ms", "compute_ms", "begin_ms"}
+    assert {len(v) for v in trace.values()} == {25}
+    assert set(trace) == {"latency_ms", "compute_ms", "begin_ms", "wake_ms", "frames_read"}
     assert max(trace["latency_ms"]) == round(res["per_run"][0]["max_ms"], 1)
-    assert all(c <= l + 0.1 for c, l in zip(trace["compute_ms"], trace["latency_ms"]))
+    assert all(w <= b + 0.1 and b + c <= l + 0.2 for w, b, c, l in
+               zip(trace["wake_ms"], trace["begin_ms"], trace["compute_ms"], trace["latency_ms"]))
+    # 6 callers at 12.5 frames a second: 12 frames a beat once every one streams
+    assert sorted(trace["frames_read"])[len(trace["frames_read"]) // 2] == 12
     # the modelled beat at 6 sessions and 1500 frames of context (MODEL.md §5 roofline)
     assert 13.0 < res["p50_ms"] < 16.0
 

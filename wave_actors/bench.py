@@ -59,8 +59,9 @@ class RunResult:
     # the backend's own time per beat: what of the latency above it is host work
     compute_p50_ms: float = 0.0
     compute_p99_ms: float = 0.0
-    # every measured beat in order, ms to 0.1: latency, the backend's time, and the host's time
-    # before the backend was called; where a tail comes from
+    # every measured beat in order, ms to 0.1: latency, the backend's time, the host's time
+    # before the backend was called and how much of it the loop took to wake, and the frames
+    # read since the previous beat: where a tail comes from
     trace: dict = field(default_factory=dict)
 
 
@@ -147,18 +148,20 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
 
 
 def _worst(trace: dict, k: int = 3) -> str:
-    """The k slowest beats as 'latency (backend, before the call) @ index', ms."""
+    """The k slowest beats as 'latency (backend, before the call, of which waking) @ index', ms."""
     lat = trace["latency_ms"]
     top = sorted(range(len(lat)), key=lat.__getitem__, reverse=True)[:k]
-    return "  ".join(f"{lat[i]:.0f} ({trace['compute_ms'][i]:.0f}, {trace['begin_ms'][i]:.0f}) @{i}"
-                     for i in top)
+    return "  ".join(f"{lat[i]:.0f} ({trace['compute_ms'][i]:.0f}, {trace['begin_ms'][i]:.0f}, "
+                     f"{trace['wake_ms'][i]:.0f}) @{i}" for i in top)
 
 
 def _trace(records: list) -> dict:
     ms = lambda xs: [round(1000 * x, 1) for x in xs]
     return {"latency_ms": ms(r.latency_s for r in records),
             "compute_ms": ms(r.compute_s for r in records),
-            "begin_ms": ms(r.begin_s for r in records)}
+            "begin_ms": ms(r.begin_s for r in records),
+            "wake_ms": ms(r.wake_s for r in records),
+            "frames_read": [r.frames_read for r in records]}
 
 
 async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool):

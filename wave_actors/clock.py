@@ -68,6 +68,8 @@ class BeatRecord:
     sessions: int
     late: bool
     begin_s: float = 0.0     # release → the backend called (frames packed, ops applied)
+    wake_s: float = 0.0      # release → the beat loop awake: how long the loop was busy elsewhere
+    frames_read: int = 0     # audio frames read since the previous beat was released
 
 
 @dataclass
@@ -91,6 +93,7 @@ class BeatClockActor(Actor):
         self.scheduler = BeatScheduler(backend.max_sessions, prebuffer, max_queue)
         self.stats = ClockStats()
         self._on_beat, self._keep_records = on_beat, keep_records
+        self._frames_read = 0           # since the last release (BeatRecord.frames_read)
         self._inputs = [backend.alloc_input(), backend.alloc_input()]       # ring of two slots
         self._outputs = [backend.alloc_output(), backend.alloc_output()]
         self._identity_slot: dict[bytes, int] = {}
@@ -224,6 +227,7 @@ class BeatClockActor(Actor):
             return
         (frame_no,) = FRAME_HEADER.unpack(header)
         self.scheduler.push(slot, frame_no, np.frombuffer(pcm, np.float32))
+        self._frames_read += 1
 
     # -- the beat ---------------------------------------------------------------------------------
     async def _beat_loop(self) -> None:
@@ -232,7 +236,9 @@ class BeatClockActor(Actor):
         while True:
             release = self.t0 + k * BEAT_S
             await self.clock.sleep_until(release)
+            wake = self.clock.now() - release
             await asyncio.sleep(0)               # let frames that arrived by now be read
+            frames_read, self._frames_read = self._frames_read, 0
             self._apply_ops()
             inp, out = self._inputs[k % 2], self._outputs[k % 2]
             ready = {s for s in self._backend_open if self.backend.ready(s)}
@@ -246,7 +252,9 @@ class BeatClockActor(Actor):
                 routed = self.scheduler.complete(plan, late=latency > LATE_AFTER_S and bool(plan.slots))
                 self._route(routed, out)
                 latency = self.clock.now() - release
-                self._record(plan.beat, release, latency, out.compute_s, len(plan.slots), begin)
+                self._record(BeatRecord(plan.beat, release, latency, out.compute_s, len(plan.slots),
+                                        latency > LATE_AFTER_S and bool(plan.slots), begin, wake,
+                                        frames_read))
             else:
                 self.scheduler.complete(plan, late=False)
             k += 1
@@ -265,20 +273,17 @@ class BeatClockActor(Actor):
             except (zmq.ZMQError, TypeError):
                 self.stats.unroutable += 1
 
-    def _record(self, beat: int, release: float, latency: float, compute: float, n: int,
-                begin: float) -> None:
+    def _record(self, rec: BeatRecord) -> None:
         """Every beat the backend ran is recorded (its time delays the next); only beats that
         carried live sessions count in latency and lateness: a prefill-only beat has no audio
         waiting on it."""
-        late = latency > LATE_AFTER_S and n > 0
-        rec = BeatRecord(beat, release, latency, compute, n, late, begin)
         if self._keep_records:
             self.stats.records.append(rec)
-        if n == 0:
+        if rec.sessions == 0:
             return
         self.stats.beats += 1
-        self.stats.late_beats += int(late)
-        self.stats.recent.append(latency)
+        self.stats.late_beats += int(rec.late)
+        self.stats.recent.append(rec.latency_s)
         if self._on_beat:
             self._on_beat(rec)
 
