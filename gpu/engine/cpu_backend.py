@@ -65,12 +65,12 @@ class _Slot:
     warm_done: int = 0                  # talker warm-up positions run
     frames: int = 0                     # frames run since it went live
     rewound: int = 0                    # frames stepped back by `context_hold`
+    forced: deque = field(default_factory=deque)    # function-result tokens still to force
+    reset: bool = False                 # state rows to reset before anything else runs
 
     @property
     def context(self) -> int:           # frames its caches hold (past the prompt and warm-up)
         return self.frames - self.rewound
-    forced: deque = field(default_factory=deque)    # function-result tokens still to force
-    reset: bool = False                 # state rows to reset before anything else runs
 
 
 @dataclass
