@@ -27,3 +27,17 @@ def exact_fp32():
             yield
         finally:
             torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def counting(ops, method: str):
+    """`ops` whose `method` counts its calls in `ops.calls` (then runs as before): a hook that a
+    test expects the model to take, or not to."""
+    inner = getattr(ops, method)
+    ops.calls = 0
+
+    def counted(*args, **kwargs):
+        ops.calls += 1
+        return inner(*args, **kwargs)
+
+    setattr(ops, method, counted)
+    return ops

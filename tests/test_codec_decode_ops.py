@@ -13,20 +13,11 @@ from gpu.model.codec import (PREFIX, Codec, CodecConfig, CodecState, Upsample, i
                              load_codec)
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
-from tests.tensorkit import exact_fp32, rel
+from tests.tensorkit import counting, exact_fp32, rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"      # compiled kernels need device tensors
 CFG = CodecConfig.tiny()
 SLOTS = 7
-
-
-class CountingOps(TritonDecodeOps):
-    def __init__(self):
-        self.calls = 0
-
-    def codec_step(self, *args):
-        self.calls += 1
-        return super().codec_step(*args)
 
 
 def weights(seed: int) -> dict[str, torch.Tensor]:
@@ -80,7 +71,7 @@ def test_engine_codec_step_equals_reference(codec):
     before = busy_state()
     st_ref, st_fast = copy.deepcopy(before), copy.deepcopy(before)
     ref = run(codec, st_ref, frames, torch.int64)            # the engine's slots: int64
-    ops = CountingOps()
+    ops = counting(TritonDecodeOps(), "codec_step")
     codec.decode_ops = ops
     try:
         fast = run(codec, st_fast, frames, torch.int64)
@@ -103,7 +94,7 @@ def test_engine_codec_step_equals_reference(codec):
 
 def test_install_sets_and_clears_the_codec_hook():
     model = VoiceChat.random(VoiceChatConfig.tiny(), Profile.named("fp32"), DEV, seed=3)
-    ops = CountingOps()
+    ops = counting(TritonDecodeOps(), "codec_step")
     install(model, ops)
     assert model.codec.decode_ops is ops
     for layer in model.codec.decoder.layers:

@@ -12,22 +12,13 @@ from gpu.engine.decode_ops import TritonDecodeOps, fused_qkv_weight
 from gpu.model.talker import TalkerState
 from gpu.model.talker_weights import load_talker
 from tests.test_model_tts import CFG, inputs, make_talker, tiny_weights
-from tests.tensorkit import rel
+from tests.tensorkit import counting, rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"      # compiled kernels need device tensors
 
 
 def on_dev(x):
     return type(x)(*(getattr(x, f.name).to(DEV) for f in dataclasses.fields(x)))
-
-
-class CountingOps(TritonDecodeOps):
-    def __init__(self):
-        self.calls = 0
-
-    def talker_qkv_attention(self, *args):
-        self.calls += 1
-        return super().talker_qkv_attention(*args)
 
 
 def use(talker, ops) -> None:
@@ -57,7 +48,7 @@ def talker():
 @pytest.mark.parametrize("profile", ["reference", "dense"])
 def test_engine_attention_equals_reference_layer(talker, profile):
     ref, st_ref = run(talker, None, profile)
-    ops = CountingOps()
+    ops = counting(TritonDecodeOps(), "talker_qkv_attention")
     fast, st_fast = run(talker, ops, profile)
     assert ops.calls == 5 * CFG.n_layers                      # every live frame, every layer
     fp32 = profile == "reference"

@@ -148,9 +148,7 @@ def fused_qkv_weight(att: nn.Module) -> Tensor:
     fused = getattr(att, "qkv_weight", None)
     if fused is not None and _views_into(fused, [p.weight for p in projs]):
         return fused
-    # Made inside a CUDA-graph capture, the copy would be replayed from weights since freed.
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("fused_qkv_weight: made during a graph capture; call install() first")
+    _outside_capture("fused_qkv_weight")
     with torch.no_grad():
         fused = torch.cat([p.weight for p in projs])
         start = 0
@@ -162,6 +160,12 @@ def fused_qkv_weight(att: nn.Module) -> Tensor:
     return fused
 
 
+def _outside_capture(what: str) -> None:
+    # A weight buffer made inside a CUDA-graph capture would be replayed from weights since freed.
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{what}: made during a graph capture; call install() first")
+
+
 def upsample_matrix(up: Upsample) -> Tensor:
     """The codec Upsample's ConvTranspose weight [C_in, C_out, k] as W' [C_in, k·C_out], column
     j·C_out + o = weight[:, o, j]: x [B·T, C_in] @ W' is then [B, T·k, C_out] as it lies. Kept
@@ -171,8 +175,7 @@ def upsample_matrix(up: Upsample) -> Tensor:
     mat = getattr(up, "matrix", None)
     if mat is not None and _is_upsample_view(up.weight, mat):
         return mat
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("upsample_matrix: made during a graph capture; call install() first")
+    _outside_capture("upsample_matrix")
     w = up.weight
     c_in, c_out, k = w.shape
     with torch.no_grad():
