@@ -24,7 +24,7 @@ if [ -n "$CHECK" ]; then
   timeout ${CHECK_TIMEOUT:-240} python3 bench/graph_check.py --out $OUT/graph-check.json $CHECK 2>&1 | tee $OUT/check.log | grep -v "^  " | tail -25
 fi
 if [ -n "$STAGES" ]; then
-  timeout ${STAGES_TIMEOUT:-200} python3 bench/graph_stages.py --sessions $STAGES --kernels 64 --beat \
+  timeout ${STAGES_TIMEOUT:-200} python3 bench/graph_stages.py --sessions $STAGES --kernels ${KERNELS:-64} --beat \
     --out $OUT/graph-stages.json 2>&1 | tee $OUT/stages.log | grep -v "Warn" | tail -60
 fi
 if [ -n "$1" ]; then

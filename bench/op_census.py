@@ -20,8 +20,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.graph_stages import stage_fns                              # noqa: E402
+from bench.graph_stages import PER_BEAT, stage_fns                    # noqa: E402
 from gpu.engine import decode_ops                                      # noqa: E402
+from gpu.model import talker_text                                     # noqa: E402
 from gpu.model.config import Profile, VoiceChatConfig                 # noqa: E402
 from gpu.model.voicechat import VoiceChat                             # noqa: E402
 from gpu.model.voicechat_weights import load_dtype, param_shapes       # noqa: E402
@@ -102,16 +103,32 @@ def census(sessions: int, profile: str, config: str = "full") -> collections.Cou
     counter = _Census()
     decode_ops.install(model, _StandIns(counter))
 
-    def norm_stand_in(x, weight, eps):
-        counter.launch("triton rms_norm")
+    def quietly(name, make):
+        counter.launch(name)
         counter.quiet += 1
         try:
-            return torch.empty_like(x)
+            return make()
         finally:
             counter.quiet -= 1
-    for module in model.modules():
-        if getattr(module, "fused", None) is not None:      # the RMSNorms install() fused
+
+    def norm_stand_in(x, weight, eps):
+        return quietly("triton rms_norm", lambda: torch.empty_like(x))
+
+    def residual_stand_in(x, y, w_post, eps, w_next):
+        return quietly("triton residual_rms_norm",
+                       lambda: (torch.empty_like(x), None if w_next is None else torch.empty_like(x)))
+
+    def mlp_stand_in(mlp, x):
+        gu = torch.nn.functional.linear(x, decode_ops.fused_gate_up_weight(mlp))
+        return mlp.down_proj(quietly("triton gelu_mul", lambda: gu[..., :gu.shape[-1] // 2].clone()))
+
+    for module in model.modules():                          # what install() fused
+        if isinstance(module, talker_text.GatedMLP) and module.fused is not None:
+            module.fused = mlp_stand_in
+        elif getattr(module, "fused", None) is not None:    # the RMSNorms
             module.fused = norm_stand_in
+        if getattr(module, "fused_residual", None) is not None:
+            module.fused_residual = residual_stand_in
     state = model.alloc_state(sessions, 1600, 8)
     slots = torch.arange(sessions, device="meta")
     fns, _ = stage_fns(model, state, slots, torch.zeros(sessions, 1280, device="meta"),
@@ -132,13 +149,15 @@ def main() -> int:
     args = ap.parse_args()
     counts = census(args.sessions, args.profile, args.config)
     stages = list(dict.fromkeys(stage for stage, _ in counts))
-    total = 0
+    beat = 0
     for stage in stages:
         rows = sorted(((op, n) for (s, op), n in counts.items() if s == stage), key=lambda r: -r[1])
         n = sum(c for _, c in rows)
-        total += n
-        print(f"{stage:11} {n:5d} launches: " + ", ".join(f"{op} {c}" for op, c in rows[:args.rows]))
-    print(f"{'frame':11} {total:5d} launches ({2 * total} a beat)")
+        once = stage in PER_BEAT                  # run once a beat for both frames
+        beat += n if once else 2 * n
+        print(f"{stage:11} {n:5d} launches {'a beat ' if once else 'a frame'}: "
+              + ", ".join(f"{op} {c}" for op, c in rows[:args.rows]))
+    print(f"{'beat':11} {beat:5d} launches")
     return 0
 
 

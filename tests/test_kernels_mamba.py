@@ -42,8 +42,10 @@ def run(fn, inputs, state, weights, slots, ngroups, **kw):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("slot_list,block_p,stream", [([4, 0, 2], 4, False), ([5, 1, 3], 8, True)])
-def test_mamba_step_matches_ref(dtype, slot_list, block_p, stream):
+@pytest.mark.parametrize("slot_list,block_p,stream,tiles", [
+    ([4, 0, 2], 4, False, 1), ([5, 1, 3], 8, True, 1),
+    ([4, 0, 2], 2, False, 2), ([5, 1, 3], 2, True, 3)])     # looped tiles, the last one partial
+def test_mamba_step_matches_ref(dtype, slot_list, block_p, stream, tiles):
     weights, state, step, ngroups = make(dtype, seed=len(slot_list) + block_p)
     slots = torch.tensor(slot_list, dtype=torch.int32, device=DEV)
     st_k = {k: v.clone() for k, v in state.items()}
@@ -51,7 +53,8 @@ def test_mamba_step_matches_ref(dtype, slot_list, block_p, stream):
     for _ in range(2):                      # two steps: the conv window and the SSM state chain
         inputs = {k: v.to(DEV) for k, v in step().items()}
         out = torch.full_like(inputs["z"], float("nan"))
-        y = run(mamba_step, inputs, st_k, weights, slots, ngroups, out=out, block_p=block_p, stream=stream)
+        y = run(mamba_step, inputs, st_k, weights, slots, ngroups, out=out, block_p=block_p, stream=stream,
+                tiles=tiles)
         y_ref = run(mamba_step_ref, inputs, st_r, weights, slots, ngroups)
         assert y is out and torch.isfinite(y).all()
         assert rel(y, y_ref) < TOL[dtype], rel(y, y_ref)

@@ -152,6 +152,43 @@ def test_conformer_streamed_equals_masked_full_utterance():
     assert rel(wide.forward_utterance(cols).enc[:, 7:], off.enc[:, 7:]) > 1e-3
 
 
+@pytest.mark.parametrize("split", [(2, 2, 2, 2, 2, 2), (1, 2, 2, 1, 2, 2, 2), (2, 1, 1, 2, 2, 2, 1, 1)])
+def test_conformer_chunked_steps_equal_single_frames_and_offline(split):
+    """Frames taken in chunks of up to chunk_frames (the beat's two) per step, starting on odd
+    and even frames, over 12 frames with a 5-frame context (the ring wraps and evicts): the
+    same outputs and the same state as one frame a step, and as the offline utterance."""
+    model = perception_model(seed=12)
+    cfg, K = model.cfg, sum(split)
+    g = torch.Generator().manual_seed(13)
+    cols = torch.randn(3, 8 * (K - 1) + 1, cfg.mel_bins, generator=g)
+    windows, slots = windows_from_columns(cols, cfg), torch.tensor([3, 0, 1])
+    single = P.PerceptionState.alloc(cfg, 4)
+    enc1, audio1 = run_stream(model, windows, single, slots)
+    chunked, encs, auds, k = P.PerceptionState.alloc(cfg, 4), [], [], 0
+    for n in split:
+        out = model.step_frames(chunked, torch.stack(windows[k:k + n], 1), slots)
+        assert out.enc.shape == (3, n, cfg.d_model)
+        encs.append(out.enc)
+        auds.append(out.audio)
+        k += n
+    enc, audio = torch.cat(encs, 1), torch.cat(auds, 1)
+    torch.testing.assert_close(enc, enc1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(audio, audio1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(enc, model.forward_utterance(cols).enc, rtol=1e-5, atol=1e-5)
+    for name in ("k", "v", "time", "frames"):
+        torch.testing.assert_close(getattr(chunked, name), getattr(single, name), rtol=1e-5, atol=1e-5)
+
+
+def test_conformer_step_refuses_more_frames_than_its_ring_holds():
+    model = perception_model()
+    cfg = model.cfg
+    state = P.PerceptionState.alloc(cfg, 2)
+    windows = torch.zeros(1, cfg.chunk_frames + 1, cfg.window_cols, cfg.mel_bins)
+    with pytest.raises(ValueError, match="chunks of 2"):
+        model.step_frames(state, windows, torch.tensor([0]))
+    assert int(state.frames[0]) == 0
+
+
 def test_mel_to_perception_chain_matches_offline():
     m, model, K = mel_model(), perception_model(seed=7), 5
     g = torch.Generator().manual_seed(8)

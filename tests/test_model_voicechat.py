@@ -190,15 +190,15 @@ def test_profiles_follow_model_md_section_4():
         Profile.named("fast")
 
 
-KV_RING_EXTRA = 24 * 71 * 2 * 1024 * 2 - 3_440_640    # perception K/V ring vs §3's channel cache
+KV_RING_EXTRA = 24 * 72 * 2 * 1024 * 2 - 3_440_640    # perception K/V ring vs §3's channel cache
 
 
-@pytest.mark.parametrize("name,mb,fixed,growth", [("reference", 969.5, 166_694_864, 532_480),
-                                                   ("dense", 374.2, 152_373_200, 145_408)])
+@pytest.mark.parametrize("name,mb,fixed,growth", [("reference", 969.6, 166_694_864, 532_480),
+                                                   ("dense", 374.3, 152_373_200, 145_408)])
 def test_session_state_bytes_match_model_md_section_3(name, mb, fixed, growth):
     """From the allocated shapes on the meta device. The differences from §3's table: the
-    perception caches K and V in a 71-row ring (§2.2's exact alternative: 6,979,584 B instead of
-    the 3,440,640 B channel cache), the thinker's trash KV row (16,384 B), int64 counters and
+    perception caches K and V in a 72-row ring (§2.2's exact alternative, with a row for the
+    beat's second frame: 7,077,888 B instead of the 3,440,640 B channel cache), the thinker's trash KV row (16,384 B), int64 counters and
     tokens, the mel tail (−116 B) and no 8-sample ISTFT tail (flush recomputes it). The talker
     holds an even number of positions (aligned_positions: 37 warm-up + 1500 frames take 1538)."""
     cfg, profile = VoiceChatConfig.full(), Profile.named(name)
@@ -210,7 +210,7 @@ def test_session_state_bytes_match_model_md_section_3(name, mb, fixed, growth):
     base = session_state_bytes(cfg, profile, 1)                         # 38 positions
     assert 16_384 <= base["total"] - fixed - growth - KV_RING_EXTRA < 16_384 + 512
     assert base["thinker.ssm"] == 141_557_760 and base["thinker.conv"] == 1_990_656
-    assert base["perception.k"] + base["perception.v"] == 6_979_584
+    assert base["perception.k"] + base["perception.v"] == 7_077_888
     assert base["perception.time"] == 393_216
     assert base["talker.k"] + base["talker.v"] == {"reference": 19_095_552, "dense": 4_773_888}[name] + growth - 16_384
     assert sum(v for k, v in base.items() if k.startswith("codec.conv")) == 193_536

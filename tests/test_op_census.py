@@ -15,12 +15,16 @@ def test_census_counts_the_engine_path_structure():
     assert talker["triton qk_norm_rope"] == cfg.talker.n_layers
     n_mamba = cfg.thinker.pattern.count("M")
     assert thinker["triton mamba_step (conv, ssm, norm)"] == 3 * n_mamba
-    # the talker's norms, each one launch: the char encoder layer's 4 and its final norm, the
-    # fusion's final norm per CFG row, 4 a backbone layer (its q/k head norms are in
-    # qk_norm_rope) and its final norm, and per MoG pass 2 per block plus the stack's final norm
+    # the talker's norms, each one launch: a layer's first norm alone, its residual steps
+    # (x + post_norm(y), with the next sublayer's norm) fused. The char encoder layer: 1 norm,
+    # 2 residual steps, its final norm; the fusion's final norm per CFG row; a backbone layer:
+    # 1 norm (its q/k head norms are in qk_norm_rope) and 2 residual steps, then the final
+    # norm; per MoG pass and block 1 norm and 1 residual step, plus the stack's final norm
     passes = sum(1 for w in cfg.talker.schedule if w)
-    norms = 5 + rows + 4 * cfg.talker.n_layers + 1 + passes * (2 * cfg.talker.mog_layers + 1)
-    assert talker["triton rms_norm"] == norms
+    n_layers, mog = cfg.talker.n_layers, cfg.talker.mog_layers
+    assert talker["triton rms_norm"] == 2 + rows + n_layers + 1 + passes * (mog + 1)
+    assert talker["triton residual_rms_norm"] == 2 + 2 * n_layers + passes * mog
+    assert talker["triton gelu_mul"] == 1 + n_layers + passes * mog        # one per gated MLP
     for stage in ("talker", "thinker"):                          # nothing left of a torch norm
         assert not {op for (s, op) in counts if s == stage} & {"rsqrt", "mean"}, stage
     assert sum(counts.values()) > 0

@@ -1,14 +1,16 @@
 """The talker's engine attention path (decode_ops.talker_qkv_attention: one qkv matmul, qk_norm_rope,
 rows-form decode_attention; kernels interpreted on the CPU) against the reference layer on the
 tiny talker: the same hidden states and caches over live frames, in both profiles, with the
-sessions at different positions and the sliding window biting. Also the fused qkv weight: views,
-no extra tensor in the state_dict, and rebuilt after a load that assigns new weights."""
+sessions at different positions and the sliding window biting; then the whole talker as the
+engine installs it (also the fused residual norms and gated MLPs, in warm-up, backbone, MoG head
+and char encoder). Also the fused weights: views, no extra tensor in the state_dict, and rebuilt
+after a load that assigns new weights."""
 import dataclasses
 
 import pytest
 import torch
 
-from gpu.engine.decode_ops import TritonDecodeOps, fused_qkv_weight
+from gpu.engine.decode_ops import TritonDecodeOps, fused_gate_up_weight, fused_qkv_weight, install_talker
 from gpu.model.talker import TalkerState
 from gpu.model.talker_weights import load_talker
 from tests.test_model_tts import CFG, inputs, make_talker, tiny_weights
@@ -61,6 +63,68 @@ def test_engine_attention_equals_reference_layer(talker, profile):
         assert got.dtype == want.dtype
         assert rel(got, want) < (1e-5 if fp32 else 1e-2), (name, rel(got, want))
         assert torch.equal(got[[1, 2]], want[[1, 2]])        # other slots untouched (zeros)
+
+
+@pytest.mark.parametrize("profile", ["reference", "dense"])
+def test_installed_talker_equals_reference(talker, profile):
+    ref, st_ref = run(talker, None, profile)
+    install_talker(talker, TritonDecodeOps())
+    try:
+        mlp = talker.tts_model.backbone.layers[0].mlp
+        gate_up = mlp.gate_up_weight
+        fast, st_fast = run(talker, TritonDecodeOps(), profile)
+        assert mlp.gate_up_weight is gate_up                  # made once, at install
+    finally:
+        install_talker(talker, None)
+    fp32 = profile == "reference"
+    for a, b in zip(ref, fast):
+        assert rel(b.hidden, a.hidden) < (1e-5 if fp32 else 1e-4), rel(b.hidden, a.hidden)
+        assert torch.equal(a.codes, b.codes)
+    for name in ("k", "v"):
+        assert rel(getattr(st_fast, name), getattr(st_ref, name)) < (1e-5 if fp32 else 1e-2)
+
+
+def test_installed_talker_runs_the_fused_kernels(talker, monkeypatch):
+    """The hooks really route: each residual step and gated MLP of a live frame is one call."""
+    from gpu.engine import decode_ops
+    calls = {"residual": 0, "gelu": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(decode_ops, "residual_rms_norm", counted("residual", decode_ops.residual_rms_norm))
+    monkeypatch.setattr(decode_ops, "gelu_mul", counted("gelu", decode_ops.gelu_mul))
+    install_talker(talker, TritonDecodeOps())
+    try:
+        state = TalkerState.alloc(CFG, 4, 24, device=DEV, profile="reference")
+        slots = torch.tensor([1], device=DEV)
+        talker.warmup(state, slots, CFG.n_warmup)
+        calls.update(residual=0, gelu=0)
+        with torch.no_grad():
+            talker.step(state, on_dev(inputs(1, seed=4)), slots)
+    finally:
+        install_talker(talker, None)
+    passes = sum(1 for w in CFG.schedule if w)
+    mlps = CFG.n_layers + passes * CFG.mog_layers + 1                # + the char encoder layer
+    assert calls["gelu"] == mlps
+    assert calls["residual"] == 2 * CFG.n_layers + passes * CFG.mog_layers + 2
+
+
+@torch.no_grad()
+def test_fused_gate_up_weight_is_views():
+    talker = make_talker()
+    mlp = talker.tts_model.backbone.layers[2].mlp
+    keys = set(talker.state_dict())
+    w = fused_gate_up_weight(mlp)
+    assert w.shape == (2 * CFG.mlp, CFG.hidden) and fused_gate_up_weight(mlp) is w
+    assert mlp.up_proj.weight.data_ptr() == w[CFG.mlp].data_ptr()
+    assert set(talker.state_dict()) == keys
+    load_talker(talker, tiny_weights(seed=2))
+    assert fused_gate_up_weight(mlp) is not w
+    assert torch.equal(fused_gate_up_weight(mlp)[CFG.mlp:], mlp.up_proj.weight)
 
 
 @torch.no_grad()

@@ -5,9 +5,10 @@ A frame's stages (VoiceChat.hear / transcribe / think / speak / decode) depend o
     hear(t) ─→ think(t) ─→ speak(t) ─→ decode(t)
       │   └──→ transcribe(t)   │          │
     hear(t+1) ──→ think(t+1) ──┴→ speak(t+1) ─→ decode(t+1)
-and each stage also follows the same stage of the previous frame (its networks' state). So the
-beat's critical path is hear(0) → think(0) → think(1) → speak(1) → decode(1), while hear(1),
-both transcriptions, speak(0) and decode(0) run beside it. Why it pays: much of a frame is
+and each stage also follows the same stage of the previous frame (its networks' state). Both
+frames are heard in one step (VoiceChat.hear_frames: perception's ~1000 launches and weight reads
+once a beat, not twice), so the beat's critical path is hear(0, 1) → think(0) → think(1) →
+speak(1) → decode(1), while both transcriptions, speak(0) and decode(0) run beside it. Why it pays: much of a frame is
 launch latency, not bandwidth (the talker is ~1100 small kernels, ~4.7 ms at any batch), and
 latency-bound kernels on one stream leave the memory system idle for another's weight reads (the
 thinker streams 17.8 GB per frame). Measured on the H200: a beat's fixed cost 32.7 → 25.1 ms, its
@@ -59,11 +60,11 @@ class StreamedBeat:
         for stream in s.values():
             stream.wait_stream(caller)
         keep = []                        # cross-stream tensors, alive until the join below
-        for f in range(audio.shape[1]):
-            with torch.cuda.stream(s["hear"]):
-                heard = m.hear(state, audio[:, f], slots)
-            s["transcribe"].wait_stream(s["hear"])
-            s["think"].wait_stream(s["hear"])
+        with torch.cuda.stream(s["hear"]):
+            heard_frames = m.hear_frames(state, audio, slots)
+        s["transcribe"].wait_stream(s["hear"])
+        s["think"].wait_stream(s["hear"])
+        for f, heard in enumerate(heard_frames):
             with torch.cuda.stream(s["transcribe"]):
                 asr = m.transcribe(state, heard, slots)
             with torch.cuda.stream(s["think"]):

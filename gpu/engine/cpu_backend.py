@@ -305,14 +305,16 @@ class CpuBackend(Backend):
         live, dev = plan.live, self.state.text_prev.device
         slots, session = self._index(live), self._index(plan.session)
         window = self._window(plan.thinker_need, plan.talker_need)
-        for f in range(FRAMES_PER_BEAT):
-            noise = self.model.noise(self.opts.seed, session, self._index(plan.frame0 + f))
-            o = self.model.step(window, torch.from_numpy(plan.audio[:, f]).to(dev), slots, noise,
-                                self._index(plan.forced[:, f]))
+        noise_of = lambda f: self.model.noise(self.opts.seed, session, self._index(plan.frame0 + f))  # noqa: E731
+
+        def emit(f: int, o) -> None:
             out.pcm[live, f] = o.pcm.cpu().numpy()
             out.text[live, f] = o.text.cpu().numpy()
             out.func[live, f] = o.func.cpu().numpy()
             out.user[live, f] = o.user.cpu().numpy()
+
+        self.model.frames(window, torch.from_numpy(plan.audio).to(dev), slots, noise_of,
+                          self._index(plan.forced), emit)
 
     def _sync(self) -> None:
         """Wait for queued device work (a GPU backend), so a measured time is the work's."""

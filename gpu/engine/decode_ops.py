@@ -33,10 +33,11 @@ from torch import Tensor, nn
 
 from gpu.kernels.convnext_step import convnext_pointwise, dwconv_ln
 from gpu.kernels.decode_attention import decode_attention
+from gpu.kernels.gelu_mul import gelu_mul
 from gpu.kernels.mamba_step import mamba_step
 from gpu.kernels.mog_sample import mog_sample
 from gpu.kernels.qk_norm_rope import qk_norm_rope
-from gpu.kernels.rms_norm import rms_norm
+from gpu.kernels.rms_norm import residual_rms_norm, rms_norm
 from gpu.model import talker_text, thinker
 from gpu.model.codec import Codec, CodecState, ConvNeXtBlock, Upsample
 
@@ -140,24 +141,41 @@ def _upsample(up: Upsample, x: Tensor) -> Tensor:
 
 def fused_qkv_weight(att: nn.Module) -> Tensor:
     """[W_q; W_k; W_v] [(Hq + 2·Hkv)·D, H] of a talker DecoderAttention, for one matmul in place
-    of three. Made once and kept as the non-persistent buffer `att.qkv_weight`, with q/k/v_proj's
-    weights turned into views of it: no second copy (that would be 446 MB for the full fp32
-    talker), and an in-place load writes through. A load that assigns new tensors (load_talker
-    does) or a move breaks the views; that is noticed here and the buffer made again."""
-    projs = (att.q_proj, att.k_proj, att.v_proj)
-    fused = getattr(att, "qkv_weight", None)
-    if fused is not None and _views_into(fused, [p.weight for p in projs]):
+    of three (`fused_rows_weight`, kept as `att.qkv_weight`)."""
+    return fused_rows_weight(att, (att.q_proj, att.k_proj, att.v_proj), "qkv_weight")
+
+
+def fused_gate_up_weight(mlp: nn.Module) -> Tensor:
+    """[W_gate; W_up] [2·I, H] of a talker GatedMLP (`fused_rows_weight`, `mlp.gate_up_weight`)."""
+    return fused_rows_weight(mlp, (mlp.gate_proj, mlp.up_proj), "gate_up_weight")
+
+
+def fused_rows_weight(module: nn.Module, linears: tuple[nn.Linear, ...], name: str) -> Tensor:
+    """The weights of `linears` (same input width) stacked by rows, for one matmul in place of
+    several. Made once and kept as the non-persistent buffer `module.<name>`, with the linears'
+    weights turned into views of it: no second copy (446 MB for the full fp32 talker's qkv alone),
+    and an in-place load writes through. A load that assigns new tensors (load_talker does) or a
+    move breaks the views; that is noticed here and the buffer made again."""
+    fused = getattr(module, name, None)
+    if fused is not None and _views_into(fused, [p.weight for p in linears]):
         return fused
-    _outside_capture("fused_qkv_weight")
+    _outside_capture(name)
     with torch.no_grad():
-        fused = torch.cat([p.weight for p in projs])
+        fused = torch.cat([p.weight for p in linears])
         start = 0
-        for p in projs:
+        for p in linears:
             rows = p.weight.shape[0]
             p.weight = nn.Parameter(fused[start:start + rows], requires_grad=p.weight.requires_grad)
             start += rows
-    att.register_buffer("qkv_weight", fused, persistent=False)
+    module.register_buffer(name, fused, persistent=False)
     return fused
+
+
+def _gated_mlp(mlp: nn.Module, x: Tensor) -> Tensor:
+    # 3 launches instead of 5: [gate; up] in one matmul, GELU·up in one kernel, then down.
+    if x.dtype != torch.float32:
+        return mlp.down_proj(F.gelu(mlp.gate_proj(x), approximate="tanh") * mlp.up_proj(x))
+    return mlp.down_proj(gelu_mul(F.linear(x, fused_gate_up_weight(mlp))))
 
 
 def _outside_capture(what: str) -> None:
@@ -220,15 +238,17 @@ _FUSED_NORMS = {
 }
 
 
+def _fused_residual(x: Tensor, y: Tensor, w_post: Tensor, eps: float, w_next: Tensor | None):
+    return residual_rms_norm(x if x.is_contiguous() else x.contiguous(),
+                             y if y.is_contiguous() else y.contiguous(), w_post, eps, w_next)
+
+
 def install(model, ops: TritonDecodeOps | None = None) -> None:
-    """Route the model's decode steps, codec frames and RMSNorms through the kernels (`ops`; None
-    restores the reference path everywhere)."""
+    """Route the model's decode steps, codec frames, RMSNorms (with the talker's residual
+    steps) and the talker's gated MLPs through the kernels (`ops`; None restores the reference
+    path everywhere)."""
     model.thinker.decode_ops = ops
-    model.talker.tts_model.mog_head.decode_ops = ops
-    for layer in model.talker.tts_model.backbone.layers:
-        layer.decode_ops = ops
-        if ops is not None:         # now, not on the first frame: that may be a graph capture
-            fused_qkv_weight(layer.self_attn)
+    install_talker(model.talker, ops)
     model.codec.decode_ops = ops
     for layer in model.codec.decoder.layers:
         if ops is not None and isinstance(layer, Upsample):
@@ -237,3 +257,21 @@ def install(model, ops: TritonDecodeOps | None = None) -> None:
         fused = _FUSED_NORMS.get(type(module))
         if fused is not None:
             module.fused = fused if ops is not None else None
+
+
+def install_talker(talker: nn.Module, ops: TritonDecodeOps | None) -> None:
+    """The talker's part of `install` (its RMSNorms excepted): the attention and MoG hooks, the
+    residual steps and the gated MLPs; fused weights are made now, not on the first frame, which
+    may be a graph capture."""
+    talker.tts_model.mog_head.decode_ops = ops
+    for layer in talker.tts_model.backbone.layers:
+        layer.decode_ops = ops
+        if ops is not None:
+            fused_qkv_weight(layer.self_attn)
+    for module in talker.modules():
+        if isinstance(module, talker_text.RMSNorm):
+            module.fused_residual = _fused_residual if ops is not None else None
+        if isinstance(module, talker_text.GatedMLP):
+            if ops is not None:
+                fused_gate_up_weight(module)
+            module.fused = _gated_mlp if ops is not None else None

@@ -272,8 +272,7 @@ class GraphBackend(CpuBackend):
         if self.streamed is not None:
             self.streamed.run(st, d["audio"], d["slots"], noise_of, d["forced"], emit)
             return
-        for f in range(FRAMES_PER_BEAT):
-            emit(f, self.model.step(st, d["audio"][:, f], d["slots"], noise_of(f), d["forced"][:, f]))
+        self.model.frames(st, d["audio"], d["slots"], noise_of, d["forced"], emit)
 
     def _capture(self, bucket: int) -> _Captured:
         t0 = time.perf_counter()

@@ -65,41 +65,57 @@ def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
                 max_slots, conv_dim, d_inner, c_off,
                 nheads: tl.constexpr, head_dim: tl.constexpr, d_state: tl.constexpr,
                 heads_per_group: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                STREAM: tl.constexpr):
-    # grid (B, nheads, cdiv(head_dim, BLOCK_P)); one [BLOCK_P, d_state] fp32 state tile each,
-    # read once and written once (the 283 MB/session-frame that bounds the beat). The model dims
-    # are constexpr so the compiler can prove 16-byte alignment and emit vector loads/stores.
+                STREAM: tl.constexpr, TILES: tl.constexpr):
+    # grid (B, nheads, cdiv(head_dim, BLOCK_P·TILES)); TILES [BLOCK_P, d_state] fp32 state tiles
+    # each, every element read once and written once (the 283 MB/session-frame that bounds the
+    # beat), the next tile's load issued before this one's store. The model dims are constexpr so
+    # the compiler can prove 16-byte alignment and emit vector loads/stores.
     b = tl.program_id(0)
     h = tl.program_id(1)
-    p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    p0 = tl.program_id(2) * BLOCK_P * TILES
     n = tl.arange(0, BLOCK_N)
-    mp = p < head_dim
     mn = n < d_state
-    m2 = mp[:, None] & mn[None, :]
     slot = tl.load(SLOTS + b)
     tl.device_assert((slot >= 0) & (slot < max_slots), "mamba_step: slot out of range")
     g = h // heads_per_group
-    st = (SSM + slot.to(tl.int64) * nheads * head_dim * d_state + h * head_dim * d_state
-          + p[:, None] * d_state + n[None, :])
+    head = SSM + slot.to(tl.int64) * nheads * head_dim * d_state + h * head_dim * d_state
+    p = p0 + tl.arange(0, BLOCK_P)
+    m2 = (p < head_dim)[:, None] & mn[None, :]
     if STREAM:   # the state is touched once per step: keep it from evicting reused lines in L2
-        s = tl.load(st, mask=m2, other=0.0, eviction_policy="evict_first")
+        s_next = tl.load(head + p[:, None] * d_state + n[None, :], mask=m2, other=0.0,
+                         eviction_policy="evict_first")
     else:
-        s = tl.load(st, mask=m2, other=0.0)  # issue the big load first
+        s_next = tl.load(head + p[:, None] * d_state + n[None, :], mask=m2, other=0.0)
     row = XACT + b * conv_dim
-    x = tl.load(row + h * head_dim + p, mask=mp, other=0.0)
     bv = tl.load(row + d_inner + g * d_state + n, mask=mn, other=0.0)
     cv = tl.load(row + c_off + g * d_state + n, mask=mn, other=0.0)
     delta = _softplus(tl.load(DT + b * nheads + h).to(tl.float32)
                       + tl.load(DT_BIAS + h).to(tl.float32))
     d_a = tl.exp(delta * -tl.exp(tl.load(A_LOG + h).to(tl.float32)))
-    s = s * d_a + (delta * x)[:, None] * bv[None, :]
-    if STREAM:
-        tl.store(st, s, mask=m2, cache_modifier=".cs")
-    else:
-        tl.store(st, s, mask=m2)
-    y = tl.sum(s * cv[None, :], axis=1) + tl.load(DSKIP + h).to(tl.float32) * x
-    zz = tl.load(Z + b * d_inner + h * head_dim + p, mask=mp, other=0.0).to(tl.float32)
-    tl.store(YG + b * d_inner + h * head_dim + p, y * zz * tl.sigmoid(zz), mask=mp)
+    d_skip = tl.load(DSKIP + h).to(tl.float32)
+    for t in tl.static_range(TILES):
+        p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
+        mp = p < head_dim
+        m2 = mp[:, None] & mn[None, :]
+        st = head + p[:, None] * d_state + n[None, :]
+        s = s_next
+        if t + 1 < TILES:
+            pn = p + BLOCK_P
+            mn2 = (pn < head_dim)[:, None] & mn[None, :]
+            if STREAM:
+                s_next = tl.load(st + BLOCK_P * d_state, mask=mn2, other=0.0,
+                                 eviction_policy="evict_first")
+            else:
+                s_next = tl.load(st + BLOCK_P * d_state, mask=mn2, other=0.0)
+        x = tl.load(row + h * head_dim + p, mask=mp, other=0.0)
+        s = s * d_a + (delta * x)[:, None] * bv[None, :]
+        if STREAM:
+            tl.store(st, s, mask=m2, cache_modifier=".cs")
+        else:
+            tl.store(st, s, mask=m2)
+        y = tl.sum(s * cv[None, :], axis=1) + d_skip * x
+        zz = tl.load(Z + b * d_inner + h * head_dim + p, mask=mp, other=0.0).to(tl.float32)
+        tl.store(YG + b * d_inner + h * head_dim + p, y * zz * tl.sigmoid(zz), mask=mp)
 
 
 @triton.jit
@@ -126,7 +142,7 @@ def _dims(xBC, z, dt, ngroups):
 
 def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
                *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4,
-               stream: bool = False):
+               stream: bool = False, tiles: int = 1):
     """One Mamba2 decode step. Mutates conv_state[slots] and ssm_state[slots] in place only.
 
     xBC [B, conv_dim], z [B, d_inner], dt [B, nheads]: in_proj outputs (bf16/fp16/fp32).
@@ -158,11 +174,12 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
     _conv_kernel[(batch, triton.cdiv(conv_dim, block_c))](
         xBC, conv_state, slots, conv_w, conv_b, xact, conv_dim, max_slots, BLOCK_C=block_c, num_warps=4)
     bp = min(block_p, next_pow2(head_dim))
-    _ssm_kernel[(batch, nheads, triton.cdiv(head_dim, bp))](
+    tiles = max(1, min(tiles, triton.cdiv(head_dim, bp)))
+    _ssm_kernel[(batch, nheads, triton.cdiv(head_dim, bp * tiles))](
         xact, z, dt, ssm_state, slots, dt_bias, A_log, D, yg,
         max_slots, conv_dim, d_inner, d_inner + ngroups * d_state,
         nheads=nheads, head_dim=head_dim, d_state=d_state, heads_per_group=nheads // ngroups, BLOCK_P=bp, BLOCK_N=next_pow2(d_state),
-        STREAM=stream, num_warps=num_warps)
+        STREAM=stream, TILES=tiles, num_warps=num_warps)
     group = d_inner // ngroups
     _gnorm_kernel[(batch, ngroups)](yg, norm_w, out, d_inner, group, eps,
                                     BLOCK=next_pow2(group), num_warps=4)
@@ -171,8 +188,8 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
 
 def mamba_step_ref(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
                    *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4,
-                   stream: bool = False):
-    """PyTorch twin of mamba_step (same signature; block_p/num_warps/stream ignored). Computes in
+                   stream: bool = False, tiles: int = 1):
+    """PyTorch twin of mamba_step (same signature; block_p/num_warps/stream/tiles ignored). Computes in
     fp32, or in fp64 when given fp64 tensors (the device check's upcast reference)."""
     batch, conv_dim, nheads, d_inner, head_dim, d_state = _dims(xBC, z, dt, ngroups)
     f = torch.promote_types(xBC.dtype, torch.float32)

@@ -112,3 +112,64 @@ def rms_norm_ref(x, weight, eps: float, *, plus_one: bool, round_first: bool):
         y = y.to(x.dtype).float()
     scale = 1.0 + weight.float() if plus_one else weight.float()
     return (y * scale).to(x.dtype)
+
+
+# -- the Gemma residual step: x + norm(y), and the next sublayer's norm of that sum -------------------
+# The talker's layers end each sublayer with x ← x + post_norm(y) and start the next with
+# h = pre_norm(x): three launches of a few µs for a [B·R, 1152] fp32 row set that is a few hundred
+# KB. One launch reads x and y once, writes x and h once. fp32 only: the talker is fp32 in both
+# profiles (MODEL.md §4), so there is no rounding rule to copy.
+
+@triton.jit
+def _residual_norm_kernel(X, Y, W_POST, W_NEXT, X_OUT, H_OUT, n_rows, N, stride_x, stride_y, eps,
+                          HAS_NEXT: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    c = tl.arange(0, BLOCK_N)
+    mc = c < N
+    m = (r < n_rows)[:, None] & mc[None, :]
+    r64 = r.to(tl.int64)
+    y = tl.load(Y + r64[:, None] * stride_y + c[None, :], mask=m, other=0.0)
+    w = 1.0 + tl.load(W_POST + c, mask=mc, other=0.0)
+    x = tl.load(X + r64[:, None] * stride_x + c[None, :], mask=m, other=0.0)
+    x = x + y * tl.rsqrt(tl.sum(y * y, axis=1) / N + eps)[:, None] * w[None, :]
+    tl.store(X_OUT + r64[:, None] * N + c[None, :], x, mask=m)
+    if HAS_NEXT:
+        w2 = 1.0 + tl.load(W_NEXT + c, mask=mc, other=0.0)
+        h = x * tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)[:, None] * w2[None, :]
+        tl.store(H_OUT + r64[:, None] * N + c[None, :], h, mask=m)
+
+
+def residual_rms_norm(x, y, w_post, eps: float, w_next=None):
+    """Gemma's (plus_one) residual step in one launch, fp32: x [..., N], y [..., N] (unit stride in
+    N, leading dims collapsible to one row stride), w_post, w_next [N] fp32 ->
+    (x + norm(y; w_post), norm(that; w_next) or None when w_next is None), new contiguous
+    tensors of x's shape."""
+    n = x.shape[-1]
+    dev = x.device
+    check("x", x, (None,) * x.dim(), (torch.float32,), contiguous=False, device=dev)
+    check("y", y, tuple(x.shape), (torch.float32,), contiguous=False, device=dev)
+    check("w_post", w_post, (n,), (torch.float32,), device=dev)
+    if w_next is not None:
+        check("w_next", w_next, (n,), (torch.float32,), device=dev)
+    x2, y2 = _rows_view(x, n), _rows_view(y, n)
+    rows = x2.shape[0]
+    x_out = torch.empty(x.shape, device=dev, dtype=x.dtype)
+    h_out = torch.empty(x.shape, device=dev, dtype=x.dtype) if w_next is not None else None
+    if rows == 0:
+        return x_out, h_out
+    block_n = next_pow2(n)
+    n_rows_prog = min(max(1, TILE // block_n), next_pow2(rows))
+    tile = n_rows_prog * block_n
+    num_warps = 4 if tile <= 4096 else 8 if tile <= 8192 else 16
+    _residual_norm_kernel[(triton.cdiv(rows, n_rows_prog),)](
+        x2, y2, w_post, w_post if w_next is None else w_next, x_out,
+        x_out if h_out is None else h_out, rows, n, x2.stride(0), y2.stride(0), float(eps),
+        HAS_NEXT=w_next is not None, ROWS=n_rows_prog, BLOCK_N=block_n, num_warps=num_warps)
+    return x_out, h_out
+
+
+def residual_rms_norm_ref(x, y, w_post, eps: float, w_next=None):
+    """PyTorch twin: the talker's `x + post_norm(y)`, then `pre_norm` of the sum."""
+    x = x + rms_norm_ref(y, w_post, eps, plus_one=True, round_first=False)
+    h = None if w_next is None else rms_norm_ref(x, w_next, eps, plus_one=True, round_first=False)
+    return x, h

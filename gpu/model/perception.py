@@ -25,6 +25,15 @@ NeMo and TM cache the layer-normed attention inputs (70 rows) and recompute K/V 
 frame; caching K/V is exact (§2.2), saves that recompute (7.2 GFLOP a session-frame) and, as a
 ring, every cache shift: a frame writes one row per layer. The softmax sums its terms in ring
 order, so results equal the shifted layout's up to float summation order.
+
+A step takes up to `chunk_frames` consecutive frames of each session at once (the beat's two):
+the frames are rows of one batch through every layer, each attending to its own 71 frames (the
+chunk's later frames masked from the earlier ones) and the conv module running over [time cache;
+the chunk's GLU outputs]. That is the same computation as one frame at a time, with each layer's
+weights read and its kernels launched once per beat instead of once per frame: perception is
+~1000 small launches a frame, a fixed ~4 ms on the H200 whatever the batch. The ring keeps
+left_context + chunk_frames rows so that writing the chunk's rows evicts nothing its first frame
+still attends to.
 """
 from __future__ import annotations
 
@@ -56,6 +65,7 @@ class PerceptionConfig:
     history_cols: int = 9         # pre_encode_cache_size
     new_cols: int = 8             # mel columns per frame
     drop_frames: int = 2          # drop_extra_pre_encoded
+    chunk_frames: int = 2         # the most frames one streaming step takes per session
 
     def __post_init__(self):
         assert self.d_model % self.n_heads == 0
@@ -77,6 +87,10 @@ class PerceptionConfig:
     @property
     def ff_dim(self) -> int:
         return self.d_model * self.ff_expansion
+
+    @property
+    def ring_rows(self) -> int:
+        return self.left_context + self.chunk_frames
 
     @property
     def time_cache(self) -> int:
@@ -151,37 +165,40 @@ def sinusoid(pos: Tensor, dim: int) -> Tensor:
 
 @dataclass
 class StreamConstants:
-    """What every layer's streaming attention shares in a frame, made once per frame rather than
+    """What every layer's streaming attention shares in a step, made once per step rather than
     24 times (each is several kernel launches on the GPU). Frame n of a session writes its K/V
-    into ring row n mod (W+1); ring row i then holds the frame dist_i = (n − i) mod (W+1) back."""
-    write_at: tuple     # index of this frame's rows in a layer's ring: → [B, H]
-    pos_index: Tensor   # [B, W+1]: for ring row i, the row of `stream_pos` at its distance
-    mask: Tensor        # [B, 1, W+1]: ring row i holds a real frame (dist_i ≤ n)
+    into ring row n mod R (R = ring_rows); for a query at frame m, ring row i then holds the
+    frame dist = (m − i) mod R back, visible when dist ≤ left_context and the frame is real."""
+    write_at: tuple     # index of the step's rows in a layer's ring: → [B, H, F]
+    pos_index: Tensor   # [B, F, R]: for ring row i, the row of `stream_pos` at its distance
+    mask: Tensor        # [B, F, R]: ring row i is visible to the step's frame f
 
     @classmethod
-    def of(cls, cfg: "PerceptionConfig", frames: Tensor, slots: Tensor) -> "StreamConstants":
-        W, dev = cfg.left_context, frames.device
-        dist = torch.remainder(frames[:, None] - torch.arange(W + 1, device=dev), W + 1)   # [B, W+1]
-        write_at = (slots[:, None], torch.arange(cfg.n_heads, device=dev),
-                    torch.remainder(frames, W + 1)[:, None])
-        return cls(write_at, W - dist, (dist <= frames[:, None])[:, None])
+    def of(cls, cfg: "PerceptionConfig", frames: Tensor, slots: Tensor, n_frames: int) -> "StreamConstants":
+        W, R, dev = cfg.left_context, cfg.ring_rows, frames.device
+        frame = frames[:, None] + torch.arange(n_frames, device=dev)                    # [B, F]
+        dist = torch.remainder(frame[:, :, None] - torch.arange(R, device=dev), R)       # [B, F, R]
+        write_at = (slots[:, None, None], torch.arange(cfg.n_heads, device=dev)[:, None],
+                    torch.remainder(frame, R)[:, None, :])
+        visible = (dist <= W) & (dist <= frame[:, :, None])
+        return cls(write_at, W - dist.clamp(max=W), visible)
 
 
 @dataclass
 class PerceptionState:
-    """Per-slot caches. Invariant: after n frames, kv[l, s, f mod 71] holds the attention keys and
-    values of frame f for the last min(n, 71) frames (MODEL.md §2.2: caching K/V instead of the
+    """Per-slot caches. Invariant: after n frames, kv[l, s, f mod R] holds the attention keys and
+    values of frame f for the last min(n, R) frames (R = ring_rows) (MODEL.md §2.2: caching K/V instead of the
     layer-normed inputs is exact and saves their recompute over 71 rows every frame; a frame
     writes one row, nothing shifts), time[l, s] the last 8 GLU outputs."""
-    k: Tensor       # [L, S, H, W+1, dh] compute dtype: keys, ring rows per head
-    v: Tensor       # [L, S, H, W+1, dh] compute dtype: values
+    k: Tensor       # [L, S, H, R, dh] compute dtype: keys, ring rows per head
+    v: Tensor       # [L, S, H, R, dh] compute dtype: values
     time: Tensor    # [L, S, D, 8]  compute dtype
     frames: Tensor  # [S] long
 
     @classmethod
     def alloc(cls, cfg: PerceptionConfig, max_slots: int, device=None, dtype=torch.float32) -> "PerceptionState":
         L, D = cfg.n_layers, cfg.d_model
-        ring = (L, max_slots, cfg.n_heads, cfg.left_context + 1, cfg.head_dim)
+        ring = (L, max_slots, cfg.n_heads, cfg.ring_rows, cfg.head_dim)
         return cls(torch.zeros(ring, device=device, dtype=dtype),
                    torch.zeros(ring, device=device, dtype=dtype),
                    torch.zeros(L, max_slots, D, cfg.time_cache, device=device, dtype=dtype),
@@ -196,8 +213,11 @@ class PerceptionState:
 
 @dataclass
 class PerceptionOutput:
-    enc: Tensor     # e_t [B, d_model] (or [B, T, d_model] offline): RNNT input
-    audio: Tensor   # a_t = proj(e_t) [B, out_dim]: thinker input
+    enc: Tensor     # e_t [B, d_model] (or [B, T, d_model]: a chunk's frames, or offline): RNNT input
+    audio: Tensor   # a_t = proj(e_t) [B, out_dim] (or [B, T, out_dim]): thinker input
+
+    def frame(self, f: int) -> "PerceptionOutput":
+        return PerceptionOutput(self.enc[:, f], self.audio[:, f])
 
 
 class PreEncode(nn.Module):
@@ -273,21 +293,21 @@ class RelPosAttention(nn.Module):
 
     def stream(self, u: Tensor, k_ring: Tensor, v_ring: Tensor, slots: Tensor,
                frame: "StreamConstants") -> Tensor:
-        """u [B, D] this frame's normed input; k_ring, v_ring [S, H, W+1, dh] this layer's K and
-        V rings (head-major, so the score and value products read them without a copy; this
-        frame's row is written at `slots` in place); `frame` the tables the layers share."""
+        """u [B, F, D] the step's normed inputs; k_ring, v_ring [S, H, R, dh] this layer's K and
+        V rings (head-major, so the score and value products read them without a copy; the
+        step's rows are written at `slots` in place); `frame` the tables the layers share."""
         H, dh = self.cfg.n_heads, self.cfg.head_dim
-        k_ring[frame.write_at] = self.linear_k(u).unflatten(-1, (H, dh)).to(k_ring.dtype)
-        v_ring[frame.write_at] = self.linear_v(u).unflatten(-1, (H, dh)).to(v_ring.dtype)
-        k, v = k_ring.index_select(0, slots), v_ring.index_select(0, slots)     # [B, H, W+1, dh]
-        q = self._heads(self.linear_q, u).unsqueeze(2)                          # [B, H, 1, dh]
+        k_ring[frame.write_at] = self._heads(self.linear_k, u).transpose(1, 2).to(k_ring.dtype)
+        v_ring[frame.write_at] = self._heads(self.linear_v, u).transpose(1, 2).to(v_ring.dtype)
+        k, v = k_ring.index_select(0, slots), v_ring.index_select(0, slots)     # [B, H, R, dh]
+        q = self._heads(self.linear_q, u).transpose(1, 2)                       # [B, H, F, dh]
         p = self.stream_pos                                                     # [W+1, H, dh]
-        ac = (q + self.pos_bias_u[:, None]) @ k.transpose(-1, -2)               # [B, H, 1, W+1]
+        ac = (q + self.pos_bias_u[:, None]) @ k.transpose(-1, -2)               # [B, H, F, R]
         bd = torch.einsum("bhqd,khd->bhqk", q + self.pos_bias_v[:, None], p)   # distance order
-        bd = bd.gather(-1, frame.pos_index[:, None, None, :].expand_as(bd))    # → ring order
+        bd = bd.gather(-1, frame.pos_index[:, None].expand(*ac.shape))         # → ring order
         s = ((ac + bd).float() / math.sqrt(dh)).masked_fill(~frame.mask[:, None], float("-inf"))
-        o = s.softmax(-1).to(v.dtype) @ v                                        # [B, H, 1, dh]
-        return self.linear_out(o.flatten(1))
+        o = s.softmax(-1).to(v.dtype) @ v                                        # [B, H, F, dh]
+        return self.linear_out(o.transpose(1, 2).flatten(2))
 
     def full(self, u: Tensor) -> Tensor:
         """Offline over u [B, T, D]: NeMo's rel_shift over positions T−1 … −(T−1), causal left mask."""
@@ -317,10 +337,10 @@ class ConvModule(nn.Module):
         return self.pointwise_conv2(y.transpose(1, 2)).transpose(1, 2)
 
     def stream(self, x: Tensor, tcache: Tensor) -> tuple[Tensor, Tensor]:
-        """x [B, D] normed, tcache [B, D, 8] → ([B, D], new cache)."""
-        g = F.glu(self.pointwise_conv1(x[:, :, None]), dim=1)                 # [B, D, 1]
-        seq = torch.cat([tcache, g], dim=2)                                      # [B, D, 9]
-        return self._tail(self.depthwise_conv(seq))[:, 0], seq[:, :, 1:]
+        """x [B, F, D] normed, tcache [B, D, 8] → ([B, F, D], the cache after the F frames)."""
+        g = F.glu(self.pointwise_conv1(x.transpose(1, 2)), dim=1)              # [B, D, F]
+        seq = torch.cat([tcache, g], dim=2)                                      # [B, D, 8 + F]
+        return self._tail(self.depthwise_conv(seq)), seq[:, :, x.shape[1]:]
 
     def full(self, x: Tensor) -> Tensor:
         g = F.glu(self.pointwise_conv1(x.transpose(1, 2)), dim=1)              # [B, D, T]
@@ -337,8 +357,8 @@ class ConformerLayer(nn.Module):
 
     def stream(self, x: Tensor, k_ring: Tensor, v_ring: Tensor, slots: Tensor, tcache: Tensor,
                frame: "StreamConstants") -> tuple[Tensor, Tensor]:
-        """x [B, D] → (x, tcache [B, D, 8]) for the next frame; writes this frame's K/V row of
-        the sessions at `slots` into this layer's rings [S, H, W+1, dh]. The half-step residuals
+        """x [B, F, D] → (x, tcache [B, D, 8]) for the next step; writes the step's K/V rows of
+        the sessions at `slots` into this layer's rings [S, H, R, dh]. The half-step residuals
         are one add with alpha = 0.5 (bit-equal to x + 0.5·y: the halving is exact), one launch
         instead of two."""
         x = torch.add(x, self.feed_forward1(self.norm_feed_forward1(x)), alpha=0.5)
@@ -378,11 +398,22 @@ class Perception(nn.Module):
 
     @torch.no_grad()
     def step(self, state: PerceptionState, window: Tensor, slots: Tensor) -> PerceptionOutput:
-        """One frame for B sessions: window [B, 17, mel_bins] (MelOutput.window). Reads and writes
-        rows `slots` of state; other rows untouched."""
+        """One frame for B sessions: window [B, 17, mel_bins] (MelOutput.window) → [B, ·] outputs.
+        Reads and writes rows `slots` of state; other rows untouched."""
+        return self.step_frames(state, window[:, None], slots).frame(0)
+
+    @torch.no_grad()
+    def step_frames(self, state: PerceptionState, windows: Tensor, slots: Tensor) -> PerceptionOutput:
+        """F ≤ chunk_frames consecutive frames for B sessions at once: windows [B, F, 17,
+        mel_bins] (each frame's MelOutput.window) → [B, F, ·] outputs, as F single steps give."""
+        B, n = windows.shape[:2]
+        if n > self.cfg.chunk_frames:
+            raise ValueError(f"{n} frames in one step; the ring holds chunks of {self.cfg.chunk_frames}")
         frames = state.frames[slots]
-        x = self.encoder.pre_encode(window, first=frames == 0)[:, -1]           # [B, D]: the kept frame
-        frame = StreamConstants.of(self.cfg, frames, slots)
+        first = (frames[:, None] + torch.arange(n, device=frames.device)) == 0
+        x = self.encoder.pre_encode(windows.flatten(0, 1), first=first.flatten())[:, -1]
+        x = x.unflatten(0, (B, n))                                              # [B, F, D]: the kept frames
+        frame = StreamConstants.of(self.cfg, frames, slots, n)
         # index_select / index_copy_: plain row copies (advanced indexing's generic gather ran at
         # a tenth of the H200's bandwidth on the per-slot caches)
         tcache = state.time.index_select(1, slots)                              # [L, B, D, 8]
@@ -391,7 +422,7 @@ class Perception(nn.Module):
             x, t = layer.stream(x, state.k[i], state.v[i], slots, tcache[i], frame)
             new_time.append(t)
         state.time.index_copy_(1, slots, torch.stack(new_time))
-        state.frames[slots] = frames + 1
+        state.frames[slots] = frames + n
         return PerceptionOutput(x, self.proj(x))
 
     @torch.no_grad()

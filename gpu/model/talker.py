@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from gpu.model.talker_mog import MogHead, codebook_sqnorms, unmasking_schedule
-from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding,
+from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding, add_normed,
                                    apply_rope_tables, rope_cos_sin, rope_tables)
 from gpu.model.tokenizer import EOS, PAD, VOCAB
 
@@ -247,8 +247,8 @@ class DecoderLayer(nn.Module):
             a = self.decode_ops.talker_qkv_attention(self, h, pos, state, slots, frame)
         else:
             a = self._attention(h, pos, state, slots, frame)
-        x = x + self.post_attention_layernorm(att.o_proj(a))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x, h = add_normed(x, att.o_proj(a), self.post_attention_layernorm, self.pre_feedforward_layernorm)
+        return add_normed(x, self.mlp(h), self.post_feedforward_layernorm)[0]
 
     def _attention(self, h: Tensor, pos: Tensor, state: TalkerState, slots: Tensor,
                    frame: "_FrameConstants") -> Tensor:

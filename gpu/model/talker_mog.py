@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from gpu.model.talker_text import GatedMLP, RMSNorm
+from gpu.model.talker_text import GatedMLP, RMSNorm, add_normed
 
 if TYPE_CHECKING:
     from gpu.model.talker import TalkerConfig
@@ -88,7 +88,7 @@ class MogBlock(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.post_norm(self.mlp(self.pre_norm(x)))
+        return add_normed(x, self.mlp(self.pre_norm(x)), self.post_norm)[0]
 
 
 class MogHead(nn.Module):

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 class RMSNorm(nn.Module):
     """Gemma RMSNorm: x·rsqrt(mean(x²) + eps)·(1 + w), in fp32 whatever the input dtype."""
-    fused = None        # the engine's one-launch kernel of this math (decode_ops.install)
+    fused = None            # the engine's one-launch kernel of this math (decode_ops.install)
+    fused_residual = None   # and of `add_normed`'s (x, y, w_post, eps, w_next)
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -42,8 +43,19 @@ class RMSNorm(nn.Module):
         return (y * (1.0 + self.weight.float())).to(x.dtype)
 
 
+def add_normed(x: Tensor, y: Tensor, norm: RMSNorm, then: RMSNorm | None = None
+               ) -> tuple[Tensor, Tensor | None]:
+    """The Gemma residual step: s = x + norm(y), and then(s) for the next sublayer (None without
+    `then`). One launch on the engine path, where it would otherwise be three."""
+    if norm.fused_residual is not None and x.dtype == torch.float32 and (then is None or then.eps == norm.eps):
+        return norm.fused_residual(x, y, norm.weight, norm.eps, None if then is None else then.weight)
+    x = x + norm(y)
+    return x, None if then is None else then(x)
+
+
 class GatedMLP(nn.Module):
     """down(gelu_tanh(gate(x)) · up(x)), no biases (Gemma3 / T5Gemma / MoG stack)."""
+    fused = None        # the engine's (mlp, x) → output: one [gate; up] matmul, one GELU·up launch
 
     def __init__(self, hidden: int, inner: int):
         super().__init__()
@@ -52,6 +64,8 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fused is not None:
+            return self.fused(self, x)
         return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
 
 
@@ -166,8 +180,8 @@ class EncoderLayer(nn.Module):
         # softmax instead of NaN; its pooled mean is zero anyway.
         s = s.masked_fill(~valid[:, None, None, :], -1e9)
         a = torch.einsum("nhqk,nkhd->nqhd", s.softmax(-1), v).reshape(n, m, -1)
-        x = x + self.post_self_attn_layernorm(att.o_proj(a))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x, h = add_normed(x, att.o_proj(a), self.post_self_attn_layernorm, self.pre_feedforward_layernorm)
+        return add_normed(x, self.mlp(h), self.post_feedforward_layernorm)[0]
 
 
 class _Encoder(nn.Module):

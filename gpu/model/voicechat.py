@@ -138,12 +138,34 @@ class VoiceChat(nn.Module):
         pcm = self.decode(state, spoken, slots)
         return FrameOutput(pcm, th.text, th.func, asr.tokens, spoken.codes, asr.bou, asr.eou)
 
+    @torch.no_grad()
+    def frames(self, state: VoiceChatState, audio: Tensor, slots: Tensor, noise_of, forced: Tensor,
+               emit) -> None:
+        """F consecutive frames (a beat) on one stream: audio [B, F, 1280], forced [B, F],
+        noise_of(f) → frame f's FrameNoise, emit(f, FrameOutput) takes each frame's outputs.
+        Both frames are heard first (hear_frames); the rest runs frame by frame as in `step`."""
+        for f, heard in enumerate(self.hear_frames(state, audio, slots)):
+            asr = self.transcribe(state, heard, slots)
+            th = self.think(state, heard, slots, forced[:, f])
+            spoken = self.speak(state, th, noise_of(f), slots)
+            pcm = self.decode(state, spoken, slots)
+            emit(f, FrameOutput(pcm, th.text, th.func, asr.tokens, spoken.codes, asr.bou, asr.eou))
+
     # -- the stages of a frame. Each touches only its own networks' state, so stages of different
     # frames may overlap where their inputs allow: hear(t+1) does not wait for think(t), speak(t)
-    # and think(t+1) are independent, and nothing waits for transcribe.
+    # and think(t+1) are independent, and nothing waits for transcribe. Hearing a beat's frames
+    # together (hear_frames) reads perception's weights once for both.
     def hear(self, state: VoiceChatState, audio: Tensor, slots: Tensor) -> PerceptionOutput:
         mel = self.mel.step(state.mel, audio, slots)
         return self.perception.step(state.perception, mel.window, slots)
+
+    def hear_frames(self, state: VoiceChatState, audio: Tensor, slots: Tensor) -> list[PerceptionOutput]:
+        """hear for F consecutive frames, audio [B, F, 1280], with perception's weights read
+        once for all F (Perception.step_frames); one output per frame."""
+        windows = torch.stack([self.mel.step(state.mel, audio[:, f], slots).window
+                               for f in range(audio.shape[1])], dim=1)
+        heard = self.perception.step_frames(state.perception, windows, slots)
+        return [heard.frame(f) for f in range(audio.shape[1])]
 
     def transcribe(self, state: VoiceChatState, heard: PerceptionOutput, slots: Tensor) -> RNNTOutput:
         return self.rnnt.step(state.rnnt, heard.enc, slots)
