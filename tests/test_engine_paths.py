@@ -9,7 +9,7 @@ from gpu.engine.decode_ops import TritonDecodeOps, install
 from gpu.engine.parity import compare, engine_run, reference_run
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
-from tests.tensorkit import exact_fp32
+from tests.tensorkit import exact_fp32, rel
 from wave_actors.backend import SessionSpec
 from wave_actors.backends import BackendOptions
 
@@ -70,7 +70,11 @@ def test_triton_decode_path_equals_reference_step():
         torch.testing.assert_close(a.pcm, b.pcm, rtol=1e-5, atol=1e-4)
     # the kernels updated the state in place exactly where the reference wrote it
     torch.testing.assert_close(st_fast.thinker.ssm, st_ref.thinker.ssm, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(st_fast.talker.k, st_ref.talker.k, rtol=1e-5, atol=1e-6)
+    # the talker's K rows after 28 layers of fp32 reduction-order differences (fused norms):
+    # 1e-5 relative over the cache, ~1e-6 absolute on single small elements
+    assert rel(st_fast.talker.k, st_ref.talker.k) < 1e-5
+    torch.testing.assert_close(st_fast.talker.k, st_ref.talker.k, rtol=1e-4, atol=1e-5)
+    assert torch.equal(st_fast.talker.k[[1, 2]], st_ref.talker.k[[1, 2]])     # other slots: zeros
     assert torch.equal(st_fast.thinker.length, st_ref.thinker.length)
 
 

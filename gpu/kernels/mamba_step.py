@@ -142,8 +142,11 @@ def _dims(xBC, z, dt, ngroups):
 
 def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
                *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4,
-               stream: bool = False, tiles: int = 1):
+               stream: bool = False, tiles: int | None = None):
     """One Mamba2 decode step. Mutates conv_state[slots] and ssm_state[slots] in place only.
+    An SSM program updates `tiles` [block_p, d_state] state tiles of one head (None: the whole
+    head; at the thinker's shapes and 120 rows 361 µs a layer against 379 µs for one tile a
+    program, bench/results/mamba-tiles-h200.json).
 
     xBC [B, conv_dim], z [B, d_inner], dt [B, nheads]: in_proj outputs (bf16/fp16/fp32).
     conv_state [S, conv_dim, 3] (any float), ssm_state [S, nheads, head_dim, d_state] fp32.
@@ -174,7 +177,8 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
     _conv_kernel[(batch, triton.cdiv(conv_dim, block_c))](
         xBC, conv_state, slots, conv_w, conv_b, xact, conv_dim, max_slots, BLOCK_C=block_c, num_warps=4)
     bp = min(block_p, next_pow2(head_dim))
-    tiles = max(1, min(tiles, triton.cdiv(head_dim, bp)))
+    per_head = triton.cdiv(head_dim, bp)
+    tiles = per_head if tiles is None else max(1, min(tiles, per_head))
     _ssm_kernel[(batch, nheads, triton.cdiv(head_dim, bp * tiles))](
         xact, z, dt, ssm_state, slots, dt_bias, A_log, D, yg,
         max_slots, conv_dim, d_inner, d_inner + ngroups * d_state,
@@ -188,7 +192,7 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
 
 def mamba_step_ref(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
                    *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4,
-                   stream: bool = False, tiles: int = 1):
+                   stream: bool = False, tiles: int | None = None):
     """PyTorch twin of mamba_step (same signature; block_p/num_warps/stream/tiles ignored). Computes in
     fp32, or in fp64 when given fp64 tensors (the device check's upcast reference)."""
     batch, conv_dim, nheads, d_inner, head_dim, d_state = _dims(xBC, z, dt, ngroups)
