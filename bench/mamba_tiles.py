@@ -1,6 +1,6 @@
 """Mamba2 decode step (gpu/kernels/mamba_step.py) at the thinker's full shapes: launch-shape
 variants of the SSM launch (state tile rows, tiles per program, warps, streaming hints) timed as
-CUDA-graph replays, against the bytes floor of its state traffic. Every variant's outputs and
+CUDA-graph replays (mean of --reps), against the bytes floor of its state traffic. Every variant's outputs and
 state must equal the default's bit for bit (same arithmetic, other launch shape).
 
     python3 bench/mamba_tiles.py [--batch 120] [--out bench/results/mamba-tiles-h200.json]
@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.attn_layout import time_graph                               # noqa: E402
 from gpu.kernels.mamba_step import mamba_step                          # noqa: E402
 
 VARIANTS = [dict(block_p=16, tiles=1, num_warps=4), dict(block_p=16, tiles=5, num_warps=4),
@@ -50,24 +51,9 @@ def main() -> int:
         if first is None:
             first = (y.clone(), conv.clone(), ssm.clone())
         same = all(torch.equal(a, b) for a, b in zip(first, (y, conv, ssm)))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            call()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2 * args.reps)]
-        for i in range(args.reps):
-            ev[2 * i].record()
-            graph.replay()
-            ev[2 * i + 1].record()
-        torch.cuda.synchronize()
-        us = sorted(ev[2 * i].elapsed_time(ev[2 * i + 1]) for i in range(args.reps))[args.reps // 2] * 1e3
+        us = time_graph(call, args.reps) * 1e3
         rows.append(dict(v, us=round(us, 1), tb_s=round(floor_bytes / us / 1e6, 2), equal=same))
         print(rows[-1], flush=True)
-        del graph
     res = {"command": "python3 bench/mamba_tiles.py " + " ".join(sys.argv[1:]), "batch": B,
            "gpu": torch.cuda.get_device_name(0), "floor_bytes": floor_bytes,
            "note": "one layer's mamba_step (conv + SSM + group norm launches); tb_s = state bytes / time",

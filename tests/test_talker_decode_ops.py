@@ -114,34 +114,25 @@ def test_installed_talker_runs_the_fused_kernels(talker, monkeypatch):
 
 
 @torch.no_grad()
-def test_fused_gate_up_weight_is_views():
+@pytest.mark.parametrize("fuse,module,second,rows", [
+    (fused_qkv_weight, lambda t: t.tts_model.backbone.layers[1].self_attn, "k_proj", 3 * CFG.hidden),
+    (fused_gate_up_weight, lambda t: t.tts_model.backbone.layers[2].mlp, "up_proj", 2 * CFG.mlp)],
+    ids=["qkv", "gate_up"])
+def test_fused_weight_is_views_and_follows_a_reload(fuse, module, second, rows):
     talker = make_talker()
-    mlp = talker.tts_model.backbone.layers[2].mlp
+    mod = module(talker)
     keys = set(talker.state_dict())
-    w = fused_gate_up_weight(mlp)
-    assert w.shape == (2 * CFG.mlp, CFG.hidden) and fused_gate_up_weight(mlp) is w
-    assert mlp.up_proj.weight.data_ptr() == w[CFG.mlp].data_ptr()
-    assert set(talker.state_dict()) == keys
-    load_talker(talker, tiny_weights(seed=2))
-    assert fused_gate_up_weight(mlp) is not w
-    assert torch.equal(fused_gate_up_weight(mlp)[CFG.mlp:], mlp.up_proj.weight)
-
-
-@torch.no_grad()
-def test_fused_qkv_weight_is_views_and_follows_a_reload():
-    talker = make_talker()
-    att = talker.tts_model.backbone.layers[1].self_attn
-    keys = set(talker.state_dict())
-    w = fused_qkv_weight(att)
-    assert w.shape == (3 * CFG.hidden, CFG.hidden) and fused_qkv_weight(att) is w
-    assert att.k_proj.weight.data_ptr() == w[CFG.hidden].data_ptr()
+    w = fuse(mod)
+    assert w.shape == (rows, CFG.hidden) and fuse(mod) is w
+    linear = getattr(mod, second)
+    start = w.shape[0] - linear.weight.shape[0] if second == "up_proj" else CFG.hidden
+    assert linear.weight.data_ptr() == w[start].data_ptr()
     assert set(talker.state_dict()) == keys                  # non-persistent: no new name
     load_talker(talker, tiny_weights(seed=1))                 # assigns new tensors
-    w2 = fused_qkv_weight(att)
+    w2 = fuse(mod)
     assert w2 is not w
-    assert torch.equal(w2[: CFG.hidden], att.q_proj.weight)
-    assert torch.equal(w2[2 * CFG.hidden:], tiny_weights(seed=1)[
-        "tts_model.tts_model.backbone.layers.1.self_attn.v_proj.weight"])
+    assert torch.equal(w2[start:start + linear.weight.shape[0]], getattr(mod, second).weight)
+    assert not torch.equal(w2, w)
 
 
 @torch.no_grad()
