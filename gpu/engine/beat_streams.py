@@ -1,7 +1,7 @@
 """One beat's frames over five CUDA streams, so the stages that do not depend on each other run
 at the same time on the GPU (inside the beat's graph the stream waits become graph edges).
 
-A frame's stages (VoiceChat.hear / transcribe / think / speak / decode) depend on each other as
+A frame's stages (VoiceChat.hear_frames / transcribe / think / speak / decode) depend on each other as
     hear(t) ─→ think(t) ─→ speak(t) ─→ decode(t)
       │   └──→ transcribe(t)   │          │
     hear(t+1) ──→ think(t+1) ──┴→ speak(t+1) ─→ decode(t+1)

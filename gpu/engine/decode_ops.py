@@ -173,8 +173,6 @@ def fused_rows_weight(module: nn.Module, linears: tuple[nn.Linear, ...], name: s
 
 def _gated_mlp(mlp: nn.Module, x: Tensor) -> Tensor:
     # 3 launches instead of 5: [gate; up] in one matmul, GELU·up in one kernel, then down.
-    if x.dtype != torch.float32:
-        return mlp.down_proj(F.gelu(mlp.gate_proj(x), approximate="tanh") * mlp.up_proj(x))
     return mlp.down_proj(gelu_mul(F.linear(x, fused_gate_up_weight(mlp))))
 
 

@@ -78,6 +78,14 @@ def _rows_view(x: torch.Tensor, n: int) -> torch.Tensor:
                              "do not collapse to one row stride; pass a contiguous tensor") from None
 
 
+def _launch_shape(n: int, rows: int) -> tuple[int, int, int]:
+    """(BLOCK_N, rows per program, warps) for whole rows of n: about TILE elements a program."""
+    block_n = next_pow2(n)
+    n_rows_prog = min(max(1, TILE // block_n), next_pow2(rows))
+    tile = n_rows_prog * block_n
+    return block_n, n_rows_prog, 4 if tile <= 4096 else 8 if tile <= 8192 else 16
+
+
 def rms_norm(x, weight, eps: float, *, plus_one: bool, round_first: bool):
     """x [..., N] fp32|bf16 (unit stride in N, leading dims collapsible to one row stride),
     weight [N] fp32|bf16 -> new contiguous tensor of x's shape and dtype. See the top comment for
@@ -93,10 +101,7 @@ def rms_norm(x, weight, eps: float, *, plus_one: bool, round_first: bool):
     out = torch.empty(x.shape, device=dev, dtype=x.dtype)
     if rows == 0:
         return out
-    block_n = next_pow2(n)
-    n_rows_prog = min(max(1, TILE // block_n), next_pow2(rows))
-    tile = n_rows_prog * block_n
-    num_warps = 4 if tile <= 4096 else 8 if tile <= 8192 else 16
+    block_n, n_rows_prog, num_warps = _launch_shape(n, rows)
     _rms_norm_kernel[(triton.cdiv(rows, n_rows_prog),)](
         x2, weight, out, rows, n, x2.stride(0), float(eps), PLUS_ONE=bool(plus_one),
         ROUND_FIRST=bool(round_first), ROWS=n_rows_prog, BLOCK_N=block_n, num_warps=num_warps)
@@ -157,10 +162,7 @@ def residual_rms_norm(x, y, w_post, eps: float, w_next=None):
     h_out = torch.empty(x.shape, device=dev, dtype=x.dtype) if w_next is not None else None
     if rows == 0:
         return x_out, h_out
-    block_n = next_pow2(n)
-    n_rows_prog = min(max(1, TILE // block_n), next_pow2(rows))
-    tile = n_rows_prog * block_n
-    num_warps = 4 if tile <= 4096 else 8 if tile <= 8192 else 16
+    block_n, n_rows_prog, num_warps = _launch_shape(n, rows)
     _residual_norm_kernel[(triton.cdiv(rows, n_rows_prog),)](
         x2, y2, w_post, w_post if w_next is None else w_next, x_out,
         x_out if h_out is None else h_out, rows, n, x2.stride(0), y2.stride(0), float(eps),

@@ -129,14 +129,12 @@ class VoiceChat(nn.Module):
              forced_func: Tensor) -> FrameOutput:
         """One frame for the sessions at `slots` [B]: audio fp32 [B, 1280] (16 kHz), noise for
         [B] rows, forced_func int [B] (a tool-result token to force as f_{t−1}, −1 for none).
-        Advances those slots' state; other slots are untouched. The five stages below, in order;
-        the engine runs the same stages on several CUDA streams (gpu/engine/beat_streams.py)."""
-        heard = self.hear(state, audio, slots)
-        asr = self.transcribe(state, heard, slots)
-        th = self.think(state, heard, slots, forced_func)
-        spoken = self.speak(state, th, noise, slots)
-        pcm = self.decode(state, spoken, slots)
-        return FrameOutput(pcm, th.text, th.func, asr.tokens, spoken.codes, asr.bou, asr.eou)
+        Advances those slots' state; other slots are untouched: `frames` for one frame (the
+        stages below, in order); the engine runs them on several CUDA streams (beat_streams.py)."""
+        out: list[FrameOutput] = []
+        self.frames(state, audio[:, None], slots, lambda f: noise, forced_func[:, None],
+                    lambda f, o: out.append(o))
+        return out[0]
 
     @torch.no_grad()
     def frames(self, state: VoiceChatState, audio: Tensor, slots: Tensor, noise_of, forced: Tensor,
@@ -155,13 +153,9 @@ class VoiceChat(nn.Module):
     # frames may overlap where their inputs allow: hear(t+1) does not wait for think(t), speak(t)
     # and think(t+1) are independent, and nothing waits for transcribe. Hearing a beat's frames
     # together (hear_frames) reads perception's weights once for both.
-    def hear(self, state: VoiceChatState, audio: Tensor, slots: Tensor) -> PerceptionOutput:
-        mel = self.mel.step(state.mel, audio, slots)
-        return self.perception.step(state.perception, mel.window, slots)
-
     def hear_frames(self, state: VoiceChatState, audio: Tensor, slots: Tensor) -> list[PerceptionOutput]:
-        """hear for F consecutive frames, audio [B, F, 1280], with perception's weights read
-        once for all F (Perception.step_frames); one output per frame."""
+        """Mel and perception for F consecutive frames, audio [B, F, 1280], with perception's
+        weights read once for all F (Perception.step_frames); one output per frame."""
         windows = torch.stack([self.mel.step(state.mel, audio[:, f], slots).window
                                for f in range(audio.shape[1])], dim=1)
         heard = self.perception.step_frames(state.perception, windows, slots)
