@@ -3,7 +3,8 @@
 #   PYTEST=1            the GPU tests: `gpu`-marked, kernels, engine paths (no network-bound e2e)
 #   CHECK="--full"      graph-backend parity (tiny, and with --full the full model), graph vs eager
 #   STAGES="8,32,64,96" per-stage graph timings, whole beats on one stream and on five, and the
-#                       top kernels of each stage at 64 sessions (eager and inside the replay)
+#                       top kernels of each stage at KERNELS (64) sessions (eager and inside the
+#                       replay); STAGES_ARGS="--profile dense" passes more options
 #   "$1"                the capacity bench with these arguments
 # Usage on the device machine:
 #   WAVE_COMMIT=<sha> PYTEST=1 STAGES=8,32,64,96 bash bench/device_graph.sh "<bench args>"
@@ -24,7 +25,7 @@ if [ -n "$CHECK" ]; then
   timeout ${CHECK_TIMEOUT:-240} python3 bench/graph_check.py --out $OUT/graph-check.json $CHECK 2>&1 | tee $OUT/check.log | grep -v "^  " | tail -25
 fi
 if [ -n "$STAGES" ]; then
-  timeout ${STAGES_TIMEOUT:-200} python3 bench/graph_stages.py --sessions $STAGES --kernels ${KERNELS:-64} --beat \
+  timeout ${STAGES_TIMEOUT:-200} python3 bench/graph_stages.py --sessions $STAGES --kernels ${KERNELS:-64} --beat $STAGES_ARGS \
     --out $OUT/graph-stages.json 2>&1 | tee $OUT/stages.log | grep -v "Warn" | tail -60
 fi
 if [ -n "$1" ]; then

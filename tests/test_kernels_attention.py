@@ -1,8 +1,10 @@
 """decode_attention (Triton) against decode_attention_ref at small odd sizes: GQA and MHA, fp32
-and bf16 KV, per-slot lengths, sliding window, several split counts, a strided cache view."""
+and bf16 KV, per-slot lengths, sliding window, several split counts, a strided cache view; the
+per-lane MHA kernel (lanes) against an fp64 twin, and which MHA kernel the default picks."""
 import pytest
 import torch
 
+import gpu.kernels.decode_attention as attn
 from gpu.kernels.decode_attention import decode_attention, decode_attention_ref
 from tests.tensorkit import rel
 
@@ -82,3 +84,66 @@ def test_decode_attention_rejects_bad_args():
             decode_attention(q, k, v, slots, torch.tensor([31, 1, 1], dtype=torch.int32, device=DEV), scale=1.0)
     with pytest.raises(AssertionError, match="v_cache"):
         decode_attention(q, k, v.to(torch.bfloat16), slots, torch.ones(3, dtype=torch.int32, device=DEV), scale=1.0)
+    with pytest.raises(AssertionError, match="lanes: MHA only"):     # GROUP 2
+        decode_attention(q, k, v, slots, torch.ones(3, dtype=torch.int32, device=DEV), scale=1.0, lanes=True)
+
+
+LANES = [  # (kv dtype, H, head_dim, cap, lengths, window, splits, block_l); fp32 q, lanes=True
+    (torch.bfloat16, 2, 72, 200, [200, 1, 97], 0, 1, 64),     # 200 = 3·64 + 8; length 1
+    (torch.float32, 2, 72, 130, [130, 65, 1], 0, 2, 32),
+    (torch.bfloat16, 3, 72, 150, [150, 40, 9], 30, 3, 16),    # sliding window
+    (torch.bfloat16, 2, 72, 60, [5, 1, 17], 0, 8, 32),        # splits 1..7 of every row empty
+    (torch.float32, 2, 72, 80, [80, 3, 0], 9, 8, 16),         # window, empty splits, an empty row
+    (torch.float16, 2, 72, 70, [70, 64, 2], 0, 3, 64),
+    (torch.bfloat16, 2, 16, 40, [40, 9, 33], 5, 2, 32),       # power-of-two head_dim: two halves
+]
+
+
+@pytest.mark.parametrize("kv_dtype,h,head_dim,cap,lengths,window,splits,block_l", LANES)
+def test_lanes_kernel_matches_fp64(kv_dtype, h, head_dim, cap, lengths, window, splits, block_l):
+    # fp32 math over the 16-bit cache values, whose fp32 (and fp64) images are exact.
+    q, k, v = make(torch.float32, kv_dtype, h, h, head_dim, cap, seed=cap + splits)
+    o, slots, lens = run_checked(q, k, v, lengths, scale=head_dim ** -0.5, window=window,
+                                 num_splits=splits, block_l=block_l, lanes=True)
+    o64 = decode_attention_ref(q.double(), k.double(), v.double(), slots, lens,
+                               scale=head_dim ** -0.5, window=window)
+    assert rel(o, o64) < 1e-5, rel(o, o64)
+    assert (o[lens == 0] == 0).all(), "an empty row attends to nothing: 0"
+
+
+class _Spy:
+    """Stands in for a kernel: records its name at launch, then launches it."""
+    def __init__(self, name, kernel, log):
+        self.name, self.kernel, self.log = name, kernel, log
+
+    def __getitem__(self, grid):
+        self.log.append(self.name)
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("kv_dtype,head_dim,lanes,expect", [
+    (torch.bfloat16, 18, None, "lanes"),        # a split-d shape: lanes by default, any KV dtype
+    (torch.float16, 18, None, "lanes"),
+    (torch.float32, 18, None, "lanes"),
+    (torch.bfloat16, 18, False, "split"),
+    (torch.float32, 18, False, "split"),
+    (torch.bfloat16, 16, None, "padded"),       # power of two: not a split-d shape
+    (torch.bfloat16, 16, True, "lanes"),
+])
+def test_lanes_default_on_split_d_shapes(monkeypatch, kv_dtype, head_dim, lanes, expect):
+    names = dict(lanes="_attn_mha_lanes_kernel", split="_attn_mha_split_kernel",
+                 padded="_attn_mha_kernel", dot="_attn_gqa_kernel")
+    log = []
+    for short, name in names.items():
+        monkeypatch.setattr(attn, name, _Spy(short, getattr(attn, name), log))
+    q, k, v = make(torch.float32, kv_dtype, 2, 2, head_dim, 20, seed=7)
+    slots = torch.tensor([4, 0, 2], dtype=torch.int32, device=DEV)
+    lens = torch.tensor([20, 3, 11], dtype=torch.int32, device=DEV)
+    o = decode_attention(q, k, v, slots, lens, scale=0.3, num_splits=2, lanes=lanes)
+    assert log == [expect], log
+    assert rel(o, decode_attention_ref(q.double(), k.double(), v.double(), slots, lens,
+                                       scale=0.3)) < 1e-5
+    if lanes is None:   # the default is the forced call, bit for bit
+        forced = decode_attention(q, k, v, slots, lens, scale=0.3, num_splits=2,
+                                  lanes=expect == "lanes")
+        assert torch.equal(o, forced)

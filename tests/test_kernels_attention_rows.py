@@ -1,7 +1,8 @@
 """decode_attention's rows form (q [B, R, HQ, D] over caches [S, R, HKV, P, D], one launch pair for
 all R rows) against decode_attention_ref applied row by row: the MHA split and padded kernels, the
 dot kernel (GQA and mha_dot), fp32 and bf16 KV, with and without a window, several split counts,
-a layer view of the talker's 6-D state, int64 slots and lengths given as positions (length_bias)."""
+a layer view of the talker's 6-D state, int64 slots and lengths given as positions (length_bias);
+the per-lane MHA kernel (lanes) at the talker's head_dim 72 against an fp64 twin."""
 import pytest
 import torch
 
@@ -78,3 +79,27 @@ def test_rows_form_rejects_bad_args():
         with pytest.raises(AssertionError, match="bias"):
             decode_attention(q, k, v, slots, torch.tensor([30, 1, 1], device=DEV), scale=1.0,
                              length_bias=1)
+
+
+LANES = [  # (kv dtype, R, H, cap, positions, window, splits, block_l, state view); q fp32, D 72
+    (torch.bfloat16, 1, 4, 160, [159, 0, 70], 0, None, 64, True),    # dense profile, default splits
+    (torch.float32, 2, 2, 100, [99, 40, 0], 25, 3, 32, False),        # reference profile + window
+    (torch.bfloat16, 2, 2, 90, [4, 0, 2], 0, 8, 16, True),            # most splits empty
+    (torch.bfloat16, 1, 3, 200, [199, 127, 63], 50, 2, 32, False),    # whole blocks only
+    (torch.float32, 1, 2, 70, [69, 5, 33], 6, 4, 64, True),
+]
+
+
+@pytest.mark.parametrize("kv_dtype,rows,h,cap,positions,window,splits,block_l,state_view", LANES)
+def test_rows_form_lanes_kernel_matches_fp64(kv_dtype, rows, h, cap, positions, window, splits,
+                                             block_l, state_view):
+    # The talker's call (int64 slots, positions with length_bias 1, scale 1/16) through lanes.
+    q, k, v = make(torch.float32, kv_dtype, rows, h, h, 72, cap, state_view=state_view,
+                   seed=cap + rows)
+    slots = torch.tensor([5, 1, 3], device=DEV)
+    pos = torch.tensor(positions, device=DEV)
+    o = decode_attention(q, k, v, slots, pos, scale=1 / 16, window=window, length_bias=1,
+                         num_splits=splits, block_l=block_l, lanes=True)
+    ref = decode_attention_ref(q.double(), k.double(), v.double(), slots, pos, scale=1 / 16,
+                               window=window, length_bias=1)
+    assert rel(o, ref) < 1e-5, rel(o, ref)

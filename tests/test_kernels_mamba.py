@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gpu.kernels.mamba_step import mamba_step, mamba_step_ref
+from gpu.kernels.mamba_step import mamba_conv, mamba_step, mamba_step_ref
 from tests.tensorkit import rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -78,3 +78,65 @@ def test_mamba_step_rejects_bad_args():
     bad = dict(state, ssm_state=state["ssm_state"].to(torch.bfloat16))
     with pytest.raises(AssertionError, match="ssm_state"):
         run(mamba_step, inputs, bad, weights, torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV), ngroups)
+
+
+def conv_ref(xBC, conv_state, slots, conv_w, conv_b):
+    """The conv launch in torch, fp32 (as mamba_step_ref): SiLU(window · w + b); state <- window[1:]."""
+    idx, f = slots.long(), torch.float32
+    window = torch.cat([conv_state[idx].to(f), xBC.to(f)[:, :, None]], dim=-1)
+    conv_state[idx] = window[:, :, 1:].to(conv_state.dtype)
+    return torch.nn.functional.silu((window * conv_w.to(f)).sum(-1) + conv_b.to(f))
+
+
+@pytest.mark.parametrize("act,state_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
+                                             (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("conv_dim,block_c,slot_list", [
+    (54, 16, [4, 0, 2]), (54, None, [5, 1, 3]), (37, 8, [2, 5, 0, 1]), (8, 8, [3])])
+def test_conv_tiles_equal_cols_and_ref(act, state_dtype, conv_dim, block_c, slot_list):
+    """The [block_c, 4]-tile conv kernel against the first (column) kernel and torch, over three
+    steps: the same state bits, out within an ulp-level tolerance; other slots untouched."""
+    g = torch.Generator().manual_seed(conv_dim + len(slot_list))
+    rn = lambda *s: torch.randn(*s, generator=g)
+    w, b = rn(conv_dim, 4).to(act).to(DEV), (0.1 * rn(conv_dim)).to(act).to(DEV)
+    state0 = rn(7, conv_dim, 3).to(state_dtype).to(DEV)
+    st_new, st_old, st_ref = state0.clone(), state0.clone(), state0.clone()
+    slots = torch.tensor(slot_list, dtype=torch.int32, device=DEV)
+    tol = 1e-6 if act == torch.float32 and state_dtype == torch.float32 else 1e-5
+    # Triton's interpreter casts fp32 -> bf16 by truncation (the GPU rounds to nearest, as torch):
+    # there the x column written to a bf16 state may sit one bf16 ulp from torch's.
+    trunc = DEV == "cpu" and act == torch.float32 and state_dtype == torch.bfloat16
+    for _ in range(3):
+        x = rn(len(slot_list), conv_dim).to(act).to(DEV)
+        out = torch.full((len(slot_list), conv_dim), float("nan"), device=DEV)
+        y_new = mamba_conv(x, st_new, slots, w, b, out=out, block_c=block_c)
+        y_old = mamba_conv(x, st_old, slots, w, b, tiles=False, block_c=block_c)
+        y_ref = conv_ref(x, st_ref, slots, w, b)
+        assert y_new is out and torch.isfinite(y_new).all()
+        assert torch.equal(st_new, st_old)
+        if trunc:
+            torch.testing.assert_close(st_new.float(), st_ref.float(), rtol=2 ** -7, atol=0)
+            st_ref.copy_(st_new)
+        assert torch.equal(st_new, st_ref)
+        assert rel(y_new, y_old) < tol and rel(y_new, y_ref) < tol, (rel(y_new, y_old), rel(y_new, y_ref))
+        torch.testing.assert_close(y_new, y_ref, rtol=1e-5, atol=1e-5)
+    untouched = [s for s in range(7) if s not in slot_list]
+    assert torch.equal(st_new[untouched], state0[untouched])
+    assert not torch.equal(st_new[slot_list], state0[slot_list])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mamba_step_conv_paths_agree(dtype):
+    """mamba_step with the tile conv (default) and the column conv: same states, y within TOL of
+    each other and of the reference."""
+    weights, state, step, ngroups = make(dtype, batch=4, seed=11)
+    slots = torch.tensor([3, 5, 0, 2], dtype=torch.int32, device=DEV)
+    st = [{k: v.clone() for k, v in state.items()} for _ in range(3)]
+    for _ in range(2):
+        inputs = {k: v.to(DEV) for k, v in step().items()}
+        y_new = run(mamba_step, inputs, st[0], weights, slots, ngroups)
+        y_old = run(mamba_step, inputs, st[1], weights, slots, ngroups, conv_tiles=False)
+        y_ref = run(mamba_step_ref, inputs, st[2], weights, slots, ngroups)
+        assert rel(y_new, y_old) < TOL[dtype] and rel(y_new, y_ref) < TOL[dtype]
+        assert torch.equal(st[0]["conv_state"], st[1]["conv_state"])
+        assert torch.equal(st[0]["conv_state"], st[2]["conv_state"])
+        torch.testing.assert_close(st[0]["ssm_state"], st[1]["ssm_state"], rtol=1e-5, atol=1e-5)

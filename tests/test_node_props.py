@@ -173,6 +173,15 @@ class NodeMachine(RuleBasedStateMachine):
         self.trace_seen = len(trace)
 
     @invariant()
+    def beat_outputs_route_only_to_live_session_actors(self):
+        # The clock hands outputs to actors by inproc identity: exactly the live sessions' actors
+        # are reachable (a closed or crashed one is forgotten, so nothing leaks or misroutes).
+        node = self.vn.node
+        assert sorted(map(id, node._by_inproc.values())) == sorted(map(id, node.sessions.values()))
+        for ident, actor in node._by_inproc.items():
+            assert actor.inproc_identity == ident
+
+    @invariant()
     def sessions_never_exceed_slots(self):
         assert len(self.vn.node.sessions) <= SLOTS
         assert len(self.vn.node.clock_actor.scheduler.slots) <= SLOTS

@@ -84,6 +84,17 @@ def test_ping_open_audio_text_close():
     asyncio.run(body())
 
 
+def test_outputs_without_a_session_actor_are_counted_unroutable():
+    async def body():
+        async with node_on_tcp() as node:
+            clock = node.clock_actor
+            out = node.backend.alloc_output()
+            assert not node._deliver(b"no-such-session", None)
+            clock._route({0: (("x", "s"), 0), 1: (("y", "s"), 0)}, out)    # slots nobody holds
+            assert clock.stats.unroutable == 2
+    asyncio.run(body())
+
+
 @pytest.mark.parametrize("rate,fmt,out_rate,out_fmt,out_bytes", [
     (8000, "pcmu", 8000, "pcmu", 640),
     (8000, "pcma", 16000, "pcm_s16le", 2560),

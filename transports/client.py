@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import zmq

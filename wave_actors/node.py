@@ -25,7 +25,8 @@ from wave_actors.clocks import Clock
 from wave_actors.metrics import NodeMetrics
 from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
 from wave_actors.scheduler import CapacityError
-from wave_actors.session import AudioIn, Close, FunctionResult, SessionActor, SessionConfig
+from wave_actors.session import (AudioIn, BeatOut, Close, FunctionResult, SessionActor,
+                                 SessionConfig)
 
 log = logging.getLogger("wave.node")
 SEND_TIMEOUT_S = 5.0
@@ -82,6 +83,7 @@ class Node:
         self._starting: dict[tuple[bytes, str], asyncio.Future] = {}   # admitted, not ready
         self._sessions_of: dict[bytes, int] = {}            # live sessions per client
         self._open_nonce = 0
+        self._by_inproc: dict[bytes, SessionActor] = {}    # the clock's name for each session
         self._clock_incarnation = 0
         self._underruns_reported = 0
         self._owner_key: dict[tuple[bytes, str], str | None] = {}
@@ -122,7 +124,7 @@ class Node:
         # A fresh inproc address per incarnation: a dead clock's socket may still hold its own.
         self._clock_incarnation += 1
         endpoint = f"{self.cfg.clock_endpoint}-{id(self)}-{self._clock_incarnation}"
-        return BeatClockActor(self.backend, self.ctx, endpoint, self.clock,
+        return BeatClockActor(self.backend, self.ctx, endpoint, self.clock, self._deliver,
                               self.cfg.prebuffer, self.cfg.max_queue, self._on_beat,
                               self.cfg.keep_records)
 
@@ -393,7 +395,19 @@ class Node:
                              self.backend.user_codec, self.clock, self._close_session,
                              lambda identity: self._last_seen.get(identity, 0.0),
                              self._function_tokens, inproc_identity=ident)
+        self._by_inproc[ident] = actor
         return actor
+
+    def _deliver(self, ident: bytes, out: BeatOut) -> bool:
+        """The clock's route for a session's beat outputs: into its actor's mailbox."""
+        actor = self._by_inproc.get(ident)
+        if actor is None:
+            return False
+        try:
+            actor.tell(out, MsgClass.AUDIO)
+        except ActorStopped:
+            return False
+        return True
 
     def _function_tokens(self, actor: SessionActor, ids: list[int]) -> None:
         self.clock_actor.tell(FunctionTokens(actor.cfg.slot, ids))
@@ -431,6 +445,8 @@ class Node:
 
     def _forget(self, actor: SessionActor, reason: str) -> None:
         key = (actor.cfg.identity, actor.cfg.session)
+        if self._by_inproc.get(actor.inproc_identity) is actor:
+            del self._by_inproc[actor.inproc_identity]
         if self.sessions.get(key) is actor:
             self.sessions.pop(key, None)
             self._owner_key.pop(key, None)

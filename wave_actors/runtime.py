@@ -12,7 +12,7 @@ import asyncio
 import collections
 import enum
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 log = logging.getLogger("wave.runtime")

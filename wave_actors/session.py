@@ -2,7 +2,7 @@
 
 Inbound: reorder `audio` by `seq` within a small window, decode the wire format, resample once to
 16 kHz (a streaming soxr resampler), cut 80 ms frames and send each, numbered, to the clock over
-ZMQ (inproc). Outbound: each beat's two output frames are resampled to the session's rate,
+ZMQ (inproc). Outbound: the clock puts each beat's outputs in this actor's mailbox; its two frames are resampled to the session's rate,
 encoded and sent as `audio`; text and user-transcript tokens are decoded incrementally into
 `text` deltas; function-channel tokens are parsed into `function_call`s.
 
@@ -14,10 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-import msgpack
 import numpy as np
 import zmq
 import zmq.asyncio
@@ -30,7 +29,7 @@ from wave_actors.backend import NO_TOKEN, TextCodec
 from wave_actors.clocks import Clock
 from wave_actors.frames import IN_RATE, OUT_RATE, SAMPLES_IN, SAMPLES_OUT
 from wave_actors.function_calls import FunctionCallParser, result_tokens
-from wave_actors.runtime import Actor, MsgClass
+from wave_actors.runtime import Actor
 
 log = logging.getLogger("wave.session")
 
@@ -103,7 +102,7 @@ class SessionActor(Actor):
         self.cfg, self.ctx, self.clock = cfg, ctx, clock
         self._send_client, self._on_close, self._last_seen = send_client, on_close, last_seen
         self._on_function_tokens = on_function_tokens
-        self._inproc_identity = inproc_identity
+        self.inproc_identity = inproc_identity
         self._text_codec = text_codec
         self.counters = SessionCounters()
         self.mailbox.on_drop = self._count_mailbox_drop
@@ -122,7 +121,6 @@ class SessionActor(Actor):
         self._bps = P.BYTES_PER_SAMPLE[cfg.format]
         self._last_input = 0.0
         self._sock: zmq.asyncio.Socket | None = None
-        self._reader: asyncio.Task | None = None
         self._watchdog: asyncio.Task | None = None
         self.closing = False
 
@@ -132,26 +130,19 @@ class SessionActor(Actor):
     # -- lifecycle --------------------------------------------------------------------------------
     async def on_start(self) -> None:
         self._sock = self.ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.IDENTITY, self._inproc_identity)
+        self._sock.setsockopt(zmq.IDENTITY, self.inproc_identity)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self.cfg.clock_endpoint)
         self._tx = zsock.Tx(self._sock)
         self._last_input = self.clock.now()
         loop = asyncio.get_running_loop()
-        self._reader = loop.create_task(self._read_clock())
         self._watchdog = loop.create_task(self._watch_idle())
 
     async def on_stop(self) -> None:
-        for task in (self._reader, self._watchdog):
-            if task:
-                task.cancel()
+        if self._watchdog:
+            self._watchdog.cancel()
         if self._sock is not None:
             self._sock.close(0)
-
-    async def _read_clock(self) -> None:
-        async for batch in zsock.batches(self._sock, self._tx.sync):
-            for header, pcm in batch:
-                self.tell(BeatOut(msgpack.unpackb(header), pcm), MsgClass.AUDIO)
 
     async def _watch_idle(self) -> None:
         """A client that vanished without `close`: no input and no ping for `idle_timeout_s`."""

@@ -16,6 +16,10 @@ once (all GROUP query heads of the kv head share the read) with an online softma
 partial (max, sum, unnormalised acc). GQA (GROUP > 1) uses tl.dot on fp32 operands ("tf32" when q
 and KV are 16-bit: exact for q·k; "tf32x3" when any is fp32: ~fp32); MHA (GROUP == 1) uses fp32
 multiply-adds with head_dim as 64 + 8 tiles (no idle lanes), or the dot kernel with mha_dot=True.
+With 16-bit KV that MHA loop is bound by its per-iteration cross-warp reductions over L (max, sum,
+p·V: ~64% of the byte floor on H200 for bf16), not by bytes; the lanes kernel (the default on
+these shapes) keeps one online softmax per L lane and reduces over L once, after the loop: bf16
+672 -> 467 µs at 256 talker rows (3.9 TB/s), fp32 2% faster (bench/results/attn-lanes-h200.json).
 Launch 2, grid (B·R, HQ): merges the splits. Bytes: 2·(n - start)·HKV·head_dim·elem per row and
 CFG row, plus splits·HQ·(head_dim + 2)·4 of partials.
 """
@@ -189,6 +193,65 @@ def _attn_mha_split_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, m
 
 
 @triton.jit
+def _attn_mha_lanes_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
+                           length_bias, sq_b, sq_r, sq_h, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
+                           SK_L: tl.constexpr, SV_L: tl.constexpr, ROWS: tl.constexpr,
+                           HQ: tl.constexpr, HEAD_DIM: tl.constexpr, N_SPLITS: tl.constexpr,
+                           BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, D_A: tl.constexpr,
+                           D_B: tl.constexpr):
+    # _attn_mha_split_kernel with one online softmax per L lane: the loop reduces only over D
+    # (mostly in-thread); the cross-warp reductions over L (max, sum, p·V), whose fixed cost per
+    # iteration bounds the split kernel once 16-bit KV halves the bytes per iteration, run once
+    # after the loop. Costs BLOCK_L x (D_A + D_B) fp32 accumulators in registers.
+    h = tl.program_id(1)
+    sp = tl.program_id(2)
+    row, qp, kp, vp, lo, hi = _row_bases(Q, K, V, SLOTS, LENS, h, sp, window, max_slots,
+                                         length_bias, sq_b, sq_r, sk_s, sk_r, sk_h, sv_s, sv_r,
+                                         sv_h, ROWS, N_SPLITS, BLOCK_L)
+    da = tl.arange(0, D_A)
+    db = D_A + tl.arange(0, D_B)
+    mdb = db < HEAD_DIM
+    qrow = qp + h * sq_h
+    qa = tl.load(qrow + da).to(tl.float32) * qk_scale
+    qb = tl.load(qrow + db, mask=mdb, other=0.0).to(tl.float32) * qk_scale
+    # A lane that sees no position keeps m = -1e30, l = 0, acc = 0: a masked s = -inf gives
+    # alpha = 2^0 = 1 and p = 2^-inf = 0, never inf - inf.
+    m_vec = tl.full([BLOCK_L], -1e30, tl.float32)
+    l_vec = tl.zeros([BLOCK_L], tl.float32)
+    acc_a = tl.zeros([BLOCK_L, D_A], tl.float32)
+    acc_b = tl.zeros([BLOCK_L, D_B], tl.float32)
+    for l0 in range(lo, hi, BLOCK_L):
+        pos = l0 + tl.arange(0, BLOCK_L)
+        ml = pos < hi
+        mb = ml[:, None] & mdb[None, :]
+        k_a = tl.load(kp + pos[:, None] * SK_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
+        k_b = tl.load(kp + pos[:, None] * SK_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
+        v_a = tl.load(vp + pos[:, None] * SV_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
+        v_b = tl.load(vp + pos[:, None] * SV_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
+        s = tl.sum(k_a * qa[None, :], axis=1) + tl.sum(k_b * qb[None, :], axis=1)
+        s = tl.where(ml, s, float("-inf"))                                  # log2 domain
+        m_new = tl.maximum(m_vec, s)
+        alpha = tl.exp2(m_vec - m_new)
+        p = tl.exp2(s - m_new)
+        l_vec = l_vec * alpha + p
+        acc_a = acc_a * alpha[:, None] + p[:, None] * v_a
+        acc_b = acc_b * alpha[:, None] + p[:, None] * v_b
+        m_vec = m_new
+    # Merge the lanes: an empty lane weighs 2^(-1e30 - M) = 0 beside a live one; an empty split
+    # (all lanes empty) gives m -1e30, l 0, acc 0, as the split kernel does.
+    m_i = tl.max(m_vec, axis=0)
+    w = tl.exp2(m_vec - m_i)
+    l_i = tl.sum(w * l_vec, axis=0)
+    out_a = tl.sum(w[:, None] * acc_a, axis=0)
+    out_b = tl.sum(w[:, None] * acc_b, axis=0)
+    part = (row * HQ + h) * N_SPLITS + sp
+    tl.store(MP + part, m_i)
+    tl.store(LP + part, l_i)
+    tl.store(OP + part * BLOCK_D + da, out_a)
+    tl.store(OP + part * BLOCK_D + db, out_b, mask=mdb)
+
+
+@triton.jit
 def _combine_kernel(MP, LP, OP, OUT, so_b, so_r, so_h, ROWS: tl.constexpr, HQ: tl.constexpr,
                     HEAD_DIM: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
                     BLOCK_D: tl.constexpr):
@@ -218,7 +281,7 @@ def _splits(batch: int, hkv: int, max_len: int, device: torch.device) -> int:
 def decode_attention(q, k_cache, v_cache, slots, lengths, *, scale: float, window: int = 0,
                      max_len: int | None = None, out=None, num_splits: int | None = None,
                      block_l: int | None = None, num_warps: int = 4, mha_dot: bool = False,
-                     split_d: bool = True, length_bias: int = 0):
+                     split_d: bool = True, length_bias: int = 0, lanes: bool | None = None):
     """o [B, HQ, D] (q's dtype) = attention of q [B, HQ, D] over k/v_cache [S, HKV, Lmax, D] rows
     slots (int32|int64 [B]) at positions [max(0, n - window) if window else 0, n), n = lengths
     (int32|int64 [B]) + length_bias. With a rows dim, q [B, R, HQ, D] over k/v_cache
@@ -228,23 +291,26 @@ def decode_attention(q, k_cache, v_cache, slots, lengths, *, scale: float, windo
     override the launch shape (defaults: _splits(), BLOCK_L 64, or 32 for the padded MHA kernel;
     4 warps). GROUP == 1 with a non-power-of-two head_dim runs on pow2 + rest tiles (72 = 64 + 8;
     split_d, default: 94-101% of 4.3 TB/s on H200 against 68-71% padded); mha_dot sends
-    GROUP == 1 through the tl.dot kernel instead (slower on H200, kept for other shapes)."""
+    GROUP == 1 through the tl.dot kernel instead (slower on H200, kept for other shapes).
+    lanes (GROUP == 1 only) runs the per-lane online softmax kernel; None: on for the split_d
+    shapes (measured faster for bf16 and fp32 KV), else off. It tiles a power-of-two head_dim as
+    two halves."""
     assert q.dim() in (3, 4) and k_cache.dim() == q.dim() + 1, \
         f"q {tuple(q.shape)} with cache {tuple(k_cache.shape)}: expected 3-D/4-D or 4-D/5-D"
     if q.dim() == 4:
         return _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, max_len,
                                       out, num_splits, block_l, num_warps, mha_dot, split_d,
-                                      length_bias)
+                                      length_bias, lanes)
     if out is None:
         out = torch.empty_like(q)
     _decode_attention_rows(q[:, None], k_cache[:, None], v_cache[:, None], slots, lengths, scale,
                            window, max_len, out[:, None], num_splits, block_l, num_warps, mha_dot,
-                           split_d, length_bias)
+                           split_d, length_bias, lanes)
     return out
 
 
 def _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, max_len, out,
-                           num_splits, block_l, num_warps, mha_dot, split_d, length_bias):
+                           num_splits, block_l, num_warps, mha_dot, split_d, length_bias, lanes):
     batch, rows, hq, head_dim = q.shape
     max_slots, _, hkv, cap, _ = k_cache.shape
     dev = q.device
@@ -277,14 +343,24 @@ def _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, m
     shape = dict(SK_L=k_cache.stride(3), SV_L=v_cache.stride(3), ROWS=rows, HQ=hq, HEAD_DIM=head_dim,
                  N_SPLITS=n_splits, num_warps=num_warps)
     grid = (batch * rows, hkv, n_splits)
-    if group > 1 or mha_dot:
+    split_shape = split_d and head_dim != block_d
+    if lanes is None:
+        lanes = split_shape and group == 1 and not mha_dot
+    assert not lanes or (group == 1 and not mha_dot and head_dim >= 2), \
+        f"lanes: MHA only (GROUP {group}, mha_dot {mha_dot}, head_dim {head_dim})"
+    if lanes:
+        # pow2 + rest tiles (72 = 64 + 8), or two halves of a power of two: no padded lanes.
+        d_a = block_d // 2 if head_dim != block_d else head_dim // 2
+        _attn_mha_lanes_kernel[grid](*common, BLOCK_L=block_l or 64, BLOCK_D=block_d, D_A=d_a,
+                                     D_B=max(2, next_pow2(head_dim - d_a)), **shape)
+    elif group > 1 or mha_dot:
         # "tf32" is exact for 16-bit q and K (8-bit mantissas); any fp32 operand needs "tf32x3"
         # (3 tensor-core passes, ~fp32 accuracy); the interpreter computes all of them in fp32.
         exact16 = q.dtype != torch.float32 and k_cache.dtype != torch.float32
         _attn_gqa_kernel[grid](*common, GROUP=group, BLOCK_G=max(16, next_pow2(group)),
                                BLOCK_L=block_l or 64, BLOCK_D=block_d,
                                DOT_PREC="tf32" if exact16 else "tf32x3", **shape)
-    elif split_d and head_dim != block_d:
+    elif split_shape:
         d_a = block_d // 2                                   # largest power of two < head_dim
         _attn_mha_split_kernel[grid](*common, BLOCK_L=block_l or 64, BLOCK_D=block_d, D_A=d_a,
                                      D_B=max(2, next_pow2(head_dim - d_a)), **shape)
@@ -300,7 +376,7 @@ def _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, m
 def decode_attention_ref(q, k_cache, v_cache, slots, lengths, *, scale: float, window: int = 0,
                          max_len: int | None = None, out=None, num_splits: int | None = None,
                          block_l: int | None = None, num_warps: int = 4, mha_dot: bool = False,
-                         split_d: bool = True, length_bias: int = 0):
+                         split_d: bool = True, length_bias: int = 0, lanes: bool | None = None):
     """PyTorch twin (same signature; launch shape ignored). fp32 math, fp64 when given fp64.
     The rows form is the plain form once per row."""
     if q.dim() == 4:

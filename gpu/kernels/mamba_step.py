@@ -6,7 +6,7 @@ For each batch row b with state row s = slots[b]:
     S_h  <- exp(Δ_h A_h) S_h + Δ_h x_h B_gᵀ        (S_h [P, N] fp32, g = h // (H/G))
     y_h   = S_h C_g + D_h x_h
     y     = groupRMSNorm(y * silu(z)) * norm_w      (G groups of d_inner/G, eps)
-Three launches: conv (+ conv_state update), SSM (+ ssm_state update, gating), group norm.
+Three launches: conv (+ conv_state update; `mamba_conv`), SSM (+ ssm_state update, gating), group norm.
 They are split because every SSM program needs its group's B/C columns: a conv fused into the SSM
 launch would race on conv_state between the programs that read and the one that writes it.
 Bytes per row at full shapes: ssm_state 5.24 MB read + 5.24 MB written (the whole cost), conv_state
@@ -38,7 +38,38 @@ def _softplus(v):
 @triton.jit
 def _conv_kernel(XBC, CONV_STATE, SLOTS, W, BIAS, XACT, conv_dim, max_slots,
                  BLOCK_C: tl.constexpr):
-    # grid (B, cdiv(conv_dim, BLOCK_C)); each channel is owned by one program: no race on state.
+    # grid (B, cdiv(conv_dim, BLOCK_C)); each channel is owned by one program: no race between
+    # programs on the state. The program's state [BLOCK_C, 3] is one contiguous run, read as one
+    # [BLOCK_C, 4] tile (column 3 masked) and written back as one tile shifted one element left:
+    # window (s0, s1, s2, x) stored at columns -1..2 of each channel, column -1 masked. The
+    # weights are one [BLOCK_C, 4] tile (16-byte rows), the 4-tap dot a sum over axis 1.
+    b = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    j = tl.arange(0, 4)[None, :]
+    m = c < conv_dim
+    m2 = m[:, None]
+    slot = tl.load(SLOTS + b)
+    tl.device_assert((slot >= 0) & (slot < max_slots), "mamba_step: slot out of range")
+    st = CONV_STATE + slot.to(tl.int64) * conv_dim * 3 + c[:, None] * 3 + j      # [BLOCK_C, 4]
+    s = tl.load(st, mask=m2 & (j < 3), other=0.0)                                 # (s0, s1, s2, 0)
+    x_raw = tl.load(XBC + b * conv_dim + c, mask=m, other=0.0)
+    last = j == 3
+    win = tl.where(last, x_raw.to(tl.float32)[:, None], s.to(tl.float32))
+    w = tl.load(W + c[:, None] * 4 + j, mask=m2, other=0.0).to(tl.float32)
+    acc = tl.sum(w * win, axis=1) + tl.load(BIAS + c, mask=m, other=0.0).to(tl.float32)
+    tl.store(XACT + b * conv_dim + c, acc * tl.sigmoid(acc), mask=m)
+    new = tl.where(last, x_raw.to(CONV_STATE.dtype.element_ty)[:, None], s)       # raw bits kept
+    # The element a thread stores was loaded by its neighbour (column j+1 -> j): every load of
+    # the program before any store.
+    tl.debug_barrier()
+    tl.store(st - 1, new, mask=m2 & (j >= 1))
+
+
+@triton.jit
+def _conv_kernel_cols(XBC, CONV_STATE, SLOTS, W, BIAS, XACT, conv_dim, max_slots,
+                      BLOCK_C: tl.constexpr):
+    # The first version (A/B baseline, `conv_tiles=False`): three strided scalar state loads and
+    # stores, four strided weight loads; each thread owns whole channels.
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = c < conv_dim
@@ -140,13 +171,33 @@ def _dims(xBC, z, dt, ngroups):
     return batch, conv_dim, nheads, d_inner, d_inner // nheads, (conv_dim - d_inner) // (2 * ngroups)
 
 
+def mamba_conv(xBC, conv_state, slots, conv_w, conv_b, *, out=None, tiles: bool = True,
+               block_c: int | None = None, num_warps: int = 4):
+    """The conv launch alone: out [B, conv_dim] fp32 = SiLU(conv1d_k4([conv_state[s]; xBC]) + conv_b),
+    conv_state[slots] <- last 3 columns. Arguments unchecked (mamba_step checks them). `tiles`:
+    state and weights as [block_c, 4] tiles (default block_c 512); False: the first kernel, three
+    column loads/stores (default block_c 1024), kept for A/B runs (bench/small_kernels_ab.py).
+    The state update is the same bits either way; out differs by the 4-tap sum's order (~1 ulp)."""
+    batch, conv_dim = xBC.shape
+    if out is None:
+        out = torch.empty(batch, conv_dim, device=xBC.device, dtype=torch.float32)
+    kernel = _conv_kernel if tiles else _conv_kernel_cols
+    block_c = min(block_c or (512 if tiles else 1024), next_pow2(conv_dim))
+    assert block_c == next_pow2(block_c), block_c
+    kernel[(batch, triton.cdiv(conv_dim, block_c))](
+        xBC, conv_state, slots, conv_w, conv_b, out, conv_dim, conv_state.shape[0], BLOCK_C=block_c,
+        num_warps=num_warps)
+    return out
+
+
 def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
                *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4,
-               stream: bool = False, tiles: int | None = None):
+               stream: bool = False, tiles: int | None = None, conv_tiles: bool = True):
     """One Mamba2 decode step. Mutates conv_state[slots] and ssm_state[slots] in place only.
     An SSM program updates `tiles` [block_p, d_state] state tiles of one head (None: the whole
     head; at the thinker's shapes and 120 rows 361 µs a layer against 379 µs for one tile a
-    program, bench/results/mamba-tiles-h200.json).
+    program, bench/results/mamba-tiles-h200.json). `conv_tiles=False` runs the conv launch's
+    first kernel (see `mamba_conv`).
 
     xBC [B, conv_dim], z [B, d_inner], dt [B, nheads]: in_proj outputs (bf16/fp16/fp32).
     conv_state [S, conv_dim, 3] (any float), ssm_state [S, nheads, head_dim, d_state] fp32.
@@ -171,11 +222,8 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
     check("out", out, (batch, d_inner), z.dtype, device=dev)
     assert block_p == next_pow2(block_p), block_p
 
-    xact = torch.empty(batch, conv_dim, device=dev, dtype=torch.float32)   # SiLU(conv) output
+    xact = mamba_conv(xBC, conv_state, slots, conv_w, conv_b, tiles=conv_tiles)   # SiLU(conv), fp32
     yg = torch.empty(batch, d_inner, device=dev, dtype=torch.float32)      # y * silu(z), pre-norm
-    block_c = min(1024, next_pow2(conv_dim))
-    _conv_kernel[(batch, triton.cdiv(conv_dim, block_c))](
-        xBC, conv_state, slots, conv_w, conv_b, xact, conv_dim, max_slots, BLOCK_C=block_c, num_warps=4)
     bp = min(block_p, next_pow2(head_dim))
     per_head = triton.cdiv(head_dim, bp)
     tiles = per_head if tiles is None else max(1, min(tiles, per_head))
@@ -192,8 +240,9 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
 
 def mamba_step_ref(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
                    *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4,
-                   stream: bool = False, tiles: int | None = None):
-    """PyTorch twin of mamba_step (same signature; block_p/num_warps/stream/tiles ignored). Computes in
+                   stream: bool = False, tiles: int | None = None, conv_tiles: bool = True):
+    """PyTorch twin of mamba_step (same signature; block_p/num_warps/stream/tiles/conv_tiles
+    ignored). Computes in
     fp32, or in fp64 when given fp64 tensors (the device check's upcast reference)."""
     batch, conv_dim, nheads, d_inner, head_dim, d_state = _dims(xBC, z, dt, ngroups)
     f = torch.promote_types(xBC.dtype, torch.float32)

@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from transports import client as C
-from transports import protocol as P
 from transports.sip import rtp
 from transports.sip.config import BridgeConfig
 from transports.sip.jitter import JitterBuffer
