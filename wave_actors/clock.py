@@ -267,14 +267,15 @@ class BeatClockActor(Actor):
             k += 1
 
     def _route(self, routed: dict, out) -> None:
-        # Token arrays become lists once a beat: one tolist() per array, not three per session.
+        # Once a beat, not per session: token arrays become lists in one tolist() each, and the
+        # PCM is copied out in one piece (the output slot is refilled two beats on; sessions
+        # read their rows of the copy later).
         text, func, user = out.text.tolist(), out.func.tolist(), out.user.tolist()
+        pcm = out.pcm.copy()
         for slot, (_key, first_frame) in routed.items():
             header = {"frame": first_frame, "text": text[slot], "func": func[slot],
                       "user": user[slot]}
-            # bytes: the output slot is refilled two beats on, the session may read it later
-            if not self._deliver(self._slot_identity.get(slot, b""),
-                                 BeatOut(header, out.pcm[slot].tobytes())):
+            if not self._deliver(self._slot_identity.get(slot, b""), BeatOut(header, pcm[slot])):
                 self.stats.unroutable += 1
 
     def _record(self, rec: BeatRecord) -> None:

@@ -27,7 +27,7 @@ from transports import protocol as P
 from transports import zsock
 from wave_actors.backend import NO_TOKEN, TextCodec
 from wave_actors.clocks import Clock
-from wave_actors.frames import IN_RATE, OUT_RATE, SAMPLES_IN, SAMPLES_OUT
+from wave_actors.frames import IN_RATE, OUT_RATE, SAMPLES_IN
 from wave_actors.function_calls import FunctionCallParser, result_tokens
 from wave_actors.runtime import Actor
 
@@ -58,7 +58,7 @@ class Close:
 @dataclass
 class BeatOut:
     header: dict
-    pcm: bytes
+    pcm: np.ndarray          # [frames, SAMPLES_OUT] float32, a row of the beat's output copy
 
 
 @dataclass
@@ -209,7 +209,7 @@ class SessionActor(Actor):
 
     def _on_beat(self, msg: BeatOut) -> None:
         h = msg.header
-        pcm = np.frombuffer(msg.pcm, np.float32).reshape(-1, SAMPLES_OUT)
+        pcm = msg.pcm
         for f in range(pcm.shape[0]):
             frame = h["frame"] + f
             self._send_audio(frame, self._out_resampler(pcm[f]))
