@@ -4,7 +4,8 @@ cache as a strided view (the codec state's [S, C, 6] transposed) and int64 slots
 import pytest
 import torch
 
-from gpu.kernels.convnext_step import convnext_step, convnext_step_ref
+from gpu.kernels.convnext_step import (convnext_step, convnext_step_ref, dwconv_ln, gelu_linear_residual,
+                                       gelu_linear_residual_ref, window_rows)
 from tests.tensorkit import rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -81,3 +82,113 @@ def test_convnext_step_rejects_bad_args():
     if DEV == "cpu":    # slot values are checked only where that costs no device sync
         with pytest.raises(AssertionError, match="repeat"):
             call(convnext_step, x, torch.zeros(3, 6, 8, device=DEV), torch.tensor([1, 1], dtype=torch.int32, device=DEV), p)
+
+
+def dwln_ref(x, cache, slots, p):
+    """dwconv_ln in torch, fp32: LayerNorm(dw_b + 7 explicit taps over [cache; x]); cache <- last 6."""
+    idx, n_t, n_c = slots.long(), x.shape[1], x.shape[2]
+    cat = torch.cat([cache[idx], x], dim=1)
+    cache[idx] = cat[:, -6:]
+    h = p["dw_b"] + sum(cat[:, k:k + n_t] * p["dw_w"][:, k] for k in range(7))
+    return torch.nn.functional.layer_norm(h, (n_c,), p["ln_w"], p["ln_b"], 1e-6)
+
+
+def strided_caches(cache0, layout):
+    """Three equal [S, 6, C] caches: contiguous, [S, C, 6] storage transposed, or rows 2..7 of a
+    [S, C, 9] buffer transposed (slot stride 9·C, no dim contiguous)."""
+    if layout == "padded":
+        out = []
+        for _ in range(3):
+            buf = torch.full((cache0.shape[0], cache0.shape[2], 9), float("nan"), device=DEV)
+            buf[..., 2:8] = cache0.transpose(1, 2)
+            out.append(buf[..., 2:8].transpose(1, 2))
+        return out
+    return [*caches(cache0, layout), caches(cache0, layout)[0]]
+
+
+@pytest.mark.parametrize("n_c,n_t,rows,layout,slot_list", [
+    (16, 1, None, "time_major", [4, 0, 2]), (24, 9, None, "channel_major", [5, 1, 3]),
+    (40, 20, None, "padded", [2, 6, 0]), (48, 7, 3, "time_major", [1, 4]),
+    (20, 13, 4, "channel_major", [0, 3, 5]), (32, 5, 1, "padded", [6, 2, 4]),
+    (16, 6, 2, "time_major", [3, 1]), (24, 20, 20, "padded", [5, 0, 4]),
+    (48, 2, 8, "channel_major", [2])])
+def test_dwconv_ln_window_equals_first_kernel_and_ref(n_c, n_t, rows, layout, slot_list):
+    """The sliding-window kernel against the first kernel and torch over two chunks (the second
+    reads the cache the first wrote): h within 1e-5, the caches bit-equal, other slots untouched."""
+    p, g = make(n_c, 100 * n_c + n_t)
+    slots = torch.tensor(slot_list, dtype=torch.int64 if len(slot_list) == 3 else torch.int32, device=DEV)
+    cache0 = torch.randn(7, 6, n_c, generator=g).to(DEV)
+    c_new, c_old, c_ref = strided_caches(cache0, layout)
+    assert layout != "padded" or not (c_new.is_contiguous() or c_new.transpose(1, 2).is_contiguous())
+    w = (p["dw_w"], p["dw_b"], p["ln_w"], p["ln_b"])
+    for _ in range(2):
+        x = torch.randn(len(slot_list), n_t, n_c, generator=g).to(DEV)
+        h_new = dwconv_ln(x, c_new, slots, *w, rows=rows)
+        h_old = dwconv_ln(x, c_old, slots, *w, window=False)
+        h_ref = dwln_ref(x, c_ref, slots, p)
+        assert torch.isfinite(h_new).all()
+        assert rel(h_new, h_old) < 1e-6 and rel(h_new, h_ref) < 1e-5, (rel(h_new, h_old), rel(h_new, h_ref))
+        torch.testing.assert_close(h_new, h_ref, rtol=1e-5, atol=1e-5)
+        assert torch.equal(c_new, c_old) and torch.equal(c_new, c_ref)
+    untouched = [s for s in range(7) if s not in slot_list]
+    assert torch.equal(c_new[untouched], cache0[untouched])
+
+
+@pytest.mark.parametrize("window", [True, False])
+def test_convnext_step_paths_match_ref(window):
+    p, g = make(24, 5)
+    slots = torch.tensor([2, 0], dtype=torch.int32, device=DEV)
+    ck, cr = caches(torch.randn(3, 6, 24, generator=g).to(DEV), "channel_major")
+    x = torch.randn(2, 11, 24, generator=g).to(DEV)
+    y = call(convnext_step, x, ck, slots, p, window=window, rows=4)
+    y_ref = call(convnext_step_ref, x, cr, slots, p)
+    assert rel(y, y_ref) < 1e-5 and torch.equal(ck, cr)
+
+
+def test_window_rows_balanced():
+    assert [window_rows(t) for t in (1, 7, 8, 9, 17, 63, 441)] == [1, 7, 8, 9, 9, 16, 16]
+    assert window_rows(441, 16) == 16 and window_rows(9, 4) == 3 and window_rows(5, 0) == 5
+
+
+SMALL = dict(block_m=16, block_n=32, block_k=32, group_m=2, num_warps=4, num_stages=2)
+
+
+@pytest.mark.parametrize("n_m,n_k,n_n", [(1, 64, 32), (37, 128, 96), (130, 64, 64), (37, 80, 96)])
+def test_gelu_linear_residual_matches_ref(n_m, n_k, n_n):
+    """The fused GELU + pwconv2 + bias + residual against fp64 torch, with tiles partial in M
+    (37, 130 rows over 16), N (96 over 32: the wrapped rows) and K (80 over 32): ieee products
+    within 1e-5 (the indexing exactly), TF32 within 2e-3; `out` given, and out = x in place."""
+    g = torch.Generator().manual_seed(n_m * n_k + n_n)
+    u = (1.5 * torch.randn(n_m, n_k, generator=g)).to(DEV)
+    w2 = (torch.randn(n_n, n_k, generator=g) / n_k ** 0.5).to(DEV)
+    b2, x = (0.1 * torch.randn(n_n, generator=g)).to(DEV), torch.randn(n_m, n_n, generator=g).to(DEV)
+    ref = gelu_linear_residual_ref(u.double(), w2.double(), b2.double(), x.double())
+    assert ref.dtype == torch.float64
+    out = torch.full_like(x, float("nan"))
+    y = gelu_linear_residual(u, w2, b2, x, out, precision="ieee", **SMALL)
+    assert y is out and rel(y, ref) < 1e-5, rel(y, ref)
+    assert rel(gelu_linear_residual(u, w2, b2, x, **SMALL), ref) < 2e-3
+    kw = dict(SMALL, block_m=32, block_n=64, block_k=16, group_m=8)           # other tiles, in place
+    x2 = x.clone()
+    assert gelu_linear_residual(u, w2, b2, x2, x2, precision="ieee", **kw) is x2 and rel(x2, ref) < 1e-5
+
+
+def test_gelu_linear_residual_strided_weight():
+    """w2 as a transposed view ([K, N] storage) and u a column slice: the kernel reads strides."""
+    g = torch.Generator().manual_seed(7)
+    u = torch.randn(20, 96, generator=g).to(DEV)[:, 16:80]
+    w2 = torch.randn(64, 32, generator=g).to(DEV).t()                          # [32, 64], strides (1, 32)
+    b2, x = torch.randn(32, generator=g).to(DEV), torch.randn(20, 32, generator=g).to(DEV)
+    y = gelu_linear_residual(u, w2, b2, x, precision="ieee", **SMALL)
+    assert rel(y, gelu_linear_residual_ref(u.double(), w2.double(), b2.double(), x.double())) < 1e-5
+
+
+def test_convnext_step_fused_matches_unfused():
+    p, g = make(32, 9)
+    slots = torch.tensor([1, 0], dtype=torch.int32, device=DEV)
+    c_f, c_u = caches(torch.randn(2, 6, 32, generator=g).to(DEV), "channel_major")
+    x = torch.randn(2, 9, 32, generator=g).to(DEV)
+    out = torch.full_like(x, float("nan"))
+    y_f = call(convnext_step, x, c_f, slots, p, fused=True, out=out)
+    y_u = call(convnext_step, x, c_u, slots, p)
+    assert y_f is out and rel(y_f, y_u) < 2e-3 and torch.equal(c_f, c_u)

@@ -4,17 +4,24 @@ Per batch row b (cache row s = slots[b]), channels-last x [T, C]:
     cat = [cache[s] (6 rows); x];  cache[s] <- last 6 rows of cat
     h   = LayerNorm_C(dwconv7(cat) + dw_b) (eps 1e-6, affine)
     y   = x + pwconv2(GELU_exact(pwconv1(h)))          (pwconv1 C->4C, pwconv2 4C->C, with bias)
-Fused in Triton: the depthwise conv, its bias and the LayerNorm (one launch, grid (B, T/BLOCK_T),
-each program holding whole rows of C channels); the cache update is a second tiny launch (it must
-not race with the conv's reads of the old cache): `dwconv_ln`. The pointwise convs stay torch
+Fused in Triton: the depthwise conv, its bias and the LayerNorm (one launch, grid (B, T/rows),
+each program a sliding 7-row window over its rows of C channels); the cache update is a second
+tiny launch (it must not race with the conv's reads of the old cache): `dwconv_ln`. The pointwise convs stay torch
 matmuls (TF32 when the caller enables it), `convnext_pointwise`: they are 99% of the FLOPs,
 B·T·C·4C·2·2. `convnext_step` is the two in a row.
+`gelu_linear_residual` (fused=True) folds the GELU, pwconv2, its bias and the residual into one
+Triton matmul (TF32): the [B·T, 4C] GELU output is never written and y is written once. It stays
+off: Triton's TF32 tiles reach 100-180 TFLOP/s on the H200 where cuBLAS reaches ~300, so the
+whole pointwise part took 5.5 ms a frame at 256 sessions against 3.9 for cuBLAS + GELU + add
+(bench/codec_pointwise_ab.py, bench/results/codec-pointwise-ab-h200.json).
 Layouts: x, y [B, T, C] contiguous; cache any strided [S, 6, C] view. Time-major [S, 6, C] has
 rows contiguous in C; the codec's CodecState caches are [S, C, 6] (its reference path's layout)
 and come in as `.transpose(1, 2)` views, so the engine updates them in place with no relayout
 copy, at the price of strided loads of 6·C values per session. Slots int32 or int64 (the
 engine's are int64: no cast launch).
-Bytes of the fused launch: read x (7 taps hit L1/L2) + 6 cache rows, write h: ≈ 8·B·T·C.
+Bytes of the fused launch: read x (each row once, plus 6 rows a program from L2) + 6 cache rows,
+write h: ≈ 8·B·T·C. The first kernel (7 tap loads of [BLOCK_T, C] tiles, strided weight loads in
+every program) stays as `window=False` for A/B runs.
 """
 from __future__ import annotations
 
@@ -27,6 +34,86 @@ from gpu.kernels._check import check, check_index_slots, next_pow2
 
 TAPS = 7
 CACHE = TAPS - 1
+
+
+@triton.jit
+def _taps(wt, BLOCK_C: tl.constexpr):
+    # The 7 columns of a [BLOCK_C, 8] tile as [BLOCK_C] vectors (register moves: column
+    # 4f + 2e + d is the (f, e, d) element of the [2, 2, 2] reshape).
+    d0, d1 = tl.split(tl.reshape(wt, [BLOCK_C, 2, 2, 2]))
+    e00, e01 = tl.split(d0)
+    e10, e11 = tl.split(d1)
+    c0, c4 = tl.split(e00)
+    c2, c6 = tl.split(e01)
+    c1, c5 = tl.split(e10)
+    c3, c7 = tl.split(e11)
+    return c0, c1, c2, c3, c4, c5, c6
+
+
+@triton.jit
+def _ln_row(acc, mc, ln_w, ln_b, eps, C: tl.constexpr):
+    mean = tl.sum(acc, axis=0) / C                            # padded channels hold 0
+    dev = tl.where(mc, acc - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(dev * dev, axis=0) / C + eps)
+    return dev * rstd * ln_w + ln_b
+
+
+@triton.jit
+def _dwln_window_kernel(X, CACHE_BUF, SLOTS, DW_W, DW_B, LN_W, LN_B, H, T, ROWS, max_slots, eps,
+                        sc_s, sc_t, sc_c, C: tl.constexpr, BLOCK_C: tl.constexpr):
+    # grid (B, cdiv(T, ROWS)): rows t0 .. t0+ROWS-1 of one batch row, all C channels, as a
+    # sliding 7-row window in registers: each row of x is loaded once (the 6 rows before t0 once
+    # per program, from the cache where t < 0), two rows ahead of the one being normalised; the
+    # weights once per program as one [C, 8] tile (dw_w's contiguous rows) split into 7 vectors.
+    b = tl.program_id(0)
+    t0 = tl.program_id(1) * ROWS
+    c = tl.arange(0, BLOCK_C)
+    mc = c < C
+    slot = tl.load(SLOTS + b)
+    tl.device_assert((slot >= 0) & (slot < max_slots), "convnext_step: slot out of range")
+    cache = CACHE_BUF + slot.to(tl.int64) * sc_s + c * sc_c
+    xb = X + b.to(tl.int64) * T * C + c
+    hb = H + b.to(tl.int64) * T * C + c
+    k = tl.arange(0, 8)[None, :]
+    wt = tl.load(DW_W + c[:, None] * 7 + k, mask=mc[:, None] & (k < 7), other=0.0)
+    w0, w1, w2, w3, w4, w5, w6 = _taps(wt, BLOCK_C)
+    dw_b = tl.load(DW_B + c, mask=mc, other=0.0)
+    ln_w = tl.load(LN_W + c, mask=mc, other=0.0)
+    ln_b = tl.load(LN_B + c, mask=mc, other=0.0)
+    n_rows = tl.minimum(T - t0, ROWS)
+    # r0..r5: rows t-6 .. t-1 of [cache; x]; cur: row t; n1: row t+1 (t = t0 at the start).
+    s = t0 - 6
+    r0 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
+                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
+    s = t0 - 5
+    r1 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
+                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
+    s = t0 - 4
+    r2 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
+                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
+    s = t0 - 3
+    r3 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
+                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
+    s = t0 - 2
+    r4 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
+                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
+    s = t0 - 1
+    r5 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
+                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
+    cur = tl.load(xb + t0 * C, mask=mc, other=0.0)
+    n1 = tl.load(xb + (t0 + 1) * C, mask=mc & (n_rows > 1), other=0.0)
+    for i in range(0, n_rows):
+        t = t0 + i
+        n2 = tl.load(xb + (t + 2) * C, mask=mc & (i + 2 < n_rows), other=0.0)   # in flight meanwhile
+        acc = dw_b + w0 * r0
+        acc += w1 * r1
+        acc += w2 * r2
+        acc += w3 * r3
+        acc += w4 * r4
+        acc += w5 * r5
+        acc += w6 * cur
+        tl.store(hb + t * C, _ln_row(acc, mc, ln_w, ln_b, eps, C), mask=mc)
+        r0, r1, r2, r3, r4, r5, cur, n1 = r1, r2, r3, r4, r5, cur, n1, n2
 
 
 @triton.jit
@@ -76,6 +163,49 @@ def _cache_kernel(X, CACHE_BUF, SLOTS, T, sc_s, sc_t, sc_c, C: tl.constexpr, BLO
     tl.store(cache + i[:, None] * sc_t + c[None, :] * sc_c, v, mask=keep[:, None] & mc[None, :])
 
 
+@triton.jit
+def _gelu_linear_residual_kernel(U, W, B2, X, OUT, M, N, K,
+                                 s_um, s_uk, s_wn, s_wk, s_xm, s_xn, s_om, s_on,
+                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+    # out[m, n] = x[m, n] + b2[n] + sum_k gelu(u[m, k]) * w[n, k]. 1-D grid in grouped order
+    # (GROUP_M M-tiles share each N-tile's weight columns in L2). Rows past M / N are wrapped
+    # (% M, % N) so the K loop needs no masks on them; only the store is masked.
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(M, BLOCK_M)
+    n_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * n_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    am = (rm % M).to(tl.int64)
+    bn = (rn % N).to(tl.int64)
+    a_ptr = U + am[:, None] * s_um + rk[None, :] * s_uk                 # [BLOCK_M, BLOCK_K]
+    b_ptr = W + rk[:, None] * s_wk + bn[None, :] * s_wn                 # [BLOCK_K, BLOCK_N] = w^T
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptr)
+            b = tl.load(b_ptr)
+        else:
+            kk = k0 * BLOCK_K + rk
+            a = tl.load(a_ptr, mask=kk[None, :] < K, other=0.0)       # gelu(0) = 0: pads add 0
+            b = tl.load(b_ptr, mask=kk[:, None] < K, other=0.0)
+        a = 0.5 * a * (1.0 + tl.erf(a * 0.7071067811865476))           # exact GELU, in registers
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptr += BLOCK_K * s_uk
+        b_ptr += BLOCK_K * s_wk
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    rm64 = rm.to(tl.int64)
+    acc += tl.load(B2 + rn, mask=rn < N, other=0.0)[None, :]
+    acc += tl.load(X + rm64[:, None] * s_xm + rn[None, :] * s_xn, mask=mask, other=0.0)
+    tl.store(OUT + rm64[:, None] * s_om + rn[None, :] * s_on, acc, mask=mask)
+
+
 def _check_dwln_args(x, cache, slots, dw_w, dw_b, ln_w, ln_b):
     batch, n_t, n_c = x.shape
     dev, f32 = x.device, torch.float32
@@ -99,32 +229,99 @@ def _check_pointwise(x, pw1_w, pw1_b, pw2_w, pw2_b, out):
         check("out", out, tuple(x.shape), f32, device=dev)
 
 
+def window_rows(n_t: int, rows: int | None = None) -> int:
+    """Rows per program of the window kernel: about `rows` (default 16, the fastest of 4/8/16 at
+    every codec shape on the H200: bench/results/small-kernels-ab-h200.json), balanced over T
+    (T = 9: one program; 63: 4 × 16 minus 1; 441: 28 × 16 minus 7)."""
+    n_prog = triton.cdiv(n_t, max(1, rows or 16))
+    return triton.cdiv(n_t, n_prog)
+
+
 def dwconv_ln(x, cache, slots, dw_w, dw_b, ln_w, ln_b, *, eps: float = 1e-6, block_elems: int = 2048,
-              num_warps: int = 4):
-    """The fused Triton part: h = LayerNorm(dwconv7([cache; x]) + dw_b) [B, T, C]; updates cache[slots]."""
+              num_warps: int | None = None, window: bool = True, rows: int | None = None):
+    """The fused Triton part: h = LayerNorm(dwconv7([cache; x]) + dw_b) [B, T, C]; updates cache[slots].
+    window=True (default): `_dwln_window_kernel`, `rows` consecutive rows a program (None:
+    `window_rows`), num_warps None: 4 channels a thread. window=False: the first kernel (A/B
+    baseline, bench/small_kernels_ab.py), [block_t, C] tiles of block_elems, num_warps None: 4.
+    The two differ only in the LayerNorm sums' order (~1e-7)."""
     batch, n_t, n_c = _check_dwln_args(x, cache, slots, dw_w, dw_b, ln_w, ln_b)
     strides = cache.stride()
     h = torch.empty_like(x)
     block_c = next_pow2(n_c)
-    block_t = max(1, min(next_pow2(n_t), block_elems // block_c))  # 2048 / 4 warps: no spills
-    _dwln_kernel[(batch, triton.cdiv(n_t, block_t))](
-        x, cache, slots, dw_w, dw_b, ln_w, ln_b, h, n_t, cache.shape[0], eps, *strides,
-        C=n_c, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps)
+    if window:
+        r = window_rows(n_t, rows)
+        _dwln_window_kernel[(batch, triton.cdiv(n_t, r))](
+            x, cache, slots, dw_w, dw_b, ln_w, ln_b, h, n_t, r, cache.shape[0], eps, *strides,
+            C=n_c, BLOCK_C=block_c, num_warps=num_warps or max(1, min(16, block_c // 128)))
+    else:
+        block_t = max(1, min(next_pow2(n_t), block_elems // block_c))  # 2048 / 4 warps: no spills
+        _dwln_kernel[(batch, triton.cdiv(n_t, block_t))](
+            x, cache, slots, dw_w, dw_b, ln_w, ln_b, h, n_t, cache.shape[0], eps, *strides,
+            C=n_c, BLOCK_T=block_t, BLOCK_C=block_c, num_warps=num_warps or 4)
     _cache_kernel[(batch, triton.cdiv(n_c, 512))](x, cache, slots, n_t, *strides, C=n_c,
                                                   BLOCK_C=min(512, block_c), num_warps=4)
     return h
 
 
-def convnext_pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, *, out=None):
-    """The torch part: x + pwconv2(GELU_exact(pwconv1(h))) [B, T, C] (into `out` if given), as
-    2 addmm + GELU + add."""
+def gelu_linear_residual(u, w2, b2, x, out=None, *, block_m: int = 128, block_n: int = 128,
+                         block_k: int = 32, group_m: int = 8, num_warps: int = 8, num_stages: int = 3,
+                         precision: str = "tf32"):
+    """out[M, N] = x + b2 + GELU_exact(u) @ w2^T in one Triton launch (fp32 in/out): u [M, K]
+    (the pwconv1 output), w2 [N, K] (pwconv2's weight, any strides), b2 [N], x [M, N]. The GELU
+    is applied to each A tile in registers (the [M, K] GELU output is never written), bias and
+    residual in the epilogue. Products in `precision` ("tf32": tensor cores, fp32 accumulate;
+    "ieee": exact fp32, for tests). `out` may be x itself (each element is read, then written by
+    the same program)."""
+    n_m, n_k = u.shape
+    n_n = w2.shape[0]
+    dev, f32 = u.device, torch.float32
+    check("u", u, (n_m, n_k), f32, contiguous=False, device=dev)
+    check("w2", w2, (n_n, n_k), f32, contiguous=False, device=dev)
+    check("b2", b2, (n_n,), f32, device=dev)
+    check("x", x, (n_m, n_n), f32, contiguous=False, device=dev)
+    if out is None:
+        out = torch.empty((n_m, n_n), device=dev, dtype=f32)
+    check("out", out, (n_m, n_n), f32, contiguous=False, device=dev)
+    assert precision in ("tf32", "ieee", "tf32x3"), precision
+    if n_m == 0:
+        return out
+    grid = (triton.cdiv(n_m, block_m) * triton.cdiv(n_n, block_n),)
+    _gelu_linear_residual_kernel[grid](
+        u, w2, b2, x, out, n_m, n_n, n_k, *u.stride(), *w2.stride(), *x.stride(), *out.stride(),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
+        EVEN_K=n_k % block_k == 0, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
+    return out
+
+
+def gelu_linear_residual_ref(u, w2, b2, x, out=None, *, block_m: int = 128, block_n: int = 128,
+                             block_k: int = 32, group_m: int = 8, num_warps: int = 8,
+                             num_stages: int = 3, precision: str = "tf32"):
+    """PyTorch twin (same signature): fp32 math, fp64 where an input is fp64 (launch keywords
+    ignored)."""
+    f = torch.promote_types(torch.promote_types(u.dtype, x.dtype), torch.float32)
+    y = x.to(f) + b2.to(f) + F.gelu(u.to(f)) @ w2.to(f).T
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def convnext_pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, *, out=None, fused: bool = False):
+    """The pointwise part: x + pwconv2(GELU_exact(pwconv1(h))) [B, T, C] (into `out` if given), as
+    2 addmm + GELU + add; fused=True: addmm, then `gelu_linear_residual` (GELU, pwconv2, bias and
+    residual in one Triton launch, TF32)."""
     check("h", h, tuple(x.shape), torch.float32, device=x.device)
     _check_pointwise(x, pw1_w, pw1_b, pw2_w, pw2_b, out)
-    return _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out)
+    return _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out, fused)
 
 
-def _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out):
+def _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out, fused=False):
     n_c = x.shape[-1]
+    if fused:
+        u = torch.addmm(pw1_b, h.view(-1, n_c), pw1_w.t())             # [B*T, 4C]
+        y = gelu_linear_residual(u, pw2_w, pw2_b, x.view(-1, n_c),
+                                 None if out is None else out.view(-1, n_c))
+        return y.view(x.shape) if out is None else out
     u = F.gelu(torch.addmm(pw1_b, h.view(-1, n_c), pw1_w.t()))   # [B*T, 4C]
     if out is None:                 # addmm allocates its output: no separate empty op
         y = torch.addmm(pw2_b, u, pw2_w.t())
@@ -135,19 +332,21 @@ def _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out):
 
 
 def convnext_step(x, cache, slots, dw_w, dw_b, ln_w, ln_b, pw1_w, pw1_b, pw2_w, pw2_b,
-                  *, eps: float = 1e-6, out=None, block_elems: int = 2048, num_warps: int = 4):
+                  *, eps: float = 1e-6, out=None, block_elems: int = 2048, num_warps: int | None = None,
+                  window: bool = True, rows: int | None = None, fused: bool = False):
     """x [B, T, C] fp32 -> y [B, T, C] (into `out` if given); cache [S, 6, C] fp32, any strides,
     updated at rows `slots` (int32 or int64 [B]) only. dw_w [C, 7] (the checkpoint's [C, 1, 7]
     squeezed); pw1_w [4C, C], pw2_w [C, 4C] (its [out, in, 1] squeezed). 2 Triton launches +
-    2 addmm + GELU + add."""
+    2 addmm + GELU + add; fused=True: 3 Triton launches + 1 addmm (`convnext_pointwise`)."""
     _check_pointwise(x, pw1_w, pw1_b, pw2_w, pw2_b, out)        # before the kernels move the cache
     h = dwconv_ln(x, cache, slots, dw_w, dw_b, ln_w, ln_b, eps=eps, block_elems=block_elems,
-                  num_warps=num_warps)
-    return _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out)
+                  num_warps=num_warps, window=window, rows=rows)
+    return _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out, fused)
 
 
 def convnext_step_ref(x, cache, slots, dw_w, dw_b, ln_w, ln_b, pw1_w, pw1_b, pw2_w, pw2_b,
-                      *, eps: float = 1e-6, out=None, block_elems: int = 2048, num_warps: int = 4):
+                      *, eps: float = 1e-6, out=None, block_elems: int = 2048, num_warps: int | None = None,
+                      window: bool = True, rows: int | None = None, fused: bool = False):
     """PyTorch twin (same signature), the block as written; the depthwise conv as 7 explicit taps
     (no cuDNN, which may run TF32)."""
     batch, n_t, n_c = x.shape
