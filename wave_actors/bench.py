@@ -148,11 +148,12 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
 
 
 def _worst(trace: dict, k: int = 3) -> str:
-    """The k slowest beats as 'latency (backend, before the call, of which waking) @ index', ms."""
+    """The k slowest beats as 'latency (backend, before the call, of which waking, garbage
+    collection since the previous beat) @ index', ms."""
     lat = trace["latency_ms"]
     top = sorted(range(len(lat)), key=lat.__getitem__, reverse=True)[:k]
     return "  ".join(f"{lat[i]:.0f} ({trace['compute_ms'][i]:.0f}, {trace['begin_ms'][i]:.0f}, "
-                     f"{trace['wake_ms'][i]:.0f}) @{i}" for i in top)
+                     f"{trace['wake_ms'][i]:.0f}, gc {trace['gc_ms'][i]:.0f}) @{i}" for i in top)
 
 
 def _trace(records: list) -> dict:
@@ -161,6 +162,7 @@ def _trace(records: list) -> dict:
             "compute_ms": ms(r.compute_s for r in records),
             "begin_ms": ms(r.begin_s for r in records),
             "wake_ms": ms(r.wake_s for r in records),
+            "gc_ms": ms(r.gc_s for r in records),
             "frames_read": [r.frames_read for r in records]}
 
 

@@ -29,6 +29,7 @@ from transports import zsock
 from wave_actors.backend import Backend, SessionSpec
 from wave_actors.clocks import Clock
 from wave_actors.frames import BEAT_S
+from wave_actors.gc_pauses import GcPauses
 
 LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
 from wave_actors.runtime import Actor
@@ -76,6 +77,7 @@ class BeatRecord:
     begin_s: float = 0.0     # release → the backend called (frames packed, ops applied)
     wake_s: float = 0.0      # release → the beat loop awake: how long the loop was busy elsewhere
     frames_read: int = 0     # audio frames read since the previous beat was released
+    gc_s: float = 0.0        # garbage collection since the previous beat (a stopped loop)
 
 
 @dataclass
@@ -101,6 +103,7 @@ class BeatClockActor(Actor):
         self.stats = ClockStats()
         self._on_beat, self._keep_records = on_beat, keep_records
         self._frames_read = 0           # since the last release (BeatRecord.frames_read)
+        self.gc = GcPauses()
         self._inputs = [backend.alloc_input(), backend.alloc_input()]       # ring of two slots
         self._outputs = [backend.alloc_output(), backend.alloc_output()]
         self._identity_slot: dict[bytes, int] = {}
@@ -120,6 +123,7 @@ class BeatClockActor(Actor):
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(self.endpoint)
         self._tx = zsock.Tx(self._sock)
+        self.gc.install()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read_frames(), name="clock-frames"),
                        loop.create_task(self._beat_loop(), name="clock-beats")]
@@ -134,6 +138,7 @@ class BeatClockActor(Actor):
                 self.tell(_Crash(task.exception()))
 
     async def on_stop(self) -> None:
+        self.gc.uninstall()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -261,7 +266,7 @@ class BeatClockActor(Actor):
                 latency = self.clock.now() - release
                 self._record(BeatRecord(plan.beat, release, latency, out.compute_s, len(plan.slots),
                                         latency > LATE_AFTER_S and bool(plan.slots), begin, wake,
-                                        frames_read))
+                                        frames_read, self.gc.take()))
             else:
                 self.scheduler.complete(plan, late=False)
             k += 1
