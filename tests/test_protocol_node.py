@@ -95,6 +95,29 @@ def test_outputs_without_a_session_actor_are_counted_unroutable():
     asyncio.run(body())
 
 
+def test_malformed_messages_on_the_clock_socket_are_counted_and_the_beat_goes_on():
+    async def body():
+        async with node_on_tcp() as node, client_of(node) as c:
+            clock = node.clock_actor
+            rogue = node.ctx.socket(zmq.DEALER)
+            rogue.setsockopt(zmq.LINGER, 0)
+            rogue.connect(clock.endpoint)
+            try:
+                s = await c.open("a", sample_rate=16000, format="pcm_f32le")
+                # The ROUTER prepends the sender's identity: 2, 4 and 3 parts, the last with a
+                # header that is not an 8-byte frame number.
+                for frames in ([b"one part"], [b"\0" * 8, b"pcm", b"extra"], [b"", b"pcm"]):
+                    await rogue.send_multipart(frames)
+                for _ in range(8):
+                    await s.send_audio(np.zeros(1280, np.float32).tobytes())
+                await events_until(s, lambda ev, g: sum(isinstance(e, Audio) for e in g) >= 4)
+                assert clock.stats.dropped_frames == 3
+                assert clock.task is not None and not clock.task.done()
+            finally:
+                rogue.close(0)
+    asyncio.run(body())
+
+
 @pytest.mark.parametrize("rate,fmt,out_rate,out_fmt,out_bytes", [
     (8000, "pcmu", 8000, "pcmu", 640),
     (8000, "pcma", 16000, "pcm_s16le", 2560),
