@@ -1,9 +1,9 @@
-"""The collector is timed per beat, and start-up objects are frozen out of its scans."""
+"""The collector's pauses are timed, counted and handed out per beat."""
 from __future__ import annotations
 
 import gc
 
-from wave_actors.gc_pauses import GcPauses, freeze_startup
+from wave_actors.gc_pauses import GcPauses
 
 
 class _Cycle:
@@ -31,18 +31,3 @@ def test_collections_are_timed_and_counted_until_uninstalled():
     seen = pauses.collections
     gc.collect(0)
     assert pauses.collections == seen               # no longer called
-
-
-def test_freeze_startup_freezes_once_per_process():
-    kept = [_Cycle() for _ in range(10)]           # alive now: frozen (or frozen already)
-    first = freeze_startup()
-    assert first > 0 and gc.get_freeze_count() == first
-    gc.disable()
-    try:
-        later = [_Cycle() for _ in range(10)]
-        assert freeze_startup() == first            # a second node's start freezes nothing new
-        del later
-    finally:
-        gc.enable()
-    assert gc.collect() >= 10                       # objects made after it are still collected
-    assert kept

@@ -1,33 +1,15 @@
-"""Python's cyclic garbage collector, kept off the beat's critical path.
+"""How long Python's cyclic garbage collector stopped the serving loop, beat by beat.
 
-A full (generation 2) collection walks every tracked object. After start-up, with torch, Triton
-and the model imported, that is ~180 k objects and 180-200 ms on our 2-core CPU machine: an
-automatic one landing on the event loop delays every beat it overlaps (late-beat clusters with
-40-90 ms of release-to-backend delay on the H200). `freeze_startup()` collects once and moves
-every object alive at start into the permanent generation, which later collections skip; young
-objects (a beat's lists and dicts) are still collected, cheaply. `GcPauses` times every
-collection through `gc.callbacks` so each beat record says how long the loop was stopped by one.
+`serving_process()` freezes what exists when serving starts (a full walk over a loaded model is
+tens of ms) and young objects are collected cheaply, but a collection still stops every thread
+while it runs. `GcPauses` times each one through `gc.callbacks`, so every beat record says how
+much of the time since the previous beat went to it (`BeatRecord.gc_s`, the bench's `gc_ms`):
+a late beat with a long pause before it is the collector's, one without is not.
 """
 from __future__ import annotations
 
 import gc
 import time
-
-
-_frozen = False
-
-
-def freeze_startup() -> int:
-    """Once per process (the first node's start): collect, then freeze everything alive now (the
-    model, modules, kernels): later collections never walk it. A later node in the same process
-    (the bench's next run, a test) leaves it as it is, so its garbage stays collectable. Returns
-    the number of frozen objects."""
-    global _frozen
-    if not _frozen:
-        _frozen = True
-        gc.collect()
-        gc.freeze()
-    return gc.get_freeze_count()
 
 
 class GcPauses:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,6 @@ from transports import zsock
 from wave_actors.backend import Backend, SessionSpec
 from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
 from wave_actors.clocks import Clock
-from wave_actors.gc_pauses import freeze_startup
 from wave_actors.metrics import NodeMetrics
 from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
 from wave_actors.scheduler import CapacityError
@@ -31,7 +29,6 @@ from wave_actors.session import (AudioIn, BeatOut, Close, FunctionResult, Sessio
                                  SessionConfig)
 
 log = logging.getLogger("wave.node")
-GIL_SWITCH_S = 0.0005
 SEND_TIMEOUT_S = 5.0
 
 
@@ -103,11 +100,6 @@ class Node:
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
-        frozen = freeze_startup()          # the backend is built: keep its objects out of GC scans
-        log.info("%d objects alive at start frozen out of garbage collection", frozen)
-        # The backend's worker thread launches the beat while this loop runs the session actors'
-        # Python; at the default 5 ms switch interval the launch could wait that long for the GIL.
-        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # A bridge that reconnects under its identity takes its sessions over at once; with
