@@ -59,6 +59,13 @@ def _ln_row(acc, mc, ln_w, ln_b, eps, C: tl.constexpr):
 
 
 @triton.jit
+def _window_row(xb, cache, s, sc_t, C: tl.constexpr, mc):
+    # Row s of [cache (6 rows); x]: from x when s >= 0, else from the cache's row s + 6.
+    return tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
+                    tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
+
+
+@triton.jit
 def _dwln_window_kernel(X, CACHE_BUF, SLOTS, DW_W, DW_B, LN_W, LN_B, H, T, ROWS, max_slots, eps,
                         sc_s, sc_t, sc_c, C: tl.constexpr, BLOCK_C: tl.constexpr):
     # grid (B, cdiv(T, ROWS)): rows t0 .. t0+ROWS-1 of one batch row, all C channels, as a
@@ -82,24 +89,12 @@ def _dwln_window_kernel(X, CACHE_BUF, SLOTS, DW_W, DW_B, LN_W, LN_B, H, T, ROWS,
     ln_b = tl.load(LN_B + c, mask=mc, other=0.0)
     n_rows = tl.minimum(T - t0, ROWS)
     # r0..r5: rows t-6 .. t-1 of [cache; x]; cur: row t; n1: row t+1 (t = t0 at the start).
-    s = t0 - 6
-    r0 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
-                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
-    s = t0 - 5
-    r1 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
-                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
-    s = t0 - 4
-    r2 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
-                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
-    s = t0 - 3
-    r3 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
-                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
-    s = t0 - 2
-    r4 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
-                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
-    s = t0 - 1
-    r5 = tl.where(s >= 0, tl.load(xb + s * C, mask=mc & (s >= 0), other=0.0),
-                  tl.load(cache + (s + 6) * sc_t, mask=mc & (s < 0), other=0.0))
+    r0 = _window_row(xb, cache, t0 - 6, sc_t, C, mc)
+    r1 = _window_row(xb, cache, t0 - 5, sc_t, C, mc)
+    r2 = _window_row(xb, cache, t0 - 4, sc_t, C, mc)
+    r3 = _window_row(xb, cache, t0 - 3, sc_t, C, mc)
+    r4 = _window_row(xb, cache, t0 - 2, sc_t, C, mc)
+    r5 = _window_row(xb, cache, t0 - 1, sc_t, C, mc)
     cur = tl.load(xb + t0 * C, mask=mc, other=0.0)
     n1 = tl.load(xb + (t0 + 1) * C, mask=mc & (n_rows > 1), other=0.0)
     for i in range(0, n_rows):

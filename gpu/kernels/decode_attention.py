@@ -145,6 +145,42 @@ def _attn_mha_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slo
 
 
 @triton.jit
+def _split_q(qp, h, sq_h, qk_scale, HEAD_DIM: tl.constexpr, D_A: tl.constexpr, D_B: tl.constexpr):
+    # head_dim as two tiles, D_A (a power of two) + D_B (the rest, padded; mask mdb).
+    da = tl.arange(0, D_A)
+    db = D_A + tl.arange(0, D_B)
+    mdb = db < HEAD_DIM
+    qrow = qp + h * sq_h
+    qa = tl.load(qrow + da).to(tl.float32) * qk_scale
+    qb = tl.load(qrow + db, mask=mdb, other=0.0).to(tl.float32) * qk_scale
+    return da, db, mdb, qa, qb
+
+
+@triton.jit
+def _split_tile(kp, vp, l0, hi, da, db, mdb, qa, qb, SK_L: tl.constexpr, SV_L: tl.constexpr,
+                BLOCK_L: tl.constexpr):
+    # Positions l0 .. l0+BLOCK_L-1: their scores (log2 domain, -inf past hi) and V rows, fp32.
+    pos = l0 + tl.arange(0, BLOCK_L)
+    ml = pos < hi
+    mb = ml[:, None] & mdb[None, :]
+    k_a = tl.load(kp + pos[:, None] * SK_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
+    k_b = tl.load(kp + pos[:, None] * SK_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
+    v_a = tl.load(vp + pos[:, None] * SV_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
+    v_b = tl.load(vp + pos[:, None] * SV_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
+    s = tl.sum(k_a * qa[None, :], axis=1) + tl.sum(k_b * qb[None, :], axis=1)
+    return tl.where(ml, s, float("-inf")), v_a, v_b
+
+
+@triton.jit
+def _store_split_partial(MP, LP, OP, part, m_i, l_i, acc_a, acc_b, da, db, mdb,
+                         BLOCK_D: tl.constexpr):
+    tl.store(MP + part, m_i)
+    tl.store(LP + part, l_i)
+    tl.store(OP + part * BLOCK_D + da, acc_a)
+    tl.store(OP + part * BLOCK_D + db, acc_b, mask=mdb)
+
+
+@triton.jit
 def _attn_mha_split_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
                            length_bias, sq_b, sq_r, sq_h, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
                            SK_L: tl.constexpr, SV_L: tl.constexpr, ROWS: tl.constexpr,
@@ -158,26 +194,13 @@ def _attn_mha_split_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, m
     row, qp, kp, vp, lo, hi = _row_bases(Q, K, V, SLOTS, LENS, h, sp, window, max_slots,
                                          length_bias, sq_b, sq_r, sk_s, sk_r, sk_h, sv_s, sv_r,
                                          sv_h, ROWS, N_SPLITS, BLOCK_L)
-    da = tl.arange(0, D_A)
-    db = D_A + tl.arange(0, D_B)
-    mdb = db < HEAD_DIM
-    qrow = qp + h * sq_h
-    qa = tl.load(qrow + da).to(tl.float32) * qk_scale
-    qb = tl.load(qrow + db, mask=mdb, other=0.0).to(tl.float32) * qk_scale
+    da, db, mdb, qa, qb = _split_q(qp, h, sq_h, qk_scale, HEAD_DIM, D_A, D_B)
     m_i = tl.max(tl.full([BLOCK_L], -1e30, tl.float32), axis=0)
     l_i = tl.sum(tl.zeros([BLOCK_L], tl.float32), axis=0)
     acc_a = tl.zeros([D_A], tl.float32)
     acc_b = tl.zeros([D_B], tl.float32)
     for l0 in range(lo, hi, BLOCK_L):
-        pos = l0 + tl.arange(0, BLOCK_L)
-        ml = pos < hi
-        mb = ml[:, None] & mdb[None, :]
-        k_a = tl.load(kp + pos[:, None] * SK_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
-        k_b = tl.load(kp + pos[:, None] * SK_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
-        v_a = tl.load(vp + pos[:, None] * SV_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
-        v_b = tl.load(vp + pos[:, None] * SV_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
-        s = tl.sum(k_a * qa[None, :], axis=1) + tl.sum(k_b * qb[None, :], axis=1)
-        s = tl.where(ml, s, float("-inf"))                                  # log2 domain
+        s, v_a, v_b = _split_tile(kp, vp, l0, hi, da, db, mdb, qa, qb, SK_L, SV_L, BLOCK_L)
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new)
@@ -185,11 +208,8 @@ def _attn_mha_split_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, m
         acc_a = acc_a * alpha + tl.sum(p[:, None] * v_a, axis=0)
         acc_b = acc_b * alpha + tl.sum(p[:, None] * v_b, axis=0)
         m_i = m_new
-    part = (row * HQ + h) * N_SPLITS + sp
-    tl.store(MP + part, m_i)
-    tl.store(LP + part, l_i)
-    tl.store(OP + part * BLOCK_D + da, acc_a)
-    tl.store(OP + part * BLOCK_D + db, acc_b, mask=mdb)
+    _store_split_partial(MP, LP, OP, (row * HQ + h) * N_SPLITS + sp, m_i, l_i, acc_a, acc_b,
+                         da, db, mdb, BLOCK_D)
 
 
 @triton.jit
@@ -208,12 +228,7 @@ def _attn_mha_lanes_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, m
     row, qp, kp, vp, lo, hi = _row_bases(Q, K, V, SLOTS, LENS, h, sp, window, max_slots,
                                          length_bias, sq_b, sq_r, sk_s, sk_r, sk_h, sv_s, sv_r,
                                          sv_h, ROWS, N_SPLITS, BLOCK_L)
-    da = tl.arange(0, D_A)
-    db = D_A + tl.arange(0, D_B)
-    mdb = db < HEAD_DIM
-    qrow = qp + h * sq_h
-    qa = tl.load(qrow + da).to(tl.float32) * qk_scale
-    qb = tl.load(qrow + db, mask=mdb, other=0.0).to(tl.float32) * qk_scale
+    da, db, mdb, qa, qb = _split_q(qp, h, sq_h, qk_scale, HEAD_DIM, D_A, D_B)
     # A lane that sees no position keeps m = -1e30, l = 0, acc = 0: a masked s = -inf gives
     # alpha = 2^0 = 1 and p = 2^-inf = 0, never inf - inf.
     m_vec = tl.full([BLOCK_L], -1e30, tl.float32)
@@ -221,15 +236,7 @@ def _attn_mha_lanes_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, m
     acc_a = tl.zeros([BLOCK_L, D_A], tl.float32)
     acc_b = tl.zeros([BLOCK_L, D_B], tl.float32)
     for l0 in range(lo, hi, BLOCK_L):
-        pos = l0 + tl.arange(0, BLOCK_L)
-        ml = pos < hi
-        mb = ml[:, None] & mdb[None, :]
-        k_a = tl.load(kp + pos[:, None] * SK_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
-        k_b = tl.load(kp + pos[:, None] * SK_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
-        v_a = tl.load(vp + pos[:, None] * SV_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
-        v_b = tl.load(vp + pos[:, None] * SV_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
-        s = tl.sum(k_a * qa[None, :], axis=1) + tl.sum(k_b * qb[None, :], axis=1)
-        s = tl.where(ml, s, float("-inf"))                                  # log2 domain
+        s, v_a, v_b = _split_tile(kp, vp, l0, hi, da, db, mdb, qa, qb, SK_L, SV_L, BLOCK_L)
         m_new = tl.maximum(m_vec, s)
         alpha = tl.exp2(m_vec - m_new)
         p = tl.exp2(s - m_new)
@@ -241,14 +248,9 @@ def _attn_mha_lanes_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, m
     # (all lanes empty) gives m -1e30, l 0, acc 0, as the split kernel does.
     m_i = tl.max(m_vec, axis=0)
     w = tl.exp2(m_vec - m_i)
-    l_i = tl.sum(w * l_vec, axis=0)
-    out_a = tl.sum(w[:, None] * acc_a, axis=0)
-    out_b = tl.sum(w[:, None] * acc_b, axis=0)
-    part = (row * HQ + h) * N_SPLITS + sp
-    tl.store(MP + part, m_i)
-    tl.store(LP + part, l_i)
-    tl.store(OP + part * BLOCK_D + da, out_a)
-    tl.store(OP + part * BLOCK_D + db, out_b, mask=mdb)
+    _store_split_partial(MP, LP, OP, (row * HQ + h) * N_SPLITS + sp, m_i,
+                         tl.sum(w * l_vec, axis=0), tl.sum(w[:, None] * acc_a, axis=0),
+                         tl.sum(w[:, None] * acc_b, axis=0), da, db, mdb, BLOCK_D)
 
 
 @triton.jit
