@@ -4,11 +4,12 @@ import shutil
 
 import numpy as np
 import pytest
+import zmq.asyncio
 import zmq.auth
 
 from sim.backend import SimBackend
 from transports import protocol as P
-from transports.client import CurveKeys, NodeClient, NodeUnavailable, Refused
+from transports.client import CurveKeys, NodeClient, Refused
 from wave_actors.clocks import Clock
 from wave_actors.node import Node, NodeConfig
 
@@ -47,9 +48,9 @@ def test_curve_keys_gate_connections_and_sessions(keys):
 
             mallory = NodeClient(node.endpoint, curve=keys["mallory"])
             mallory.connect()
-            with pytest.raises((Refused, NodeUnavailable)) as exc:
+            with pytest.raises(Refused) as exc:
                 await mallory.open("evil", timeout=3)
-            assert "unauthorized" in str(exc.value)
+            assert exc.value.reason == "unauthorized" and "CURVE" in str(exc.value)
             await mallory.aclose()
 
             # Bob is listed but does not own Alice's session: from his own connection it does
@@ -71,4 +72,41 @@ def test_curve_keys_gate_connections_and_sessions(keys):
                 await c.aclose()
         finally:
             await node.drain(timeout=2)
+    asyncio.run(body())
+
+
+def test_a_late_curve_refusal_still_reads_as_a_refusal(keys):
+    """The node's authenticator refuses the key late (as on a loaded machine), while the open
+    already waits for its answer: the open ends with Refused('unauthorized') when the refusal
+    comes, not with NodeUnavailable at its timeout."""
+    async def body():
+        ctx = zmq.asyncio.Context()
+        server = ctx.socket(zmq.ROUTER)
+        server.curve_server = True
+        server.curve_secretkey = zmq.auth.load_certificate(keys["dir"] / "server.key_secret")[1]
+        zap = ctx.socket(zmq.REP)                  # this context's ZAP handler: slow, then no
+        zap.bind("inproc://zeromq.zap.01")
+        port = server.bind_to_random_port("tcp://127.0.0.1")
+
+        async def refuse_late():
+            request = await zap.recv_multipart()
+            await asyncio.sleep(0.5)
+            await zap.send_multipart([b"1.0", request[1], b"400", b"not listed", b"", b""])
+        zapper = asyncio.get_running_loop().create_task(refuse_late())
+        mallory = NodeClient(f"tcp://127.0.0.1:{port}", curve=keys["mallory"])
+        try:
+            mallory.connect()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            with pytest.raises(Refused) as exc:
+                await mallory.open("evil", timeout=5)
+            assert exc.value.reason == "unauthorized"
+            assert loop.time() - t0 < 4                # the refusal, not the open's timeout
+            await zapper
+        finally:
+            zapper.cancel()
+            await mallory.aclose()
+            zap.close(0)
+            server.close(0)
+            ctx.term()
     asyncio.run(body())

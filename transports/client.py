@@ -136,6 +136,7 @@ class NodeClient:
         self.orphan_errors: collections.deque[Error] = collections.deque(maxlen=256)
         self._reader: asyncio.Task | None = None
         self._monitor: asyncio.Task | None = None
+        self._monitor_sock: zmq.Socket | None = None
         self._send_lock = asyncio.Lock()
         self.auth_failed = False
         self._curve = curve is not None
@@ -150,7 +151,11 @@ class NodeClient:
     def connect(self) -> None:
         loop = asyncio.get_running_loop()
         if self._curve:
-            self._monitor = loop.create_task(self._watch_handshakes())
+            # Attached before connecting: a refusal of the first handshake is not missed.
+            mon = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                               | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            self._monitor_sock = mon
+            self._monitor = loop.create_task(self._watch_handshakes(mon))
         self.sock.connect(self.endpoint)
         self._reader = loop.create_task(self._read_loop())
 
@@ -159,6 +164,8 @@ class NodeClient:
             if task:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if self._monitor_sock is not None:     # a watcher cancelled before it ran never closed it
+            self._monitor_sock.close(0)
         self.sock.close(0)
 
     async def send(self, frames: list[bytes], timeout: float | None = SEND_TIMEOUT_S) -> None:
@@ -180,12 +187,10 @@ class NodeClient:
             return "unauthorized: the node refused this client's CURVE key"
         return f"no node answering at {self.endpoint}"
 
-    async def _watch_handshakes(self) -> None:
+    async def _watch_handshakes(self, mon: zmq.Socket) -> None:
         """CURVE refusals are silent on the socket itself; the monitor tells them apart from a
         node that is simply not there."""
         from zmq.utils.monitor import recv_monitor_message
-        mon = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                                           | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         try:
             while True:
                 ev = await recv_monitor_message(mon)
