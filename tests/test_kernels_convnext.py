@@ -4,8 +4,8 @@ cache as a strided view (the codec state's [S, C, 6] transposed) and int64 slots
 import pytest
 import torch
 
-from gpu.kernels.convnext_step import (convnext_step, convnext_step_ref, dwconv_ln, gelu_linear_residual,
-                                       gelu_linear_residual_ref, window_rows)
+from gpu.kernels.convnext_step import (convnext_pointwise, convnext_step, convnext_step_ref, dwconv_ln,
+                                       gelu_linear_residual, gelu_linear_residual_ref, window_rows)
 from tests.tensorkit import rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -183,12 +183,13 @@ def test_gelu_linear_residual_strided_weight():
     assert rel(y, gelu_linear_residual_ref(u.double(), w2.double(), b2.double(), x.double())) < 1e-5
 
 
-def test_convnext_step_fused_matches_unfused():
+def test_gelu_linear_residual_is_the_pointwise_tail():
+    """Fed pwconv1's output, the kernel is convnext_pointwise's GELU, pwconv2, bias and residual
+    (within TF32)."""
     p, g = make(32, 9)
-    slots = torch.tensor([1, 0], dtype=torch.int32, device=DEV)
-    c_f, c_u = caches(torch.randn(2, 6, 32, generator=g).to(DEV), "channel_major")
-    x = torch.randn(2, 9, 32, generator=g).to(DEV)
-    out = torch.full_like(x, float("nan"))
-    y_f = call(convnext_step, x, c_f, slots, p, fused=True, out=out)
-    y_u = call(convnext_step, x, c_u, slots, p)
-    assert y_f is out and rel(y_f, y_u) < 2e-3 and torch.equal(c_f, c_u)
+    h, x = torch.randn(2, 9, 32, generator=g).to(DEV), torch.randn(2, 9, 32, generator=g).to(DEV)
+    u = torch.addmm(p["pw1_b"], h.view(-1, 32), p["pw1_w"].t())
+    out = torch.full((18, 32), float("nan"), device=DEV)
+    y_f = gelu_linear_residual(u, p["pw2_w"], p["pw2_b"], x.view(-1, 32), out)
+    y_u = convnext_pointwise(h, x, p["pw1_w"], p["pw1_b"], p["pw2_w"], p["pw2_b"])
+    assert y_f is out and rel(y_f.view(x.shape), y_u) < 2e-3

@@ -290,15 +290,15 @@ class BeatClockActor(Actor):
             k += 1
 
     def _route(self, routed: dict, out) -> None:
-        # Once a beat, not per session: token arrays become lists in one tolist() each, and the
-        # PCM is copied out in one piece (the output slot is refilled two beats on; sessions
-        # read their rows of the copy later).
-        text, func, user = out.text.tolist(), out.func.tolist(), out.user.tolist()
-        pcm = out.pcm.copy()
-        for slot, (_key, first_frame) in routed.items():
-            header = {"frame": first_frame, "text": text[slot], "func": func[slot],
-                      "user": user[slot]}
-            if not self._deliver(self._slot_identity.get(slot, b""), BeatOut(header, pcm[slot])):
+        # Once a beat, not per session, and only the routed rows: the token rows become lists
+        # in one tolist() each, and the PCM rows are copied out in one piece (the output slot
+        # is refilled two beats on; sessions read their rows of the copy later).
+        rows = list(routed)
+        text, func, user = (a[rows].tolist() for a in (out.text, out.func, out.user))
+        pcm = out.pcm[rows]
+        for i, (slot, (_key, first_frame)) in enumerate(routed.items()):
+            header = {"frame": first_frame, "text": text[i], "func": func[i], "user": user[i]}
+            if not self._deliver(self._slot_identity.get(slot, b""), BeatOut(header, pcm[i])):
                 self.stats.unroutable += 1
 
     def _record(self, rec: BeatRecord) -> None:

@@ -9,9 +9,9 @@ each program a sliding 7-row window over its rows of C channels); the cache upda
 tiny launch (it must not race with the conv's reads of the old cache): `dwconv_ln`. The pointwise convs stay torch
 matmuls (TF32 when the caller enables it), `convnext_pointwise`: they are 99% of the FLOPs,
 B·T·C·4C·2·2. `convnext_step` is the two in a row.
-`gelu_linear_residual` (fused=True) folds the GELU, pwconv2, its bias and the residual into one
-Triton matmul (TF32): the [B·T, 4C] GELU output is never written and y is written once. It stays
-off: Triton's TF32 tiles reach 100-180 TFLOP/s on the H200 where cuBLAS reaches ~300, so the
+`gelu_linear_residual` folds the GELU, pwconv2, its bias and the residual into one Triton matmul
+(TF32): the [B·T, 4C] GELU output is never written and y is written once. The engine does not use
+it: Triton's TF32 tiles reach 100-180 TFLOP/s on the H200 where cuBLAS reaches ~300, so the
 whole pointwise part took 5.5 ms a frame at 256 sessions against 3.9 for cuBLAS + GELU + add
 (bench/codec_pointwise_ab.py, bench/results/codec-pointwise-ab-h200.json).
 Layouts: x, y [B, T, C] contiguous; cache any strided [S, 6, C] view. Time-major [S, 6, C] has
@@ -301,22 +301,16 @@ def gelu_linear_residual_ref(u, w2, b2, x, out=None, *, block_m: int = 128, bloc
     return out
 
 
-def convnext_pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, *, out=None, fused: bool = False):
-    """The pointwise part: x + pwconv2(GELU_exact(pwconv1(h))) [B, T, C] (into `out` if given), as
-    2 addmm + GELU + add; fused=True: addmm, then `gelu_linear_residual` (GELU, pwconv2, bias and
-    residual in one Triton launch, TF32)."""
+def convnext_pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, *, out=None):
+    """The torch part: x + pwconv2(GELU_exact(pwconv1(h))) [B, T, C] (into `out` if given), as
+    2 addmm + GELU + add."""
     check("h", h, tuple(x.shape), torch.float32, device=x.device)
     _check_pointwise(x, pw1_w, pw1_b, pw2_w, pw2_b, out)
-    return _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out, fused)
+    return _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out)
 
 
-def _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out, fused=False):
+def _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out):
     n_c = x.shape[-1]
-    if fused:
-        u = torch.addmm(pw1_b, h.view(-1, n_c), pw1_w.t())             # [B*T, 4C]
-        y = gelu_linear_residual(u, pw2_w, pw2_b, x.view(-1, n_c),
-                                 None if out is None else out.view(-1, n_c))
-        return y.view(x.shape) if out is None else out
     u = F.gelu(torch.addmm(pw1_b, h.view(-1, n_c), pw1_w.t()))   # [B*T, 4C]
     if out is None:                 # addmm allocates its output: no separate empty op
         y = torch.addmm(pw2_b, u, pw2_w.t())
@@ -328,20 +322,20 @@ def _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out, fused=False):
 
 def convnext_step(x, cache, slots, dw_w, dw_b, ln_w, ln_b, pw1_w, pw1_b, pw2_w, pw2_b,
                   *, eps: float = 1e-6, out=None, block_elems: int = 2048, num_warps: int | None = None,
-                  window: bool = True, rows: int | None = None, fused: bool = False):
+                  window: bool = True, rows: int | None = None):
     """x [B, T, C] fp32 -> y [B, T, C] (into `out` if given); cache [S, 6, C] fp32, any strides,
     updated at rows `slots` (int32 or int64 [B]) only. dw_w [C, 7] (the checkpoint's [C, 1, 7]
     squeezed); pw1_w [4C, C], pw2_w [C, 4C] (its [out, in, 1] squeezed). 2 Triton launches +
-    2 addmm + GELU + add; fused=True: 3 Triton launches + 1 addmm (`convnext_pointwise`)."""
+    2 addmm + GELU + add."""
     _check_pointwise(x, pw1_w, pw1_b, pw2_w, pw2_b, out)        # before the kernels move the cache
     h = dwconv_ln(x, cache, slots, dw_w, dw_b, ln_w, ln_b, eps=eps, block_elems=block_elems,
                   num_warps=num_warps, window=window, rows=rows)
-    return _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out, fused)
+    return _pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, out)
 
 
 def convnext_step_ref(x, cache, slots, dw_w, dw_b, ln_w, ln_b, pw1_w, pw1_b, pw2_w, pw2_b,
                       *, eps: float = 1e-6, out=None, block_elems: int = 2048, num_warps: int | None = None,
-                      window: bool = True, rows: int | None = None, fused: bool = False):
+                      window: bool = True, rows: int | None = None):
     """PyTorch twin (same signature), the block as written; the depthwise conv as 7 explicit taps
     (no cuDNN, which may run TF32)."""
     batch, n_t, n_c = x.shape
