@@ -74,6 +74,10 @@ class _StandIns(decode_ops.TritonDecodeOps):
         v_cache[slots, length] = v[:, 0]
         return attn.o_proj(self._empty(u.shape[0], q.shape[-2] * q.shape[-1], like=u))[:, None]
 
+    def perception_attention(self, attn, q, k_ring, v_ring, slots, frames):
+        self.census.launch("triton relpos_attention", 1)
+        return self._empty(*q.shape, like=q)
+
     def mog_choice(self, logits, uniforms, top_p):
         self.census.launch("triton mog_sample", 1)
         return self._empty(logits.shape[0], like=logits, dtype=torch.int32)

@@ -95,17 +95,20 @@ def test_memory_plan_matches_model_md():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", [dict(capture=False), dict(streams=False)],
-                         ids=["eager", "one-stream"])
-def test_graph_replay_equals_the_same_backend_variant_in_bf16(variant):
-    """Same precision, same kernels, same batches: neither capture and replay nor spreading a
-    beat's stages over streams changes an output bit."""
+@pytest.mark.parametrize("variant,wait", [(dict(capture=False), "poll"),
+                                          (dict(streams=False), "poll"), ({}, "thread")],
+                         ids=["eager", "one-stream", "thread-wait"])
+def test_graph_replay_equals_the_same_backend_variant_in_bf16(variant, wait):
+    """Same precision, same kernels, same batches: neither capture and replay, nor spreading a
+    beat's stages over streams, nor how the loop learns that a beat is done (polling its event,
+    or a worker waiting on the device) changes an output bit."""
     from gpu.engine.graph_backend import GraphBackend
     audio, runs = audio_for(len(SPECS), 50), []
-    for kw in ({}, variant):
+    for kw, beat_wait in (({}, "poll"), (variant, wait)):
         b = GraphBackend(BackendOptions(max_sessions=5, profile="reference", config="tiny",
-                                        max_context=128), **kw)
+                                        max_context=128, beat_wait=beat_wait), **kw)
         runs.append(engine_run(b, SPECS, audio, [4, 0, 2])[0])
+        assert b.polled_beats == (25 if beat_wait == "poll" else 0), b.polled_beats
         b.close()
     res = compare(runs[0], runs[1])
     assert res["text_equal"] == res["func_equal"] == res["user_equal"] == 1.0, res

@@ -1,6 +1,7 @@
 """bench/op_census.py counts the engine path's launches per frame without a GPU: the structural
-counts it reports (one attention launch pair per layer and CFG row, one fused norm per RMSNorm)
-follow from the config, and no stage runs an unfused RMSNorm."""
+counts it reports (one attention launch pair per layer and CFG row, one fused norm per RMSNorm,
+one perception attention launch per layer) follow from the config, and no stage runs an unfused
+RMSNorm."""
 from bench.op_census import census
 from gpu.model.config import VoiceChatConfig
 
@@ -25,6 +26,12 @@ def test_census_counts_the_engine_path_structure():
     assert talker["triton rms_norm"] == 2 + rows + n_layers + 1 + passes * (mog + 1)
     assert talker["triton residual_rms_norm"] == 2 + 2 * n_layers + passes * mog
     assert talker["triton gelu_mul"] == 1 + n_layers + passes * mog        # one per gated MLP
+    # perception: one attention launch a layer, no ring gather (the one index_select left is
+    # the conv modules' time cache, once a step), nothing left of the torch attention
+    perception = {op: n for (stage, op), n in counts.items() if stage == "perception"}
+    assert perception["triton relpos_attention"] == cfg.perception.n_layers
+    assert perception["index_select"] == 1
+    assert not set(perception) & {"_softmax", "gather", "bmm", "masked_fill"}
     for stage in ("talker", "thinker"):                          # nothing left of a torch norm
         assert not {op for (s, op) in counts if s == stage} & {"rsqrt", "mean"}, stage
     assert sum(counts.values()) > 0

@@ -23,6 +23,7 @@ class BackendOptions:
     seed: int = 0
     context_hold: int = 0               # bench: a session at max_context steps back this many
                                         # frames and runs on, instead of going silent
+    beat_wait: str = "poll"             # graph: how the loop learns a beat is done (poll | thread)
 
 
 def make_backend(name: str, opts: BackendOptions, clock: Clock | None = None) -> Backend:

@@ -107,7 +107,7 @@ def make_backend_for(args, max_n: int, clock: Clock | None = None):
     max_context = args.context + (HOLD_FRAMES if gpu else context_frames(args, max_n))
     opts = BackendOptions(max(max_n, args.max_sessions or 0), args.profile, args.config,
                           max_context, offset, args.cost_model, None, None, args.seed,
-                          context_hold=HOLD_FRAMES if gpu else 0)
+                          context_hold=HOLD_FRAMES if gpu else 0, beat_wait=args.beat_wait)
     return make_backend(args.backend, opts, clock)
 
 
@@ -148,12 +148,13 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
 
 
 def _worst(trace: dict, k: int = 3) -> str:
-    """The k slowest beats as 'latency (backend, before the call, of which waking, garbage
-    collection since the previous beat) @ index', ms."""
+    """The k slowest beats as 'latency (backend, before the call, of which waking, after the
+    call returned, garbage collection since the previous beat) @ index', ms."""
     lat = trace["latency_ms"]
     top = sorted(range(len(lat)), key=lat.__getitem__, reverse=True)[:k]
-    return "  ".join(f"{lat[i]:.0f} ({trace['compute_ms'][i]:.0f}, {trace['begin_ms'][i]:.0f}, "
-                     f"{trace['wake_ms'][i]:.0f}, gc {trace['gc_ms'][i]:.0f}) @{i}" for i in top)
+    return "  ".join(f"{lat[i]:.1f} ({trace['compute_ms'][i]:.1f}, {trace['begin_ms'][i]:.1f}, "
+                     f"{trace['wake_ms'][i]:.1f}, after {lat[i] - trace['returned_ms'][i]:.1f}, "
+                     f"gc {trace['gc_ms'][i]:.1f}) @{i}" for i in top)
 
 
 def _trace(records: list) -> dict:
@@ -163,6 +164,7 @@ def _trace(records: list) -> dict:
             "begin_ms": ms(r.begin_s for r in records),
             "wake_ms": ms(r.wake_s for r in records),
             "gc_ms": ms(r.gc_s for r in records),
+            "returned_ms": ms(r.returned_s for r in records),
             "frames_read": [r.frames_read for r in records]}
 
 
@@ -355,6 +357,8 @@ def parse_args(argv=None):
     ap.add_argument("--virtual", action="store_true", help="virtual time (sim backend only)")
     ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--beat-wait", choices=("poll", "thread"), default="poll",
+                    help="graph: the loop polls the beat's CUDA event, or a worker thread waits")
     ap.add_argument("--client-procs", type=int, default=CLIENT_PROCS,
                     help="load-generator processes for the sessions (0: the callers share the "
                          "node's process; --virtual always does)")

@@ -32,6 +32,7 @@ from wave_actors.frames import BEAT_S
 from wave_actors.gc_pauses import GcPauses
 
 LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
+RELEASE_SPIN_S = 1e-3           # the release's last ms is spun, not timed (Clock.sleep_until)
 from wave_actors.runtime import Actor
 from wave_actors.scheduler import BeatScheduler, CapacityError, SlotStats
 from wave_actors.session import END_OF_STREAM, FRAME_HEADER, BeatOut
@@ -78,6 +79,7 @@ class BeatRecord:
     wake_s: float = 0.0      # release → the beat loop awake: how long the loop was busy elsewhere
     frames_read: int = 0     # audio frames read since the previous beat was released
     gc_s: float = 0.0        # garbage collection since the previous beat (a stopped loop)
+    returned_s: float = 0.0  # release → the backend's call returned to the beat loop
 
 
 @dataclass
@@ -261,7 +263,7 @@ class BeatClockActor(Actor):
         k = 0
         while True:
             release = self.t0 + k * BEAT_S
-            await self.clock.sleep_until(release)
+            await self.clock.sleep_until(release, spin=RELEASE_SPIN_S)
             wake = self.clock.now() - release
             # Frames that arrived by now go into this beat. They are read here, synchronously:
             # yielding to the loop instead would first run every ready task, and at 300 sessions
@@ -278,13 +280,13 @@ class BeatClockActor(Actor):
             if self._backend_open:               # prefilling slots advance in beats too
                 begin = self.clock.now() - release
                 await self.backend.run_beat(inp, out)
-                latency = self.clock.now() - release
-                routed = self.scheduler.complete(plan, late=latency > LATE_AFTER_S and bool(plan.slots))
+                returned = self.clock.now() - release
+                routed = self.scheduler.complete(plan, late=returned > LATE_AFTER_S and bool(plan.slots))
                 self._route(routed, out)
                 latency = self.clock.now() - release
                 self._record(BeatRecord(plan.beat, release, latency, out.compute_s, len(plan.slots),
                                         latency > LATE_AFTER_S and bool(plan.slots), begin, wake,
-                                        frames_read, self.gc.take()))
+                                        frames_read, self.gc.take(), returned))
             else:
                 self.scheduler.complete(plan, late=False)
             k += 1

@@ -15,7 +15,14 @@ import time
 
 
 class Clock:
-    """Time as the running loop sees it (virtual on a VirtualTimeLoop)."""
+    """Time as the running loop sees it (virtual on a VirtualTimeLoop), at full resolution.
+
+    On a real loop `now` is the monotonic clock itself, not `loop.time()`: uvloop's is the same
+    clock cut to whole milliseconds, so every latency it stamped was a whole number of ms (a p99
+    of "111" could be 110.1) and a deadline could be met or missed by the cut alone. Its timers
+    are whole milliseconds too and fire up to ~0.7 ms either side of the deadline, so
+    `sleep_until` sleeps again when it woke early instead of starting a beat before its
+    release."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
         self._loop = loop
@@ -25,12 +32,20 @@ class Clock:
         return self._loop or asyncio.get_running_loop()
 
     def now(self) -> float:
-        return self.loop.time()
+        loop = self.loop
+        return loop.time() if isinstance(loop, VirtualTimeLoop) else time.monotonic()
 
-    async def sleep_until(self, t: float) -> None:
-        delay = t - self.now()
-        if delay > 0:
-            await asyncio.sleep(delay)
+    async def sleep_until(self, t: float, spin: float = 0.0) -> None:
+        """Return at t or just after. The last `spin` seconds pass yielding to the loop once per
+        iteration instead of on a timer (a real loop only: virtual time stands still while any
+        task is ready): the beat clock's release is then late by one iteration, not by up to a
+        timer's rounding."""
+        if isinstance(self.loop, VirtualTimeLoop):
+            spin = 0.0
+        while (delay := t - self.now()) > spin:
+            await asyncio.sleep(delay - spin)
+        while self.now() < t:
+            await asyncio.sleep(0)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))

@@ -192,7 +192,9 @@ class CpuBackend(Backend):
 
     # -- the beat ----------------------------------------------------------------------------------
     async def run_beat(self, inp: BeatInput, out: BeatOutput) -> BeatOutput:
-        plan = self._plan(inp)
+        return await self._run_plan(self._plan(inp), out)
+
+    async def _run_plan(self, plan: "_Plan", out: BeatOutput) -> BeatOutput:
         loop = asyncio.get_running_loop()
         out.compute_s = await loop.run_in_executor(self._executor, self._compute, plan, out)
         return out
@@ -269,8 +271,7 @@ class CpuBackend(Backend):
                 self._rewind(self._index(plan.rewind))
             if plan.live:
                 self._frames(plan, out)
-            for i in plan.spent:
-                out.pcm[i], out.text[i], out.func[i], out.user[i] = 0.0, PAD, PAD, NO_TOKEN
+            self._silence_spent(plan, out)
             t1 = time.perf_counter()
             if plan.prefill:
                 self._prefill(plan.prefill)
@@ -285,6 +286,11 @@ class CpuBackend(Backend):
             self.start_budget.observe_live(len(plan.live), t1 - t0)
         self.beat_cpu_s.append(time.thread_time() - c0)
         return time.perf_counter() - t0
+
+    @staticmethod
+    def _silence_spent(plan: "_Plan", out: BeatOutput) -> None:
+        for i in plan.spent:
+            out.pcm[i], out.text[i], out.func[i], out.user[i] = 0.0, PAD, PAD, NO_TOKEN
 
     def _rewind(self, slots: torch.Tensor) -> None:
         """`context_hold` positions back (see top): the next frames overwrite rows already there."""

@@ -21,6 +21,10 @@ per-session cost on the H200. Here each Upsample is one matmul whose output alre
 layer's [B, T·k, C] input, and each block one Triton launch (depthwise conv + bias + LayerNorm,
 reading the [S, C, 6] cache in place) and one for the cache update, around the two pointwise
 matmuls.
+Perception's rel-pos attention (`RelPosAttention.stream`'s hook) reads each row's K/V ring in
+place at its slot, all F queries of the step at once, in one launch a layer: the reference
+gathers the rings ([B, H, 72, 128] each, ~1 ms a frame at 256 sessions on the H200) and runs
+~15 more launches a layer around them.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from gpu.kernels.gelu_mul import gelu_mul
 from gpu.kernels.mamba_step import mamba_step
 from gpu.kernels.mog_sample import mog_sample
 from gpu.kernels.qk_norm_rope import qk_norm_rope
+from gpu.kernels.relpos_attention import relpos_attention
 from gpu.kernels.rms_norm import residual_rms_norm, rms_norm
 from gpu.model import talker_text, thinker
 from gpu.model.codec import Codec, CodecState, ConvNeXtBlock, Upsample
@@ -69,6 +74,16 @@ class TritonDecodeOps:
                              v_cache.permute(0, 2, 1, 3), slots.to(torch.int32),
                              (length + 1).to(torch.int32), scale=1.0 / math.sqrt(c.head_dim))
         return attn.o_proj(o.flatten(-2))[:, None]
+
+    def perception_attention(self, attn, q: Tensor, k_ring: Tensor, v_ring: Tensor, slots: Tensor,
+                             frames: Tensor) -> Tensor:
+        """A perception layer's streaming attention before linear_out: q [B, F, H, dh] of the
+        step's frames frames[b] + f over the rings k/v_ring [S, H, R, dh] (the step's rows
+        already written) at slots → o [B, F, H, dh]."""
+        c = attn.cfg
+        return relpos_attention(q.contiguous(), k_ring, v_ring, slots, frames, attn.stream_pos,
+                                attn.pos_bias_u, attn.pos_bias_v, left_context=c.left_context,
+                                scale=1.0 / math.sqrt(c.head_dim))
 
     def mog_choice(self, logits: Tensor, uniforms: Tensor, top_p: float) -> Tensor:
         """The MoG head's mixture: top-p filter and Gumbel-max in one launch (one row per
@@ -242,10 +257,11 @@ def _fused_residual(x: Tensor, y: Tensor, w_post: Tensor, eps: float, w_next: Te
 
 
 def install(model, ops: TritonDecodeOps | None = None) -> None:
-    """Route the model's decode steps, codec frames, RMSNorms (with the talker's residual
-    steps) and the talker's gated MLPs through the kernels (`ops`; None restores the reference
-    path everywhere)."""
+    """Route the model's decode steps, perception attention, codec frames, RMSNorms (with the
+    talker's residual steps) and the talker's gated MLPs through the kernels (`ops`; None
+    restores the reference path everywhere)."""
     model.thinker.decode_ops = ops
+    install_perception(model.perception, ops)
     install_talker(model.talker, ops)
     model.codec.decode_ops = ops
     for layer in model.codec.decoder.layers:
@@ -255,6 +271,12 @@ def install(model, ops: TritonDecodeOps | None = None) -> None:
         fused = _FUSED_NORMS.get(type(module))
         if fused is not None:
             module.fused = fused if ops is not None else None
+
+
+def install_perception(perception: nn.Module, ops: TritonDecodeOps | None) -> None:
+    """The perception's part of `install`: every Conformer layer's streaming attention."""
+    for layer in perception.encoder.layers:
+        layer.self_attn.decode_ops = ops
 
 
 def install_talker(talker: nn.Module, ops: TritonDecodeOps | None) -> None:

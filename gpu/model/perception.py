@@ -172,6 +172,8 @@ class StreamConstants:
     write_at: tuple     # index of the step's rows in a layer's ring: → [B, H, F]
     pos_index: Tensor   # [B, F, R]: for ring row i, the row of `stream_pos` at its distance
     mask: Tensor        # [B, F, R]: ring row i is visible to the step's frame f
+    frames: Tensor      # [B] long: the step's first frame per row (the engine's kernel derives
+                        # pos_index and mask from it)
 
     @classmethod
     def of(cls, cfg: "PerceptionConfig", frames: Tensor, slots: Tensor, n_frames: int) -> "StreamConstants":
@@ -181,7 +183,7 @@ class StreamConstants:
         write_at = (slots[:, None, None], torch.arange(cfg.n_heads, device=dev)[:, None],
                     torch.remainder(frame, R)[:, None, :])
         visible = (dist <= W) & (dist <= frame[:, :, None])
-        return cls(write_at, R - 1 - dist, visible)
+        return cls(write_at, R - 1 - dist, visible, frames)
 
 
 @dataclass
@@ -277,6 +279,7 @@ class RelPosAttention(nn.Module):
         # distance makes the ring-order gather a plain index (no clamp).
         self.register_buffer("stream_pos", torch.empty(cfg.ring_rows, H, cfg.head_dim, **kw),
                              persistent=False)
+        self.decode_ops = None      # gpu.engine.decode_ops.TritonDecodeOps on the fast path
 
     @torch.no_grad()
     def derive_stream_pos(self) -> None:
@@ -297,12 +300,18 @@ class RelPosAttention(nn.Module):
                frame: "StreamConstants") -> Tensor:
         """u [B, F, D] the step's normed inputs; k_ring, v_ring [S, H, R, dh] this layer's K and
         V rings (head-major, so the score and value products read them without a copy; the
-        step's rows are written at `slots` in place); `frame` the tables the layers share."""
-        H, dh = self.cfg.n_heads, self.cfg.head_dim
+        step's rows are written at `slots` in place); `frame` the tables the layers share.
+        With `decode_ops` set, everything between the ring writes and linear_out is its
+        `perception_attention` (gpu/kernels/relpos_attention.py: no ring gather, one launch)."""
+        dh = self.cfg.head_dim
         k_ring[frame.write_at] = self._heads(self.linear_k, u).transpose(1, 2).to(k_ring.dtype)
         v_ring[frame.write_at] = self._heads(self.linear_v, u).transpose(1, 2).to(v_ring.dtype)
+        q = self._heads(self.linear_q, u)                                       # [B, F, H, dh]
+        if self.decode_ops is not None:     # engine: one kernel reading the rings in place
+            o = self.decode_ops.perception_attention(self, q, k_ring, v_ring, slots, frame.frames)
+            return self.linear_out(o.flatten(2))
         k, v = k_ring.index_select(0, slots), v_ring.index_select(0, slots)     # [B, H, R, dh]
-        q = self._heads(self.linear_q, u).transpose(1, 2)                       # [B, H, F, dh]
+        q = q.transpose(1, 2)                                                   # [B, H, F, dh]
         p = self.stream_pos                                                     # [R, H, dh]
         ac = (q + self.pos_bias_u[:, None]) @ k.transpose(-1, -2)               # [B, H, F, R]
         bd = torch.einsum("bhqd,khd->bhqk", q + self.pos_bias_v[:, None], p)   # distance order
