@@ -112,8 +112,9 @@ def relpos_attention(q, k_ring, v_ring, slots, frames, stream_pos, bias_u, bias_
     (contiguous) over the rings k_ring, v_ring [S, H, R, dh] (q's dtype, any strides with dh
     contiguous) at slots (int32|int64 [B]); frames (int32|int64 [B]) the frame of each row's
     first query; stream_pos [R, H, dh], bias_u, bias_v [H, dh] contiguous. Reads only: the
-    caller writes the step's K/V rows first. num_warps: default 8 for a 128 x 128 tile (two
-    fp32 tiles of it live across the queries), 4 below."""
+    caller writes the step's K/V rows first. num_warps: 4 by default (at the model's shape on
+    the H200 4 warps take half the time of 8: 30 against 55 µs a layer at 120 rows,
+    bench/results/relpos-ab-h200.json)."""
     _check_args(q, k_ring, v_ring, slots, frames, stream_pos, bias_u, bias_v, left_context, out)
     batch, n_f, heads, dh = q.shape
     rows = k_ring.shape[2]
@@ -125,7 +126,7 @@ def relpos_attention(q, k_ring, v_ring, slots, frames, stream_pos, bias_u, bias_
         k_ring.shape[0], k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
         v_ring.stride(0), v_ring.stride(1), v_ring.stride(2),
         N_F=n_f, H=heads, HEAD_DIM=dh, R=rows, W=int(left_context), BLOCK_R=block_r,
-        BLOCK_D=block_d, num_warps=num_warps or (8 if block_r * block_d >= 128 * 128 else 4))
+        BLOCK_D=block_d, num_warps=num_warps or 4)
     return out
 
 
