@@ -78,6 +78,11 @@ class _StandIns(decode_ops.TritonDecodeOps):
         self.census.launch("triton relpos_attention", 1)
         return self._empty(*q.shape, like=q)
 
+    def perception_add_norm(self, x, y, alpha, norm, norm2=None):
+        self.census.launch("triton add_layer_norm", 1)
+        s, u = self._empty(*x.shape, like=x), self._empty(*x.shape, like=x)
+        return s, u, None if norm2 is None else self._empty(*x.shape, like=x)
+
     def mog_choice(self, logits, uniforms, top_p):
         self.census.launch("triton mog_sample", 1)
         return self._empty(logits.shape[0], like=logits, dtype=torch.int32)

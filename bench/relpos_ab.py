@@ -3,7 +3,7 @@ ring of 72 rows, left context 70, the beat's 2 frames a step), one layer, bf16:
   ref     relpos_attention_ref: the reference path from the ring gather to the output heads
           (index_select of both rings, bias adds, three products, the distance gather, mask,
           softmax), as RelPosAttention.stream runs it without the engine's hook;
-  kernel  relpos_attention (gpu/kernels/relpos_attention.py), at 4 and 8 warps.
+  kernel  relpos_attention (gpu/kernels/relpos_attention.py), at 8, 4 and 2 warps.
 Each is captured in a CUDA graph (mean of --reps replays); diff = max relative |out - ref|.
 Rows' frames are spread over a ring's worth of positions, as a live node's are.
 
@@ -25,7 +25,8 @@ from gpu.kernels.relpos_attention import relpos_attention, relpos_attention_ref 
 
 HEADS, HEAD_DIM, RING, LEFT, FRAMES = 8, 128, 72, 70, 2
 VARIANTS = [("ref", relpos_attention_ref, {}), ("kernel w8", relpos_attention, dict(num_warps=8)),
-            ("kernel w4", relpos_attention, dict(num_warps=4))]
+            ("kernel w4", relpos_attention, dict(num_warps=4)),
+            ("kernel w2", relpos_attention, dict(num_warps=2))]
 
 
 def inputs(batch: int, dev: torch.device, dtype=torch.bfloat16):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from gpu.engine.decode_ops import TritonDecodeOps, install_perception
+from gpu.kernels.layer_norm import add_layer_norm_ref
 from gpu.kernels.relpos_attention import relpos_attention, relpos_attention_ref
 from gpu.model import perception as P
 from tests.tensorkit import counting, exact_fp32, rel
@@ -53,6 +54,20 @@ def test_relpos_attention_matches_ref(dtype, n_f, heads, dh, left, rows, max_slo
     assert rel(o, o_ref) < TOL[dtype], rel(o, o_ref)
 
 
+@pytest.mark.parametrize("n_f", [1, 2])
+def test_relpos_attention_reads_q_out_of_fused_qkv(n_f):
+    """q as the engine passes it: a view into [B, F, 3·H·dh] (row stride 3·H·dh), not copied."""
+    q, k, v, pos, bu, bv = make(3, n_f, 3, 24, 7, 4, torch.float32, seed=6 + n_f)
+    qkv = torch.randn(3, n_f, 3, 3, 24, device=DEV)
+    qkv[:, :, 0] = q
+    slots, frames = torch.tensor([2, 0, 3], device=DEV), torch.tensor([0, 4, 11], device=DEV)
+    kw = dict(left_context=5, scale=24 ** -0.5)
+    o = relpos_attention(qkv[:, :, 0], k, v, slots, frames, pos, bu, bv, **kw)
+    assert o.is_contiguous()
+    torch.testing.assert_close(o, relpos_attention(q, k, v, slots, frames, pos, bu, bv, **kw),
+                               rtol=0, atol=0)
+
+
 def test_first_frame_sees_only_itself():
     """Frame 0 of a session attends to its own row alone: o = V at row 0, whatever the scores."""
     q, k, v, pos, bu, bv = make(2, 1, 3, 24, 7, 4, torch.float32, seed=3)
@@ -90,8 +105,13 @@ def perception_model(seed: int, dtype=torch.float32) -> P.Perception:
     return model
 
 
-class _RefOps:
-    """The hook run by relpos_attention_ref: checks that the twin is the model's own math."""
+class _RefOps(TritonDecodeOps):
+    """The hooks run by the twins (relpos_attention_ref, add_layer_norm_ref; qkv is plain torch
+    already): checks that they are the model's own math."""
+
+    def perception_add_norm(self, x, y, alpha, norm, norm2=None):
+        second = () if norm2 is None else (norm2.weight, norm2.bias, norm2.eps)
+        return add_layer_norm_ref(x, y, alpha, norm.weight, norm.bias, norm.eps, *second)
 
     def perception_attention(self, attn, q, k_ring, v_ring, slots, frames):
         c = attn.cfg

@@ -1,7 +1,7 @@
 """bench/op_census.py counts the engine path's launches per frame without a GPU: the structural
 counts it reports (one attention launch pair per layer and CFG row, one fused norm per RMSNorm,
-one perception attention launch per layer) follow from the config, and no stage runs an unfused
-RMSNorm."""
+one perception attention launch per layer, one launch per perception residual add and its
+LayerNorm) follow from the config, and no stage runs an unfused RMSNorm."""
 from bench.op_census import census
 from gpu.model.config import VoiceChatConfig
 
@@ -29,7 +29,14 @@ def test_census_counts_the_engine_path_structure():
     # perception: one attention launch a layer, no ring gather (the one index_select left is
     # the conv modules' time cache, once a step), nothing left of the torch attention
     perception = {op: n for (stage, op), n in counts.items() if stage == "perception"}
-    assert perception["triton relpos_attention"] == cfg.perception.n_layers
+    n_conformer = cfg.perception.n_layers
+    assert perception["triton relpos_attention"] == n_conformer
+    # a layer's 4 residual adds each one launch with the LayerNorm after it (the last also with
+    # the next layer's first); torch LayerNorms left: the conv module's and the first layer's
+    # first. Matmuls: FF 2 + 2, qkv 1, out 1, the conv module's pointwise 2
+    assert perception["triton add_layer_norm"] == 4 * n_conformer
+    assert perception["native_layer_norm"] == n_conformer + 1
+    assert perception["mm"] == 8 * n_conformer
     assert perception["index_select"] == 1
     assert not set(perception) & {"_softmax", "gather", "bmm", "masked_fill"}
     for stage in ("talker", "thinker"):                          # nothing left of a torch norm

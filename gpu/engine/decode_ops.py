@@ -24,7 +24,10 @@ matmuls.
 Perception's rel-pos attention (`RelPosAttention.stream`'s hook) reads each row's K/V ring in
 place at its slot, all F queries of the step at once, in one launch a layer: the reference
 gathers the rings ([B, H, 72, 128] each, ~1 ms a frame at 256 sessions on the H200) and runs
-~15 more launches a layer around them.
+~15 more launches a layer around them. The rest of a perception layer is launch-bound too (~750
+launches a step, a few KB each): each of its four residual adds and the LayerNorm after it are one
+kernel (`perception_add_norm`; the last also does the next layer's first LayerNorm), and q, k, v
+one matmul (`perception_qkv`): 29 launches a layer → 22.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ from torch import Tensor, nn
 from gpu.kernels.convnext_step import convnext_pointwise, dwconv_ln
 from gpu.kernels.decode_attention import decode_attention
 from gpu.kernels.gelu_mul import gelu_mul
+from gpu.kernels.layer_norm import add_layer_norm
 from gpu.kernels.mamba_step import mamba_step
 from gpu.kernels.mog_sample import mog_sample
 from gpu.kernels.qk_norm_rope import qk_norm_rope
@@ -84,6 +88,19 @@ class TritonDecodeOps:
         return relpos_attention(q.contiguous(), k_ring, v_ring, slots, frames, attn.stream_pos,
                                 attn.pos_bias_u, attn.pos_bias_v, left_context=c.left_context,
                                 scale=1.0 / math.sqrt(c.head_dim))
+
+    def perception_qkv(self, attn, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v [B, F, H, dh] of a perception layer's normed rows u [B, F, D] in one matmul
+        over [W_q; W_k; W_v] (made at install): views into its [B, F, 3·D] output."""
+        qkv = F.linear(u, *fused_perception_qkv(attn))
+        return qkv.unflatten(-1, (3, attn.cfg.n_heads, attn.cfg.head_dim)).unbind(-3)
+
+    def perception_add_norm(self, x: Tensor, y: Tensor, alpha: float, norm: nn.LayerNorm,
+                            norm2: nn.LayerNorm | None = None):
+        """A Conformer sublayer boundary in one launch: (s = x + alpha·y, norm(s), norm2 of that
+        or None), as `ConformerLayer._add_norm` computes them."""
+        second = () if norm2 is None else (norm2.weight, norm2.bias, norm2.eps)
+        return add_layer_norm(x, y, alpha, norm.weight, norm.bias, norm.eps, *second)
 
     def mog_choice(self, logits: Tensor, uniforms: Tensor, top_p: float) -> Tensor:
         """The MoG head's mixture: top-p filter and Gumbel-max in one launch (one row per
@@ -160,27 +177,38 @@ def fused_qkv_weight(att: nn.Module) -> Tensor:
     return fused_rows_weight(att, (att.q_proj, att.k_proj, att.v_proj), "qkv_weight")
 
 
+def fused_perception_qkv(attn: nn.Module) -> tuple[Tensor, Tensor | None]:
+    """[W_q; W_k; W_v] [3·D, D] of a perception RelPosAttention and their biases [3·D] (None
+    without: the real model has none), as `fused_rows_weight`: `attn.qkv_weight`, `attn.qkv_bias`."""
+    lin = (attn.linear_q, attn.linear_k, attn.linear_v)
+    bias = None if lin[0].bias is None else fused_rows_weight(attn, lin, "qkv_bias", "bias")
+    return fused_rows_weight(attn, lin, "qkv_weight"), bias
+
+
 def fused_gate_up_weight(mlp: nn.Module) -> Tensor:
     """[W_gate; W_up] [2·I, H] of a talker GatedMLP (`fused_rows_weight`, `mlp.gate_up_weight`)."""
     return fused_rows_weight(mlp, (mlp.gate_proj, mlp.up_proj), "gate_up_weight")
 
 
-def fused_rows_weight(module: nn.Module, linears: tuple[nn.Linear, ...], name: str) -> Tensor:
+def fused_rows_weight(module: nn.Module, linears: tuple[nn.Linear, ...], name: str,
+                      attr: str = "weight") -> Tensor:
     """The weights of `linears` (same input width) stacked by rows, for one matmul in place of
-    several. Made once and kept as the non-persistent buffer `module.<name>`, with the linears'
-    weights turned into views of it: no second copy (446 MB for the full fp32 talker's qkv alone),
-    and an in-place load writes through. A load that assigns new tensors (load_talker does) or a
-    move breaks the views; that is noticed here and the buffer made again."""
+    several (attr="bias": their biases, the same way). Made once and kept as the non-persistent
+    buffer `module.<name>`, with the linears' weights turned into views of it: no second copy
+    (446 MB for the full fp32 talker's qkv alone), and an in-place load writes through. A load
+    that assigns new tensors (load_talker does) or a move breaks the views; that is noticed here
+    and the buffer made again."""
     fused = getattr(module, name, None)
-    if fused is not None and _views_into(fused, [p.weight for p in linears]):
+    parts = [getattr(p, attr) for p in linears]
+    if fused is not None and _views_into(fused, parts):
         return fused
     _outside_capture(name)
     with torch.no_grad():
-        fused = torch.cat([p.weight for p in linears])
+        fused = torch.cat(parts)
         start = 0
-        for p in linears:
-            rows = p.weight.shape[0]
-            p.weight = nn.Parameter(fused[start:start + rows], requires_grad=p.weight.requires_grad)
+        for p, w in zip(linears, parts):
+            rows = w.shape[0]
+            setattr(p, attr, nn.Parameter(fused[start:start + rows], requires_grad=w.requires_grad))
             start += rows
     module.register_buffer(name, fused, persistent=False)
     return fused
@@ -231,7 +259,7 @@ def _views_into(fused: Tensor, weights: list[Tensor]) -> bool:
     start = 0
     for w in weights:
         if (w.device != fused.device or w.dtype != fused.dtype or w.stride() != fused.stride()
-                or w.shape[1] != fused.shape[1] or w.data_ptr() != fused.data_ptr() + start * row):
+                or w.shape[1:] != fused.shape[1:] or w.data_ptr() != fused.data_ptr() + start * row):
             return False
         start += w.shape[0]
     return start == fused.shape[0]
@@ -274,9 +302,13 @@ def install(model, ops: TritonDecodeOps | None = None) -> None:
 
 
 def install_perception(perception: nn.Module, ops: TritonDecodeOps | None) -> None:
-    """The perception's part of `install`: every Conformer layer's streaming attention."""
+    """The perception's part of `install`: every Conformer layer's residual adds with their
+    LayerNorms and its streaming attention; the fused qkv weights are made now, not on the first
+    frame, which may be a graph capture."""
     for layer in perception.encoder.layers:
-        layer.self_attn.decode_ops = ops
+        layer.decode_ops = layer.self_attn.decode_ops = ops
+        if ops is not None:
+            fused_perception_qkv(layer.self_attn)
 
 
 def install_talker(talker: nn.Module, ops: TritonDecodeOps | None) -> None:

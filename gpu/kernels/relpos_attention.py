@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from gpu.kernels._check import FLOATS, INDEX, check, check_index_slots, next_pow2
+from gpu.kernels.rms_norm import _rows_view
 
 LOG2E = 1.4426950408889634
 
@@ -41,7 +42,7 @@ def _visible(m, r, R: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
-def _relpos_attention_kernel(Q, K, V, SLOTS, FRAMES, POS, BU, BV, O, qk_scale, max_slots,
+def _relpos_attention_kernel(Q, K, V, SLOTS, FRAMES, POS, BU, BV, O, qk_scale, max_slots, sq,
                              sk_s, sk_h, sk_r, sv_s, sv_h, sv_r,
                              N_F: tl.constexpr, H: tl.constexpr, HEAD_DIM: tl.constexpr,
                              R: tl.constexpr, W: tl.constexpr, BLOCK_R: tl.constexpr,
@@ -70,8 +71,8 @@ def _relpos_attention_kernel(Q, K, V, SLOTS, FRAMES, POS, BU, BV, O, qk_scale, m
     bv = tl.load(BV + h * HEAD_DIM + d, mask=md, other=0.0).to(tl.float32)
     for f in tl.static_range(N_F):
         dist, vis = _visible(n + f, r, R, W)
-        row = ((b * N_F + f) * H + h) * HEAD_DIM                            # q, o [B, F, H, dh]
-        q = tl.load(Q + row + d, mask=md, other=0.0).to(tl.float32)
+        row = ((b * N_F + f) * H + h) * HEAD_DIM                            # o [B, F, H, dh]
+        q = tl.load(Q + (b * N_F + f) * sq + h * HEAD_DIM + d, mask=md, other=0.0).to(tl.float32)
         # stream_pos [R, H, dh] lists distances R − 1 … 0 (derive_stream_pos)
         p = tl.load(POS + (R - 1 - dist)[:, None] * (H * HEAD_DIM) + h * HEAD_DIM + d[None, :],
                     mask=vis[:, None] & md[None, :], other=0.0)
@@ -88,7 +89,7 @@ def _check_args(q, k_ring, v_ring, slots, frames, stream_pos, bias_u, bias_v, le
     batch, n_f, heads, dh = q.shape
     max_slots, _, rows, _ = k_ring.shape
     dev = q.device
-    check("q", q, (batch, n_f, heads, dh), FLOATS, device=dev)
+    check("q", q, (batch, n_f, heads, dh), FLOATS, contiguous=False, device=dev)
     check("k_ring", k_ring, (max_slots, heads, rows, dh), q.dtype, contiguous=False, device=dev)
     check("v_ring", v_ring, (max_slots, heads, rows, dh), q.dtype, contiguous=False, device=dev)
     assert k_ring.stride(3) == 1 and v_ring.stride(3) == 1, "k/v_ring: head_dim must be contiguous"
@@ -109,21 +110,23 @@ def _check_args(q, k_ring, v_ring, slots, frames, stream_pos, bias_u, bias_v, le
 def relpos_attention(q, k_ring, v_ring, slots, frames, stream_pos, bias_u, bias_v, *,
                      left_context: int, scale: float, out=None, num_warps: int | None = None):
     """o [B, F, H, dh] (q's dtype) = the rel-pos attention (top comment) of q [B, F, H, dh]
-    (contiguous) over the rings k_ring, v_ring [S, H, R, dh] (q's dtype, any strides with dh
-    contiguous) at slots (int32|int64 [B]); frames (int32|int64 [B]) the frame of each row's
-    first query; stream_pos [R, H, dh], bias_u, bias_v [H, dh] contiguous. Reads only: the
-    caller writes the step's K/V rows first. num_warps: 4 by default (at the model's shape on
-    the H200 4 warps take half the time of 8: 30 against 55 µs a layer at 120 rows,
+    (B·F rows of contiguous H·dh at one row stride: q may be a slice of a fused qkv) over the
+    rings k_ring, v_ring [S, H, R, dh] (q's dtype, any strides with dh contiguous) at slots
+    (int32|int64 [B]); frames (int32|int64 [B]) the frame of each row's first query;
+    stream_pos [R, H, dh], bias_u, bias_v [H, dh] contiguous. Reads only: the caller writes
+    the step's K/V rows first. num_warps: 4 by default (at the model's shape on the H200 4
+    warps take half the time of 8: 30 against 55 µs a layer at 120 rows,
     bench/results/relpos-ab-h200.json)."""
     _check_args(q, k_ring, v_ring, slots, frames, stream_pos, bias_u, bias_v, left_context, out)
     batch, n_f, heads, dh = q.shape
     rows = k_ring.shape[2]
+    q_rows = _rows_view(q, heads * dh)                                      # [B·F, H·dh]
     if out is None:
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     block_r, block_d = next_pow2(rows), next_pow2(dh)
     _relpos_attention_kernel[(batch, heads)](
         q, k_ring, v_ring, slots, frames, stream_pos, bias_u, bias_v, out, scale * LOG2E,
-        k_ring.shape[0], k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
+        k_ring.shape[0], q_rows.stride(0), k_ring.stride(0), k_ring.stride(1), k_ring.stride(2),
         v_ring.stride(0), v_ring.stride(1), v_ring.stride(2),
         N_F=n_f, H=heads, HEAD_DIM=dh, R=rows, W=int(left_context), BLOCK_R=block_r,
         BLOCK_D=block_d, num_warps=num_warps or 4)

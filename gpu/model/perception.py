@@ -301,12 +301,16 @@ class RelPosAttention(nn.Module):
         """u [B, F, D] the step's normed inputs; k_ring, v_ring [S, H, R, dh] this layer's K and
         V rings (head-major, so the score and value products read them without a copy; the
         step's rows are written at `slots` in place); `frame` the tables the layers share.
-        With `decode_ops` set, everything between the ring writes and linear_out is its
-        `perception_attention` (gpu/kernels/relpos_attention.py: no ring gather, one launch)."""
+        With `decode_ops` set, q, k and v are one matmul (`perception_qkv`) and everything
+        between the ring writes and linear_out is its `perception_attention`
+        (gpu/kernels/relpos_attention.py: no ring gather, one launch)."""
         dh = self.cfg.head_dim
-        k_ring[frame.write_at] = self._heads(self.linear_k, u).transpose(1, 2).to(k_ring.dtype)
-        v_ring[frame.write_at] = self._heads(self.linear_v, u).transpose(1, 2).to(v_ring.dtype)
-        q = self._heads(self.linear_q, u)                                       # [B, F, H, dh]
+        if self.decode_ops is not None:
+            q, k, v = self.decode_ops.perception_qkv(self, u)                   # [B, F, H, dh]
+        else:
+            q, k, v = (self._heads(lin, u) for lin in (self.linear_q, self.linear_k, self.linear_v))
+        k_ring[frame.write_at] = k.transpose(1, 2).to(k_ring.dtype)
+        v_ring[frame.write_at] = v.transpose(1, 2).to(v_ring.dtype)
         if self.decode_ops is not None:     # engine: one kernel reading the rings in place
             o = self.decode_ops.perception_attention(self, q, k_ring, v_ring, slots, frame.frames)
             return self.linear_out(o.flatten(2))
@@ -370,20 +374,33 @@ class ConformerLayer(nn.Module):
             setattr(self, n, nn.LayerNorm(cfg.d_model, eps=cfg.eps, **kw))
         self.feed_forward1, self.feed_forward2 = FeedForward(cfg, **kw), FeedForward(cfg, **kw)
         self.self_attn, self.conv = RelPosAttention(cfg, **kw), ConvModule(cfg, **kw)
+        self.decode_ops = None      # gpu.engine.decode_ops.TritonDecodeOps on the fast path
 
-    def stream(self, x: Tensor, k_ring: Tensor, v_ring: Tensor, slots: Tensor, tcache: Tensor,
-               frame: "StreamConstants") -> tuple[Tensor, Tensor]:
-        """x [B, F, D] → (x, tcache [B, D, 8]) for the next step; writes the step's K/V rows of
-        the sessions at `slots` into this layer's rings [S, H, R, dh]. The half-step residuals
-        are one add with alpha = 0.5 (bit-equal to x + 0.5·y: the halving is exact), one launch
-        instead of two."""
-        x = torch.add(x, self.feed_forward1(self.norm_feed_forward1(x)), alpha=0.5)
-        u = self.norm_self_att(x)
-        x = x + self.self_attn.stream(u, k_ring, v_ring, slots, frame)
-        conv, tcache = self.conv.stream(self.norm_conv(x), tcache)
-        x = x + conv
-        x = torch.add(x, self.feed_forward2(self.norm_feed_forward2(x)), alpha=0.5)
-        return self.norm_out(x), tcache
+    def _add_norm(self, x: Tensor, y: Tensor, alpha: float, norm: nn.LayerNorm,
+                  norm2: nn.LayerNorm | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """(s = x + alpha·y, the new residual; norm(s); norm2 of that or None). One launch with
+        `decode_ops` set (gpu/kernels/layer_norm.py) instead of 2-3. The half-step residuals are
+        one add with alpha = 0.5 (bit-equal to x + 0.5·y: the halving is exact)."""
+        if self.decode_ops is not None:
+            return self.decode_ops.perception_add_norm(x, y, alpha, norm, norm2)
+        x = torch.add(x, y, alpha=alpha)
+        u = norm(x)
+        return x, u, None if norm2 is None else norm2(u)
+
+    def stream(self, x: Tensor, h: Tensor, k_ring: Tensor, v_ring: Tensor, slots: Tensor,
+               tcache: Tensor, frame: "StreamConstants", next_norm: nn.LayerNorm | None = None
+               ) -> tuple[Tensor, Tensor | None, Tensor]:
+        """x [B, F, D] and h = norm_feed_forward1(x) → (the output x; next_norm(x) or None, the
+        next layer's h; tcache [B, D, 8] for the next step); writes the step's K/V rows of the
+        sessions at `slots` into this layer's rings [S, H, R, dh]. h is made by the layer before
+        because on the engine path its last add, norm_out and next_norm are one launch."""
+        x, u, _ = self._add_norm(x, self.feed_forward1(h), 0.5, self.norm_self_att)
+        x, u, _ = self._add_norm(x, self.self_attn.stream(u, k_ring, v_ring, slots, frame), 1.0,
+                                 self.norm_conv)
+        conv, tcache = self.conv.stream(u, tcache)
+        x, u, _ = self._add_norm(x, conv, 1.0, self.norm_feed_forward2)
+        _, x, h = self._add_norm(x, self.feed_forward2(u), 0.5, self.norm_out, next_norm)
+        return x, h, tcache
 
     def full(self, x: Tensor) -> Tensor:
         x = torch.add(x, self.feed_forward1(self.norm_feed_forward1(x)), alpha=0.5)
@@ -433,9 +450,11 @@ class Perception(nn.Module):
         # index_select / index_copy_: plain row copies (advanced indexing's generic gather ran at
         # a tenth of the H200's bandwidth on the per-slot caches)
         tcache = state.time.index_select(1, slots)                              # [L, B, D, 8]
-        new_time = []
-        for i, layer in enumerate(self.encoder.layers):
-            x, t = layer.stream(x, state.k[i], state.v[i], slots, tcache[i], frame)
+        new_time, layers = [], self.encoder.layers
+        h = layers[0].norm_feed_forward1(x)
+        for i, layer in enumerate(layers):
+            after = layers[i + 1].norm_feed_forward1 if i + 1 < len(layers) else None
+            x, h, t = layer.stream(x, h, state.k[i], state.v[i], slots, tcache[i], frame, after)
             new_time.append(t)
         state.time.index_copy_(1, slots, torch.stack(new_time))
         state.frames[slots] = frames + n
