@@ -12,10 +12,12 @@ def test_serving_process_sets_then_restores_the_interpreter():
     before, frozen = sys.getswitchinterval(), gc.get_freeze_count()
     assert before != SWITCH_INTERVAL_S
     held = [object() for _ in range(10)]
+    assert gc.isenabled()
     with serving_process():
         assert sys.getswitchinterval() == SWITCH_INTERVAL_S
         assert gc.get_freeze_count() >= frozen + len(held)
-    assert sys.getswitchinterval() == before and gc.get_freeze_count() == 0
+        assert not gc.isenabled()       # the beat clock collects, between beats
+    assert sys.getswitchinterval() == before and gc.get_freeze_count() == 0 and gc.isenabled()
 
 
 def test_serving_process_restores_after_an_error():
@@ -23,4 +25,4 @@ def test_serving_process_restores_after_an_error():
     with pytest.raises(RuntimeError):
         with serving_process():
             raise RuntimeError("a run failed")
-    assert sys.getswitchinterval() == before and gc.get_freeze_count() == 0
+    assert sys.getswitchinterval() == before and gc.get_freeze_count() == 0 and gc.isenabled()

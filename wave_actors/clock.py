@@ -30,7 +30,7 @@ from transports import zsock
 from wave_actors.backend import Backend, SessionSpec
 from wave_actors.clocks import Clock
 from wave_actors.frames import BEAT_S
-from wave_actors.gc_pauses import GcPauses
+from wave_actors.gc_pauses import GcPauses, collect_between_beats
 
 LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
 RELEASE_SPIN_S = 1e-3           # the release's last ms is spun, not timed (Clock.sleep_until)
@@ -321,6 +321,7 @@ class BeatClockActor(Actor):
                                         frames_read, self.gc.take(), returned))
             else:
                 self.scheduler.complete(plan, late=False)
+            collect_between_beats(k)     # a no-op unless serving_process turned the collector off
             k += 1
 
     def _route(self, routed: dict, out) -> None:

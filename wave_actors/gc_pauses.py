@@ -47,3 +47,19 @@ class GcPauses:
         if info.get("generation") == 2:
             self.full_collections += 1
             self.longest_full_s = max(self.longest_full_s, spent)
+
+
+YOUNG_EVERY, FULL_EVERY = 10, 1000     # beats: the middle, and the oldest, generation's turn
+
+
+def collect_between_beats(beat: int) -> int | None:
+    """Where automatic collection is off (`serving_process`), the beat clock calls this after
+    each beat's outputs are routed, when the next release is still ahead: the youngest
+    generation every beat, the middle one every YOUNG_EVERY beats and a full pass every
+    FULL_EVERY (about the interpreter's own cadence for a loop that allocates a few hundred
+    objects a beat). Returns the generation collected, None where the collector runs itself."""
+    if gc.isenabled():
+        return None
+    generation = 2 if beat % FULL_EVERY == FULL_EVERY - 1 else 1 if beat % YOUNG_EVERY == YOUNG_EVERY - 1 else 0
+    gc.collect(generation)
+    return generation
