@@ -48,11 +48,12 @@ def slow_cost(tmp: Path, per_session_ms: float) -> CostModel:
 class VirtualNode:
     """A node + one client on a VirtualTimeLoop; `run(coro)` drives the loop."""
 
-    def __init__(self, max_sessions: int = 3, cost: CostModel | None = None, **cfg):
+    def __init__(self, max_sessions: int = 3, cost: CostModel | None = None,
+                 backend: type[SimBackend] = SimBackend, **cfg):
         self.loop = VirtualTimeLoop()
         asyncio.set_event_loop(self.loop)
         self.clock = Clock(self.loop)
-        self.backend = SimBackend(max_sessions, cost or CostModel.load(), self.clock, trace=True)
+        self.backend = backend(max_sessions, cost or CostModel.load(), self.clock, trace=True)
         bind = f"inproc://node-{next(_ids)}"
         self.node = Node(NodeConfig(bind=bind, max_sessions=max_sessions, **cfg), self.backend,
                          self.clock)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -82,6 +83,10 @@ class Backend(abc.ABC):
     """
     name: str = "?"
     max_sessions: int
+    # A backend whose beat leaves the host free once its device work is queued calls
+    # `on_launched()` (set by the clock) then, from the loop's thread; others never call it.
+    reports_launch: bool = False
+    on_launched: Callable[[], None] | None = None
     text_codec: TextCodec       # the thinker's text and function channels
     user_codec: TextCodec       # the RNNT's user-transcript tokens
 

@@ -34,6 +34,8 @@ from wave_actors.gc_pauses import GcPauses, collect_between_beats
 
 LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
 RELEASE_SPIN_S = 1e-3           # the release's last ms is spun, not timed (Clock.sleep_until)
+OUT_HOLD_S = 3e-3               # session actors' output work waits from this long before a
+                                # release until the beat's device work is queued
 from wave_actors.runtime import Actor
 from wave_actors.scheduler import BeatScheduler, CapacityError, SlotStats
 from wave_actors.session import END_OF_STREAM, FRAME_HEADER, BeatOut
@@ -149,6 +151,10 @@ class BeatClockActor(Actor):
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self.t0: float | None = None
+        self._outputs_free = asyncio.Event()
+        self._outputs_free.set()
+        if backend.reports_launch:
+            backend.on_launched = self._outputs_free.set
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -290,39 +296,58 @@ class BeatClockActor(Actor):
         self._frames_read += 1
 
     # -- the beat ---------------------------------------------------------------------------------
+    async def output_turn(self) -> None:
+        """Session actors await this before a beat's output work (resampling, encoding, sending):
+        it returns at once except from OUT_HOLD_S before a release until that beat's device work
+        is queued. A beat ends ~10 ms before the next release at 280 dense sessions, and every
+        session woken by its outputs then ran in one pass of the loop (~20 ms): the release
+        waited for all of it, measured on the H200 host. Held, that work runs beside the GPU's."""
+        if not self._outputs_free.is_set():
+            await self._outputs_free.wait()
+
     async def _beat_loop(self) -> None:
         self.t0 = self.clock.now()
         k = 0
         while True:
-            release = self.t0 + k * BEAT_S
-            await self.clock.sleep_until(release, spin=RELEASE_SPIN_S)
-            wake = self.clock.now() - release
-            # Frames that arrived by now go into this beat. They are read here, synchronously:
-            # yielding to the loop instead would first run every ready task, and at 300 sessions
-            # the session actors' handling of the previous beat's outputs (~23 ms, measured on
-            # the H200 host) then ran before the backend call instead of beside the GPU's work.
-            self._drain_frames()
-            frames_read, self._frames_read = self._frames_read, 0
-            self._apply_ops()
-            inp, out = self._inputs[k % 2], self._outputs[k % 2]
-            ready = {s for s in self._backend_open if self.backend.ready(s)}
-            if self._ready_waiters:
-                self._resolve_ready(ready)
-            plan = self.scheduler.pack(inp, ready)
-            if self._backend_open:               # prefilling slots advance in beats too
-                begin = self.clock.now() - release
-                await self.backend.run_beat(inp, out)
-                returned = self.clock.now() - release
-                routed = self.scheduler.complete(plan, late=returned > LATE_AFTER_S and bool(plan.slots))
-                self._route(routed, out)
-                latency = self.clock.now() - release
-                self._record(BeatRecord(plan.beat, release, latency, out.compute_s, len(plan.slots),
-                                        latency > LATE_AFTER_S and bool(plan.slots), begin, wake,
-                                        frames_read, self.gc.take(), returned))
-            else:
-                self.scheduler.complete(plan, late=False)
-            collect_between_beats(k)     # a no-op unless serving_process turned the collector off
+            try:
+                await self._beat(k)
+            finally:
+                self._outputs_free.set()      # whatever happened, outputs are never held on
             k += 1
+
+    async def _beat(self, k: int) -> None:
+        release = self.t0 + k * BEAT_S
+        await self.clock.sleep_until(release - OUT_HOLD_S)
+        self._outputs_free.clear()
+        await self.clock.sleep_until(release, spin=RELEASE_SPIN_S)
+        wake = self.clock.now() - release
+        # Frames that arrived by now go into this beat. They are read here, synchronously:
+        # yielding to the loop instead would first run every ready task, and at 300 sessions
+        # the session actors' handling of the previous beat's outputs (~23 ms, measured on
+        # the H200 host) then ran before the backend call instead of beside the GPU's work.
+        self._drain_frames()
+        frames_read, self._frames_read = self._frames_read, 0
+        self._apply_ops()
+        inp, out = self._inputs[k % 2], self._outputs[k % 2]
+        ready = {s for s in self._backend_open if self.backend.ready(s)}
+        if self._ready_waiters:
+            self._resolve_ready(ready)
+        plan = self.scheduler.pack(inp, ready)
+        if self._backend_open:               # prefilling slots advance in beats too
+            begin = self.clock.now() - release
+            if not self.backend.reports_launch:
+                self._outputs_free.set()
+            await self.backend.run_beat(inp, out)
+            returned = self.clock.now() - release
+            routed = self.scheduler.complete(plan, late=returned > LATE_AFTER_S and bool(plan.slots))
+            self._route(routed, out)
+            latency = self.clock.now() - release
+            self._record(BeatRecord(plan.beat, release, latency, out.compute_s, len(plan.slots),
+                                    latency > LATE_AFTER_S and bool(plan.slots), begin, wake,
+                                    frames_read, self.gc.take(), returned))
+        else:
+            self.scheduler.complete(plan, late=False)
+        collect_between_beats(k)     # a no-op unless serving_process turned the collector off
 
     def _route(self, routed: dict, out) -> None:
         # Once a beat, not per session, and only the routed rows: the token rows become lists

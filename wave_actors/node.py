@@ -394,7 +394,8 @@ class Node:
         actor = SessionActor(cfg, self.ctx, self.send, self.backend.text_codec,
                              self.backend.user_codec, self.clock, self._close_session,
                              lambda identity: self._last_seen.get(identity, 0.0),
-                             self._function_tokens, inproc_identity=ident)
+                             self._function_tokens, inproc_identity=ident,
+                             output_turn=lambda: self.clock_actor.output_turn())
         self._by_inproc[ident] = actor
         return actor
 

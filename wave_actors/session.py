@@ -15,7 +15,7 @@ import asyncio
 import logging
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 import zmq
@@ -97,12 +97,14 @@ class SessionActor(Actor):
                  on_close: Callable[["SessionActor", Close], Any],
                  last_seen: Callable[[bytes], float],
                  on_function_tokens: Callable[["SessionActor", list[int]], None],
-                 inproc_identity: bytes):
+                 inproc_identity: bytes,
+                 output_turn: Callable[[], Awaitable[None]] | None = None):
         super().__init__(f"session:{cfg.session}")
         self.cfg, self.ctx, self.clock = cfg, ctx, clock
         self._send_client, self._on_close, self._last_seen = send_client, on_close, last_seen
         self._on_function_tokens = on_function_tokens
         self.inproc_identity = inproc_identity
+        self._output_turn = output_turn     # the clock's BeatClockActor.output_turn
         self._text_codec = text_codec
         self.counters = SessionCounters()
         self.mailbox.on_drop = self._count_mailbox_drop
@@ -158,6 +160,8 @@ class SessionActor(Actor):
         if isinstance(msg, AudioIn):
             self._on_audio(msg)
         elif isinstance(msg, BeatOut):
+            if self._output_turn is not None:    # not across a release: the beat goes first
+                await self._output_turn()
             self._on_beat(msg)
         elif isinstance(msg, FunctionResult):
             self._on_function_tokens(self, result_tokens(self._text_codec, msg.output))

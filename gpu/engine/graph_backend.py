@@ -131,6 +131,7 @@ class _Captured:
 
 class GraphBackend(CpuBackend):
     name = "graph"
+    reports_launch = True
     starts_per_beat = STARTS_PER_BEAT
     prefill_chunk = GRAPH_PREFILL_CHUNK
 
@@ -244,9 +245,11 @@ class GraphBackend(CpuBackend):
 
     async def _run_plan(self, plan: _Plan, out: BeatOutput) -> BeatOutput:
         if not (self.poll and plan.live) or plan.prefill or plan.warmup or plan.went_live:
+            self._launched()                 # the worker waits on the device: the loop is free
             return await super()._run_plan(plan, out)
         t0 = time.perf_counter()
         g = await asyncio.get_running_loop().run_in_executor(self._executor, self._launch, plan)
+        self._launched()
         recent = self._recent.setdefault(g.bucket, collections.deque(maxlen=8))
         await self._device_done(t0, min(recent, default=None))
         self._collect(plan, g, out)
@@ -257,6 +260,10 @@ class GraphBackend(CpuBackend):
         self.timings.append(elapsed)
         self.start_budget.observe_live(len(plan.live), elapsed)
         return out
+
+    def _launched(self) -> None:
+        if self.on_launched is not None:
+            self.on_launched()
 
     def _launch(self, plan: _Plan) -> _Captured:
         """Worker thread: the beat's device work enqueued, its end marked by `_beat_done`."""
