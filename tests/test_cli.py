@@ -115,6 +115,8 @@ def test_bench_writes_json(tmp_path):
     assert set(trace) == {"latency_ms", "compute_ms", "begin_ms", "wake_ms", "gc_ms",
                           "returned_ms", "frames_read"}
     assert max(trace["latency_ms"]) == round(res["per_run"][0]["max_ms"], 1)
+    assert res["per_run"][0]["backlog_ms"] == trace["wake_ms"][0] < 160   # began on schedule
+    assert "behind the release schedule" not in out.stdout
     assert all(w <= b + 0.1 and b + c <= r + 0.2 and r <= lt + 0.1 for w, b, c, r, lt in
                zip(trace["wake_ms"], trace["begin_ms"], trace["compute_ms"], trace["returned_ms"],
                    trace["latency_ms"]))
@@ -143,3 +145,21 @@ def test_sim_run_with_jitter_makes_late_beats_that_the_bench_counts(tmp_path):
     res = json.loads(next(tmp_path.glob("sim-reference-n110-*.json")).read_text())
     assert res["virtual"] is True and res["beats"] == 60
     assert 0 < res["late_beats"] < 60 and res["p99_ms"] > 160
+
+
+def test_bench_says_when_its_measured_beats_began_behind_schedule(tmp_path):
+    """A node that never gets on time (a 1 s beat at 8 sessions): the warm-up gives up, and the
+    bench says how far behind the measured beats began instead of leaving it to the trace."""
+    raw = json.loads((ROOT / "sim" / "costmodel.json").read_text())
+    raw["overhead_s_per_beat"] = 1.0
+    cost = tmp_path / "slow.json"
+    cost.write_text(json.dumps(raw))
+    out = subprocess.run([PY, "-m", "wave_actors.bench", "--backend", "sim", "--sessions", "8",
+                          "--beats", "6", "--virtual", "--warmup-max", "4", "--cost-model",
+                          str(cost), "--out", str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    run = json.loads(next(tmp_path.glob("sim-reference-n8-*.json")).read_text())["per_run"][0]
+    assert run["backlog_ms"] > 160 and run["late_beats"] == 6
+    assert run["backlog_ms"] == run["trace"]["wake_ms"][0]
+    assert "behind the release schedule" in out.stdout and "after 4 beats of warm-up" in out.stdout

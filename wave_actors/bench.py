@@ -63,6 +63,9 @@ class RunResult:
     # before the backend was called and how much of it the loop took to wake, and the frames
     # read since the previous beat: where a tail comes from
     trace: dict = field(default_factory=dict)
+    # how far behind its release the first measured beat woke: a start-up backlog the warm-up
+    # did not drain (every beat that still waits on it is late, whatever the beat costs)
+    backlog_ms: float = 0.0
 
 
 @dataclass
@@ -144,7 +147,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      refusals, sum(s["frames_in"] for s in stats),
                      sum(s["frames_out"] for s in stats), errors,
                      float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
-                     _trace(records))
+                     _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0)
 
 
 def _worst(trace: dict, k: int = 3) -> str:
@@ -261,6 +264,12 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
               f"p99 {res.compute_p99_ms:.1f} ms)", flush=True)
         if res.trace.get("latency_ms"):
             print(f"           worst beats: {_worst(res.trace)}", flush=True)
+        if res.backlog_ms > 1000 * BEAT_S:
+            print(f"           the measured beats began {res.backlog_ms / 1000:.2f} s behind the "
+                  f"release schedule: the node was still behind after {args.warmup_max} beats of "
+                  f"warm-up (a start-up backlog not drained yet, or beats slower than "
+                  f"{1000 * BEAT_S:.0f} ms; a larger --warmup-max waits longer for a backlog)",
+                  flush=True)
         results.append(res)
         if args.fail_fast and res.late_beats:
             print(f"  N={n:4d}: late beat, stopping this N (--fail-fast)", flush=True)
