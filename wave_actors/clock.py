@@ -32,13 +32,14 @@ from wave_actors.clocks import Clock
 from wave_actors.frames import BEAT_S
 from wave_actors.gc_pauses import GcPauses, collect_between_beats
 
+from wave_actors.runtime import Actor
+from wave_actors.scheduler import BeatScheduler, CapacityError, SlotStats
+from wave_actors.session import END_OF_STREAM, FRAME_HEADER, BeatOut
+
 LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
 RELEASE_SPIN_S = 1e-3           # the release's last ms is spun, not timed (Clock.sleep_until)
 OUT_HOLD_S = 3e-3               # session actors' output work waits from this long before a
                                 # release until the beat's device work is queued
-from wave_actors.runtime import Actor
-from wave_actors.scheduler import BeatScheduler, CapacityError, SlotStats
-from wave_actors.session import END_OF_STREAM, FRAME_HEADER, BeatOut
 
 # Hands a session's beat outputs to the SessionActor behind an inproc identity; False when there
 # is none (not started yet, or gone).

@@ -265,10 +265,7 @@ class CpuBackend(Backend):
         """Run the plan; returns its wall time (and records its CPU time in `beat_cpu_s`)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         with torch.no_grad():
-            if plan.resets:
-                self.state.reset(self._index(plan.resets))
-            if plan.rewind:
-                self._rewind(self._index(plan.rewind))
+            self._reset_and_rewind(plan)
             if plan.live:
                 self._frames(plan, out)
             self._silence_spent(plan, out)
@@ -291,6 +288,13 @@ class CpuBackend(Backend):
     def _silence_spent(plan: "_Plan", out: BeatOutput) -> None:
         for i in plan.spent:
             out.pcm[i], out.text[i], out.func[i], out.user[i] = 0.0, PAD, PAD, NO_TOKEN
+
+    def _reset_and_rewind(self, plan: "_Plan") -> None:
+        """The plan's slot resets (sessions opened) and context-hold rewinds, before its frames."""
+        if plan.resets:
+            self.state.reset(self._index(plan.resets))
+        if plan.rewind:
+            self._rewind(self._index(plan.rewind))
 
     def _rewind(self, slots: torch.Tensor) -> None:
         """`context_hold` positions back (see top): the next frames overwrite rows already there."""

@@ -268,10 +268,7 @@ class GraphBackend(CpuBackend):
     def _launch(self, plan: _Plan) -> _Captured:
         """Worker thread: the beat's device work enqueued, its end marked by `_beat_done`."""
         with torch.no_grad():
-            if plan.resets:
-                self.state.reset(self._index(plan.resets))
-            if plan.rewind:
-                self._rewind(self._index(plan.rewind))
+            self._reset_and_rewind(plan)
             g = self._enqueue(plan)
         self._beat_done.record()
         return g

@@ -37,6 +37,7 @@ still attends to.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -168,22 +169,37 @@ class StreamConstants:
     """What every layer's streaming attention shares in a step, made once per step rather than
     24 times (each is several kernel launches on the GPU). Frame n of a session writes its K/V
     into ring row n mod R (R = ring_rows); for a query at frame m, ring row i then holds the
-    frame dist = (m − i) mod R back, visible when dist ≤ left_context and the frame is real."""
+    frame dist = (m − i) mod R back, visible when dist ≤ left_context and the frame is real.
+    The reference's distance tables are made on first use: the engine's kernel derives them
+    from `frames` itself, so on its path they would be launches on every beat for nothing."""
     write_at: tuple     # index of the step's rows in a layer's ring: → [B, H, F]
-    pos_index: Tensor   # [B, F, R]: for ring row i, the row of `stream_pos` at its distance
-    mask: Tensor        # [B, F, R]: ring row i is visible to the step's frame f
-    frames: Tensor      # [B] long: the step's first frame per row (the engine's kernel derives
-                        # pos_index and mask from it)
+    frame: Tensor       # [B, F]: each query's frame
+    frames: Tensor      # [B] long: the step's first frame per row
+    left_context: int
+    ring_rows: int
 
     @classmethod
     def of(cls, cfg: "PerceptionConfig", frames: Tensor, slots: Tensor, n_frames: int) -> "StreamConstants":
-        W, R, dev = cfg.left_context, cfg.ring_rows, frames.device
+        R, dev = cfg.ring_rows, frames.device
         frame = frames[:, None] + torch.arange(n_frames, device=dev)                    # [B, F]
-        dist = torch.remainder(frame[:, :, None] - torch.arange(R, device=dev), R)       # [B, F, R]
         write_at = (slots[:, None, None], torch.arange(cfg.n_heads, device=dev)[:, None],
                     torch.remainder(frame, R)[:, None, :])
-        visible = (dist <= W) & (dist <= frame[:, :, None])
-        return cls(write_at, R - 1 - dist, visible, frames)
+        return cls(write_at, frame, frames, cfg.left_context, R)
+
+    @functools.cached_property
+    def _dist(self) -> Tensor:
+        R = self.ring_rows
+        return torch.remainder(self.frame[:, :, None] - torch.arange(R, device=self.frame.device), R)
+
+    @functools.cached_property
+    def pos_index(self) -> Tensor:
+        """[B, F, R]: for ring row i, the row of `stream_pos` at its distance."""
+        return self.ring_rows - 1 - self._dist
+
+    @functools.cached_property
+    def mask(self) -> Tensor:
+        """[B, F, R]: ring row i is visible to the step's frame f."""
+        return (self._dist <= self.left_context) & (self._dist <= self.frame[:, :, None])
 
 
 @dataclass
