@@ -192,7 +192,7 @@ def test_malformed_input_gets_error_codes_and_node_keeps_serving():
             sock = await raw_dealer(node)
             hdr = lambda **h: msgpack.packb({"v": 1, **h})
             cases = [
-                ([os.urandom(40)], "bad_msgpack"),
+                ([b"\xc1" + os.urandom(39)], "bad_msgpack"),      # 0xc1: never used by msgpack
                 ([msgpack.packb([1, 2, 3])], "bad_header"),
                 ([hdr(type="ping", v=2)], "bad_version"),
                 ([hdr(type="bogus")], "unknown_type"),

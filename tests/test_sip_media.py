@@ -51,7 +51,22 @@ def test_rtp_malformed(data):
 
 def test_rtcp_is_recognised():
     assert rtp.is_rtcp(bytes([0x80, 200]) + bytes(6))
+    assert rtp.is_rtcp(bytes([0x81, 201, 0, 7]) + bytes(28))        # RR with one report block
     assert not rtp.is_rtcp(rtp.RtpPacket(0, 1, 2, 3, b"x").pack())
+
+
+@pytest.mark.parametrize("data", [bytes([0x80, 200]) + bytes(5),      # 7 bytes: shorter than a header
+                                  bytes([0x80, 200]) + bytes(7),      # not whole 32-bit words
+                                  bytes([0x80, 200, 0, 2]) + bytes(4),  # length says 12 bytes, has 8
+                                  bytes([0x40, 200]) + bytes(6)])     # version 1
+def test_rtcp_lookalikes_are_not_rtcp(data):
+    assert not rtp.is_rtcp(data)
+
+
+@given(st.binary(max_size=7))
+def test_short_datagrams_are_never_rtcp(data):
+    # invariant: garbage shorter than an RTCP header is counted as bad RTP, never swallowed as RTCP
+    assert not rtp.is_rtcp(data)
 
 
 def test_sender_sequence_timestamps_marker_and_random_ssrc():

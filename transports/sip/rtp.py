@@ -60,8 +60,16 @@ class RtpPacket:
 
 
 def is_rtcp(data: bytes) -> bool:
-    """RTCP multiplexed on the RTP port: packet types 200..204 sit where M+PT would be."""
-    return len(data) >= 2 and data[0] >> 6 == 2 and 200 <= data[1] <= 204
+    """RTCP multiplexed on the RTP port: packet types 200..204 sit where M+PT would be.
+
+    The whole first header must also hold together (RFC 3550 §6.4: packets are 32-bit words, the
+    length field counts the words after the first), so that a short garbage datagram whose second
+    byte happens to be 200..204 is counted as bad RTP, not as RTCP.
+    """
+    if len(data) < 8 or len(data) % 4 or data[0] >> 6 != 2 or not 200 <= data[1] <= 204:
+        return False
+    words = int.from_bytes(data[2:4], "big") + 1
+    return 4 * words <= len(data)
 
 
 def parse(data: bytes) -> RtpPacket:
