@@ -20,10 +20,10 @@ FRAME_F32 = np.zeros(1280, np.float32).tobytes()
 
 
 @contextlib.asynccontextmanager
-async def node_on_tcp(max_sessions=2, **cfg):
+async def node_on_tcp(max_sessions=2, backend=None, **cfg):
     clock = Clock()
     node = Node(NodeConfig(bind="tcp://127.0.0.1:0", max_sessions=max_sessions, **cfg),
-                SimBackend(max_sessions, clock=clock), clock)
+                backend or SimBackend(max_sessions, clock=clock), clock)
     await node.start()
     try:
         yield node

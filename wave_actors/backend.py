@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from wave_actors.frames import FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
+from wave_actors.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 
 MAX_USER_TOKENS = 10        # RNNT emits at most 10 symbols per frame (MODEL.md §2.3)
 NO_TOKEN = -1               # fill value of the user-transcript token slots
@@ -32,6 +32,9 @@ class BeatInput:
     audio: np.ndarray        # float32 [S, 2, 1280], 16 kHz in [-1, 1]
     live: np.ndarray         # bool [S]
     beat: int = 0            # beat sequence number (the doorbell value of GPU backends)
+    # Seconds this beat may take before it is late, less the clock's own work after the backend
+    # returns (set by the clock at the call). A backend fits optional work (session starts) in it.
+    time_left_s: float = BEAT_S
 
     @classmethod
     def alloc(cls, slots: int) -> "BeatInput":
@@ -54,6 +57,10 @@ class BeatOutput:
                    np.zeros((slots, FRAMES_PER_BEAT), np.int32),
                    np.zeros((slots, FRAMES_PER_BEAT), np.int32),
                    np.full((slots, FRAMES_PER_BEAT, MAX_USER_TOKENS), NO_TOKEN, np.int32))
+
+
+class StartRefused(Exception):
+    """The backend gave up starting a session (no room on the device); the message says why."""
 
 
 class TextCodec(abc.ABC):
@@ -105,6 +112,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def ready(self, slot: int) -> bool:
         """True once the slot's prefill has finished and it can take audio."""
+
+    def start_refused(self, slot: int) -> str | None:
+        """Why the backend gave up starting this slot, or None (starting, ready, or closed). A
+        refused slot never becomes ready; the node answers its opener `refused` and closes it."""
+        return None
 
     def push_function_tokens(self, slot: int, ids: list[int]) -> None:
         """Queue a tool result's tokens to be forced into the slot's function channel, one token

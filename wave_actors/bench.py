@@ -215,8 +215,10 @@ async def _while_alive(callers: Generators, work):
 
 
 async def _wait_live(node: Node, n: int, clock: Clock) -> None:
-    """Until every session is past its prefill and takes part in the beats."""
-    while not node.clock_actor.stats.recent or _last_sessions(node) < n:
+    """Until every session the node did not refuse is past its prefill and takes part in the
+    beats (a start the device has no room for is refused: the run then counts it)."""
+    while (not node.clock_actor.stats.recent
+           or _last_sessions(node) < n - sum(node.counters.refusals.values())):
         await clock.sleep(BEAT_S)
 
 
@@ -264,6 +266,9 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
               f"p99 {res.compute_p99_ms:.1f} ms)", flush=True)
         if res.trace.get("latency_ms"):
             print(f"           worst beats: {_worst(res.trace)}", flush=True)
+        if res.refusals:
+            print(f"           {res.refusals} of {n} sessions were refused (the node's log says "
+                  f"why: at capacity, no room in the beats for their start)", flush=True)
         if res.backlog_ms > 1000 * BEAT_S:
             print(f"           the measured beats began {res.backlog_ms / 1000:.2f} s behind the "
                   f"release schedule: the node was still behind after {args.warmup_max} beats of "

@@ -27,7 +27,7 @@ import zmq
 import zmq.asyncio
 
 from transports import zsock
-from wave_actors.backend import Backend, SessionSpec
+from wave_actors.backend import Backend, SessionSpec, StartRefused
 from wave_actors.clocks import Clock
 from wave_actors.frames import BEAT_S
 from wave_actors.gc_pauses import GcPauses, collect_between_beats
@@ -154,6 +154,9 @@ class BeatClockActor(Actor):
         self.t0: float | None = None
         self._outputs_free = asyncio.Event()
         self._outputs_free.set()
+        # The clock's own share of recent beats (latency less the backend's compute): what a
+        # backend must leave of a beat's 160 ms (BeatInput.time_left_s).
+        self._host_s: collections.deque = collections.deque(maxlen=16)
         if backend.reports_launch:
             backend.on_launched = self._outputs_free.set
 
@@ -224,10 +227,18 @@ class BeatClockActor(Actor):
         return fut
 
     def _resolve_ready(self, ready: set[int]) -> None:
-        for slot in [s for s in self._ready_waiters if s in ready]:
-            fut = self._ready_waiters.pop(slot)
-            if not fut.done():
-                fut.set_result(True)
+        """Waiters of slots now ready get True; those whose start the backend gave up (no room
+        on the device) get StartRefused, which the node answers with `refused`."""
+        for slot in list(self._ready_waiters):
+            why = None if slot in ready else self.backend.start_refused(slot)
+            if slot in ready or why:
+                fut = self._ready_waiters.pop(slot)
+                if fut.done():
+                    continue
+                if why:
+                    fut.set_exception(StartRefused(why))
+                else:
+                    fut.set_result(True)
 
     def _release(self, slot: int) -> SlotStats | None:
         self._stream_ends.pop(slot, None)
@@ -336,6 +347,7 @@ class BeatClockActor(Actor):
         plan = self.scheduler.pack(inp, ready)
         if self._backend_open:               # prefilling slots advance in beats too
             begin = self.clock.now() - release
+            inp.time_left_s = LATE_AFTER_S - begin - max(self._host_s, default=0.0)
             if not self.backend.reports_launch:
                 self._outputs_free.set()
             await self.backend.run_beat(inp, out)
@@ -343,6 +355,8 @@ class BeatClockActor(Actor):
             routed = self.scheduler.complete(plan, late=returned > LATE_AFTER_S and bool(plan.slots))
             self._route(routed, out)
             latency = self.clock.now() - release
+            if plan.slots:
+                self._host_s.append(max(0.0, latency - begin - out.compute_s))
             self._record(BeatRecord(plan.beat, release, latency, out.compute_s, len(plan.slots),
                                     latency > LATE_AFTER_S and bool(plan.slots), begin, wake,
                                     frames_read, self.gc.take(), returned))

@@ -364,13 +364,16 @@ class Node:
         finally:
             self._starting.pop(key, None)
             self._opening.discard(key)
-        if self.draining or not (ready.done() and not ready.cancelled() and ready.result()):
+        refused = ready.exception() if ready.done() and not ready.cancelled() else None
+        if self.draining or refused or not (ready.done() and not ready.cancelled() and ready.result()):
             await self._free_slot(slot)
             if self.draining:
                 return self._refuse(identity, msg.session, "draining", "the node is shutting down")
             if ready.cancelled():                       # the client closed it while it started
                 self.send(identity, P.pack("closed", msg.session, stats=_zero_stats()))
                 return None
+            if refused:                                 # the device had no room for its start
+                return self._refuse(identity, msg.session, "capacity", str(refused))
             return self._refuse(identity, msg.session, "capacity",
                                 f"the model did not finish starting the session within "
                                 f"{self.cfg.start_timeout_s:.0f} s (node overloaded)")

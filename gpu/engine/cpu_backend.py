@@ -57,7 +57,8 @@ THREADS = 1                 # torch intra-op threads: tiny ops lose more to thre
 
 @dataclass
 class _Slot:
-    """Host bookkeeping of one slot. phase: closed → starting → live → spent (out of context)."""
+    """Host bookkeeping of one slot. phase: closed → starting → live → spent (out of context);
+    starting → refused when its start found no room in the beats (`StartBudget.give_up`)."""
     phase: str = "closed"
     session: int = 0                    # incarnation number: the noise key of this session
     prompt: list[int] = field(default_factory=list)
@@ -67,6 +68,8 @@ class _Slot:
     rewound: int = 0                    # frames stepped back by `context_hold`
     forced: deque = field(default_factory=deque)    # function-result tokens still to force
     reset: bool = False                 # state rows to reset before anything else runs
+    held: int = 0                       # beats in a row its start found no room (starting)
+    why: str = ""                       # why its start was refused (refused)
 
     @property
     def context(self) -> int:           # frames its caches hold (past the prompt and warm-up)
@@ -181,6 +184,10 @@ class CpuBackend(Backend):
     def ready(self, slot: int) -> bool:
         return self._slots[slot].phase in ("live", "spent")
 
+    def start_refused(self, slot: int) -> str | None:
+        s = self._slots[slot]
+        return s.why if s.phase == "refused" else None
+
     def push_function_tokens(self, slot: int, ids: list[int]) -> None:
         s = self._slots[slot]
         if s.phase == "closed":
@@ -230,24 +237,27 @@ class CpuBackend(Backend):
                      spent, rewind)
         for s in rows:
             s.frames += FRAMES_PER_BEAT
-        self._plan_start(plan)
+        self._plan_start(plan, inp.time_left_s)
         return plan
 
-    def _plan_start(self, plan: _Plan) -> None:
+    def _plan_start(self, plan: _Plan, time_left_s: float) -> None:
         """One bounded chunk of prompt and of warm-up for at most `starts_per_beat` starting
-        slots (oldest first), so a burst of new sessions cannot make a live beat late."""
+        slots (oldest first), in beats whose budget has room for it (`start_budget`)."""
         n_warm = self.cfg.talker.n_warmup
         starting = sorted((s.session, i) for i, s in enumerate(self._slots) if s.phase == "starting")
-        if starting and self.start_budget is not None:
-            forced = self.start_budget.forced
-            if not self.start_budget.allow(len(plan.live)):
-                return                                      # no room in this beat: next one
-            if self.start_budget.forced > forced:
-                log.warning("session starts held back for %d beats: running a chunk past the "
-                            "beat budget (more sessions than this device serves on time)",
-                            self.start_budget.max_wait)
+        budget = self.start_budget
+        if starting and budget is not None and not budget.allow(len(plan.live), time_left_s):
+            for _, i in starting:                           # no room in this beat: next one
+                s = self._slots[i]
+                s.held += 1
+                if s.held >= budget.give_up:
+                    s.phase, s.why = "refused", budget.why(len(plan.live), time_left_s)
+                    budget.given_up += 1
+                    log.warning("slot %d: session start refused: %s", i, s.why)
+            return
         for _, i in starting[:self.starts_per_beat]:
             s = self._slots[i]
+            s.held = 0
             if s.prompt_done < len(s.prompt):
                 chunk = s.prompt[s.prompt_done:s.prompt_done + self.prefill_chunk]
                 plan.prefill.append((i, chunk, s.prompt_done))

@@ -60,8 +60,6 @@ GRAPH_MAX_PROMPT = 512       # thinker positions reserved for the system prompt 
 STARTS_PER_BEAT = 16         # sessions whose prefill / warm-up chunk runs in one beat (a chunk
                              # is launch-bound: 16 rows cost about what 8 do)
 GRAPH_PREFILL_CHUNK = 16     # prompt positions per start chunk: an eager chunk's cost is launches
-START_BUDGET = 0.8           # live frames + start work must fit in this share of a beat
-START_MAX_WAIT = 12          # beats (~1 s) a start may be held back before a chunk runs anyway
 POLL_LEAD_S = 1.5e-3         # poll the beat's event from this long before the fastest recent beat
 POLL_UNKNOWN_S = 5e-4        # a bucket's first beats (no time known): poll at this interval
 
@@ -146,7 +144,7 @@ class GraphBackend(CpuBackend):
         self.device = torch.device("cuda")
         self.max_prompt = GRAPH_MAX_PROMPT
         # Session starts run eagerly after the replay: only in beats with room for them.
-        self.start_budget = StartBudget(START_BUDGET * BEAT_S, START_MAX_WAIT)
+        self.start_budget = StartBudget()
         cfg = VoiceChatConfig.named(opts.config)
         profile = Profile.named(opts.profile)
         self.max_context = opts.max_context
@@ -377,6 +375,8 @@ class GraphBackend(CpuBackend):
             "memory_total_bytes": total,
             "memory_ceiling_sessions": self.plan_memory.ceiling(total),
             "start_beats_held_back": self.start_budget.held_back,
+            "start_step_ms": (round(1e3 * self.start_budget.expected_start(), 2)
+                              if self.start_budget.recent_start_s else None),   # measured
+            "starts_refused_no_room": self.start_budget.given_up,
             "beat_wait": "poll" if self.poll else "thread", "beats_polled": self.polled_beats,
-            "start_chunks_past_budget": self.start_budget.forced,
             "buckets_captured": sorted(self._graphs)}

@@ -1,42 +1,52 @@
 """When a beat may also run session-start work (prompt prefill, talker warm-up chunks).
 
-A start chunk runs eagerly after the live sessions' frames, in the same beat, so it adds its
-whole cost to every live session's latency. The budget runs it only in beats whose live frames
-leave room for it: `allow` compares the expected live cost of this beat (measured per live
-count) plus the expected cost of a start chunk with the budget. Both are running estimates of
-what was measured on this device; an unmeasured cost counts as zero (measure it once).
+A start chunk runs eagerly after the live sessions' frames, in the same beat, so its whole cost
+lands on every live session's latency. The budget lets it run only where the beat's live frames,
+the chunk and a margin fit in the time the beat has left before its deadline (`time_left_s`,
+from the clock: 160 ms less how late the beat began and the clock's own routing after the
+backend returns). A beat that began behind schedule therefore runs no start work, and a start
+chunk never adds to a backlog.
 
-Progress: a starting session must not wait forever when the node is already at its limit. After
-`max_wait` beats in a row without start work, one chunk runs anyway; that beat may be late and
-the operator sees it, which is the honest signal that the node holds more sessions than it
-serves on time.
+Costs are what this device measured: the live cost per live count (smoothed), a start chunk's as
+the largest of the recent ones (its cost varies with its rows and prompt part, and an
+underestimate makes a live beat late). Before any chunk was measured, one is assumed to take
+half a beat, so the first runs only in a light beat.
+
+No chunk runs past the budget. Near capacity the live beat leaves no room, and chunks run there
+anyway made every live session late (at 300 dense sessions on the H200 they piled up a 6.5 s
+backlog that never drained). Instead a start that finds no room `give_up` beats in a row is
+refused (`CpuBackend` does it per slot, with `why`): its caller hears `refused` (capacity) and the
+live sessions keep their beat.
 Pure bookkeeping (no torch, no clock): the backend reports what it measured.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+
+UNMEASURED_START_S = 0.08       # a start chunk no one has measured yet: half a beat
 
 
 @dataclass
 class StartBudget:
-    budget_s: float                 # live frames + start work must fit in this
-    max_wait: int = 50              # beats a start may be held back (50 beats = 8 s)
-    smoothing: float = 0.3          # weight of the newest measurement
+    margin_s: float = 0.008         # the live cost's spread from beat to beat, the host's jitter
+    give_up: int = 62               # beats in a row (~10 s) a start may find no room
+    smoothing: float = 0.3          # weight of the newest live-cost measurement
     live_s: dict[int, float] = field(default_factory=dict)   # live count → expected seconds
-    start_s: float = 0.0            # expected seconds of one beat's start work
-    waited: int = 0                 # beats in a row that held start work back
+    recent_start_s: deque = field(default_factory=lambda: deque(maxlen=8))
     held_back: int = 0              # beats that held start work back, in total
-    forced: int = 0                 # chunks run past the budget to guarantee progress
-
-    def _blend(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.smoothing * (new - old)
+    given_up: int = 0               # starts refused for want of room
 
     def observe_live(self, n_live: int, seconds: float) -> None:
         if n_live > 0:
-            self.live_s[n_live] = self._blend(self.live_s.get(n_live), seconds)
+            old = self.live_s.get(n_live)
+            self.live_s[n_live] = seconds if old is None else old + self.smoothing * (seconds - old)
 
     def observe_start(self, seconds: float) -> None:
-        self.start_s = self._blend(self.start_s or None, seconds)
+        self.recent_start_s.append(seconds)
+
+    def expected_start(self) -> float:
+        return max(self.recent_start_s, default=UNMEASURED_START_S)
 
     def expected_live(self, n_live: int) -> float:
         """The measured cost at this live count; else the closest measured count scaled by the
@@ -50,15 +60,21 @@ class StartBudget:
         m = min(self.live_s, key=lambda k: (abs(k - n_live), -k))
         return self.live_s[m] * max(1.0, n_live / m)
 
-    def allow(self, n_live: int) -> bool:
+    def room(self, n_live: int, time_left_s: float) -> float:
+        """Seconds this beat can give start work without going past its deadline."""
+        return time_left_s - self.margin_s - self.expected_live(n_live)
+
+    def allow(self, n_live: int, time_left_s: float) -> bool:
         """Whether this beat runs start work; call once per beat that has starting sessions."""
-        if n_live == 0 or self.expected_live(n_live) + self.start_s <= self.budget_s:
-            self.waited = 0
+        if n_live == 0 or self.expected_start() <= self.room(n_live, time_left_s):
             return True
-        if self.waited >= self.max_wait:
-            self.waited = 0
-            self.forced += 1
-            return True
-        self.waited += 1
         self.held_back += 1
         return False
+
+    def why(self, n_live: int, time_left_s: float) -> str:
+        """The numbers behind a refused start, for its caller and the log."""
+        return (f"no room to start the session for {self.give_up} beats in a row: the "
+                f"{n_live} live sessions' beat takes {1e3 * self.expected_live(n_live):.0f} ms of "
+                f"the {1e3 * time_left_s:.0f} ms it has, and a start step needs "
+                f"{1e3 * self.expected_start():.0f} ms more (+{1e3 * self.margin_s:.0f} ms margin); "
+                f"the node serves as many sessions as this device holds on time")
