@@ -5,6 +5,11 @@ whose pitch encodes the slot (`tone_hz`), text tokens spell "slot N speaking. " 
 speaking/listening phases, the user channel transcribes a letter whenever the input frame has
 energy, and a session opened with tools makes one function call early on. Time is the cost
 model's `beat_time(live sessions, mean context)`, slept on the node's clock (virtual in tests).
+
+Session starts follow the engine's policy (gpu/engine/start_budget.py): a beat advances the
+starting slots' prefill only where its time left holds the live cost, the start step and a margin,
+and a start that finds no room `give_up` beats in a row is refused. A start step costs what its
+slots add to the beat in the cost model, plus the model's `start_step_s`.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import numpy as np
 
 from gpu.model.tokenizer import (CALL_END, CALL_START, PAD, ByteFallbackCodec,
                                  UserByteFallbackCodec)
+from gpu.engine.start_budget import StartBudget
 from sim.costmodel import CostModel
 from wave_actors.backend import Backend, BeatInput, BeatOutput, NO_TOKEN, SessionSpec
 from wave_actors.clocks import Clock
@@ -38,7 +44,8 @@ class SimBackend(Backend):
     name = "sim"
 
     def __init__(self, max_sessions: int, cost: CostModel | None = None, clock: Clock | None = None,
-                 context_offset: int = 0, seed: int = 0, trace: bool = False):
+                 context_offset: int = 0, seed: int = 0, trace: bool = False,
+                 context_hold: int = 0):
         self.max_sessions = max_sessions
         self.cost = cost or CostModel.load()
         if context_offset and max_sessions > self.cost.capacity(context_offset):
@@ -48,17 +55,23 @@ class SimBackend(Backend):
                 f"the modelled device holds {self.cost.capacity(context_offset)}")
         self.clock = clock or Clock()
         self.context_offset = context_offset        # pretend every session already has this context
+        self.context_hold = context_hold            # >0: context cycles offset .. offset + hold, as
+                                                    # the engine's BackendOptions.context_hold does
         self.text_codec = ByteFallbackCodec()
         self.user_codec = UserByteFallbackCodec()
         self._rng = np.random.default_rng(seed)
         self._frame = np.zeros(max_sessions, np.int64)          # frames run since open
         self._prefill_left = np.zeros(max_sessions, np.int64)   # prompt positions still to prefill
         self._func_queue: list[list[int]] = [[] for _ in range(max_sessions)]
+        self.start_budget = StartBudget()
+        self._held = np.zeros(max_sessions, np.int64)     # beats in a row a start found no room
+        self._refused = [""] * max_sessions               # why a slot's start was refused
         self.trace: list[tuple[int, int, float, float]] | None = [] if trace else None
 
     def open_slot(self, slot: int, spec: SessionSpec) -> None:
         self._frame[slot] = 0
         self._prefill_left[slot] = len(self.text_codec.encode(spec.instructions)) + 2
+        self._held[slot], self._refused[slot] = 0, ""
         self._func_queue[slot] = []
         if spec.tools:
             call = [{"name": spec.tools[0]["name"], "arguments": {}}]
@@ -67,31 +80,53 @@ class SimBackend(Backend):
 
     def close_slot(self, slot: int) -> None:
         self._prefill_left[slot] = 0
+        self._held[slot], self._refused[slot] = 0, ""
         self._func_queue[slot] = []
 
     def ready(self, slot: int) -> bool:
-        return self._prefill_left[slot] <= 0
+        return self._prefill_left[slot] <= 0 and not self._refused[slot]
+
+    def start_refused(self, slot: int) -> str | None:
+        return self._refused[slot] or None
 
     def push_function_tokens(self, slot: int, ids: list[int]) -> None:
         self._func_queue[slot] = self._func_queue[slot] + list(ids)
 
-    def _advance_prefill(self) -> int:
-        busy = self._prefill_left > 0
-        self._prefill_left[busy] -= PREFILL_TOKENS_PER_BEAT
-        return int(busy.sum())
+    def _start_step(self, n_live: int, time_left_s: float, context: float) -> float:
+        """One prefill chunk for every starting slot, where the budget has room; its cost."""
+        starting = np.flatnonzero(self._prefill_left > 0)
+        starting = starting[[not self._refused[s] for s in starting]]
+        if not len(starting):
+            return 0.0
+        budget = self.start_budget
+        if not budget.steps(n_live, time_left_s, 1):      # the sim's one step holds them all
+            self._held[starting] += 1
+            for slot in starting[self._held[starting] >= budget.give_up]:
+                self._refused[slot] = budget.why(n_live, time_left_s)
+                budget.given_up += 1
+            return 0.0
+        self._held[starting] = 0
+        self._prefill_left[starting] -= PREFILL_TOKENS_PER_BEAT
+        cost = (self.cost.beat_time(n_live + len(starting), context)
+                - self.cost.beat_time(n_live, context) + self.cost.start_step_s)
+        budget.observe_start(cost)
+        return cost
 
     async def run_beat(self, inp: BeatInput, out: BeatOutput) -> BeatOutput:
         live = np.flatnonzero(inp.live)
-        prefilling = self._advance_prefill()
-        context = self.context_offset + (float(self._frame[live].mean()) if len(live) else 0.0)
+        frames = self._frame[live] % self.context_hold if self.context_hold else self._frame[live]
+        context = self.context_offset + (float(frames.mean()) if len(live) else 0.0)
         if self.trace is not None:                 # what the backend was handed, at hand-over
             for slot in live:
                 for f in range(FRAMES_PER_BEAT):
                     a = inp.audio[slot, f]
                     self.trace.append((inp.beat, int(slot), float(a[0]), float(a[-1])))
-        t = self.cost.beat_time(len(live) + prefilling, context)
+        t = self.cost.beat_time(len(live), context)
         if self.cost.jitter_rel:
             t *= max(0.0, 1.0 + self.cost.jitter_rel * self._rng.standard_normal())
+        start = self._start_step(len(live), inp.time_left_s, context)   # by earlier beats' costs
+        self.start_budget.observe_live(len(live), t)
+        t += start
         await self.clock.sleep(t)
         for slot in live:
             self._fill(int(slot), inp, out)
@@ -119,6 +154,8 @@ class SimBackend(Backend):
 
     def describe(self) -> dict:
         return {"backend": self.name, "max_sessions": self.max_sessions,
+                "start_beats_held_back": self.start_budget.held_back,
+                "starts_refused_no_room": self.start_budget.given_up,
                 "cost_model": {"profile_bytes_per_session_at_1500": self.cost.session_bytes(1500),
                                "beat_ms_at_max": 1000 * self.cost.beat_time(self.max_sessions,
                                                                             1500)}}

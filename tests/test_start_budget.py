@@ -11,27 +11,32 @@ from hypothesis import given, settings, strategies as st
 from gpu.engine.cpu_backend import CpuBackend
 from gpu.engine.start_budget import UNMEASURED_START_S, StartBudget
 from tests.test_cpu_backend import SPEC, serve
+from tests.nodekit import VirtualNode, slow_cost
 from tests.test_protocol_node import client_of, node_on_tcp
 from transports.client import Refused
 from wave_actors.backend import SessionSpec
 from wave_actors.backends import BackendOptions
 from wave_actors.clock import LATE_AFTER_S
+from wave_actors.frames import BEAT_S
 
 
 def test_room_is_the_time_left_less_the_live_cost_and_the_margin():
     b = StartBudget(margin_s=0.01)
-    assert not b.allow(8, 0.05)                # unmeasured chunk: half a beat, more than 0.04
-    assert b.allow(8, 0.1)                     # 0.1 − 0.01 ≥ 0.08
+    assert b.steps(8, 0.05, 4) == 0            # unmeasured step: half a beat, more than 0.04
+    assert b.steps(8, 0.1, 4) == 1             # 0.1 − 0.01 ≥ 0.08
     b.observe_live(8, 0.07)
     b.observe_start(0.02)
-    assert abs(b.room(8, 0.1) - 0.02) < 1e-12 and b.allow(8, 0.1)
-    assert not b.allow(8, 0.099)               # a beat that began 1 ms late has no room
-    b.observe_start(0.01)                      # the largest recent chunk counts, not the last
+    assert abs(b.room(8, 0.1) - 0.02) < 1e-12 and b.steps(8, 0.1, 4) == 1
+    assert b.steps(8, 0.099, 4) == 0           # a beat that began 1 ms late has no room
+    assert b.steps(8, 0.15, 4) == 3            # a light beat runs several steps …
+    assert b.steps(8, 0.15, 2) == 2            # … but no more than there are groups
+    b.observe_start(0.01)                      # the largest recent step counts, not the last
     assert b.expected_start() == 0.02
     b.observe_live(8, 0.12)                    # smoothed: 0.07 + 0.3 · 0.05 = 0.085
     assert abs(b.expected_live(8) - 0.085) < 1e-12
-    assert not b.allow(8, 0.1) and b.held_back == 3
-    assert b.allow(0, 0.0)                     # no live session to make late
+    assert b.steps(8, 0.1, 4) == 0 and b.held_back == 3
+    assert b.steps(0, 0.0, 4) == 1             # no live session to make late: one step
+    assert b.steps(0, 0.16, 9) == 7            # (0.16 − 0.01) // 0.02
 
 
 def test_an_unmeasured_live_count_scales_from_the_closest_measured_one():
@@ -46,28 +51,59 @@ def test_an_unmeasured_live_count_scales_from_the_closest_measured_one():
 
 @settings(max_examples=300, deadline=None)
 @given(margin=st.floats(0.0, 0.02),
-       beats=st.lists(st.tuples(st.integers(0, 64), st.floats(-0.05, 0.17), st.floats(0.0, 0.3),
-                                st.floats(0.0, 0.1)),
+       beats=st.lists(st.tuples(st.integers(0, 64), st.floats(-0.05, 0.17), st.integers(1, 20),
+                                st.floats(0.0, 0.3), st.floats(0.001, 0.1)),
                       min_size=1, max_size=120))
-def test_start_work_runs_only_where_its_expected_cost_meets_the_deadline(margin, beats):
-    """Invariant: a beat with live sessions runs start work only if, by what was measured so far,
-    its live frames + the largest recent chunk + the margin fit in its time left; so a beat that
-    began behind schedule (time left ≤ its live cost) never runs any, whatever the costs."""
+def test_start_steps_fit_before_the_deadline_by_what_was_measured(margin, beats):
+    """Invariant: a beat with live sessions runs k start steps only if, by what was measured so
+    far, its live frames + k × the largest recent step + the margin fit in its time left, and no
+    more would fit (or it ran one per group); so a beat that began behind schedule (time left ≤
+    its live cost) runs none, whatever the costs. A beat with none live runs at least one."""
     b = StartBudget(margin_s=margin)
-    for n_live, time_left, live_s, start_s in beats:
-        expected = b.expected_live(n_live) + b.expected_start() + margin
-        allowed = b.allow(n_live, time_left)
-        assert allowed == (n_live == 0 or expected <= time_left)
-        if n_live and time_left <= b.expected_live(n_live):
-            assert not allowed
+    for n_live, time_left, most, live_s, start_s in beats:
+        live, step = b.expected_live(n_live), b.expected_start()
+        k = b.steps(n_live, time_left, most)
+        assert 0 <= k <= most
+        if n_live == 0:
+            assert k >= 1
+        else:
+            assert k == 0 or live + k * step + margin <= time_left + 1e-12
+            assert k == most or live + (k + 1) * step + margin > time_left - 1e-12
+            if time_left <= live:
+                assert k == 0
         b.observe_live(n_live, live_s)
-        if allowed:
+        for _ in range(k):
             b.observe_start(start_s)
     assert b.expected_start() <= max([UNMEASURED_START_S] + [s for *_, s in beats])
 
 
 def _tiny(sessions=2) -> CpuBackend:
     return CpuBackend(BackendOptions(max_sessions=sessions, profile="fp32", max_context=64))
+
+
+def _step_slots(plan) -> list[list[int]]:
+    return [sorted({i for i, _, _ in st.prefill} | {i for rows in st.warmup.values() for i, _ in rows})
+            for st in plan.starts]
+
+
+def test_a_light_beat_runs_several_start_steps_fewest_steps_first():
+    """One slot a step, steps measured at 70 ms: a beat with no live session runs two. The slots
+    with the fewest steps go first, the oldest among equals, each at most once a beat."""
+    backend = _tiny(3)
+    try:
+        backend.starts_per_step = 1
+        backend.start_budget = StartBudget(margin_s=0.0)
+        backend.start_budget.observe_start(0.07)
+        for slot in (2, 0, 1):                               # opened in this order
+            backend.open_slot(slot, SessionSpec("many words of a long prompt " * 20, []))
+        inp = backend.alloc_input()
+        assert _step_slots(backend._plan(inp)) == [[2], [0]]
+        assert _step_slots(backend._plan(inp)) == [[1], [2]]   # 1 has no step yet; 2 is older
+        assert _step_slots(backend._plan(inp)) == [[0], [1]]
+        inp.time_left_s = 0.1                                # less room: one step
+        assert _step_slots(backend._plan(inp)) == [[2]]
+    finally:
+        backend.close()
 
 
 def test_a_start_without_room_is_refused_and_the_live_session_keeps_its_frames():
@@ -173,3 +209,26 @@ def test_the_clock_gives_a_beat_its_time_left():
         if r.sessions:
             host.append(max(0.0, r.latency_s - r.begin_s - r.compute_s))
     assert max(host) > 0 and min(seen) < LATE_AFTER_S
+
+
+def test_the_simulator_refuses_a_start_at_capacity_and_no_beat_is_late(tmp_path):
+    """The sim backend follows the engine's start policy, on virtual time: with 50 ms a session,
+    three live sessions leave 10 ms of a beat, less than a start step (its slot's 50 ms), so the
+    fourth open is refused after `give_up` beats, and no beat of the live three was late."""
+    vn = VirtualNode(4, cost=slow_cost(tmp_path, per_session_ms=50.0), start_timeout_s=60.0)
+    try:
+        opened = [vn.run(vn.client.open(f"s{i}", sample_rate=16000, format="pcm_f32le"))
+                  for i in range(3)]
+        assert len(opened) == 3
+        t0 = vn.clock.now()
+        with pytest.raises(Refused) as refused:
+            vn.run(vn.client.open("fourth", sample_rate=16000, format="pcm_f32le", timeout=60.0))
+        waited = vn.clock.now() - t0
+        stats = vn.node.clock_actor.stats
+        budget = vn.backend.start_budget
+    finally:
+        vn.close()
+    assert refused.value.reason == "capacity" and "3 live sessions" in refused.value.message
+    assert budget.given_up == 1 and budget.held_back >= budget.give_up
+    assert budget.give_up * BEAT_S <= waited <= (budget.give_up + 4) * BEAT_S
+    assert stats.beats > budget.give_up and stats.late_beats == 0

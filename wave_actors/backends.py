@@ -31,7 +31,8 @@ def make_backend(name: str, opts: BackendOptions, clock: Clock | None = None) ->
         from sim.backend import SimBackend
         from sim.costmodel import CostModel
         cost = CostModel.load(opts.cost_model, opts.profile)
-        return SimBackend(opts.max_sessions, cost, clock, opts.context_offset, opts.seed)
+        return SimBackend(opts.max_sessions, cost, clock, opts.context_offset, opts.seed,
+                          context_hold=opts.context_hold)
     if name == "cpu":
         from gpu.engine.cpu_backend import CpuBackend
         return CpuBackend(opts)

@@ -103,14 +103,14 @@ def make_backend_for(args, max_n: int, clock: Clock | None = None):
     # more it steps back HOLD_FRAMES positions (BackendOptions.context_hold), so the state is
     # sized for context + HOLD_FRAMES (the memory ceiling at that context). 500 beats add 1000
     # frames: grown instead, they would need two thirds more memory per session, or a start at
-    # 500 frames that measures a shorter conversation on average. The simulator models the
-    # whole run at `context`.
+    # 500 frames that measures a shorter conversation on average. The simulator holds its
+    # modelled context the same way.
     gpu = args.backend == "graph"
     offset = args.context
     max_context = args.context + (HOLD_FRAMES if gpu else context_frames(args, max_n))
     opts = BackendOptions(max(max_n, args.max_sessions or 0), args.profile, args.config,
                           max_context, offset, args.cost_model, None, None, args.seed,
-                          context_hold=HOLD_FRAMES if gpu else 0, beat_wait=args.beat_wait)
+                          context_hold=HOLD_FRAMES, beat_wait=args.beat_wait)
     return make_backend(args.backend, opts, clock)
 
 

@@ -69,6 +69,7 @@ class _Slot:
     forced: deque = field(default_factory=deque)    # function-result tokens still to force
     reset: bool = False                 # state rows to reset before anything else runs
     held: int = 0                       # beats in a row its start found no room (starting)
+    steps: int = 0                      # start steps it has run (starting)
     why: str = ""                       # why its start was refused (refused)
 
     @property
@@ -89,6 +90,12 @@ class _Plan:
     spent: list[int]                    # live in the clock's eyes but out of context: silence
     rewind: list[int] = field(default_factory=list)                          # step back first
     went_live: list[int] = field(default_factory=list)                       # ready after this beat
+    starts: list["_StartStep"] = field(default_factory=list)                 # run in order
+
+
+@dataclass
+class _StartStep:
+    """One bounded chunk of session-start work for up to `starts_per_step` starting slots."""
     prefill: list[tuple[int, list[int], int]] = field(default_factory=list)  # (slot, chunk, start)
     warmup: dict[int, list[tuple[int, int]]] = field(default_factory=dict)   # count → (slot, start)
 
@@ -98,7 +105,7 @@ class CpuBackend(Backend):
     `_alloc_state`, `_compute`, `_frames` and `max_prompt`."""
     name = "cpu"
     max_prompt: int = MAX_PROMPT
-    starts_per_beat: int = 1 << 30       # starting slots advanced per beat
+    starts_per_step: int = 1 << 30       # starting slots one start step advances
     prefill_chunk: int = PREFILL_CHUNK
     warmup_chunk: int = WARMUP_CHUNK
     start_budget: StartBudget | None = None  # None: start work runs every beat
@@ -241,34 +248,49 @@ class CpuBackend(Backend):
         return plan
 
     def _plan_start(self, plan: _Plan, time_left_s: float) -> None:
-        """One bounded chunk of prompt and of warm-up for at most `starts_per_beat` starting
-        slots (oldest first), in beats whose budget has room for it (`start_budget`)."""
-        n_warm = self.cfg.talker.n_warmup
-        starting = sorted((s.session, i) for i, s in enumerate(self._slots) if s.phase == "starting")
-        budget = self.start_budget
-        if starting and budget is not None and not budget.allow(len(plan.live), time_left_s):
-            for _, i in starting:                           # no room in this beat: next one
+        """Start steps for the starting slots, as many as the beat's budget has room for
+        (`start_budget`; without one, a single step for all of them). Each step takes one bounded
+        chunk of prompt and of warm-up for up to `starts_per_step` slots, each slot at most once
+        a beat. The slots with the fewest steps go first, then the oldest: in a burst of opens
+        every start moves on together and the node's live load stays low until they are done,
+        instead of the first sessions going live and filling the beats the last ones need."""
+        starting = sorted((s.steps, s.session, i) for i, s in enumerate(self._slots)
+                          if s.phase == "starting")
+        if not starting:
+            return
+        budget, n_live = self.start_budget, len(plan.live)
+        groups = -(-len(starting) // self.starts_per_step)
+        steps = groups if budget is None else budget.steps(n_live, time_left_s, groups)
+        if steps == 0:
+            for _, _, i in starting:                        # no room in this beat: next one
                 s = self._slots[i]
                 s.held += 1
                 if s.held >= budget.give_up:
-                    s.phase, s.why = "refused", budget.why(len(plan.live), time_left_s)
+                    s.phase, s.why = "refused", budget.why(n_live, time_left_s)
                     budget.given_up += 1
                     log.warning("slot %d: session start refused: %s", i, s.why)
             return
-        for _, i in starting[:self.starts_per_beat]:
+        for k in range(steps):
+            group = starting[k * self.starts_per_step:(k + 1) * self.starts_per_step]
+            plan.starts.append(self._start_step([i for _, _, i in group], plan))
+
+    def _start_step(self, slots: list[int], plan: _Plan) -> _StartStep:
+        n_warm, step = self.cfg.talker.n_warmup, _StartStep()
+        for i in slots:
             s = self._slots[i]
-            s.held = 0
+            s.held, s.steps = 0, s.steps + 1
             if s.prompt_done < len(s.prompt):
                 chunk = s.prompt[s.prompt_done:s.prompt_done + self.prefill_chunk]
-                plan.prefill.append((i, chunk, s.prompt_done))
+                step.prefill.append((i, chunk, s.prompt_done))
                 s.prompt_done += len(chunk)
             if s.warm_done < n_warm:
                 count = min(self.warmup_chunk, n_warm - s.warm_done)
-                plan.warmup.setdefault(count, []).append((i, s.warm_done))
+                step.warmup.setdefault(count, []).append((i, s.warm_done))
                 s.warm_done += count
             if s.prompt_done == len(s.prompt) and s.warm_done == n_warm:
                 s.phase = "live"                            # ready from the next beat on
                 plan.went_live.append(i)
+        return step
 
     # -- the worker thread -------------------------------------------------------------------------
     def _compute(self, plan: _Plan, out: BeatOutput) -> float:
@@ -279,20 +301,25 @@ class CpuBackend(Backend):
             if plan.live:
                 self._frames(plan, out)
             self._silence_spent(plan, out)
-            t1 = time.perf_counter()
-            if plan.prefill:
-                self._prefill(plan.prefill)
-            for count, rows in plan.warmup.items():
-                slots = [i for i, _ in rows]
-                window = self._window(0, max(start for _, start in rows) + count)
-                self.model.warmup_chunk(window, self._index(slots), count)
-            if self.start_budget is not None and (plan.prefill or plan.warmup):
-                self._sync()
-                self.start_budget.observe_start(time.perf_counter() - t1)
+            t1 = t = time.perf_counter()
+            for step in plan.starts:
+                self._run_start_step(step)
+                if self.start_budget is not None:          # each step's cost, for the budget
+                    self._sync()
+                    self.start_budget.observe_start(time.perf_counter() - t)
+                    t = time.perf_counter()
         if self.start_budget is not None and plan.live:
             self.start_budget.observe_live(len(plan.live), t1 - t0)
         self.beat_cpu_s.append(time.thread_time() - c0)
         return time.perf_counter() - t0
+
+    def _run_start_step(self, step: _StartStep) -> None:
+        if step.prefill:
+            self._prefill(step.prefill)
+        for count, rows in step.warmup.items():
+            slots = [i for i, _ in rows]
+            window = self._window(0, max(start for _, start in rows) + count)
+            self.model.warmup_chunk(window, self._index(slots), count)
 
     @staticmethod
     def _silence_spent(plan: "_Plan", out: BeatOutput) -> None:

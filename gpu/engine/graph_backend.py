@@ -57,8 +57,8 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
 WORKSPACE_BASE = 2.5e9
 WORKSPACE_PER_SLOT = 25e6
 GRAPH_MAX_PROMPT = 512       # thinker positions reserved for the system prompt on the GPU
-STARTS_PER_BEAT = 16         # sessions whose prefill / warm-up chunk runs in one beat (a chunk
-                             # is launch-bound: 16 rows cost about what 8 do)
+STARTS_PER_STEP = 16         # sessions whose prefill / warm-up chunk runs in one start step (a
+                             # chunk is launch-bound: 16 rows cost about what 8 do)
 GRAPH_PREFILL_CHUNK = 16     # prompt positions per start chunk: an eager chunk's cost is launches
 POLL_LEAD_S = 1.5e-3         # poll the beat's event from this long before the fastest recent beat
 POLL_UNKNOWN_S = 5e-4        # a bucket's first beats (no time known): poll at this interval
@@ -130,7 +130,7 @@ class _Captured:
 class GraphBackend(CpuBackend):
     name = "graph"
     reports_launch = True
-    starts_per_beat = STARTS_PER_BEAT
+    starts_per_step = STARTS_PER_STEP
     prefill_chunk = GRAPH_PREFILL_CHUNK
 
     def __init__(self, opts: BackendOptions, capture: bool = True, streams: bool = True):
@@ -242,7 +242,7 @@ class GraphBackend(CpuBackend):
         return self._graphs[min(b for b in self._graphs if b >= n)]
 
     async def _run_plan(self, plan: _Plan, out: BeatOutput) -> BeatOutput:
-        if not (self.poll and plan.live) or plan.prefill or plan.warmup or plan.went_live:
+        if not (self.poll and plan.live) or plan.starts or plan.went_live:
             self._launched()                 # the worker waits on the device: the loop is free
             return await super()._run_plan(plan, out)
         t0 = time.perf_counter()

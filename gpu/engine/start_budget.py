@@ -1,18 +1,18 @@
 """When a beat may also run session-start work (prompt prefill, talker warm-up chunks).
 
-A start chunk runs eagerly after the live sessions' frames, in the same beat, so its whole cost
-lands on every live session's latency. The budget lets it run only where the beat's live frames,
-the chunk and a margin fit in the time the beat has left before its deadline (`time_left_s`,
-from the clock: 160 ms less how late the beat began and the clock's own routing after the
-backend returns). A beat that began behind schedule therefore runs no start work, and a start
-chunk never adds to a backlog.
+A start step (one bounded chunk of prompt and warm-up for a group of starting sessions) runs
+eagerly after the live sessions' frames, in the same beat, so its whole cost lands on every live
+session's latency. The budget runs as many steps as fit, with the beat's live frames and a
+margin, in the time the beat has left before its deadline (`time_left_s`, from the clock: 160 ms
+less how late the beat began and the clock's own routing after the backend returns). A beat that
+began behind schedule therefore runs no start work, and start work never adds to a backlog; a
+light beat runs several steps, so a burst of opens uses the idle part of the beats.
 
-Costs are what this device measured: the live cost per live count (smoothed), a start chunk's as
-the largest of the recent ones (its cost varies with its rows and prompt part, and an
-underestimate makes a live beat late). Before any chunk was measured, one is assumed to take
-half a beat, so the first runs only in a light beat.
+Costs are what this device measured: the live cost per live count (smoothed), a step's as the
+largest of the recent ones (its cost varies with its rows and prompt part, and an underestimate
+makes a live beat late). Before any step was measured, one is assumed to take half a beat.
 
-No chunk runs past the budget. Near capacity the live beat leaves no room, and chunks run there
+No step runs past the budget. Near capacity the live beat leaves no room, and chunks run there
 anyway made every live session late (at 300 dense sessions on the H200 they piled up a 6.5 s
 backlog that never drained). Instead a start that finds no room `give_up` beats in a row is
 refused (`CpuBackend` does it per slot, with `why`): its caller hears `refused` (capacity) and the
@@ -64,12 +64,13 @@ class StartBudget:
         """Seconds this beat can give start work without going past its deadline."""
         return time_left_s - self.margin_s - self.expected_live(n_live)
 
-    def allow(self, n_live: int, time_left_s: float) -> bool:
-        """Whether this beat runs start work; call once per beat that has starting sessions."""
-        if n_live == 0 or self.expected_start() <= self.room(n_live, time_left_s):
-            return True
-        self.held_back += 1
-        return False
+    def steps(self, n_live: int, time_left_s: float, most: int) -> int:
+        """How many start steps (up to `most`) this beat runs; call once per beat that has
+        starting sessions. With no live session at least one runs: nobody waits on the beat."""
+        fit = int(max(0.0, self.room(n_live, time_left_s)) // self.expected_start())
+        n = min(most, max(fit, 1) if n_live == 0 else fit)
+        self.held_back += n == 0
+        return n
 
     def why(self, n_live: int, time_left_s: float) -> str:
         """The numbers behind a refused start, for its caller and the log."""
