@@ -63,7 +63,7 @@ class SimBackend(Backend):
         self._frame = np.zeros(max_sessions, np.int64)          # frames run since open
         self._prefill_left = np.zeros(max_sessions, np.int64)   # prompt positions still to prefill
         self._func_queue: list[list[int]] = [[] for _ in range(max_sessions)]
-        self.start_budget = StartBudget()
+        self.start_budget: StartBudget | None = StartBudget()   # None: starts advance every beat
         self._held = np.zeros(max_sessions, np.int64)     # beats in a row a start found no room
         self._refused = [""] * max_sessions               # why a slot's start was refused
         self.trace: list[tuple[int, int, float, float]] | None = [] if trace else None
@@ -99,7 +99,7 @@ class SimBackend(Backend):
         if not len(starting):
             return 0.0
         budget = self.start_budget
-        if not budget.steps(n_live, time_left_s, 1):      # the sim's one step holds them all
+        if budget is not None and not budget.steps(n_live, time_left_s, 1):   # one step for all
             self._held[starting] += 1
             for slot in starting[self._held[starting] >= budget.give_up]:
                 self._refused[slot] = budget.why(n_live, time_left_s)
@@ -109,7 +109,8 @@ class SimBackend(Backend):
         self._prefill_left[starting] -= PREFILL_TOKENS_PER_BEAT
         cost = (self.cost.beat_time(n_live + len(starting), context)
                 - self.cost.beat_time(n_live, context) + self.cost.start_step_s)
-        budget.observe_start(cost)
+        if budget is not None:
+            budget.observe_start(cost)
         return cost
 
     async def run_beat(self, inp: BeatInput, out: BeatOutput) -> BeatOutput:
@@ -125,7 +126,8 @@ class SimBackend(Backend):
         if self.cost.jitter_rel:
             t *= max(0.0, 1.0 + self.cost.jitter_rel * self._rng.standard_normal())
         start = self._start_step(len(live), inp.time_left_s, context)   # by earlier beats' costs
-        self.start_budget.observe_live(len(live), t)
+        if self.start_budget is not None:
+            self.start_budget.observe_live(len(live), t)
         t += start
         await self.clock.sleep(t)
         for slot in live:
@@ -154,8 +156,8 @@ class SimBackend(Backend):
 
     def describe(self) -> dict:
         return {"backend": self.name, "max_sessions": self.max_sessions,
-                "start_beats_held_back": self.start_budget.held_back,
-                "starts_refused_no_room": self.start_budget.given_up,
+                "start_beats_held_back": getattr(self.start_budget, "held_back", 0),
+                "starts_refused_no_room": getattr(self.start_budget, "given_up", 0),
                 "cost_model": {"profile_bytes_per_session_at_1500": self.cost.session_bytes(1500),
                                "beat_ms_at_max": 1000 * self.cost.beat_time(self.max_sessions,
                                                                             1500)}}

@@ -40,8 +40,11 @@ class Sess:
 class NodeMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        # 70 ms per live session per beat: three live sessions overrun the 160 ms deadline.
+        # 70 ms per live session per beat: three live sessions overrun the 160 ms deadline. Starts
+        # run every beat (no start budget, which would refuse the third session's start): this
+        # machine checks routing and lateness under overrun; test_start_budget the refusals.
         self.vn = VirtualNode(SLOTS, slow_cost(self._tmp(), 70.0), prebuffer=2, max_queue=8)
+        self.vn.backend.start_budget = None
         self.live: dict[str, Sess] = {}
         self.done: list[Sess] = []
         self.n = 0

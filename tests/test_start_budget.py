@@ -169,7 +169,7 @@ def test_the_node_refuses_an_open_whose_start_finds_no_room():
             first = await c.open("first", sample_rate=16000, format="pcm_f32le")
             backend.start_budget = StartBudget(margin_s=1.0, give_up=3)
             with pytest.raises(Refused) as refused:
-                await c.open("second", sample_rate=16000, format="pcm_f32le", timeout=30)
+                await c.open("second", sample_rate=16000, format="pcm_f32le")
             assert refused.value.reason == "capacity" and "no room" in refused.value.message
             beats = node.clock_actor.stats.beats
             for _ in range(3):
@@ -215,14 +215,14 @@ def test_the_simulator_refuses_a_start_at_capacity_and_no_beat_is_late(tmp_path)
     """The sim backend follows the engine's start policy, on virtual time: with 50 ms a session,
     three live sessions leave 10 ms of a beat, less than a start step (its slot's 50 ms), so the
     fourth open is refused after `give_up` beats, and no beat of the live three was late."""
-    vn = VirtualNode(4, cost=slow_cost(tmp_path, per_session_ms=50.0), start_timeout_s=60.0)
+    vn = VirtualNode(4, cost=slow_cost(tmp_path, per_session_ms=50.0))
     try:
         opened = [vn.run(vn.client.open(f"s{i}", sample_rate=16000, format="pcm_f32le"))
                   for i in range(3)]
         assert len(opened) == 3
         t0 = vn.clock.now()
         with pytest.raises(Refused) as refused:
-            vn.run(vn.client.open("fourth", sample_rate=16000, format="pcm_f32le", timeout=60.0))
+            vn.run(vn.client.open("fourth", sample_rate=16000, format="pcm_f32le"))   # 10 s
         waited = vn.clock.now() - t0
         stats = vn.node.clock_actor.stats
         budget = vn.backend.start_budget

@@ -30,7 +30,8 @@ UNMEASURED_START_S = 0.08       # a start chunk no one has measured yet: half a 
 @dataclass
 class StartBudget:
     margin_s: float = 0.008         # the live cost's spread from beat to beat, the host's jitter
-    give_up: int = 62               # beats in a row (~10 s) a start may find no room
+    give_up: int = 31               # beats in a row (~5 s) a start may find no room: well
+                                    # inside a client's open timeout (10 s by default)
     smoothing: float = 0.3          # weight of the newest live-cost measurement
     live_s: dict[int, float] = field(default_factory=dict)   # live count → expected seconds
     recent_start_s: deque = field(default_factory=lambda: deque(maxlen=8))
