@@ -22,6 +22,8 @@ from wave_actors.frames import BEAT_S
 
 def test_room_is_the_time_left_less_the_live_cost_and_the_margin():
     b = StartBudget(margin_s=0.01)
+    assert b.steps(8, 0.16, 4) == 0            # no live beat measured yet: no room assumed
+    b.observe_live(4, 0.0)                     # 8 scales from 4: 0
     assert b.steps(8, 0.05, 4) == 0            # unmeasured step: half a beat, more than 0.04
     assert b.steps(8, 0.1, 4) == 1             # 0.1 − 0.01 ≥ 0.08
     b.observe_live(8, 0.07)
@@ -34,7 +36,7 @@ def test_room_is_the_time_left_less_the_live_cost_and_the_margin():
     assert b.expected_start() == 0.02
     b.observe_live(8, 0.12)                    # smoothed: 0.07 + 0.3 · 0.05 = 0.085
     assert abs(b.expected_live(8) - 0.085) < 1e-12
-    assert b.steps(8, 0.1, 4) == 0 and b.held_back == 3
+    assert b.steps(8, 0.1, 4) == 0 and b.held_back == 4
     assert b.steps(0, 0.0, 4) == 1             # no live session to make late: one step
     assert b.steps(0, 0.16, 9) == 7            # (0.16 − 0.01) // 0.02
 

@@ -21,6 +21,7 @@ Pure bookkeeping (no torch, no clock): the backend reports what it measured.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -51,13 +52,14 @@ class StartBudget:
 
     def expected_live(self, n_live: int) -> float:
         """The measured cost at this live count; else the closest measured count scaled by the
-        session ratio (the cost grows at most linearly with sessions)."""
+        session ratio (the cost grows at most linearly with sessions); with none measured yet,
+        unbounded: the first live beat runs no start work, and measures."""
         if n_live <= 0:
             return 0.0
         if n_live in self.live_s:
             return self.live_s[n_live]
         if not self.live_s:
-            return 0.0
+            return math.inf
         m = min(self.live_s, key=lambda k: (abs(k - n_live), -k))
         return self.live_s[m] * max(1.0, n_live / m)
 
