@@ -412,6 +412,10 @@ def main(argv=None) -> int:
         extra["sessions_ratio"] = n / max(1, base["sessions_on_time"])
         facts = backend.describe()
         extra["engine_after"] = facts
+        print(f"session starts: a start step took up to {facts.get('start_step_ms')} ms (recent), "
+              f"{facts.get('start_beats_held_back')} beats had no room for one, "
+              f"{facts.get('starts_refused_no_room')} starts were refused for want of room",
+              flush=True)
         extra["memory_used_bytes"] = facts["memory_used_bytes"]
         extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
     result = summarize(args, n, runs, extra)
