@@ -6,10 +6,10 @@ speaking/listening phases, the user channel transcribes a letter whenever the in
 energy, and a session opened with tools makes one function call early on. Time is the cost
 model's `beat_time(live sessions, mean context)`, slept on the node's clock (virtual in tests).
 
-Session starts follow the engine's policy (gpu/engine/start_budget.py): a beat advances the
-starting slots' prefill only where its time left holds the live cost, the start step and a margin,
-and a start that finds no room `give_up` beats in a row is refused. A start step costs what its
-slots add to the beat in the cost model, plus the model's `start_step_s`.
+Session starts follow the engine's policy (gpu/engine/start_budget.py): start steps of up to 16
+slots, as many in a beat as its time left holds with the live cost and a margin, the slots with
+the fewest steps first; a start that finds no room `give_up` beats in a row is refused. A step
+costs its slots' share of a beat in the cost model, plus the model's `start_step_s`.
 """
 from __future__ import annotations
 
@@ -20,13 +20,14 @@ import numpy as np
 
 from gpu.model.tokenizer import (CALL_END, CALL_START, PAD, ByteFallbackCodec,
                                  UserByteFallbackCodec)
-from gpu.engine.start_budget import StartBudget
+from gpu.engine.start_budget import StartBudget, StartQueue
 from sim.costmodel import CostModel
 from wave_actors.backend import Backend, BeatInput, BeatOutput, NO_TOKEN, SessionSpec
 from wave_actors.clocks import Clock
 from wave_actors.frames import FRAMES_PER_BEAT, OUT_RATE, SAMPLES_OUT
 
 PREFILL_TOKENS_PER_BEAT = 256    # prompt positions a slot prefills per beat (bounded chunks)
+STARTS_PER_STEP = 16             # starting slots one start step advances (the graph engine's)
 SPEAK_PERIOD = 50                # frames: 25 speaking, 25 listening
 CALL_AT_FRAME = 4                # a session with tools starts its function call at this frame
 
@@ -64,14 +65,15 @@ class SimBackend(Backend):
         self._prefill_left = np.zeros(max_sessions, np.int64)   # prompt positions still to prefill
         self._func_queue: list[list[int]] = [[] for _ in range(max_sessions)]
         self.start_budget: StartBudget | None = StartBudget()   # None: starts advance every beat
-        self._held = np.zeros(max_sessions, np.int64)     # beats in a row a start found no room
-        self._refused = [""] * max_sessions               # why a slot's start was refused
+        self._starts = StartQueue()
+        self._live = np.zeros(max_sessions, bool)         # start done and gone live
         self.trace: list[tuple[int, int, float, float]] | None = [] if trace else None
 
     def open_slot(self, slot: int, spec: SessionSpec) -> None:
         self._frame[slot] = 0
         self._prefill_left[slot] = len(self.text_codec.encode(spec.instructions)) + 2
-        self._held[slot], self._refused[slot] = 0, ""
+        self._live[slot] = False
+        self._starts.open(slot)
         self._func_queue[slot] = []
         if spec.tools:
             call = [{"name": spec.tools[0]["name"], "arguments": {}}]
@@ -80,38 +82,38 @@ class SimBackend(Backend):
 
     def close_slot(self, slot: int) -> None:
         self._prefill_left[slot] = 0
-        self._held[slot], self._refused[slot] = 0, ""
+        self._live[slot] = False
+        self._starts.close(slot)
         self._func_queue[slot] = []
 
     def ready(self, slot: int) -> bool:
-        return self._prefill_left[slot] <= 0 and not self._refused[slot]
+        return bool(self._live[slot])
 
     def start_refused(self, slot: int) -> str | None:
-        return self._refused[slot] or None
+        return self._starts.refused(slot)
 
     def push_function_tokens(self, slot: int, ids: list[int]) -> None:
         self._func_queue[slot] = self._func_queue[slot] + list(ids)
 
-    def _start_step(self, n_live: int, time_left_s: float, context: float) -> float:
-        """One prefill chunk for every starting slot, where the budget has room; its cost."""
-        starting = np.flatnonzero(self._prefill_left > 0)
-        starting = starting[[not self._refused[s] for s in starting]]
-        if not len(starting):
-            return 0.0
-        budget = self.start_budget
-        if budget is not None and not budget.steps(n_live, time_left_s, 1):   # one step for all
-            self._held[starting] += 1
-            for slot in starting[self._held[starting] >= budget.give_up]:
-                self._refused[slot] = budget.why(n_live, time_left_s)
-                budget.given_up += 1
-            return 0.0
-        self._held[starting] = 0
-        self._prefill_left[starting] -= PREFILL_TOKENS_PER_BEAT
-        cost = (self.cost.beat_time(n_live + len(starting), context)
-                - self.cost.beat_time(n_live, context) + self.cost.start_step_s)
-        if budget is not None:
-            budget.observe_start(cost)
-        return cost
+    def _start_steps(self, n_live: int, time_left_s: float, context: float) -> float:
+        """This beat's start steps, as the engine runs them (`StartQueue`): each advances its
+        slots' prefill by one chunk and costs its slots' share of a beat plus `start_step_s`.
+        Returns their modelled cost; the finished starts the budget lets go live do."""
+        total, budget = 0.0, self.start_budget
+        for group in self._starts.plan(n_live, time_left_s, budget, STARTS_PER_STEP):
+            self._prefill_left[group] -= PREFILL_TOKENS_PER_BEAT
+            for slot in group:
+                if self._prefill_left[slot] <= 0:
+                    self._starts.finished(slot)
+            # its slots' share of a beat, and the step's own fixed cost (the engine's step is
+            # an eager pass of its own, whatever the live load)
+            cost = (self.cost.beat_time(1 + len(group), context)
+                    - self.cost.beat_time(1, context) + self.cost.start_step_s)
+            if budget is not None:
+                budget.observe_start(cost)
+            total += cost
+        self._live[self._starts.going_live(n_live, time_left_s, budget)] = True
+        return total
 
     async def run_beat(self, inp: BeatInput, out: BeatOutput) -> BeatOutput:
         live = np.flatnonzero(inp.live)
@@ -125,7 +127,7 @@ class SimBackend(Backend):
         t = self.cost.beat_time(len(live), context)
         if self.cost.jitter_rel:
             t *= max(0.0, 1.0 + self.cost.jitter_rel * self._rng.standard_normal())
-        start = self._start_step(len(live), inp.time_left_s, context)   # by earlier beats' costs
+        start = self._start_steps(len(live), inp.time_left_s, context)  # by earlier beats' costs
         if self.start_budget is not None:
             self.start_budget.observe_live(len(live), t)
         t += start

@@ -5,6 +5,7 @@ the profile, the context, and the number of sessions.
 
     python -m sim.run --sessions 96 --beats 500 --jitter 0.05
     python -m sim.run --find-max --profile dense --cost-model my-fit.json
+    python -m sim.run --sessions 280 --profile dense --cost-model sim/costmodel_h200_dense.json --churn 60
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
     ap.add_argument("--cost-model", help="JSON of cost-model parameters (default: the roofline)")
     ap.add_argument("--jitter", type=float, help="relative std of each beat's modelled time")
+    ap.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
+                    help="mean call length: calls end and new ones start through the run, so "
+                         "session starts compete with live beats (default 0: no churn)")
     ap.add_argument("--find-max", action="store_true")
     ap.add_argument("--out", default=str(bench.RESULTS))
     args = ap.parse_args(argv)
@@ -43,9 +47,12 @@ def main(argv=None) -> int:
     forwarded = ["--backend", "sim", "--virtual", "--sessions", str(args.sessions), "--beats",
                  str(args.beats), "--runs", str(args.runs), "--context", str(args.context),
                  "--profile", args.profile, "--cost-model", cost, "--out", args.out]
+    if args.churn:
+        forwarded += ["--churn", str(args.churn)]
     if args.find_max:
         forwarded.append("--find-max")
-    return bench.main(forwarded)
+    return bench.main(forwarded, "python -m sim.run " + " ".join(
+        sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

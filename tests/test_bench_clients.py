@@ -2,7 +2,9 @@
 run through them accounts for every session, and a generator that dies ends the run with a
 clear error instead of waiting for sessions that never come."""
 import asyncio
+import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +35,31 @@ def test_a_generator_that_dies_is_reported_while_the_run_waits():
         finally:
             callers.kill()
     assert "bench-load-0" in asyncio.run(scenario())
+
+
+def test_churn_on_virtual_time_starts_new_calls_without_a_late_beat(tmp_path):
+    """--churn: calls end and new ones start through the run. With 32 ms a session and 30 ms a
+    start step, three live sessions leave no room for a fourth's start (96 + 32 + 30 + 8 ms
+    margin > 160), so a new call waits until another ends, or is refused after ~5 s and dials
+    again; every beat stays on time and every session that opened is accounted for."""
+    raw = json.loads((Path(__file__).parents[1] / "sim" / "costmodel.json").read_text())
+    raw.update(weight_bytes_per_frame=0.0, overhead_s_per_beat=0.0, bandwidth_Bps=1e12,
+               start_step_s=0.03)
+    raw["profiles"]["reference"].update(fixed_bytes=32e-3 * 1e12 / 2, bytes_per_context_frame=0.0)
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps(raw))
+    args = bench.parse_args(["--backend", "sim", "--sessions", "4", "--beats", "150", "--virtual",
+                             "--churn", "2", "--cost-model", str(cost), "--out", str(tmp_path)])
+    (res,) = bench.measure(args, 4)
+    assert res.beats == 150 and res.late_beats == 0 and res.errors == 0
+    assert res.opens >= 4 + 10                          # ~24 s of calls of 2 s on 4 lines
+    assert res.open_p99_ms >= 2 * 160                   # some starts waited for room
+    assert min(res.trace["sessions"]) >= 1 and max(res.trace["sessions"]) <= 4
+    assert res.frames_in > 0 and res.frames_out >= res.frames_in
+
+
+@pytest.mark.parametrize("churn", ["-1", "nan"])
+def test_churn_must_be_a_mean_call_length(churn, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--backend", "sim", "--churn", churn])
+    assert "--churn" in capsys.readouterr().err

@@ -113,7 +113,10 @@ def test_bench_writes_json(tmp_path):
     trace = res["per_run"][0]["trace"]
     assert {len(v) for v in trace.values()} == {25}
     assert set(trace) == {"latency_ms", "compute_ms", "begin_ms", "wake_ms", "gc_ms",
-                          "returned_ms", "frames_read"}
+                          "returned_ms", "frames_read", "sessions"}
+    assert set(trace["sessions"]) == {6}
+    run = res["per_run"][0]
+    assert run["opens"] == 6 and run["refusals"] == 0 and 0 < run["open_p50_ms"] <= run["open_p99_ms"]
     assert max(trace["latency_ms"]) == round(res["per_run"][0]["max_ms"], 1)
     assert res["per_run"][0]["backlog_ms"] == trace["wake_ms"][0] < 160   # began on schedule
     assert "behind the release schedule" not in out.stdout
@@ -144,6 +147,7 @@ def test_sim_run_with_jitter_makes_late_beats_that_the_bench_counts(tmp_path):
     assert out.returncode == 0, out.stderr
     res = json.loads(next(tmp_path.glob("sim-reference-n110-*.json")).read_text())
     assert res["virtual"] is True and res["beats"] == 60
+    assert res["command"].startswith("python -m sim.run --sessions 110 --beats 60 --jitter 1.5")
     assert 0 < res["late_beats"] < 60 and res["p99_ms"] > 160
 
 

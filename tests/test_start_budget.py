@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gpu.engine.cpu_backend import CpuBackend
-from gpu.engine.start_budget import UNMEASURED_START_S, StartBudget
+from gpu.engine.start_budget import UNMEASURED_START_S, StartBudget, StartQueue
 from tests.test_cpu_backend import SPEC, serve
 from tests.nodekit import VirtualNode, slow_cost
 from tests.test_protocol_node import client_of, node_on_tcp
@@ -77,6 +77,84 @@ def test_start_steps_fit_before_the_deadline_by_what_was_measured(margin, beats)
         for _ in range(k):
             b.observe_start(start_s)
     assert b.expected_start() <= max([UNMEASURED_START_S] + [s for *_, s in beats])
+
+
+def test_the_queue_runs_the_fewest_steps_first_and_refuses_after_give_up():
+    q, b = StartQueue(), StartBudget(margin_s=0.0, give_up=2)
+    b.observe_live(4, 0.1)
+    b.observe_start(0.03)
+    for slot in (5, 1, 3):
+        q.open(slot)
+    assert q.plan(4, 0.15, b, per_step=2) == [[5, 1]]          # 0.05 of room: one step
+    assert q.plan(4, 0.2, b, per_step=2) == [[3, 5], [1]]      # 3 has no step yet; then oldest
+    assert q.plan(4, 0.1, b, per_step=2) == [] and q.refused(5) is None
+    assert q.plan(4, 0.1, b, per_step=2) == [] and "no room" in q.refused(5)
+    assert b.given_up == 3 and q.plan(4, 1.0, b, per_step=2) == []   # refused: not planned
+    q.close(5)
+    assert q.refused(5) is None
+
+
+def test_a_finished_start_waits_to_go_live_only_while_it_would_take_the_room_of_others():
+    """Live sessions cost 12 ms each, a start step 30 ms: with 10 live, one more live session
+    leaves 160 − 132 = 28 < 30 ms, so a finished start waits while others still run, and goes
+    live once they are done; with 2 live it goes live at once. No budget: at once."""
+    q, b = StartQueue(), StartBudget(margin_s=0.0)
+    for n in range(1, 13):
+        b.observe_live(n, 0.012 * n)
+    b.observe_start(0.03)
+    for slot in (0, 1):
+        q.open(slot)
+    q.finished(0)
+    assert q.going_live(2, 0.16, b) == [0]                     # light: live at once
+    q.open(2)
+    q.finished(2)
+    assert q.going_live(10, 0.16, b) == []                     # 1 still starts: 2 waits
+    assert q.plan(10, 0.16, b, per_step=4) == [[1]]
+    q.finished(1)
+    assert q.going_live(10, 0.16, b) == [1, 2]                 # none running: all go live
+    q.open(3)
+    q.finished(3)
+    assert q.going_live(12, 0.0, None) == [3]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["open", "close", "beat"]), st.integers(0, 7),
+                          st.integers(0, 40), st.floats(0.0, 0.2)), max_size=80))
+def test_every_start_goes_live_is_refused_or_is_closed(events):
+    """Invariant of the queue under any opens, closes and beats: a slot is in at most one of
+    running / finished / live / refused, no slot is planned twice in a beat, and once opens stop,
+    beats with room let every start finish and go live (nothing is stranded)."""
+    q, b = StartQueue(), StartBudget(margin_s=0.0, give_up=5)
+    b.observe_start(0.03)
+    opened, live, steps_left = set(), set(), {}
+    for kind, slot, n_live, time_left in events:
+        if kind == "open" and slot not in opened:
+            q.open(slot)
+            opened.add(slot)
+            steps_left[slot] = 1 + slot % 3
+        elif kind == "close" and slot in opened:
+            q.close(slot)
+            opened.discard(slot)
+            live.discard(slot)
+        elif kind == "beat":
+            b.observe_live(max(1, n_live), 0.003 * n_live)
+            planned = [s for g in q.plan(n_live, time_left, b, per_step=3) for s in g]
+            assert len(planned) == len(set(planned)) and not set(planned) & live
+            for s in planned:
+                steps_left[s] -= 1
+                if steps_left[s] == 0:
+                    q.finished(s)
+            went = q.going_live(n_live, time_left, b)
+            assert not set(went) & live and set(went) <= opened
+            live |= set(went)
+    for _ in range(20):                                # no live load, a whole beat: all finish
+        for g in q.plan(0, 0.16, b, per_step=3):
+            for s in g:
+                steps_left[s] -= 1
+                if steps_left[s] == 0:
+                    q.finished(s)
+        live |= set(q.going_live(0, 0.16, b))
+    assert all(s in live or q.refused(s) for s in opened)
 
 
 def _tiny(sessions=2) -> CpuBackend:

@@ -66,6 +66,11 @@ class RunResult:
     # how far behind its release the first measured beat woke: a start-up backlog the warm-up
     # did not drain (every beat that still waits on it is late, whatever the beat costs)
     backlog_ms: float = 0.0
+    # sessions opened in the run (with --churn, more than `sessions`), and how long their opens
+    # waited for `opened` (the session's start on the model)
+    opens: int = 0
+    open_p50_ms: float = 0.0
+    open_p99_ms: float = 0.0
 
 
 @dataclass
@@ -132,7 +137,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     await node.start()
     try:
         with serving_process():      # as `python -m wave_actors.node` serves
-            records, stats, refusals = await _drive(args, node, n, clock, loop_virtual)
+            records, stats, refusals, waits = await _drive(args, node, n, clock, loop_virtual)
         errors = sum(node.counters.errors.values())
     finally:
         await node.drain()
@@ -147,7 +152,9 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      refusals, sum(s["frames_in"] for s in stats),
                      sum(s["frames_out"] for s in stats), errors,
                      float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
-                     _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0)
+                     _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0,
+                     len(waits), *(float(np.percentile(np.array(waits) * 1000, q)) if waits
+                                   else 0.0 for q in (50, 99)))
 
 
 def _worst(trace: dict, k: int = 3) -> str:
@@ -168,28 +175,31 @@ def _trace(records: list) -> dict:
             "wake_ms": ms(r.wake_s for r in records),
             "gc_ms": ms(r.gc_s for r in records),
             "returned_ms": ms(r.returned_s for r in records),
-            "frames_read": [r.frames_read for r in records]}
+            "frames_read": [r.frames_read for r in records],
+            "sessions": [r.sessions for r in records]}
 
 
 async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool):
-    """n callers through the node until the measured beats ran: (records, caller stats,
-    refusals). Real time: callers in load-generator processes; virtual: in this loop."""
+    """n caller lines through the node until the measured beats ran: (records, caller stats,
+    refusals, open waits). Real time: callers in load-generator processes; virtual: in this
+    loop."""
     procs = 0 if loop_virtual else args.client_procs
     if procs:
-        callers = Generators(node.endpoint, n, procs)
+        callers = Generators(node.endpoint, n, procs, args.churn)
         try:
             records = await _while_alive(callers, _measure_beats(args, node, n, clock))
-            stats, refusals = await callers.finish()
+            stats, refusals, waits = await callers.finish()
         finally:
             callers.kill()
-        return records, stats, refusals
+        return records, stats, refusals, waits
     stop = asyncio.Event()
     async with NodeClient(node.endpoint, ctx=node.ctx) as client:
-        driving = asyncio.get_running_loop().create_task(drive_all(client, range(n), clock, stop))
+        driving = asyncio.get_running_loop().create_task(
+            drive_all(client, range(n), clock, stop, args.churn))
         records = await _measure_beats(args, node, n, clock)
         stop.set()
-        stats, refusals = await driving
-    return records, stats, refusals
+        stats, refusals, waits = await driving
+    return records, stats, refusals, waits
 
 
 async def _measure_beats(args, node: Node, n: int, clock: Clock) -> list:
@@ -215,10 +225,10 @@ async def _while_alive(callers: Generators, work):
 
 
 async def _wait_live(node: Node, n: int, clock: Clock) -> None:
-    """Until every session the node did not refuse is past its prefill and takes part in the
-    beats (a start the device has no room for is refused: the run then counts it)."""
+    """Until each of the n caller lines had its first open answered: `opened` (the session is
+    past its start and in the beats) or refused (no room on the device: the run counts it)."""
     while (not node.clock_actor.stats.recent
-           or _last_sessions(node) < n - sum(node.counters.refusals.values())):
+           or node.counters.opened + sum(node.counters.refusals.values()) < n):
         await clock.sleep(BEAT_S)
 
 
@@ -231,11 +241,6 @@ async def _wait_steady(node: Node, clock: Clock, most: int) -> None:
         if node.clock_actor.stats.beats - start >= WARMUP_BEATS and max(recent) <= BEAT_S:
             return
         await clock.sleep(BEAT_S)
-
-
-def _last_sessions(node: Node) -> int:
-    records = node.clock_actor.stats.records
-    return records[-1].sessions if records else 0
 
 
 def _live_records(node: Node) -> list:
@@ -266,9 +271,10 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
               f"p99 {res.compute_p99_ms:.1f} ms)", flush=True)
         if res.trace.get("latency_ms"):
             print(f"           worst beats: {_worst(res.trace)}", flush=True)
-        if res.refusals:
-            print(f"           {res.refusals} of {n} sessions were refused (the node's log says "
-                  f"why: at capacity, no room in the beats for their start)", flush=True)
+        print(f"           {res.opens} sessions opened, waiting {res.open_p50_ms:.0f} ms at p50 / "
+              f"{res.open_p99_ms:.0f} ms at p99 for `opened` (their start on the model)"
+              + (f"; {res.refusals} refused (the node's log says why: at capacity, no room in "
+                 f"the beats for their start)" if res.refusals else ""), flush=True)
         if res.backlog_ms > 1000 * BEAT_S:
             print(f"           the measured beats began {res.backlog_ms / 1000:.2f} s behind the "
                   f"release schedule: the node was still behind after {args.warmup_max} beats of "
@@ -335,7 +341,8 @@ def summarize(args, n: int, runs: list[RunResult], extra: dict) -> BenchResult:
                        sum(r.late_beats for r in runs), max(r.p50_ms for r in runs),
                        max(r.p99_ms for r in runs), args.virtual, _gpu_name(), git_commit(),
                        dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                       "python -m wave_actors.bench " + " ".join(sys.argv[1:]),
+                       getattr(args, "command", None)
+                       or "python -m wave_actors.bench " + " ".join(sys.argv[1:]),
                        [asdict(r) for r in runs], extra)
 
 
@@ -371,6 +378,10 @@ def parse_args(argv=None):
     ap.add_argument("--virtual", action="store_true", help="virtual time (sim backend only)")
     ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
+                    help="calls end and new ones start: each session lives an exponential time "
+                         "of this mean, and its caller opens a new one (default 0: sessions "
+                         "live the whole run)")
     ap.add_argument("--beat-wait", choices=("poll", "thread"), default="poll",
                     help="graph: the loop polls the beat's CUDA event, or a worker thread waits")
     ap.add_argument("--client-procs", type=int, default=CLIENT_PROCS,
@@ -382,12 +393,16 @@ def parse_args(argv=None):
         ap.error("--virtual needs the sim backend: real backends take real time")
     if args.sessions < 1 or args.beats < 1 or args.runs < 1:
         ap.error("--sessions, --beats and --runs must be positive")
+    if not args.churn >= 0:
+        ap.error("--churn must be a mean call length in seconds, >= 0")
     args.fail_fast = args.fail_fast or args.find_max
     return args
 
 
-def main(argv=None) -> int:
+def main(argv=None, command: str | None = None) -> int:
+    """`command`: the command line to record, when another tool (sim.run) called this one."""
     args = parse_args(argv)
+    args.command = command
     extra: dict = {}
     backend, ceiling = None, None
     if args.backend == "graph":

@@ -10,6 +10,8 @@ the node's loop to share its clock.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import multiprocessing as mp
 import queue
 
@@ -21,6 +23,7 @@ from wave_actors.frames import IN_RATE, SAMPLES_IN
 
 OPEN_TIMEOUT_S = 900.0      # the slowest session start of a burst of N opens
 RESULT_TIMEOUT_S = 120.0    # a load generator's report after it was told to stop
+REDIAL_S = 1.0              # churn: a refused caller dials again after this long
 
 
 def speech_like(seconds: float, seed: int) -> np.ndarray:
@@ -31,16 +34,44 @@ def speech_like(seconds: float, seed: int) -> np.ndarray:
     return (0.1 * env * rng.standard_normal(n)).astype(np.float32)
 
 
-async def drive_session(client: NodeClient, sid: str, clock: Clock, stop: asyncio.Event,
-                        seed: int) -> dict:
-    """Open, stream 80 ms chunks until `stop`, close; the node's `closed` stats."""
-    # A burst of N opens at once: the GPU starts them only in beats with room, so the last
-    # `opened` can take minutes at full load (bench only; a real opener waits for fewer).
-    s = await client.open(sid, sample_rate=IN_RATE, format="pcm_f32le", timeout=OPEN_TIMEOUT_S)
+async def drive_line(client: NodeClient, line: int, clock: Clock, stop: asyncio.Event,
+                     churn_s: float = 0.0) -> tuple[list[dict], int, list[float]]:
+    """Caller line `line` until `stop`: one session (`bench-<line>`) or, with `churn_s` > 0,
+    sessions back to back, each living an exponential time of mean `churn_s` (seeded by the
+    line), as calls end and new ones come in; a refused call dials again after REDIAL_S.
+    Returns the sessions' `closed` stats, the refusals, and how long each open waited for
+    `opened` (the session's start on the model)."""
+    rng = np.random.default_rng(line)
+    stats, refusals, waits = [], 0, []
+    for k in itertools.count():
+        if stop.is_set():
+            break
+        sid = f"bench-{line}" if k == 0 else f"bench-{line}-{k}"
+        life = float(rng.exponential(churn_s)) if churn_s > 0 else math.inf
+        asked = clock.now()
+        try:
+            # A burst of N opens at once: the GPU starts them only in beats with room, so the
+            # last `opened` can take a while at full load (bench only; a real opener waits for
+            # fewer).
+            s = await client.open(sid, sample_rate=IN_RATE, format="pcm_f32le",
+                                  timeout=OPEN_TIMEOUT_S)
+        except Refused:
+            refusals += 1
+            if churn_s <= 0:
+                break
+            await _until(clock, stop, clock.now() + REDIAL_S)
+            continue
+        waits.append(clock.now() - asked)
+        stats.append(await _stream(s, clock, stop, clock.now() + life, seed=line + 7919 * k))
+    return stats, refusals, waits
+
+
+async def _stream(s, clock: Clock, stop: asyncio.Event, end: float, seed: int) -> dict:
+    """Stream 80 ms chunks of speech-like audio until `stop` or `end`, close; `closed` stats."""
     audio = speech_like(8.0, seed)
     t0, i = clock.now(), 0
     drain = asyncio.get_running_loop().create_task(_discard(s))
-    while not stop.is_set():
+    while not stop.is_set() and clock.now() < end:
         start = (i * SAMPLES_IN) % (len(audio) - SAMPLES_IN)
         await s.send_audio(audio[start:start + SAMPLES_IN].tobytes())
         i += 1
@@ -51,28 +82,34 @@ async def drive_session(client: NodeClient, sid: str, clock: Clock, stop: asynci
     return closed.stats
 
 
+async def _until(clock: Clock, stop: asyncio.Event, t: float) -> None:
+    while not stop.is_set() and clock.now() < t:
+        await clock.sleep(min(0.1, t - clock.now()))
+
+
 async def _discard(s) -> None:
     while True:
         await s.events.get()
 
 
-async def drive_all(client: NodeClient, ids: range, clock: Clock, stop: asyncio.Event
-                    ) -> tuple[list[dict], int]:
-    """Sessions bench-<i> for i in `ids` until `stop`: (their stats, how many were refused)."""
-    tasks = [asyncio.get_running_loop().create_task(
-        drive_session(client, f"bench-{i}", clock, stop, i)) for i in ids]
-    stats, refusals = [], 0
+async def drive_all(client: NodeClient, ids: range, clock: Clock, stop: asyncio.Event,
+                    churn_s: float = 0.0) -> tuple[list[dict], int, list[float]]:
+    """Caller lines `ids` until `stop` (`drive_line`): all their sessions' stats, refusals and
+    open waits."""
+    tasks = [asyncio.get_running_loop().create_task(drive_line(client, i, clock, stop, churn_s))
+             for i in ids]
+    stats, refusals, waits = [], 0, []
     for t in tasks:
-        try:
-            stats.append(await t)
-        except Refused:
-            refusals += 1
-    return stats, refusals
+        got, refused, waited = await t
+        stats += got
+        refusals += refused
+        waits += waited
+    return stats, refusals, waits
 
 
 # -- load-generator processes ------------------------------------------------------------------
-def _generator_main(endpoint: str, first: int, count: int, stop, out) -> None:
-    async def run() -> tuple[list[dict], int]:
+def _generator_main(endpoint: str, first: int, count: int, churn_s: float, stop, out) -> None:
+    async def run() -> tuple[list[dict], int, list[float]]:
         done = asyncio.Event()
 
         async def watch() -> None:
@@ -81,24 +118,26 @@ def _generator_main(endpoint: str, first: int, count: int, stop, out) -> None:
             done.set()
         watcher = asyncio.get_running_loop().create_task(watch())
         async with NodeClient(endpoint) as client:
-            result = await drive_all(client, range(first, first + count), Clock(), done)
+            result = await drive_all(client, range(first, first + count), Clock(), done,
+                                     churn_s)
         watcher.cancel()
         return result
     try:
         out.put(("ok", *asyncio.run(run())))
     except BaseException as exc:                       # reported to the benchmark, not lost
-        out.put(("error", repr(exc), 0))
+        out.put(("error", repr(exc), 0, []))
 
 
 class Generators:
-    """`procs` processes sharing `n` sessions (ids 0..n-1) against the node at `endpoint`."""
+    """`procs` processes sharing `n` caller lines (ids 0..n-1) against the node at `endpoint`."""
 
-    def __init__(self, endpoint: str, n: int, procs: int):
+    def __init__(self, endpoint: str, n: int, procs: int, churn_s: float = 0.0):
         ctx = mp.get_context("spawn")                  # no copy of the parent's GPU or sockets
         self._stop, self._out = ctx.Event(), ctx.Queue()
         shares = np.array_split(np.arange(n), procs)
         self._procs = [ctx.Process(target=_generator_main, daemon=True, name=f"bench-load-{k}",
-                                   args=(endpoint, int(s[0]), len(s), self._stop, self._out))
+                                   args=(endpoint, int(s[0]), len(s), churn_s, self._stop,
+                                         self._out))
                        for k, s in enumerate(shares) if len(s)]
         for p in self._procs:
             p.start()
@@ -110,14 +149,14 @@ class Generators:
                 return f"{p.name} exited with code {p.exitcode} before the run ended"
         return None
 
-    async def finish(self) -> tuple[list[dict], int]:
-        """Tell every generator to close its sessions; their stats and refusals."""
+    async def finish(self) -> tuple[list[dict], int, list[float]]:
+        """Tell every generator to close its sessions; their stats, refusals and open waits."""
         self._stop.set()
         loop = asyncio.get_running_loop()
-        stats, refusals = [], 0
+        stats, refusals, waits = [], 0, []
         for _ in self._procs:
             try:
-                kind, got, refused = await loop.run_in_executor(
+                kind, got, refused, waited = await loop.run_in_executor(
                     None, self._out.get, True, RESULT_TIMEOUT_S)
             except queue.Empty:
                 raise RuntimeError("a load generator did not report its sessions") from None
@@ -125,9 +164,10 @@ class Generators:
                 raise RuntimeError(f"a load generator failed: {got}")
             stats += got
             refusals += refused
+            waits += waited
         for p in self._procs:
             p.join(timeout=10)
-        return stats, refusals
+        return stats, refusals, waits
 
     def kill(self) -> None:
         """Stop every generator still running (after `finish`, or when the run failed)."""

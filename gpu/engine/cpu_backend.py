@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gpu.engine.start_budget import StartBudget
+from gpu.engine.start_budget import StartBudget, StartQueue
 from gpu.model.checkpoint import available_host_memory, load_checkpoint
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.prompt import MAX_TOOLS, prompt_tokens
@@ -58,7 +58,7 @@ THREADS = 1                 # torch intra-op threads: tiny ops lose more to thre
 @dataclass
 class _Slot:
     """Host bookkeeping of one slot. phase: closed → starting → live → spent (out of context);
-    starting → refused when its start found no room in the beats (`StartBudget.give_up`)."""
+    a start may also be refused, which leaves it starting until closed (`StartQueue`)."""
     phase: str = "closed"
     session: int = 0                    # incarnation number: the noise key of this session
     prompt: list[int] = field(default_factory=list)
@@ -68,9 +68,6 @@ class _Slot:
     rewound: int = 0                    # frames stepped back by `context_hold`
     forced: deque = field(default_factory=deque)    # function-result tokens still to force
     reset: bool = False                 # state rows to reset before anything else runs
-    held: int = 0                       # beats in a row its start found no room (starting)
-    steps: int = 0                      # start steps it has run (starting)
-    why: str = ""                       # why its start was refused (refused)
 
     @property
     def context(self) -> int:           # frames its caches hold (past the prompt and warm-up)
@@ -89,7 +86,7 @@ class _Plan:
     talker_need: int
     spent: list[int]                    # live in the clock's eyes but out of context: silence
     rewind: list[int] = field(default_factory=list)                          # step back first
-    went_live: list[int] = field(default_factory=list)                       # ready after this beat
+    started: list[int] = field(default_factory=list)      # start work done this beat (live later)
     starts: list["_StartStep"] = field(default_factory=list)                 # run in order
 
 
@@ -126,6 +123,7 @@ class CpuBackend(Backend):
         self.state = self._alloc_state(opts)
         self._slots = [_Slot() for _ in range(opts.max_sessions)]
         self._sessions = 0
+        self._starts = StartQueue()
         self.beat_cpu_s: deque[float] = deque(maxlen=1024)   # worker CPU time of recent beats
         self._executor = ThreadPoolExecutor(1, "wave-cpu", initializer=torch.set_num_threads,
                                             initargs=(THREADS,))
@@ -184,16 +182,17 @@ class CpuBackend(Backend):
             tokens = tokens[:self.max_prompt - 1] + [EOS]
         self._sessions += 1
         self._slots[slot] = _Slot("starting", self._sessions, tokens, reset=True)
+        self._starts.open(slot)
 
     def close_slot(self, slot: int) -> None:
         self._slots[slot] = _Slot()
+        self._starts.close(slot)
 
     def ready(self, slot: int) -> bool:
         return self._slots[slot].phase in ("live", "spent")
 
     def start_refused(self, slot: int) -> str | None:
-        s = self._slots[slot]
-        return s.why if s.phase == "refused" else None
+        return self._starts.refused(slot)
 
     def push_function_tokens(self, slot: int, ids: list[int]) -> None:
         s = self._slots[slot]
@@ -248,37 +247,20 @@ class CpuBackend(Backend):
         return plan
 
     def _plan_start(self, plan: _Plan, time_left_s: float) -> None:
-        """Start steps for the starting slots, as many as the beat's budget has room for
-        (`start_budget`; without one, a single step for all of them). Each step takes one bounded
-        chunk of prompt and of warm-up for up to `starts_per_step` slots, each slot at most once
-        a beat. The slots with the fewest steps go first, then the oldest: in a burst of opens
-        every start moves on together and the node's live load stays low until they are done,
-        instead of the first sessions going live and filling the beats the last ones need."""
-        starting = sorted((s.steps, s.session, i) for i, s in enumerate(self._slots)
-                          if s.phase == "starting")
-        if not starting:
-            return
-        budget, n_live = self.start_budget, len(plan.live)
-        groups = -(-len(starting) // self.starts_per_step)
-        steps = groups if budget is None else budget.steps(n_live, time_left_s, groups)
-        if steps == 0:
-            for _, _, i in starting:                        # no room in this beat: next one
-                s = self._slots[i]
-                s.held += 1
-                if s.held >= budget.give_up:
-                    s.phase, s.why = "refused", budget.why(n_live, time_left_s)
-                    budget.given_up += 1
-                    log.warning("slot %d: session start refused: %s", i, s.why)
-            return
-        for k in range(steps):
-            group = starting[k * self.starts_per_step:(k + 1) * self.starts_per_step]
-            plan.starts.append(self._start_step([i for _, _, i in group], plan))
+        """This beat's start steps (`StartQueue`: as many as the beat's `start_budget` has room
+        for, a single step for all without one), each one bounded chunk of prompt and of warm-up
+        for up to `starts_per_step` slots; then the finished starts the budget lets go live do
+        (from the next beat on)."""
+        for group in self._starts.plan(len(plan.live), time_left_s, self.start_budget,
+                                       self.starts_per_step):
+            plan.starts.append(self._start_step(group, plan))
+        for i in self._starts.going_live(len(plan.live), time_left_s, self.start_budget):
+            self._slots[i].phase = "live"
 
     def _start_step(self, slots: list[int], plan: _Plan) -> _StartStep:
         n_warm, step = self.cfg.talker.n_warmup, _StartStep()
         for i in slots:
             s = self._slots[i]
-            s.held, s.steps = 0, s.steps + 1
             if s.prompt_done < len(s.prompt):
                 chunk = s.prompt[s.prompt_done:s.prompt_done + self.prefill_chunk]
                 step.prefill.append((i, chunk, s.prompt_done))
@@ -288,8 +270,8 @@ class CpuBackend(Backend):
                 step.warmup.setdefault(count, []).append((i, s.warm_done))
                 s.warm_done += count
             if s.prompt_done == len(s.prompt) and s.warm_done == n_warm:
-                s.phase = "live"                            # ready from the next beat on
-                plan.went_live.append(i)
+                self._starts.finished(i)
+                plan.started.append(i)
         return step
 
     # -- the worker thread -------------------------------------------------------------------------

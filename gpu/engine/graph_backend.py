@@ -206,8 +206,8 @@ class GraphBackend(CpuBackend):
     def _compute(self, plan: _Plan, out: BeatOutput) -> float:
         t0 = time.perf_counter()
         super()._compute(plan, out)
-        if plan.went_live and self.context_offset:
-            self._prefill_context(plan.went_live)
+        if plan.started and self.context_offset:
+            self._prefill_context(plan.started)
         torch.cuda.current_stream().synchronize()
         elapsed = time.perf_counter() - t0
         self.timings.append(elapsed)
@@ -242,7 +242,7 @@ class GraphBackend(CpuBackend):
         return self._graphs[min(b for b in self._graphs if b >= n)]
 
     async def _run_plan(self, plan: _Plan, out: BeatOutput) -> BeatOutput:
-        if not (self.poll and plan.live) or plan.starts or plan.went_live:
+        if not (self.poll and plan.live) or plan.starts or plan.started:
             self._launched()                 # the worker waits on the device: the loop is free
             return await super()._run_plan(plan, out)
         t0 = time.perf_counter()

@@ -15,17 +15,20 @@ makes a live beat late). Before any step was measured, one is assumed to take ha
 No step runs past the budget. Near capacity the live beat leaves no room, and chunks run there
 anyway made every live session late (at 300 dense sessions on the H200 they piled up a 6.5 s
 backlog that never drained). Instead a start that finds no room `give_up` beats in a row is
-refused (`CpuBackend` does it per slot, with `why`): its caller hears `refused` (capacity) and the
-live sessions keep their beat.
+refused (`StartQueue`, with the numbers): its caller hears `refused` (capacity) and the live
+sessions keep their beat.
 Pure bookkeeping (no torch, no clock): the backend reports what it measured.
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
 UNMEASURED_START_S = 0.08       # a start chunk no one has measured yet: half a beat
+
+log = logging.getLogger("wave.start")
 
 
 @dataclass
@@ -82,3 +85,84 @@ class StartBudget:
                 f"the {1e3 * time_left_s:.0f} ms it has, and a start step needs "
                 f"{1e3 * self.expected_start():.0f} ms more (+{1e3 * self.margin_s:.0f} ms margin); "
                 f"the node serves as many sessions as this device holds on time")
+
+
+@dataclass
+class _Start:
+    order: int                      # open order: among equal steps the oldest goes first
+    steps: int = 0                  # start steps run
+    held: int = 0                   # beats in a row its start found no room
+    done: bool = False              # its start work is finished; it goes live when let
+    why: str = ""                   # refused: why
+
+
+class StartQueue:
+    """Which starting slots a beat's start steps advance, and when a finished start goes live;
+    the one bookkeeping of the engine's backends and the simulator.
+
+    A beat runs as many steps as its budget has room for (all at once without a budget), each
+    for up to `per_step` slots, each slot at most once: the fewest steps first, then the oldest.
+    A start that finds no room `budget.give_up` beats in a row is refused (`refused`).
+
+    A finished start goes live at once while the beat, with it live, still has room for a start
+    step; otherwise it waits until the starts still running are done (or refused, or closed).
+    Near capacity a burst of opens then goes live together: going live one group at a time, the
+    first groups' frames filled the beats and left no room for the last groups' starts.
+    """
+
+    def __init__(self) -> None:
+        self._starts: dict[int, _Start] = {}       # slot → its start, from open to live or close
+        self._opens = 0
+
+    def open(self, slot: int) -> None:
+        self._opens += 1
+        self._starts[slot] = _Start(self._opens)
+
+    def close(self, slot: int) -> None:
+        self._starts.pop(slot, None)
+
+    def refused(self, slot: int) -> str | None:
+        s = self._starts.get(slot)
+        return s.why if s is not None and s.why else None
+
+    def _running(self) -> list[tuple[int, _Start]]:
+        return [(slot, s) for slot, s in self._starts.items() if not s.done and not s.why]
+
+    def plan(self, n_live: int, time_left_s: float, budget: StartBudget | None,
+             per_step: int) -> list[list[int]]:
+        """This beat's start steps: the slots of each, in the order they run."""
+        running = sorted(self._running(), key=lambda e: (e[1].steps, e[1].order))
+        if not running:
+            return []
+        groups = -(-len(running) // per_step)
+        steps = groups if budget is None else budget.steps(n_live, time_left_s, groups)
+        if steps == 0:                                  # no room in this beat: next one
+            for slot, s in running:
+                s.held += 1
+                if s.held >= budget.give_up:
+                    s.why = budget.why(n_live, time_left_s)
+                    budget.given_up += 1
+                    log.warning("slot %d: session start refused: %s", slot, s.why)
+            return []
+        chosen = running[:steps * per_step]
+        for _, s in chosen:
+            s.held, s.steps = 0, s.steps + 1
+        slots = [slot for slot, _ in chosen]
+        return [slots[k:k + per_step] for k in range(0, len(slots), per_step)]
+
+    def finished(self, slot: int) -> None:
+        self._starts[slot].done = True
+
+    def going_live(self, n_live: int, time_left_s: float,
+                   budget: StartBudget | None) -> list[int]:
+        """Finished slots that go live now (oldest first); they leave the queue."""
+        done = sorted((s.order, slot) for slot, s in self._starts.items() if s.done)
+        running = bool(self._running())
+        let = []
+        for _, slot in done:
+            if (budget is not None and running and budget.expected_start()
+                    > budget.room(n_live + len(let) + 1, time_left_s)):
+                break                                   # keep the room for the starts running
+            let.append(slot)
+            del self._starts[slot]
+        return let
