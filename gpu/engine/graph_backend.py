@@ -44,7 +44,7 @@ from gpu.model.voicechat_state import session_state_bytes
 from gpu.model.voicechat_weights import load_dtype, param_shapes, random_weights_on
 from wave_actors.backend import NO_TOKEN, BeatInput, BeatOutput
 from wave_actors.backends import BackendOptions
-from wave_actors.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
+from wave_actors.frames import FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 
 log = logging.getLogger("wave.graph_backend")
 
