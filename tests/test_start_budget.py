@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gpu.engine.cpu_backend import CpuBackend
-from gpu.engine.start_budget import UNMEASURED_START_S, StartBudget, StartQueue
+from gpu.engine.start_budget import (STEP_MEMORY_BEATS, UNMEASURED_START_S, StartBudget,
+                                     StartQueue)
 from tests.test_cpu_backend import SPEC, serve
 from tests.nodekit import VirtualNode, slow_cost
 from tests.test_protocol_node import client_of, node_on_tcp
@@ -39,6 +40,22 @@ def test_room_is_the_time_left_less_the_live_cost_and_the_margin():
     assert b.steps(8, 0.1, 4) == 0 and b.held_back == 4
     assert b.steps(0, 0.0, 4) == 1             # no live session to make late: one step
     assert b.steps(0, 0.16, 9) == 7            # (0.16 − 0.01) // 0.02
+
+
+def test_an_old_slow_step_does_not_hold_starts_back_for_ever():
+    """A 120 ms step (a hiccup) among 30 ms ones: while it is recent the budget judges by it;
+    once every measurement is older than STEP_MEMORY_BEATS live beats, by the smallest, so one
+    step fits again and is measured afresh."""
+    b = StartBudget(margin_s=0.0)
+    b.observe_live(100, 0.1)
+    for seconds in (0.03, 0.12, 0.03):
+        b.observe_start(seconds)
+    assert b.expected_start() == 0.12 and b.steps(100, 0.16, 4) == 0
+    for _ in range(STEP_MEMORY_BEATS + 1):
+        b.observe_live(100, 0.1)
+    assert b.expected_start() == 0.03 and b.steps(100, 0.16, 4) == 2
+    b.observe_start(0.035)
+    assert b.expected_start() == 0.035
 
 
 def test_an_unmeasured_live_count_scales_from_the_closest_measured_one():

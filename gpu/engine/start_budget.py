@@ -10,7 +10,8 @@ light beat runs several steps, so a burst of opens uses the idle part of the bea
 
 Costs are what this device measured: the live cost per live count (smoothed), a step's as the
 largest of the recent ones (its cost varies with its rows and prompt part, and an underestimate
-makes a live beat late). Before any step was measured, one is assumed to take half a beat.
+makes a live beat late; see `expected_start` for measurements grown old). Before any step was
+measured, one is assumed to take half a beat.
 
 No step runs past the budget. Near capacity the live beat leaves no room, and chunks run there
 anyway made every live session late (at 300 dense sessions on the H200 they piled up a 6.5 s
@@ -27,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 UNMEASURED_START_S = 0.08       # a start chunk no one has measured yet: half a beat
+STEP_MEMORY_BEATS = 64          # live beats (~10 s) a start step's measured cost is judged by
 
 log = logging.getLogger("wave.start")
 
@@ -38,20 +40,30 @@ class StartBudget:
                                     # inside a client's open timeout (10 s by default)
     smoothing: float = 0.3          # weight of the newest live-cost measurement
     live_s: dict[int, float] = field(default_factory=dict)   # live count → expected seconds
-    recent_start_s: deque = field(default_factory=lambda: deque(maxlen=8))
+    recent_start_s: deque = field(default_factory=lambda: deque(maxlen=8))  # (live beat, s)
+    live_beats: int = 0             # live beats observed: the age of a step's measurement
     held_back: int = 0              # beats that held start work back, in total
     given_up: int = 0               # starts refused for want of room
 
     def observe_live(self, n_live: int, seconds: float) -> None:
         if n_live > 0:
+            self.live_beats += 1
             old = self.live_s.get(n_live)
             self.live_s[n_live] = seconds if old is None else old + self.smoothing * (seconds - old)
 
     def observe_start(self, seconds: float) -> None:
-        self.recent_start_s.append(seconds)
+        self.recent_start_s.append((self.live_beats, seconds))
 
     def expected_start(self) -> float:
-        return max(self.recent_start_s, default=UNMEASURED_START_S)
+        """The largest step of the last STEP_MEMORY_BEATS live beats; when every measurement is
+        older (no step found room since), the smallest of them, so that one step runs where
+        that fits and is measured again: one slow step (a hiccup) must not hold every start
+        back until the live load falls."""
+        fresh = [s for beat, s in self.recent_start_s
+                 if beat >= self.live_beats - STEP_MEMORY_BEATS]
+        if fresh:
+            return max(fresh)
+        return min((s for _, s in self.recent_start_s), default=UNMEASURED_START_S)
 
     def expected_live(self, n_live: int) -> float:
         """The measured cost at this live count; else the closest measured count scaled by the
