@@ -145,6 +145,8 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
             backend.close()
     lat = np.array([r.latency_s for r in records]) * 1000
     gpu = np.array([r.compute_s for r in records]) * 1000
+    opens = np.array(waits) * 1000
+    open_p50, open_p99 = (np.percentile(opens, [50, 99]) if waits else (0.0, 0.0))
     return RunResult(n, len(records), int(sum(r.late for r in records)),
                      float(np.percentile(lat, 50)), float(np.percentile(lat, 99)),
                      float(lat.max()), float(np.mean(gpu)),
@@ -153,8 +155,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      sum(s["frames_out"] for s in stats), errors,
                      float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
                      _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0,
-                     len(waits), *(float(np.percentile(np.array(waits) * 1000, q)) if waits
-                                   else 0.0 for q in (50, 99)))
+                     len(waits), float(open_p50), float(open_p99))
 
 
 def _worst(trace: dict, k: int = 3) -> str:

@@ -59,7 +59,7 @@ async def drive_line(client: NodeClient, line: int, clock: Clock, stop: asyncio.
             refusals += 1
             if churn_s <= 0:
                 break
-            await _until(clock, stop, clock.now() + REDIAL_S)
+            await clock.sleep(REDIAL_S)
             continue
         waits.append(clock.now() - asked)
         stats.append(await _stream(s, clock, stop, clock.now() + life, seed=line + 7919 * k))
@@ -80,11 +80,6 @@ async def _stream(s, clock: Clock, stop: asyncio.Event, end: float, seed: int) -
     await asyncio.gather(drain, return_exceptions=True)
     closed = await s.close(timeout=30)
     return closed.stats
-
-
-async def _until(clock: Clock, stop: asyncio.Event, t: float) -> None:
-    while not stop.is_set() and clock.now() < t:
-        await clock.sleep(min(0.1, t - clock.now()))
 
 
 async def _discard(s) -> None:

@@ -364,8 +364,9 @@ class Node:
         finally:
             self._starting.pop(key, None)
             self._opening.discard(key)
-        refused = ready.exception() if ready.done() and not ready.cancelled() else None
-        if self.draining or refused or not (ready.done() and not ready.cancelled() and ready.result()):
+        answered = ready.done() and not ready.cancelled()
+        refused = ready.exception() if answered else None     # StartRefused: no room for it
+        if self.draining or refused or not (answered and ready.result()):
             await self._free_slot(slot)
             if self.draining:
                 return self._refuse(identity, msg.session, "draining", "the node is shutting down")
