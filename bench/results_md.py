@@ -1,0 +1,410 @@
+"""`python bench/results_md.py [--check]`: write bench/RESULTS.md from the files in bench/results/.
+
+    python bench/results_md.py            # rewrite bench/RESULTS.md
+    python bench/results_md.py --check    # exit 1 if bench/RESULTS.md is not what this writes
+
+Algorithm: load every file under bench/results/, sort it into a kind by its keys (a bench run of
+`python -m wave_actors.bench` has `backend` and `per_run`; a stage timing has `stage_ms`; a check
+has rows with `text_equal`; a kernel A/B has `rows` or `variants`; anything else, or a file that
+is not JSON, is "other" and gets a generic row of its top-level scalars), render one table per
+kind with its rows newest first (the `date` field, else the stamp in the file name; undated files
+after, by name), then the findings attached to the files of that kind. A finding is printed only
+while every file it cites is present, so deleting a JSON file also drops what was said about it.
+Pure stdlib; the output holds no generation date, so `--check` compares byte for byte.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+OUT = BENCH / "RESULTS.md"
+STAMP = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})")
+ROWS_SHOWN = 12             # a kernel A/B or check's own rows are tabled up to this many
+
+SECTIONS = (                # kind -> heading; bench runs of other backends follow "sim"
+    ("graph", "Capacity bench on the graph backend "
+              "(`python -m wave_actors.bench --backend graph`)"),
+    ("sim", "Simulator runs (`--backend sim` or `python -m sim.run`: GPU time modelled)"),
+    ("stages", "Stage timings (`bench/graph_stages.py`)"),
+    ("kernels", "Kernel A/Bs and sweeps (details: `bench/KERNELS_NOTES.md`)"),
+    ("checks", "Parity and checks (`bench/graph_check.py`)"),
+    ("other", "Other files"),
+)
+
+# Findings kept beside the measurements they rest on: (kind, title, files cited, text).
+NOTES = (
+    ("graph", "Reference, 120 sessions: where the beat goes",
+     ("graph-reference-n120-20261130T111616.json",),
+     "The backend takes ~102.4 ms a beat at p50; the host adds ~1.1 ms before the backend call "
+     "(frames read, slots packed, the plan) and ~1.6 ms after the GPU's end (outputs collected "
+     "and routed into 120 session mailboxes). MODEL.md §5's floor at 120 sessions is 72.8 ms; "
+     "above it are latency-bound stages (perception at the beat's head, the talker's many small "
+     "kernels, the codec's TF32 compute) and bandwidth kernels at 88-90 % of the copy rate (SSM "
+     "state, talker KV). The JSON's `extra.baseline` is the reference model serving one session "
+     "at a time, eagerly, with the same weights: ~240 ms a beat, so without the engine no "
+     "session is on time (its `sessions_ratio` credits the baseline with one)."),
+    ("graph", "Dense, 280 and 300 sessions: why they miss",
+     ("graph-dense-n300-20261130T112120.json", "graph-dense-n280-20261130T112558.json"),
+     "At 300 sessions the GPU alone takes 147.3 ms a beat (p99 148.6) and the host ~7 ms more, "
+     "so a served beat is ~155 ms: inside the 160 ms deadline, with no room left for jitter or "
+     "session starts. That run never got on time: start work at capacity ran past its budget "
+     "and left a 6.5 s backlog, which a 155 ms beat drains at ~5 ms a beat. At 280 the backlog "
+     "drained by beat 64 (then 99 of 186 beats late): the release itself was late by 5-28 ms, "
+     "because the previous beat ends ~10 ms before the next release and the 280 session actors' "
+     "output work (~20 ms) ran just then. Both runs predate the start budget (a start that "
+     "cannot fit before the deadline is refused) and `BeatClockActor.output_turn` (output work "
+     "held from 3 ms before a release until the beat's device work is queued). The memory "
+     "ceiling at 1500 frames is 301 dense sessions (121 reference): the engine budgets a "
+     "2.5 GB + 25 MB a slot workspace."),
+    ("sim", "The roofline simulator's capacity",
+     ("sim-reference-n124-20261130T134849.json", "sim-dense-n324-20261130T134653.json"),
+     "`--find-max` on the MODEL.md §5 roofline (`sim/costmodel.json`) with the context held at "
+     "1500 frames: the largest N with zero late beats is 124 reference and 324 dense sessions, "
+     "bound by HBM capacity (the §3/§4 memory ceiling), not by time. A model of an H200, not a "
+     "measurement; host time is not modelled on virtual time."),
+    ("sim", "The H200-fitted simulator under churn",
+     ("sim-h200fit-dense-n300.json", "sim-h200fit-dense-churn60-n200.json",
+      "sim-h200fit-dense-churn60-n280.json"),
+     "`sim/costmodel_h200_dense.json` is fitted to the H200's measured dense beats (0.37 ms a "
+     "session plus a fixed part, from the 280 and 300 graph runs) and the engine's memory plan "
+     "(301 sessions); its `start_step_s` (30 ms) is an assumption, not a measurement. A burst of "
+     "300 opens goes live together after 1.1 s, then no beat is late (p99 149.1 ms). With calls "
+     "of 60 s (`--churn 60`, a refused caller redials after 1 s) 200 callers see no late beat, "
+     "but 280 callers keep only ~244 sessions live: with the live beat near 120 ms or more, a "
+     "30 ms start step no longer fits beside it, and 287 of 863 opens are refused. What a real "
+     "start step costs on the GPU decides this."),
+    ("stages", "Reference: what bounds the beat",
+     ("graph-stages-reference-n8-112-chunked.json",),
+     "MODEL.md §5 floors (fixed ms / ms per session, a frame): perception 0.29 / 0.002, RNNT ~0, "
+     "thinker 4.13 / 0.072 (SSM + KV), talker 0.78 / 0.185 (fp32 CFG KV), codec 0.09 / 0.02 "
+     "(TF32 FLOPs); a frame 5.3 / 0.26, a beat 10.6 / 0.52. Inside the replays at 112 sessions "
+     "the talker's fp32 CFG attention is 20.3 of the talker's 25.8 ms a frame at 4.4 TB/s (the "
+     "floor); the thinker's SSM is 8.4 of 16.3 ms (3.8 TB/s), its matmuls ~5.2 ms. Left over the "
+     "floor: the thinker's matmuls and SSM (~2.5 ms a frame), the talker's TF32 matmuls (~3 ms: "
+     "cuBLAS reads the fp32 weights once per 128-row tile of the 224 CFG rows), the codec's TF32 "
+     "convolutions and perception's small launches. Five streams gain little: the beat's chain "
+     "is hear (both frames) -> think(0) -> think(1) -> speak(1) -> decode(1), and only think(1) "
+     "runs beside speak(0), both bandwidth-bound at 120 sessions."),
+    ("stages", "Dense: what bounds the beat",
+     ("graph-stages-dense-n128-256-lanes.json", "codec-pointwise-ab-h200.json"),
+     "At 256 sessions inside the replay: the thinker's SSM is 19.0 of 29.4 ms a frame (3.8 "
+     "TB/s), its matmuls 6.4; the talker's attention 13.0 of 19.9 ms (3.9 TB/s); the codec's TF32 "
+     "pointwise matmuls 3.9 of 7.5 ms, GELU 1.3; perception 4.6 ms a frame (one step hears both "
+     "frames). The fit gives ~143 ms a beat at 300 sessions. Left over the floor at 300: the "
+     "SSM's last 10 % to copy bandwidth, the talker attention's last 10 %, the thinker's matmuls "
+     "(compute-bound at 256+ rows), and the codec's GELU and residual passes over [B*T, 4C] "
+     "(cuBLAS cannot take an exact GELU prologue; the Triton matmul that can was slower: "
+     "5.5 against cuBLAS's 3.9 ms a frame at 256, `codec-pointwise-ab-h200.json`)."),
+    ("kernels", "Kernels on the H200",
+     ("kernels-h200.json", "attn-lanes-h200.json", "small-kernels-ab-h200.json",
+      "relpos-ab-h200.json", "attn-layout-h200.json"),
+     "At B = 128 and ~1470 positions of context: the fused Mamba2 step 396 us (80 % of 4.3 TB/s; "
+     "eager 3541 us), the thinker's GQA decode attention 203 us (89 %; eager 3924 us), the "
+     "talker's fp32 CFG attention 408 us (99 %; eager 2856 us); every kernel matches its fp64 "
+     "reference and its graph replay equals eager. At 256 rows: talker attention with a per-lane "
+     "online softmax 467 us with bf16 KV (3.9 TB/s), 1636 us with fp32 CFG KV (4.4 TB/s); the "
+     "Mamba2 conv step 16.2 us; the codec's depthwise conv + LayerNorm 150 / 61 / 33 us at "
+     "C = 384 / 768 / 1536. Perception's relpos attention, one launch a layer reading each row's "
+     "K/V ring in place: 100 -> 30 us a layer at 120 rows, 153 -> 75 at 300 (4 warps). The "
+     "talker's KV holds an even number of positions: Triton proves 16-byte alignment only for a "
+     "head stride P*72 divisible by 16, and with an odd P the attention streamed 2.9 instead of "
+     "4.4 TB/s."),
+    ("checks", "What the parity rows mean",
+     ("graph-check-h200.json",),
+     "fp32, tiny config: the graph backend's text, function and transcript tokens equal the "
+     "eager reference model's in all 50 frames (PCM within 1.2e-5). The serving precision "
+     "against the same backend run eagerly (same kernels, same batches): every token and PCM "
+     "sample equal, tiny and full model. The bf16 profiles against the eager bf16 reference "
+     "model: equal for the first 5 frames of the full model, then the free-running sessions "
+     "part (27 % of text tokens equal over 50 frames, 97 % of transcript tokens), because "
+     "different accumulation orders flip argmax ties on random weights; the eager bf16 and fp32 "
+     "references part the same way (`tests/test_model_voicechat_precision.py`)."),
+)
+
+
+def load(path: Path) -> object:
+    """The file's JSON, or None where it is not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def kind_of(data: object) -> str:
+    if not isinstance(data, dict):
+        return "other"
+    command = str(data.get("command", ""))
+    rows = data.get("rows") if isinstance(data.get("rows"), list) else data.get("variants")
+    if "backend" in data and isinstance(data.get("per_run"), list):
+        return str(data["backend"])
+    if "stage_ms" in data or "graph_stages" in command:
+        return "stages"
+    if "graph_check" in command or (isinstance(rows, list) and rows and isinstance(rows[0], dict)
+                                    and "text_equal" in rows[0]):
+        return "checks"
+    if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+        return "kernels"
+    return "other"
+
+
+def date_of(name: str, data: object) -> str:
+    """ISO date of the run: its `date` field, else the stamp in its name, else ''."""
+    if isinstance(data, dict) and isinstance(data.get("date"), str):
+        return data["date"]
+    m = STAMP.search(name)
+    return "{}-{}-{}T{}:{}:{}".format(*m.groups()) if m else ""
+
+
+def cell(text: object) -> str:
+    return str(text).replace("\n", " ").replace("|", "\\|")
+
+
+def code(text: object) -> str:
+    """A code span; a table's cell() escapes its pipes later (GFM wants \\| inside spans too)."""
+    s = str(text).replace("\n", " ")
+    return f"`` {s} ``" if "`" in s else f"`{s}`"
+
+
+def link(name: str) -> str:
+    return f"[{name}](results/{name})"
+
+
+def short_date(iso: str) -> str:
+    return iso[:16].replace("T", " ") if iso else "—"
+
+
+def num(v: object, fmt: str = "{:.1f}") -> str:
+    return fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else "—"
+
+
+def scalar(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, sort_keys=True, separators=(",", ":"))
+    return str(v)
+
+
+def table(head: list, rows: list, drop_empty: bool = False) -> list:
+    """A Markdown table; with drop_empty, columns that are "—" in every row are left out."""
+    if drop_empty and rows:
+        keep = [i for i in range(len(head)) if any(str(r[i]) != "—" for r in rows)]
+        head, rows = [head[i] for i in keep], [[r[i] for i in keep] for r in rows]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return out + ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+
+
+def per_run(data: dict, key: str) -> str:
+    vals = [num(r.get(key)) for r in data.get("per_run", []) if isinstance(r, dict)]
+    return " / ".join(vals) if any(v != "—" for v in vals) else "—"
+
+
+def live_range(runs: list) -> str:
+    """min / median / max live sessions over the measured beats, where the trace has them."""
+    live = [n for r in runs for n in (r.get("trace") or {}).get("sessions", [])]
+    if not live:
+        return "—"
+    return f"{min(live)} / {statistics.median(live):g} / {max(live)}"
+
+
+def bench_row(name: str, date: str, d: dict) -> list:
+    runs = [r for r in d.get("per_run", []) if isinstance(r, dict)]
+    beats = d.get("beats", "?")
+    late = sum(r.get("late_beats", 0) for r in runs)
+    total = sum(r.get("beats", 0) for r in runs)
+    shape = f"{len(runs)} × {beats}"
+    if "runs_requested" in d:
+        shape += f" (of {d['runs_requested']})"
+    extra = d.get("extra") if isinstance(d.get("extra"), dict) else {}
+    ceiling = extra.get("memory_ceiling_sessions", d.get("memory_ceiling_sessions", "—"))
+    opens = [r for r in runs if "open_p50_ms" in r]
+    waits = " / ".join(f"{r['open_p50_ms'] / 1e3:.1f} / {r['open_p99_ms'] / 1e3:.1f}"
+                       for r in opens) if opens else "—"
+    refused = sum(r.get("refusals", 0) for r in runs)
+    return [short_date(date), link(name), d.get("commit", "—"), d.get("profile", "—"),
+            d.get("sessions", "—"), shape, f"{late} of {total}", per_run(d, "p50_ms"),
+            per_run(d, "p99_ms"), per_run(d, "compute_p50_ms"), per_run(d, "compute_p99_ms"),
+            live_range(runs), waits, refused, ceiling,
+            code(d["command"]) if "command" in d else "—"]
+
+
+BENCH_HEAD = ["date (UTC)", "JSON", "commit", "profile", "sessions", "runs × beats", "late",
+              "p50 ms (per run)", "p99 ms (per run)", "backend p50 ms", "backend p99 ms",
+              "live min / median / max", "open wait p50 / p99 s", "refused", "memory ceiling",
+              "command"]
+
+
+def stage_fit(pair: object) -> str:
+    if isinstance(pair, list) and len(pair) == 2:
+        return f"{pair[0]:g} + {pair[1]:g}·N"
+    return "—"
+
+
+def stage_row(name: str, date: str, d: dict) -> list:
+    beat = d.get("fit_beat") or {}
+    return [link(name), d.get("commit", "—"), d.get("profile", "—"),
+            ", ".join(str(s) for s in d.get("sessions", [])), stage_fit(d.get("fit_frame")),
+            stage_fit(beat.get("beat one stream")), stage_fit(beat.get("beat streams")),
+            code(d["command"]) if "command" in d else "—"]
+
+
+def stage_detail(name: str, d: dict) -> list:
+    """Per stage: the fit's fixed and per-session ms a frame, and the time at the largest N."""
+    fits = d.get("fit_fixed_ms_per_session_ms")
+    if not isinstance(fits, dict):
+        return []
+    stage_ms = d.get("stage_ms") or {}
+    big = max(stage_ms, key=lambda s: int(s) if s.isdigit() else 0) if stage_ms else None
+    body = [[stage, num(f[0], "{:.3g}"), num(f[1], "{:.3g}"),
+             num(stage_ms[big].get(stage), "{:.2f}") if big else "—"]
+            for stage, f in sorted(fits.items())]
+    head = ["stage", "fixed ms", "ms per session", f"ms at {big} sessions"]
+    return ["", f"Per stage, one frame ({name}):", ""] + table(head, body)
+
+
+def rows_table(rows: list) -> list:
+    """A file's own rows as a table, when they are few and flat."""
+    if not rows or len(rows) > ROWS_SHOWN or not all(isinstance(r, dict) for r in rows):
+        return []
+    if any(isinstance(v, (dict, list)) for r in rows for v in r.values()):
+        return []
+    head = list(dict.fromkeys(k for r in rows for k in r))
+    return table(head, [[scalar(r.get(k, "")) for k in head] for r in rows])
+
+
+def own_rows(d: dict) -> list:
+    return d["rows"] if isinstance(d.get("rows"), list) else d.get("variants", [])
+
+
+def listed_row(name: str, date: str, d: dict) -> list:
+    return [short_date(date), link(name), d.get("commit", "—"), d.get("gpu", "—"),
+            len(own_rows(d)), code(d["command"]) if "command" in d else "—"]
+
+
+def listed_detail(name: str, d: dict) -> list:
+    shown = rows_table(own_rows(d))
+    return ["", f"{name}:", ""] + shown if shown else []
+
+
+def other_row(name: str, date: str, d: object) -> list:
+    if isinstance(d, dict):
+        what = "; ".join(f"{k}={scalar(v)[:60]}" for k, v in sorted(d.items())
+                         if not isinstance(v, (dict, list)))
+    else:
+        what = "not JSON" if d is None else f"JSON {type(d).__name__}"
+    return [short_date(date), link(name), what or "—"]
+
+
+LISTED_HEAD = ["date (UTC)", "JSON", "commit", "device", "rows", "command"]
+STAGES_HEAD = ["JSON", "commit", "profile", "sessions", "frame fit ms",
+               "beat fit ms, one stream", "beat fit ms, five streams", "command"]
+OTHER_HEAD = ["date (UTC)", "file", "top-level scalars"]
+
+
+def shape_of(kind: str) -> tuple:
+    """(header, row builder, detail builder) for a kind; bench runs of any backend share one."""
+    if kind == "stages":
+        return STAGES_HEAD, stage_row, stage_detail
+    if kind in ("kernels", "checks"):
+        return LISTED_HEAD, listed_row, listed_detail
+    if kind == "other":
+        return OTHER_HEAD, other_row, lambda name, d: []
+    return BENCH_HEAD, bench_row, lambda name, d: []
+
+
+def entry(path: Path) -> tuple:
+    """(kind, name, data, date, row, detail): a schema that surprises its kind's renderer
+    falls back to the generic row instead of failing the whole file."""
+    data = load(path) if path.suffix == ".json" else None
+    name, kind = path.name, kind_of(data)
+    date = date_of(name, data)
+    _, row, detail = shape_of(kind)
+    try:
+        return kind, name, data, date, row(name, date, data), detail(name, data)
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError):
+        return "other", name, data, date, other_row(name, date, data), []
+
+
+def notes_of(group: list) -> list:
+    """Bullets for the `note`-like fields the files carry."""
+    out = []
+    for _, name, d, *_ in group:
+        if isinstance(d, dict):
+            for key in sorted(k for k in d if k.endswith("note") and isinstance(d[k], str)):
+                out.append(f"- {name} ({key}): {cell(d[key])}")
+    return ["", "Notes recorded in the files:", ""] + out if out else []
+
+
+def findings(kind: str, present: set) -> list:
+    out = []
+    for note_kind, title, files, text in NOTES:
+        if note_kind != kind:
+            continue
+        if not all(f in present for f in files):
+            print(f"results_md: finding {title!r} dropped: a file it cites is gone",
+                  file=sys.stderr)
+            continue
+        out += ["", f"### {title}", "", f"From {', '.join(link(f) for f in files)}.", "", text]
+    return out
+
+
+HEADER = ("Generated by `python bench/results_md.py` from `bench/results/`; do not edit by hand "
+          "(`python bench/results_md.py --check` fails when this file is stale). Rows are newest "
+          "first; each names its JSON file, the commit it was measured at and the command that "
+          "made it, as the file records them. Latency is at the server boundary, from beat "
+          "release to outputs routed; a beat is late past 160 ms.")
+
+
+def render(results: Path) -> str:
+    groups: dict = {}
+    for path in sorted(p for p in results.iterdir() if p.is_file()):
+        e = entry(path)
+        groups.setdefault(e[0], []).append(e)
+    present = {p.name for p in results.iterdir()}
+    titles = dict(SECTIONS)
+    backends = sorted(k for k in groups if k not in titles)
+    order = [("graph", titles["graph"]), ("sim", titles["sim"])]
+    order += [(b, f"Bench runs on the `{b}` backend") for b in backends]
+    order += [s for s in SECTIONS if s[0] not in ("graph", "sim")]
+    out = ["# Measurements", "", HEADER]
+    for kind, heading in order:
+        group = sorted(groups.get(kind, []), key=lambda e: e[1])
+        group = sorted(group, key=lambda e: e[3], reverse=True)   # newest first, ties by name
+        if not group:
+            continue
+        head = shape_of(kind)[0]
+        out += ["", f"## {heading}", ""]
+        if kind == "stages":
+            out += ["Fits are ms for N sessions (least squares over the measured N).", ""]
+        out += table(head, [e[4] for e in group], drop_empty=head is BENCH_HEAD)
+        out += [line for e in group for line in e[5]]
+        out += notes_of(group) + findings(kind, present)
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python bench/results_md.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="exit 1 if the output file is stale")
+    ap.add_argument("--results", default=str(RESULTS), help="folder of result files")
+    ap.add_argument("--out", default=str(OUT), help="the Markdown file to write or check")
+    args = ap.parse_args(argv)
+    text = render(Path(args.results))
+    out = Path(args.out)
+    if args.check:
+        if not out.exists() or out.read_text() != text:
+            print(f"{out} is stale: run python bench/results_md.py", file=sys.stderr)
+            return 1
+        return 0
+    out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
