@@ -1,0 +1,89 @@
+"""Teacher-forced fidelity of a serving precision profile against the fp32 reference, per stage
+(gpu/engine/fidelity.py says how it forces and what it measures). Builds both models with the
+same random weights of the config's real shapes on the device, installs the engine's Triton
+decode ops in the tested one, prints a per-quantity table and writes JSON.
+
+    python3 bench/fidelity.py --config full --profile dense --sessions 8 --frames 32 \\
+        --out bench/results/fidelity-dense.json
+
+Device: cuda if available, else the CPU (there the kernels run in Triton's interpreter, slowly:
+pass --no-kernels for the plain PyTorch tested model).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# Triton reads TRITON_INTERPRET when it is imported: decide before torch is.
+if not (Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch                                                              # noqa: E402
+
+from gpu.engine.fidelity import build_pair, measure, table               # noqa: E402
+from gpu.model.config import Profile, VoiceChatConfig                    # noqa: E402
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("WAVE_COMMIT")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="tiny", choices=["tiny", "full"])
+    ap.add_argument("--profile", default="dense", help="tested profile: reference, dense (or fp32, fp32-dense)")
+    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--frames", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompt-len", type=int, default=8)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--no-kernels", action="store_true", help="test the plain PyTorch model")
+    ap.add_argument("--chain", action="store_true",
+                    help="continuous stage inputs from the tested model (errors add up); tokens stay forced")
+    ap.add_argument("--out", default=None, help="JSON path (default: print only)")
+    args = ap.parse_args(argv)
+    command = " ".join(shlex.quote(a) for a in [sys.argv[0]] + (sys.argv[1:] if argv is None else argv))
+
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)            # tiny shapes: one thread beats contending ones
+    cfg, profile = VoiceChatConfig.named(args.config), Profile.named(args.profile)
+    t0 = time.perf_counter()
+    model_ref, model_test = build_pair(cfg, profile, device, args.seed, kernels=not args.no_kernels)
+    build_s = time.perf_counter() - t0
+    res = measure(model_ref, model_test, args.sessions, args.frames, args.seed, chain=args.chain,
+                  prompt_len=args.prompt_len)
+    res.update(command=command, commit=git_commit(), build_s=round(build_s, 2),
+               device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
+               torch=torch.__version__)
+    if device.type == "cuda":
+        res["max_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
+    print(f"fidelity {res['config']} {res['profile']} vs {res['reference_profile']} on "
+          f"{res['device_name']}: {args.sessions} sessions x {args.frames} frames, kernels "
+          f"{res['kernels']}, chain {args.chain}; build {build_s:.1f} s, measure {res['seconds']:.1f} s")
+    print(table(res))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
