@@ -14,7 +14,7 @@ Seen on one H200 (torch 2.11, triton 3.6; full config, 8 sessions x 32 frames, 7
 25 s (reference) and 14 s (dense) a run, Triton compilation included. rel_l2: perception and
 thinker 1.4-1.9e-2 (bf16), talker 1.3e-3 (TF32) / 1.6e-3 (bf16 KV), RNNT 3e-4, codec 1e-2 with
 rel_max 0.12 (TF32 matmuls; the same without the kernels, 2e-5 in the fp32 profile with them);
-thinker top-1 on margin > 1e-2·max rows 99.0% (its rel_max, 1.85e-2, passes that bound).
+thinker top-1 on margin > 1e-2·max rows 99.0% (its rel_max, 1.85e-2, exceeds that bound).
 """
 from __future__ import annotations
 
