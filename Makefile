@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test test-fast bench clean
 
 $(STAMP): requirements.txt requirements-test.txt
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# The edit-test loop: everything but the tests marked slow (and the device's).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not gpu" tests
 
 bench: $(STAMP)
 	$(BIN)/python -m wave_actors.bench --backend sim --sessions 32 --beats 200

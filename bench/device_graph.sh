@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: carried wheels, then any of (each optional, each bounded by its timeout):
-#   PYTEST=1            the GPU tests: `gpu`-marked, kernels, engine paths (no network-bound e2e);
-#                       PYTEST_FILES="tests/a.py tests/b.py" runs only those
+#   PYTEST=1            the device tests: kernels, engine, the model's graph paths (no network e2e);
+#                       PYTEST_FILES="tests/a tests/b.py" runs only those
 #   CHECK="--full"      graph-backend parity (tiny, and with --full the full model), graph vs eager
 #   STAGES="8,32,64,96" per-stage graph timings, whole beats on one stream and on five, and the
 #                       top kernels of each stage at KERNELS (64) sessions (eager and inside the
@@ -17,9 +17,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv | tee $OUT/nvsmi.txt
 if [ -n "$PYTEST" ]; then
-  timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider ${PYTEST_FILES:-tests/test_kernels_*.py \
-    tests/test_engine_paths.py tests/test_model_voicechat.py tests/test_talker_decode_ops.py \
-    tests/test_codec_decode_ops.py} \
+  timeout ${PYTEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider ${PYTEST_FILES:-tests/kernels tests/engine \
+    tests/model/test_model_voicechat.py} \
     2>&1 | tee $OUT/pytest.log | tail -4
 fi
 if [ -n "$CHECK" ]; then

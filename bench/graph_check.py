@@ -1,4 +1,4 @@
-"""Device check of the graph backend: parity with the eager reference model (equal tokens in fp32;
+"""Device check of the graph executor: parity with the eager reference model (equal tokens in fp32;
 the serving precisions' deviation measured), and graph replay against the same backend run
 eagerly in the serving precision (same kernels, same batches: must be equal). Prints a table;
 writes JSON.
@@ -18,10 +18,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu.engine.graph_backend import GraphBackend                      # noqa: E402
+from gpu.engine.graph_executor import GraphExecutor                    # noqa: E402
 from gpu.engine.parity import compare, engine_run, reference_run      # noqa: E402
-from wave_actors.backend import SessionSpec                           # noqa: E402
-from wave_actors.backends import BackendOptions                       # noqa: E402
+from wave_actors.core.contract import SessionSpec                           # noqa: E402
+from wave_actors.core.contract import ExecutorOptions                   # noqa: E402
 
 SPECS = [SessionSpec("You are a helpful assistant."), SessionSpec(""),
          SessionSpec("Answer briefly.", [{"name": "lookup", "description": "d", "parameters": {}}]),
@@ -36,12 +36,12 @@ def _audio(frames: int, seed: int) -> np.ndarray:
     return (0.1 * rng.standard_normal((len(SPECS), frames, 1280))).astype(np.float32)
 
 
-def _backend(config: str, profile: str, frames: int, seed: int, **variant) -> GraphBackend:
-    return GraphBackend(BackendOptions(max_sessions=6, profile=profile, config=config,
+def _backend(config: str, profile: str, frames: int, seed: int, **variant) -> GraphExecutor:
+    return GraphExecutor(ExecutorOptions(max_sessions=6, profile=profile, config=config,
                                        max_context=frames + 64, seed=seed), **variant)
 
 
-def _release(backend: GraphBackend) -> None:
+def _release(backend: GraphExecutor) -> None:
     backend.close()
     del backend
     torch.cuda.empty_cache()

@@ -17,11 +17,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu.engine.graph_backend import GraphBackend, bucket_for          # noqa: E402
-from gpu.model.tokenizer import BOS                                     # noqa: E402
+from gpu.engine.graph_executor import GraphExecutor, bucket_for        # noqa: E402
+from wave_actors.core.text import BOS                                     # noqa: E402
 from gpu.model.talker import TalkerInputs                              # noqa: E402
-from wave_actors.backend import SessionSpec                             # noqa: E402
-from wave_actors.backends import BackendOptions                         # noqa: E402
+from wave_actors.core.contract import SessionSpec                             # noqa: E402
+from wave_actors.core.beat_driver import BeatDriver                             # noqa: E402
+from wave_actors.core.contract import ExecutorOptions                     # noqa: E402
 
 
 def stage_times(model, state, slots, audio) -> dict:
@@ -61,28 +62,28 @@ def main() -> int:
     args = ap.parse_args()
     n = args.sessions
     t0 = time.perf_counter()
-    b = GraphBackend(BackendOptions(max_sessions=n, profile=args.profile, config=args.config,
+    b = GraphExecutor(ExecutorOptions(max_sessions=n, profile=args.profile, config=args.config,
                                     max_context=args.context + 2 * args.beats + 64,
                                     context_offset=args.context))
     res = {"build_s": round(time.perf_counter() - t0, 1), "sessions": n, "context": args.context,
            "config": args.config, "profile": args.profile}
     print("built", res, flush=True)
+    driver = BeatDriver(b)
     for s in range(n):
-        b.open_slot(s, SessionSpec("You are a helpful assistant."))
-    inp, out = b.alloc_input(), b.alloc_output()
+        driver.open(s, SessionSpec("You are a helpful assistant."))
     start = []
 
     async def beats():
-        while not all(b.ready(s) for s in range(n)):
+        while not all(driver.ready(s) for s in range(n)):
             t = time.perf_counter()
-            await b.run_beat(inp, out)
+            await driver.beat()
             start.append(round(1000 * (time.perf_counter() - t), 1))
-        inp.live[:n] = True
-        inp.audio[:n] = 0.05 * np.random.default_rng(0).standard_normal(inp.audio[:n].shape)
+        audio = np.zeros(driver.inp.audio.shape, np.float32)
+        audio[:n] = 0.05 * np.random.default_rng(0).standard_normal(audio[:n].shape)
         live = []
         for _ in range(args.beats):
             t = time.perf_counter()
-            await b.run_beat(inp, out)
+            await driver.beat(audio)
             live.append(round(1000 * (time.perf_counter() - t), 1))
         return live
     live = asyncio.run(beats())
@@ -99,7 +100,7 @@ def main() -> int:
     audio = torch.randn(n, 1280, device="cuda") * 0.05
     stage_times(b.model, b.state, slots, audio)
     res["eager_stage_ms"] = stage_times(b.model, b.state, slots, audio)
-    res["finite"] = bool(np.isfinite(out.pcm[:n]).all())
+    res["finite"] = bool(np.isfinite(driver.out.pcm[:n]).all())
     print(json.dumps(res), flush=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     return 0

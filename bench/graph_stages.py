@@ -29,7 +29,7 @@ from gpu.engine.beat_streams import StreamedBeat                      # noqa: E4
 from gpu.engine.decode_ops import TritonDecodeOps, install            # noqa: E402
 from gpu.model.config import Profile, VoiceChatConfig                 # noqa: E402
 from gpu.model.talker import TalkerInputs                             # noqa: E402
-from gpu.model.tokenizer import BOS                                   # noqa: E402
+from wave_actors.core.text import BOS                                   # noqa: E402
 from gpu.model.voicechat import VoiceChat                             # noqa: E402
 from gpu.model.voicechat_weights import load_dtype, random_weights_on  # noqa: E402
 from wave_actors.bench import git_commit                              # noqa: E402

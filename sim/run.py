@@ -6,6 +6,11 @@ the profile, the context, and the number of sessions.
     python -m sim.run --sessions 96 --beats 500 --jitter 0.05
     python -m sim.run --find-max --profile dense --cost-model my-fit.json
     python -m sim.run --sessions 280 --profile dense --cost-model sim/costmodel_h200_dense.json --churn 60
+    python -m sim.run --sessions 280 --churn 60 --policy eager
+    python -m sim.run --sessions 280 --churn 60 --policy budgeted margin_s=0.004 give_up=20
+
+`--policy` names the start policy (a built-in's short name, or module:Class of one's own,
+then key=value parameters); the result JSON records it under `policy`.
 """
 from __future__ import annotations
 
@@ -32,6 +37,9 @@ def main(argv=None) -> int:
     ap.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
                     help="mean call length: calls end and new ones start through the run, so "
                          "session starts compete with live beats (default 0: no churn)")
+    ap.add_argument("--policy", nargs="+", metavar="WORD",
+                    help="start policy: budgeted | eager | module:Class, then key=value ...")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the cost model's jitter")
     ap.add_argument("--find-max", action="store_true")
     ap.add_argument("--out", default=str(bench.RESULTS))
     args = ap.parse_args(argv)
@@ -49,6 +57,9 @@ def main(argv=None) -> int:
                  "--profile", args.profile, "--cost-model", cost, "--out", args.out]
     if args.churn:
         forwarded += ["--churn", str(args.churn)]
+    if args.policy:
+        forwarded += ["--policy", *args.policy]
+    forwarded += ["--seed", str(args.seed)]
     if args.find_max:
         forwarded.append("--find-max")
     return bench.main(forwarded, "python -m sim.run " + " ".join(

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.backend import SimBackend
 from sim.costmodel import CostModel
+from sim.executor import SimExecutor
 from transports.client import NodeClient
-from wave_actors.clocks import Clock, VirtualTimeLoop
+from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.contract import ExecutorOptions
+from wave_actors.core.timebase import Clock, VirtualTimeLoop
 from wave_actors.node import Node, NodeConfig
 
 _ids = itertools.count()
@@ -49,13 +51,18 @@ class VirtualNode:
     """A node + one client on a VirtualTimeLoop; `run(coro)` drives the loop."""
 
     def __init__(self, max_sessions: int = 3, cost: CostModel | None = None,
-                 backend: type[SimBackend] = SimBackend, **cfg):
+                 executor: type[SimExecutor] = SimExecutor, prebuffer: int | None = None,
+                 max_queue: int | None = None, **cfg):
         self.loop = VirtualTimeLoop()
         asyncio.set_event_loop(self.loop)
         self.clock = Clock(self.loop)
-        self.backend = backend(max_sessions, cost or CostModel.load(), self.clock, trace=True)
+        self.executor = executor(ExecutorOptions(max_sessions=max_sessions),
+                                 cost or CostModel.load(), self.clock, trace=True)
         bind = f"inproc://node-{next(_ids)}"
-        self.node = Node(NodeConfig(bind=bind, max_sessions=max_sessions, **cfg), self.backend,
+        jitter = {k: v for k, v in (("prebuffer", prebuffer), ("max_queue", max_queue)) if v}
+        if jitter:
+            cfg["clock_policy"] = ClockPolicy(**jitter)
+        self.node = Node(NodeConfig(bind=bind, max_sessions=max_sessions, **cfg), self.executor,
                          self.clock)
         self.run(self.node.start())
         self.client = NodeClient(bind, ctx=self.node.ctx)

@@ -19,7 +19,7 @@ def rel(a, b):
 @contextlib.contextmanager
 def exact_fp32():
     """Within: matmuls and cuDNN convolutions in fp32. On the GPU cuDNN defaults to TF32 and a
-    GraphBackend sets the matmul flag for its profile (~1e-3 either), which would hide an error
+    GraphExecutor sets the matmul flag for its profile (~1e-3 either), which would hide an error
     between two fp32 paths; on the CPU this changes nothing."""
     with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, allow_tf32=False):
         tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False

@@ -27,10 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from transports.client import NodeClient
-from wave_actors.backends import NAMES, BackendOptions, make_backend
 from wave_actors.bench_clients import OPEN_TIMEOUT_S, Generators, drive_all
-from wave_actors.clocks import Clock, new_loop
-from wave_actors.frames import BEAT_S
+from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.contract import ExecutorOptions
+from wave_actors.core.frames import BEAT_S
+from wave_actors.core.policy_spec import PolicyError, load_class, make_policy
+from wave_actors.core.timebase import Clock, new_loop
+from wave_actors.executors import NAMES, entry, make_executor
 from wave_actors.node import Node, NodeConfig
 from wave_actors.serving_process import serving_process
 
@@ -71,6 +74,9 @@ class RunResult:
     opens: int = 0
     open_p50_ms: float = 0.0
     open_p99_ms: float = 0.0
+    # the start and clock policies the run's node ran with: name, class, parameters and what
+    # the start policy counted (beats held back, starts given up, its step's measured cost)
+    policies: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -89,6 +95,7 @@ class BenchResult:
     commit: str
     date: str
     command: str
+    policy: dict = field(default_factory=dict)      # start and clock: name, class, parameters
     per_run: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
@@ -100,30 +107,31 @@ def context_frames(args, n: int) -> int:
     return 2 * (args.beats + args.warmup_max + max(96, 2 * n))
 
 
-def make_backend_for(args, max_n: int, clock: Clock | None = None):
+def make_executor_for(args, max_n: int, clock: Clock | None = None):
     """One backend for the whole benchmark: a GPU model is built once and serves every run (each
     run is a fresh node whose sessions reset their slots). Slots are sized for `max_n` sessions."""
     # Every measured beat runs at `context` frames, however many beats a run has. On the GPU a
     # session goes live pre-filled to `context` and holds there: each time it has run HOLD_FRAMES
-    # more it steps back HOLD_FRAMES positions (BackendOptions.context_hold), so the state is
+    # more it steps back HOLD_FRAMES positions (ExecutorOptions.context_hold), so the state is
     # sized for context + HOLD_FRAMES (the memory ceiling at that context). 500 beats add 1000
     # frames: grown instead, they would need two thirds more memory per session, or a start at
     # 500 frames that measures a shorter conversation on average. The simulator holds its
     # modelled context the same way.
-    gpu = args.backend == "graph"
+    device = entry(args.backend).caps.device
     offset = args.context
-    max_context = args.context + (HOLD_FRAMES if gpu else context_frames(args, max_n))
-    opts = BackendOptions(max(max_n, args.max_sessions or 0), args.profile, args.config,
-                          max_context, offset, args.cost_model, None, None, args.seed,
-                          context_hold=HOLD_FRAMES, beat_wait=args.beat_wait)
-    return make_backend(args.backend, opts, clock)
+    max_context = args.context + (HOLD_FRAMES if device else context_frames(args, max_n))
+    opts = ExecutorOptions(max_sessions=max(max_n, args.max_sessions or 0), profile=args.profile,
+                           config=args.config, max_context=max_context, context_offset=offset,
+                           cost_model=args.cost_model, seed=args.seed, context_hold=HOLD_FRAMES,
+                           beat_wait=args.beat_wait)
+    return make_executor(args.backend, opts, clock)
 
 
 async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     clock = Clock()
     own = backend is None
     if own:
-        backend = make_backend_for(args, n, clock)
+        backend = make_executor_for(args, n, clock)
     elif hasattr(backend, "clock"):
         backend.clock = clock
     # Virtual time needs every message to be readable the moment it is sent, which inproc ZMQ
@@ -132,13 +140,16 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     if hasattr(backend, "prepare"):
         backend.prepare(n)            # capture this N's graph before any beat runs
     node = Node(NodeConfig(bind=bind, max_sessions=backend.max_sessions, idle_timeout_s=60.0,
-                           start_timeout_s=OPEN_TIMEOUT_S),
+                           start_timeout_s=OPEN_TIMEOUT_S, start_policy=args.start_policy,
+                           clock_policy=args.clock_policy),
                 backend, clock)
     await node.start()
     try:
         with serving_process():      # as `python -m wave_actors.node` serves
             records, stats, refusals, waits = await _drive(args, node, n, clock, loop_virtual)
         errors = sum(node.counters.errors.values())
+        policies = {"start": node.start_policy.describe(),
+                    "clock": node.cfg.clock_policy.describe()}
     finally:
         await node.drain()
         if own:
@@ -155,7 +166,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      sum(s["frames_out"] for s in stats), errors,
                      float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
                      _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0,
-                     len(waits), float(open_p50), float(open_p99))
+                     len(waits), float(open_p50), float(open_p99), policies)
 
 
 def _worst(trace: dict, k: int = 3) -> str:
@@ -338,13 +349,15 @@ def _gpu_name() -> str:
 
 
 def summarize(args, n: int, runs: list[RunResult], extra: dict) -> BenchResult:
+    policy = {kind: {k: d[k] for k in ("name", "class", "params")}
+              for kind, d in runs[0].policies.items()} if runs and runs[0].policies else {}
     return BenchResult(args.backend, args.profile, args.context, n, len(runs), args.beats,
                        sum(r.late_beats for r in runs), max(r.p50_ms for r in runs),
                        max(r.p99_ms for r in runs), args.virtual, _gpu_name(), git_commit(),
                        dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        getattr(args, "command", None)
                        or "python -m wave_actors.bench " + " ".join(sys.argv[1:]),
-                       [asdict(r) for r in runs], extra)
+                       policy, [asdict(r) for r in runs], extra)
 
 
 def write(result: BenchResult, out_dir: Path) -> Path:
@@ -388,10 +401,22 @@ def parse_args(argv=None):
     ap.add_argument("--client-procs", type=int, default=CLIENT_PROCS,
                     help="load-generator processes for the sessions (0: the callers share the "
                          "node's process; --virtual always does)")
+    ap.add_argument("--policy", nargs="+", metavar="WORD",
+                    help="start policy: budgeted | eager | module:Class, then key=value "
+                         "parameters (default: the executor's); recorded in the result")
+    ap.add_argument("--release-hold-ms", type=float, default=1e3 * ClockPolicy().release_hold_s,
+                    help="clock policy: session actors' output work waits this long before a "
+                         "release until the beat is queued (0: off)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
-    if args.virtual and args.backend != "sim":
-        ap.error("--virtual needs the sim backend: real backends take real time")
+    if args.virtual and not entry(args.backend).caps.modelled_time:
+        ap.error(f"--virtual needs an executor with modelled time (sim): {args.backend} "
+                 f"takes real time")
+    try:
+        args.start_policy = make_policy(args.policy) if args.policy else None
+        args.clock_policy = ClockPolicy(release_hold_s=args.release_hold_ms / 1e3)
+    except (PolicyError, ValueError) as exc:
+        ap.error(str(exc))
     if args.sessions < 1 or args.beats < 1 or args.runs < 1:
         ap.error("--sessions, --beats and --runs must be positive")
     if not args.churn >= 0:
@@ -406,13 +431,13 @@ def main(argv=None, command: str | None = None) -> int:
     args.command = command
     extra: dict = {}
     backend, ceiling = None, None
-    if args.backend == "graph":
+    if entry(args.backend).caps.device:
         # One model on the GPU for every run, slots for the most sessions this run may ask for.
-        from gpu.engine.graph_backend import memory_ceiling
-        ceiling = memory_ceiling(args.config, args.profile, args.context + 8)
+        ceiling = load_class(entry(args.backend).target).memory_ceiling(
+            args.config, args.profile, args.context + HOLD_FRAMES)
         print(f"memory ceiling at this context: {ceiling} sessions", flush=True)
         slots = min(args.max_find, ceiling) if args.find_max else args.sessions
-        backend = make_backend_for(args, slots)
+        backend = make_executor_for(args, slots)
         extra["engine"] = backend.describe()
     if args.find_max:
         n, seen = find_max(args, backend, ceiling)
@@ -421,16 +446,16 @@ def main(argv=None, command: str | None = None) -> int:
     else:
         n, runs = args.sessions, measure(args, args.sessions, backend)
     if backend is not None:
-        from gpu.engine.baseline import measure_baseline
-        base = measure_baseline(backend.model, args.context)
+        base = backend.baseline(args.context)
         extra["baseline"] = base
         # The stock stack is credited with one session even when its beat misses the deadline.
         extra["sessions_ratio"] = n / max(1, base["sessions_on_time"])
         facts = backend.describe()
         extra["engine_after"] = facts
-        print(f"session starts: a start step took up to {facts.get('start_step_ms')} ms (recent), "
-              f"{facts.get('start_beats_held_back')} beats had no room for one, "
-              f"{facts.get('starts_refused_no_room')} starts were refused for want of room",
+        starts = runs[-1].policies.get("start", {}) if runs else {}
+        print(f"session starts ({starts.get('name')} policy): a start step took up to "
+              f"{starts.get('start_step_ms')} ms (recent), {starts.get('held_back')} beats had no "
+              f"room for one, {starts.get('given_up')} starts were refused for want of room",
               flush=True)
         extra["memory_used_bytes"] = facts["memory_used_bytes"]
         extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
@@ -441,6 +466,8 @@ def main(argv=None, command: str | None = None) -> int:
     print(f"{result.backend:8} {result.profile:10} {result.context:7d} {result.sessions:8d} "
           f"{result.runs:4d} {result.beats:6d} {result.late_beats:5d} {result.p50_ms:8.2f} "
           f"{result.p99_ms:8.2f}")
+    for kind, pol in result.policy.items():
+        print(f"{kind} policy: {pol['name']} ({pol['class']}) {pol['params']}")
     if "baseline" in extra:
         b = extra["baseline"]
         print(f"baseline (reference model, one session at a time, eager): beat {b['beat_ms_p50']:.1f}"

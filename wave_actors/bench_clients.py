@@ -18,8 +18,8 @@ import queue
 import numpy as np
 
 from transports.client import NodeClient, Refused
-from wave_actors.clocks import Clock
-from wave_actors.frames import IN_RATE, SAMPLES_IN
+from wave_actors.core.timebase import Clock
+from wave_actors.core.frames import IN_RATE, SAMPLES_IN
 
 OPEN_TIMEOUT_S = 900.0      # the slowest session start of a burst of N opens
 RESULT_TIMEOUT_S = 120.0    # a load generator's report after it was told to stop

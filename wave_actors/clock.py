@@ -1,17 +1,22 @@
-"""BeatClockActor: one per GPU. Releases a beat every 160 ms on a drift-free schedule, packs two
-frames per live session into the backend's (pinned) input slot, runs the backend, stamps latency
-and lateness, and hands each session's outputs to its SessionActor's mailbox (`deliver`). Frames
-come in over ZMQ (inproc); outputs go straight to the mailbox because the session actors run in
-this process and loop: an inproc message per session cost ~25 µs of the loop (3 ms of every
-beat's latency at 120 sessions, 7 ms at 300), a mailbox put a few.
+"""BeatClockActor: one per GPU. It owns the session table (slot, generation) and the slot book,
+releases a beat every 160 ms on a drift-free schedule, packs two frames per session in the beat
+straight into the executor's input ring, hands the executor the book's plan, and routes each
+session's outputs to its owner. Frames come in over ZMQ (inproc), each naming its session's
+handle; outputs go to the session actors' mailboxes (same process, same loop).
 
 Schedule: release_k = t0 + k·160 ms. A beat that overruns delays the next one (frames are
 sequential: frame t+1 needs frame t's tokens), but the schedule never shifts, so the overrun
 shows as lateness of the following beats instead of being silently absorbed. The clock never
-waits for a client: a missing frame is silence plus an underrun (see `scheduler`).
+waits for a client: a missing frame is silence plus an underrun (see `jitter`).
 
-Slot changes (open, close, tool results) arrive at any time but reach the backend only between
-beats, so a backend never sees its state change under a running beat.
+One beat is in flight at a time, but the next is packed while it runs: at its release the clock
+reads the frames, plans and packs beat k+1 into the other ring slot, and only then waits for
+beat k (if it overran) before submitting. A beat packed while its predecessor still ran began
+behind schedule, so it is planned with no time for start work.
+
+Slot changes (open, close, tool results) arrive at any time but reach the book only between
+beats, so an executor never sees its state change under a running beat. A message naming a
+stale handle is rejected and counted (`SessionTable.stale`).
 """
 from __future__ import annotations
 
@@ -27,23 +32,24 @@ import zmq
 import zmq.asyncio
 
 from transports import zsock
-from wave_actors.backend import Backend, SessionSpec, StartRefused
-from wave_actors.clocks import Clock
-from wave_actors.frames import BEAT_S
+from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.contract import Executor, Handle, SessionSpec, StartRefused
+from wave_actors.core.frames import BEAT_S
+from wave_actors.core.jitter import SlotStats
+from wave_actors.core.session_table import (END_OF_STREAM, FRAME_HEADER, CapacityError,
+                                            SessionTable)
+from wave_actors.core.slot_book import BookPlan, SlotBook
+from wave_actors.core.start_policy import StartPolicy
+from wave_actors.core.timebase import Clock
 from wave_actors.gc_pauses import GcPauses, collect_between_beats
-
 from wave_actors.runtime import Actor
-from wave_actors.scheduler import BeatScheduler, CapacityError, SlotStats
-from wave_actors.session import END_OF_STREAM, FRAME_HEADER, BeatOut
+from wave_actors.session import BeatOut
 
 LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
-RELEASE_SPIN_S = 1e-3           # the release's last ms is spun, not timed (Clock.sleep_until)
-OUT_HOLD_S = 3e-3               # session actors' output work waits from this long before a
-                                # release until the beat's device work is queued
 
-# Hands a session's beat outputs to the SessionActor behind an inproc identity; False when there
-# is none (not started yet, or gone).
-Deliver = Callable[[bytes, BeatOut], bool]
+# Hands a session's beat outputs to its owner (what the node gave at admission); False when
+# the owner cannot take them (not started yet, or gone).
+Deliver = Callable[[Any, BeatOut], bool]
 
 log = logging.getLogger("wave.clock")
 
@@ -51,23 +57,22 @@ log = logging.getLogger("wave.clock")
 @dataclass
 class Admit:
     key: Any
-    identity: bytes           # the SessionActor's DEALER identity on the inproc socket
+    owner: Any                # where the session's outputs go (`Deliver`'s first argument)
     spec: SessionSpec
 
 
 @dataclass
 class Release:
-    slot: int
+    handle: Handle
     stream_ended: bool = False   # its session sent END_OF_STREAM: count its frames in flight first
 
 
 STREAM_END_WAIT_S = 0.5         # a marker lost with a restarting socket cannot hold a release
-_END_HEADER = FRAME_HEADER.pack(END_OF_STREAM)
 
 
 @dataclass
 class FunctionTokens:
-    slot: int
+    handle: Handle
     ids: list[int]
 
 
@@ -79,11 +84,11 @@ class BeatRecord:
     compute_s: float
     sessions: int
     late: bool
-    begin_s: float = 0.0     # release → the backend called (frames packed, ops applied)
+    begin_s: float = 0.0     # release → the beat planned (frames read, slot changes applied)
     wake_s: float = 0.0      # release → the beat loop awake: how long the loop was busy elsewhere
     frames_read: int = 0     # audio frames read since the previous beat was released
     gc_s: float = 0.0        # garbage collection since the previous beat (a stopped loop)
-    returned_s: float = 0.0  # release → the backend's call returned to the beat loop
+    returned_s: float = 0.0  # release → the executor's beat done, back on the loop
 
 
 class RowPool:
@@ -120,8 +125,8 @@ class RowPool:
 class ClockStats:
     beats: int = 0
     late_beats: int = 0
-    dropped_frames: int = 0       # frames pushed for unknown or released slots
-    unroutable: int = 0           # outputs whose session actor was not there (not yet, or gone)
+    dropped_frames: int = 0       # frames pushed for unknown, stale or released sessions
+    unroutable: int = 0           # outputs whose owner could not take them (not yet, or gone)
     records: list[BeatRecord] = field(default_factory=list)        # every beat (bench, tests)
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
 
@@ -129,39 +134,45 @@ class ClockStats:
 class BeatClockActor(Actor):
     reply_errors = (CapacityError,)
 
-    def __init__(self, backend: Backend, ctx: zmq.asyncio.Context, endpoint: str,
-                 clock: Clock, deliver: Deliver, prebuffer: int = 3, max_queue: int = 50,
-                 on_beat: Callable[[BeatRecord], None] | None = None, keep_records: bool = True):
+    def __init__(self, executor: Executor, ctx: zmq.asyncio.Context, endpoint: str,
+                 clock: Clock, deliver: Deliver, policy: ClockPolicy, start_policy: StartPolicy,
+                 epoch: int = 0, on_beat: Callable[[BeatRecord], None] | None = None,
+                 keep_records: bool = True):
         super().__init__("clock")
-        self.backend, self.ctx, self.endpoint, self.clock = backend, ctx, endpoint, clock
+        self.executor, self.ctx, self.endpoint, self.clock = executor, ctx, endpoint, clock
+        self.policy = policy
         self._deliver = deliver
-        self.scheduler = BeatScheduler(backend.max_sessions, prebuffer, max_queue)
+        opts = executor.options
+        self.table = SessionTable(executor.max_sessions, epoch, policy.prebuffer, policy.max_queue)
+        self.book = SlotBook(executor.max_sessions, executor.start_shape, start_policy,
+                             opts.frames_per_session, opts.context_hold)
         self.stats = ClockStats()
         self._on_beat, self._keep_records = on_beat, keep_records
         self._frames_read = 0           # since the last release (BeatRecord.frames_read)
         self.gc = GcPauses()
-        self._inputs = [backend.alloc_input(), backend.alloc_input()]       # ring of two slots
-        self._outputs = [backend.alloc_output(), backend.alloc_output()]
+        self._inputs = [executor.alloc_input(), executor.alloc_input()]     # ring of two slots
+        self._outputs = [executor.alloc_output(), executor.alloc_output()]
         self._pcm_rows = RowPool()
-        self._identity_slot: dict[bytes, int] = {}
-        self._slot_identity: dict[int, bytes] = {}
         self._ops: list[tuple] = []              # slot changes for the next beat boundary
-        self._backend_open: set[int] = set()
-        self._ready_waiters: dict[int, asyncio.Future] = {}   # admitted, start not done yet
-        self._stream_ends: dict[int, asyncio.Future] = {}     # END_OF_STREAM seen (closing)
+        self._ready_waiters: dict[Handle, asyncio.Future] = {}   # admitted, start not done yet
+        self._stream_ends: dict[Handle, asyncio.Future] = {}     # END_OF_STREAM seen (closing)
+        self._inflight: asyncio.Task | None = None               # the beat the executor runs
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self.t0: float | None = None
         self._outputs_free = asyncio.Event()
         self._outputs_free.set()
-        # The clock's own share of recent beats (latency less the backend's compute): what a
-        # backend must leave of a beat's 160 ms (BeatInput.time_left_s).
+        # The clock's own share of recent beats (latency less the executor's compute): what an
+        # executor must leave of a beat's 160 ms (BeatInput.time_left_s).
         self._host_s: collections.deque = collections.deque(maxlen=16)
-        if backend.reports_launch:
-            backend.on_launched = self._outputs_free.set
+        if executor.caps.reports_launch:
+            executor.on_launched = self._outputs_free.set
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def on_start(self) -> None:
+        # A new incarnation starts from an empty table and book: the executor forgets every
+        # slot's state too, so nothing of a crashed clock's sessions runs on.
+        self.executor.reset()
         self._sock = self.ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -183,56 +194,66 @@ class BeatClockActor(Actor):
 
     async def on_stop(self) -> None:
         self.gc.uninstall()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task in [*self._tasks, self._inflight]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*[t for t in [*self._tasks, self._inflight] if t is not None],
+                             return_exceptions=True)
+        try:                                 # a beat cut off mid-run: the executor settles it
+            await self.executor.wait()
+        except Exception as exc:
+            log.warning("the executor's last beat failed as the clock stopped: %r", exc)
+        for fut in [*self._ready_waiters.values(), *self._stream_ends.values()]:
+            if not fut.done():
+                fut.set_result(False)        # openers learn at once that their start is gone
+        self._ready_waiters.clear()
         if self._sock is not None:
             self._sock.close(0)
 
     # -- control ----------------------------------------------------------------------------------
     async def handle(self, msg: Any) -> Any:
         if isinstance(msg, Admit):
-            slot = self.scheduler.admit(msg.key)         # raises CapacityError when full
-            self._identity_slot[msg.identity] = slot
-            self._slot_identity[slot] = msg.identity
-            self._ops.append(("open", slot, msg.spec))
-            self._ready_waiters[slot] = asyncio.get_running_loop().create_future()
-            return slot
+            handle = self.table.admit(msg.key, msg.owner)     # raises CapacityError when full
+            self._ops.append(("open", handle, msg.spec))
+            self._ready_waiters[handle] = asyncio.get_running_loop().create_future()
+            return handle
         if isinstance(msg, Release):
-            if msg.stream_ended and msg.slot in self.scheduler.slots:
+            if msg.stream_ended and msg.handle.slot in self.table.entries:
                 # Frames travel on the session's socket, this message on the mailbox: wait for
                 # the marker that follows its last frame, so none arrives after the slot is gone.
-                await asyncio.wait({self._stream_end(msg.slot)}, timeout=STREAM_END_WAIT_S)
-            return self._release(msg.slot)
+                await asyncio.wait({self._stream_end(msg.handle)}, timeout=STREAM_END_WAIT_S)
+            return self._release(msg.handle)
         if isinstance(msg, FunctionTokens):
-            self._ops.append(("func", msg.slot, msg.ids))
+            self._ops.append(("func", msg.handle, msg.ids))
             return None
         if isinstance(msg, _Crash):
             raise msg.exc
         raise TypeError(f"unexpected message {type(msg).__name__}")
 
-    def _stream_end(self, slot: int) -> asyncio.Future:
-        fut = self._stream_ends.get(slot)
+    def _stream_end(self, handle: Handle) -> asyncio.Future:
+        fut = self._stream_ends.get(handle)
         if fut is None:
-            fut = self._stream_ends[slot] = asyncio.get_running_loop().create_future()
+            fut = self._stream_ends[handle] = asyncio.get_running_loop().create_future()
         return fut
 
-    def when_ready(self, slot: int) -> asyncio.Future:
-        """Resolves (True) at the first beat that runs this admitted slot's frames: its session
-        start (prompt prefill, talker warm-up) is done. The node answers `opened` then."""
-        fut = self._ready_waiters.get(slot)
-        if fut is None:                                  # already ready (or released)
+    def when_ready(self, handle: Handle) -> asyncio.Future:
+        """Resolves (True) at the first beat that runs this admitted session's frames: its start
+        (prompt prefill, talker warm-up) is done; the node answers `opened` then. False when the
+        session was released first (or the handle is not this clock's); StartRefused when the
+        start policy gave up on it."""
+        fut = self._ready_waiters.get(handle)
+        if fut is None:
             fut = asyncio.get_running_loop().create_future()
-            fut.set_result(slot in self.scheduler.slots)
+            entry = self.table.entries.get(handle.slot)
+            fut.set_result(entry is not None and entry.handle == handle)
         return fut
 
-    def _resolve_ready(self, ready: set[int]) -> None:
-        """Waiters of slots now ready get True; those whose start the backend gave up (no room
-        on the device) get StartRefused, which the node answers with `refused`."""
-        for slot in list(self._ready_waiters):
-            why = None if slot in ready else self.backend.start_refused(slot)
-            if slot in ready or why:
-                fut = self._ready_waiters.pop(slot)
+    def _resolve_ready(self) -> None:
+        for handle in list(self._ready_waiters):
+            slot = handle.slot
+            why = None if self.book.ready(slot) else self.book.refused(slot)
+            if self.book.ready(slot) or why:
+                fut = self._ready_waiters.pop(handle)
                 if fut.done():
                     continue
                 if why:
@@ -240,38 +261,38 @@ class BeatClockActor(Actor):
                 else:
                     fut.set_result(True)
 
-    def _release(self, slot: int) -> SlotStats | None:
-        self._stream_ends.pop(slot, None)
-        fut = self._ready_waiters.pop(slot, None)
+    def _release(self, handle: Handle) -> SlotStats | None:
+        self._stream_ends.pop(handle, None)
+        fut = self._ready_waiters.pop(handle, None)
         if fut is not None and not fut.done():
             fut.set_result(False)
-        if slot not in self.scheduler.slots:
-            return None
-        stats = self.scheduler.release(slot)
-        identity = self._slot_identity.pop(slot, None)
-        self._identity_slot.pop(identity, None)
-        self._ops.append(("close", slot, None))
+        stats = self.table.release(handle)          # None for a stale handle (counted)
+        if stats is not None:
+            self._ops.append(("close", handle, None))
         return stats
 
     @property
     def free_slots(self) -> int:
-        return self.scheduler.free_slots
+        return self.table.free_slots
 
     @property
     def live_sessions(self) -> int:
-        return len(self.scheduler.slots)
+        return len(self.table)
 
     def _apply_ops(self) -> None:
+        """Slot changes since the last beat, in order. A close always applies (the slot was freed
+        when it was asked); an open or tool tokens only while their handle is still current."""
         ops, self._ops = self._ops, []
-        for kind, slot, arg in ops:
-            if kind == "open":
-                self.backend.open_slot(slot, arg)
-                self._backend_open.add(slot)
-            elif kind == "close":
-                self.backend.close_slot(slot)
-                self._backend_open.discard(slot)
-            elif kind == "func" and slot in self._backend_open:
-                self.backend.push_function_tokens(slot, arg)
+        for kind, handle, arg in ops:
+            if kind == "close":
+                if handle.slot not in self.table.entries:
+                    self.book.close(handle.slot)
+            elif self.table.current(handle) is None:
+                continue
+            elif kind == "open":
+                self.book.open(handle.slot, self.executor.prompt_tokens(arg), arg)
+            elif kind == "func":
+                self.book.force(handle.slot, arg)
 
     # -- frames in --------------------------------------------------------------------------------
     async def _read_frames(self) -> None:
@@ -293,27 +314,28 @@ class BeatClockActor(Actor):
         if len(frames) != 3 or len(frames[1]) != FRAME_HEADER.size:   # not a session actor's
             self.stats.dropped_frames += 1
             return
-        identity, header, pcm = frames
-        slot = self._identity_slot.get(identity)
-        if header == _END_HEADER:
-            ended = self._stream_end(slot) if slot is not None else None
+        _identity, header, pcm = frames
+        slot, generation, frame_no = FRAME_HEADER.unpack(header)
+        handle = Handle(slot, generation)
+        if frame_no == END_OF_STREAM:
+            ended = self._stream_ends.get(handle)
+            if ended is None and handle.slot in self.table.entries:
+                ended = self._stream_end(handle)
             if ended is not None and not ended.done():
                 ended.set_result(True)
             return
-        if slot is None or len(pcm) != 4 * self._inputs[0].audio.shape[-1]:
+        if (len(pcm) != 4 * self._inputs[0].audio.shape[-1]
+                or not self.table.push(handle, frame_no, np.frombuffer(pcm, np.float32))):
             self.stats.dropped_frames += 1
             return
-        (frame_no,) = FRAME_HEADER.unpack(header)
-        self.scheduler.push(slot, frame_no, np.frombuffer(pcm, np.float32))
         self._frames_read += 1
 
     # -- the beat ---------------------------------------------------------------------------------
     async def output_turn(self) -> None:
         """Session actors await this before a beat's output work (resampling, encoding, sending):
-        it returns at once except from OUT_HOLD_S before a release until that beat's device work
-        is queued. A beat ends ~10 ms before the next release at 280 dense sessions, and every
-        session woken by its outputs then ran in one pass of the loop (~20 ms): the release
-        waited for all of it, measured on the H200 host. Held, that work runs beside the GPU's."""
+        it returns at once except from `policy.release_hold_s` before a release until that
+        beat's device work is queued, so that work runs beside the device's instead of in front
+        of the release."""
         if not self._outputs_free.is_set():
             await self._outputs_free.wait()
 
@@ -324,62 +346,84 @@ class BeatClockActor(Actor):
             try:
                 await self._beat(k)
             finally:
-                self._outputs_free.set()      # whatever happened, outputs are never held on
+                if self._inflight is None or self._inflight.done():
+                    self._outputs_free.set()      # whatever happened, outputs are never held on
             k += 1
 
     async def _beat(self, k: int) -> None:
         release = self.t0 + k * BEAT_S
-        await self.clock.sleep_until(release - OUT_HOLD_S)
-        self._outputs_free.clear()
-        await self.clock.sleep_until(release, spin=RELEASE_SPIN_S)
+        if self.policy.release_hold_s:
+            await self.clock.sleep_until(release - self.policy.release_hold_s)
+            self._outputs_free.clear()
+        await self.clock.sleep_until(release, spin=self.policy.release_spin_s)
         wake = self.clock.now() - release
         # Frames that arrived by now go into this beat. They are read here, synchronously:
-        # yielding to the loop instead would first run every ready task, and at 300 sessions
-        # the session actors' handling of the previous beat's outputs (~23 ms, measured on
-        # the H200 host) then ran before the backend call instead of beside the GPU's work.
+        # yielding to the loop instead would first run every ready task (the session actors'
+        # output work of the previous beat among them) before the executor is called.
         self._drain_frames()
         frames_read, self._frames_read = self._frames_read, 0
         self._apply_ops()
         inp, out = self._inputs[k % 2], self._outputs[k % 2]
-        ready = {s for s in self._backend_open if self.backend.ready(s)}
+        behind = self._inflight is not None and not self._inflight.done()
+        begin = self.clock.now() - release
+        inp.time_left_s = 0.0 if behind else (LATE_AFTER_S - begin - max(self._host_s, default=0.0))
+        plan = self.book.plan(inp.time_left_s)
         if self._ready_waiters:
-            self._resolve_ready(ready)
-        plan = self.scheduler.pack(inp, ready)
-        if self._backend_open:               # prefilling slots advance in beats too
-            begin = self.clock.now() - release
-            inp.time_left_s = LATE_AFTER_S - begin - max(self._host_s, default=0.0)
-            if not self.backend.reports_launch:
-                self._outputs_free.set()
-            await self.backend.run_beat(inp, out)
-            returned = self.clock.now() - release
-            routed = self.scheduler.complete(plan, late=returned > LATE_AFTER_S and bool(plan.slots))
-            self._route(routed, out)
-            latency = self.clock.now() - release
-            if plan.slots:
-                self._host_s.append(max(0.0, latency - begin - out.compute_s))
-            self._record(BeatRecord(plan.beat, release, latency, out.compute_s, len(plan.slots),
-                                    latency > LATE_AFTER_S and bool(plan.slots), begin, wake,
-                                    frames_read, self.gc.take(), returned))
-        else:
-            self.scheduler.complete(plan, late=False)
+            self._resolve_ready()
+        packed = self.table.pack(inp, plan.in_beat)
+        if behind:
+            await asyncio.shield(self._inflight)       # the previous beat overran: after it
+        if not (plan.in_beat or plan.starts or plan.resets):
+            self.table.complete(packed, late=False)
+            self._outputs_free.set()
+            collect_between_beats(k)
+            return
+        if not self.executor.caps.reports_launch:
+            self._outputs_free.set()
+        self.executor.submit(plan, inp, out)
+        self._inflight = asyncio.get_running_loop().create_task(
+            self._finish(k, release, plan, packed, out, begin, wake, frames_read))
+        self._inflight.add_done_callback(self._task_died)
+
+    async def _finish(self, k: int, release: float, plan: BookPlan, packed, out,
+                      begin: float, wake: float, frames_read: int) -> None:
+        """Beat k's end: wait for the executor, account, route, record."""
+        try:
+            await self.executor.wait()
+            out.compute_s = self.executor.collect(plan, out)
+        finally:
+            self._outputs_free.set()
+        self.book.observe(plan, out.live_s, out.start_s)
+        returned = self.clock.now() - release
+        in_beat = bool(packed.slots)
+        routed = self.table.complete(packed, late=returned > LATE_AFTER_S and in_beat)
+        self._route(routed, out)
+        latency = self.clock.now() - release
+        if in_beat:
+            self._host_s.append(max(0.0, latency - begin - out.compute_s))
+        self._record(BeatRecord(packed.beat, release, latency, out.compute_s, len(packed.slots),
+                                latency > LATE_AFTER_S and in_beat, begin, wake,
+                                frames_read, self.gc.take(), returned))
         collect_between_beats(k)     # a no-op unless serving_process turned the collector off
 
     def _route(self, routed: dict, out) -> None:
         # Once a beat, not per session, and only the routed rows: the token rows become lists
         # in one tolist() each, and the PCM rows are copied out in one piece into a reused
-        # buffer (the output slot is refilled two beats on; sessions read their rows later).
+        # buffer (the ring slot is refilled two beats on; sessions read their rows later).
+        if not routed:
+            return
         rows = list(routed)
         text, func, user = (a[rows].tolist() for a in (out.text, out.func, out.user))
         pcm = self._pcm_rows.take(out.pcm, rows)
-        for i, (slot, (_key, first_frame)) in enumerate(routed.items()):
+        for i, (entry, first_frame) in enumerate(routed.values()):
             header = {"frame": first_frame, "text": text[i], "func": func[i], "user": user[i]}
-            if not self._deliver(self._slot_identity.get(slot, b""), BeatOut(header, pcm[i])):
+            if not self._deliver(entry.owner, BeatOut(header, pcm[i])):
                 self.stats.unroutable += 1
 
     def _record(self, rec: BeatRecord) -> None:
-        """Every beat the backend ran is recorded (its time delays the next); only beats that
-        carried live sessions count in latency and lateness: a prefill-only beat has no audio
-        waiting on it."""
+        """Every beat the executor ran is recorded (its time delays the next); only beats that
+        carried sessions count in latency and lateness: a start-only beat has no audio waiting
+        on it."""
         if self._keep_records:
             self.stats.records.append(rec)
         if rec.sessions == 0:

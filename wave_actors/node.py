@@ -1,6 +1,11 @@
 """The node: one process per GPU. Binds the wire protocol's ROUTER, admits sessions into slots,
 runs one SessionActor per session and one BeatClockActor, under a one_for_one supervisor.
 
+The node keeps one map: a client's (identity, session id) → its route (the session's handle,
+its actor, the key that opened it). Slots, generations and liveness belong to the clock's
+session table; the node holds handles and asks. If the supervisor gives up on the clock
+(restarts too often), the node drains and `failed` says why: the CLI then exits non-zero.
+
 The front (this module) owns the public socket: it parses every message with `protocol.parse`,
 answers malformed input with `error` (never crashing, never touching another session), rate-limits
 floods per client, and hands typed messages to the actors. `python -m wave_actors.node` serves
@@ -19,12 +24,14 @@ import zmq.asyncio
 
 from transports import protocol as P
 from transports import zsock
-from wave_actors.backend import Backend, SessionSpec
 from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
-from wave_actors.clocks import Clock
+from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.contract import Executor, Handle, SessionSpec
+from wave_actors.core.jitter import CapacityError
+from wave_actors.core.start_policy import StartPolicy
+from wave_actors.core.timebase import Clock
 from wave_actors.metrics import NodeMetrics
 from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
-from wave_actors.scheduler import CapacityError
 from wave_actors.session import (AudioIn, BeatOut, Close, FunctionResult, SessionActor,
                                  SessionConfig)
 
@@ -32,12 +39,12 @@ log = logging.getLogger("wave.node")
 SEND_TIMEOUT_S = 5.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NodeConfig:
     bind: str = "tcp://127.0.0.1:5555"
     max_sessions: int = 8
-    prebuffer: int = 3                   # frames queued before a session starts consuming
-    max_queue: int = 50                  # jitter buffer bound per session (4 s)
+    clock_policy: ClockPolicy = field(default_factory=ClockPolicy)
+    start_policy: StartPolicy | None = None     # None: the executor's default
     idle_timeout_s: float = 10.0         # a client silent this long is gone
     start_timeout_s: float = 60.0        # an admitted session's start (prefill) must end by then
     curve_keys: str | None = None        # directory: server.key_secret + clients/*.key
@@ -62,6 +69,7 @@ class _Bucket:
 @dataclass
 class NodeCounters:
     errors: dict = field(default_factory=dict)
+    stale: int = 0                      # messages naming a session handle no longer current
     refusals: dict = field(default_factory=dict)
     flood_drops: int = 0
     opened: int = 0
@@ -69,34 +77,56 @@ class NodeCounters:
     crashed: int = 0
 
 
+@dataclass(eq=False)
+class _Route:
+    """One client session, from its `open` until it is forgotten."""
+    identity: bytes
+    session: str
+    owner_key: str | None               # the CURVE key that opened it (None without CURVE)
+    handle: Handle | None = None        # once admitted
+    actor: SessionActor | None = None   # once opened
+    ready: asyncio.Future | None = None     # while its start runs
+    cancelled: bool = False             # closed by its client before `opened`
+
+
 class Node:
-    def __init__(self, cfg: NodeConfig, backend: Backend, clock: Clock | None = None,
+    def __init__(self, cfg: NodeConfig, executor: Executor, clock: Clock | None = None,
                  ctx: zmq.asyncio.Context | None = None):
-        self.cfg, self.backend = cfg, backend
+        self.cfg, self.executor = cfg, executor
         self.clock = clock or Clock()
         self.ctx = ctx or zmq.asyncio.Context()
         self.metrics = NodeMetrics()
         self.counters = NodeCounters()
         self.supervisor = Supervisor()
-        self.sessions: dict[tuple[bytes, str], SessionActor] = {}
-        self._opening: set[tuple[bytes, str]] = set()      # keys waiting for a slot
-        self._starting: dict[tuple[bytes, str], asyncio.Future] = {}   # admitted, not ready
+        self.start_policy = cfg.start_policy or executor.default_start_policy()
+        self.routes: dict[tuple[bytes, str], _Route] = {}
         self._sessions_of: dict[bytes, int] = {}            # live sessions per client
-        self._open_nonce = 0
-        self._by_inproc: dict[bytes, SessionActor] = {}    # the clock's name for each session
         self._clock_incarnation = 0
         self._underruns_reported = 0
-        self._owner_key: dict[tuple[bytes, str], str | None] = {}
         self._last_seen: dict[bytes, float] = {}
         self._buckets: dict[bytes, _Bucket] = {}
         self.draining = False
+        self._drain_begun = False
+        self.failed: str | None = None      # why the node stopped itself (supervisor gave up)
+        self.stopped = asyncio.Event()      # drained, by a signal or by failure
         self.sock: zmq.asyncio.Socket | None = None
         self._auth = None
         self._tasks: list[asyncio.Task] = []
+        self._watcher: asyncio.Task | None = None
 
     @property
     def clock_actor(self) -> BeatClockActor:
         return self.supervisor.get("clock")
+
+    @property
+    def sessions(self) -> dict[tuple[bytes, str], SessionActor]:
+        """The opened sessions' actors by (identity, session id)."""
+        return {key: r.actor for key, r in self.routes.items() if r.actor is not None}
+
+    def describe(self) -> dict:
+        """Facts printed at start and recorded in results: the executor's and the policies'."""
+        return {**self.executor.describe(), "start_policy": self.start_policy.describe(),
+                "clock_policy": self.cfg.clock_policy.describe()}
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -117,16 +147,26 @@ class Node:
                                               self._clock_crashed))
         if self.cfg.metrics_port:
             self.metrics.serve(self.cfg.metrics_port)
-        self._tasks.append(asyncio.get_running_loop().create_task(self._recv_loop()))
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._recv_loop()))
+        self._watcher = loop.create_task(self._watch_supervisor())
         self._update_gauges()
+
+    async def _watch_supervisor(self) -> None:
+        """The supervisor gave up on the clock: no beat will run again, so every session is
+        closed and the node stops (the CLI exits non-zero with the reason)."""
+        await self.supervisor.failed.wait()
+        self.failed = f"the engine failed: {self.supervisor.failure}"
+        log.error("%s; draining", self.failed)
+        await self.drain()
 
     def _make_clock(self) -> BeatClockActor:
         # A fresh inproc address per incarnation: a dead clock's socket may still hold its own.
         self._clock_incarnation += 1
         endpoint = f"{self.cfg.clock_endpoint}-{id(self)}-{self._clock_incarnation}"
-        return BeatClockActor(self.backend, self.ctx, endpoint, self.clock, self._deliver,
-                              self.cfg.prebuffer, self.cfg.max_queue, self._on_beat,
-                              self.cfg.keep_records)
+        return BeatClockActor(self.executor, self.ctx, endpoint, self.clock, self._deliver,
+                              self.cfg.clock_policy, self.start_policy, self._clock_incarnation,
+                              self._on_beat, self.cfg.keep_records)
 
     async def _clock_crashed(self, clock: BeatClockActor, exc: BaseException) -> None:
         """The slot table died with the clock: every live session ends, with an error."""
@@ -157,9 +197,13 @@ class Node:
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Refuse new sessions, close every live one with `closed`, stop the actors."""
-        self.draining = True
-        for starting in list(self._starting.values()):
-            starting.cancel()                            # their openers answer `draining`
+        if self._drain_begun:                           # a second caller waits for the first
+            await self.stopped.wait()
+            return
+        self._drain_begun = self.draining = True
+        for route in list(self.routes.values()):
+            if route.ready is not None and not route.ready.done():
+                route.ready.cancel()                     # their openers answer `draining`
         actors = list(self.sessions.values())
         for actor in actors:
             try:
@@ -172,10 +216,13 @@ class Node:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._watcher is not None and self._watcher is not asyncio.current_task():
+            self._watcher.cancel()
         await self.supervisor.stop_all()
         if self._auth:
             self._auth.stop()
         self.sock.close(0)
+        self.stopped.set()
 
     # -- outbound ---------------------------------------------------------------------------------
     def send(self, identity: bytes, frames: list[bytes], droppable: bool = False) -> bool:
@@ -216,7 +263,7 @@ class Node:
         self.send(identity, P.pack("refused", session, reason=reason, message=message))
 
     def _client_lost(self, identity: bytes) -> None:
-        for (ident, _sid), actor in list(self.sessions.items()):
+        for (ident, _sid), actor in self.sessions.items():
             if ident == identity and not actor.closing:
                 try:
                     actor.tell(Close("lost"))
@@ -293,13 +340,13 @@ class Node:
         self.send(identity, P.pack("pong", nonce=msg.get("nonce")))
 
     def _session_for(self, identity: bytes, user_key, msg: P.Message) -> SessionActor | None:
-        key = (identity, msg.session)
-        actor = self.sessions.get(key)
+        route = self.routes.get((identity, msg.session))
+        actor = route.actor if route is not None else None
         if actor is None or actor.closing:
             self._error(identity, P.UNKNOWN_SESSION, f"no live session {msg.session!r} on this "
                                                      "connection", msg.session)
             return None
-        if self._owner_key.get(key) != user_key:
+        if route.owner_key != user_key:
             self._error(identity, P.FORBIDDEN, "this session belongs to another key", msg.session)
             return None
         return actor
@@ -315,9 +362,13 @@ class Node:
             self._tell_control(identity, actor, FunctionResult(msg.get("call_id"), msg.get("output")))
 
     def _on_close(self, identity: bytes, user_key, msg: P.Message) -> None:
-        starting = self._starting.get((identity, msg.session))
-        if starting is not None:          # closed before `opened`: stop its start, answer closed
-            starting.cancel()
+        route = self.routes.get((identity, msg.session))
+        if route is not None and route.actor is None and route.owner_key == user_key:
+            # Closed before `opened`: its open stops (cancelling its start, freeing its slot)
+            # and answers `closed`.
+            route.cancelled = True
+            if route.ready is not None and not route.ready.done():
+                route.ready.cancel()
             return None
         actor = self._session_for(identity, user_key, msg)
         if actor is not None:
@@ -334,88 +385,90 @@ class Node:
         key = (identity, msg.session)
         if self.draining:
             return self._refuse(identity, msg.session, "draining", "the node is shutting down")
-        if key in self.sessions or key in self._opening:
+        if key in self.routes:
             return self._refuse(identity, msg.session, "duplicate",
                                 f"session {msg.session!r} is already open on this connection")
-        self._opening.add(key)
-        asyncio.get_running_loop().create_task(self._open(identity, user_key, msg))
+        route = self.routes[key] = _Route(identity, msg.session, user_key)
+        asyncio.get_running_loop().create_task(self._open(route, msg))
 
-    async def _open(self, identity: bytes, user_key, msg: P.Message) -> None:
-        key = (identity, msg.session)
+    async def _open(self, route: _Route, msg: P.Message) -> None:
+        identity, key = route.identity, (route.identity, msg.session)
         h = msg.header
-        spec = SessionSpec(h["instructions"], h["tools"])
-        # The slot is unknown until admitted; the inproc identity carries a unique nonce.
-        self._open_nonce += 1
-        ident = f"{self._open_nonce}:{msg.session}".encode()
+        clock = self.clock_actor
         try:
-            slot = await self.clock_actor.ask(Admit(key, ident, spec))
+            handle = await clock.ask(Admit(key, route, SessionSpec(h["instructions"], h["tools"])))
         except CapacityError as exc:
+            self._drop_route(route)
             return self._refuse(identity, msg.session, "capacity", str(exc))
         except (ActorStopped, asyncio.TimeoutError, AttributeError) as exc:
-            self._opening.discard(key)
+            self._drop_route(route)
             return self._refuse(identity, msg.session, "capacity", f"node not ready: {exc!r}")
+        route.handle = handle
         # `opened` waits for the model's session start (prompt prefill, talker warm-up: beats on
         # a loaded GPU), so the client streams only once its audio is heard; audio sent before
         # would queue, overflow and be dropped.
-        ready = self.clock_actor.when_ready(slot)
-        self._starting[key] = ready
+        ready = route.ready = clock.when_ready(handle)
+        if route.cancelled and not ready.done():
+            ready.cancel()
         try:
             await asyncio.wait({ready}, timeout=self.cfg.start_timeout_s)
         finally:
-            self._starting.pop(key, None)
-            self._opening.discard(key)
+            route.ready = None
         answered = ready.done() and not ready.cancelled()
         refused = ready.exception() if answered else None     # StartRefused: no room for it
-        if self.draining or refused or not (answered and ready.result()):
-            await self._free_slot(slot)
+        if self.draining or refused or route.cancelled or not (answered and ready.result()):
+            await self._free_slot(handle)
+            self._drop_route(route)
             if self.draining:
                 return self._refuse(identity, msg.session, "draining", "the node is shutting down")
-            if ready.cancelled():                       # the client closed it while it started
+            if route.cancelled:                         # the client closed it while it started
                 self.send(identity, P.pack("closed", msg.session, stats=_zero_stats()))
                 return None
             if refused:                                 # the device had no room for its start
                 return self._refuse(identity, msg.session, "capacity", str(refused))
+            if answered:                                # its clock went away mid-start
+                return self._refuse(identity, msg.session, "capacity",
+                                    "the engine restarted while the session was starting")
             return self._refuse(identity, msg.session, "capacity",
                                 f"the model did not finish starting the session within "
                                 f"{self.cfg.start_timeout_s:.0f} s (node overloaded)")
-        cfg = SessionConfig(msg.session, identity, slot, h["sample_rate"], h["format"],
+        cfg = SessionConfig(msg.session, identity, handle, h["sample_rate"], h["format"],
                             h["output_sample_rate"], h["output_format"],
-                            self.clock_actor.endpoint, self.cfg.idle_timeout_s)
-        actor = self.supervisor.start_child(ChildSpec(
+                            clock.endpoint, self.cfg.idle_timeout_s)
+        route.actor = self.supervisor.start_child(ChildSpec(
             f"session:{identity.hex()}:{msg.session}",
-            lambda: self._make_session(cfg, ident), Restart.TEMPORARY, self._session_crashed))
-        self.sessions[key] = actor
-        self._owner_key[key] = user_key
+            lambda: self._make_session(cfg), Restart.TEMPORARY, self._session_crashed))
         self._sessions_of[identity] = self._sessions_of.get(identity, 0) + 1
         self.counters.opened += 1
         self.metrics.opened.inc()
         self._update_gauges()
         self.send(identity, P.pack("opened", msg.session, frame_ms=80, beat_ms=160,
                                    output_sample_rate=cfg.output_sample_rate,
-                                   output_format=cfg.output_format, slot=slot))
+                                   output_format=cfg.output_format, slot=handle.slot))
 
-    def _make_session(self, cfg: SessionConfig, ident: bytes) -> SessionActor:
-        actor = SessionActor(cfg, self.ctx, self.send, self.backend.text_codec,
-                             self.backend.user_codec, self.clock, self._close_session,
-                             lambda identity: self._last_seen.get(identity, 0.0),
-                             self._function_tokens, inproc_identity=ident,
-                             output_turn=lambda: self.clock_actor.output_turn())
-        self._by_inproc[ident] = actor
-        return actor
+    def _drop_route(self, route: _Route) -> None:
+        if self.routes.get((route.identity, route.session)) is route:
+            del self.routes[(route.identity, route.session)]
 
-    def _deliver(self, ident: bytes, out: BeatOut) -> bool:
+    def _make_session(self, cfg: SessionConfig) -> SessionActor:
+        return SessionActor(cfg, self.ctx, self.send, self.executor.text_codec,
+                            self.executor.user_codec, self.clock, self._close_session,
+                            lambda identity: self._last_seen.get(identity, 0.0),
+                            self._function_tokens,
+                            output_turn=lambda: self.clock_actor.output_turn())
+
+    def _deliver(self, route: _Route, out: BeatOut) -> bool:
         """The clock's route for a session's beat outputs: into its actor's mailbox."""
-        actor = self._by_inproc.get(ident)
-        if actor is None:
+        if route.actor is None:
             return False
         try:
-            actor.tell(out, MsgClass.AUDIO)
+            route.actor.tell(out, MsgClass.AUDIO)
         except ActorStopped:
             return False
         return True
 
     def _function_tokens(self, actor: SessionActor, ids: list[int]) -> None:
-        self.clock_actor.tell(FunctionTokens(actor.cfg.slot, ids))
+        self.clock_actor.tell(FunctionTokens(actor.cfg.handle, ids))
 
     # -- closing ----------------------------------------------------------------------------------
     async def _close_session(self, actor: SessionActor, why: Close) -> None:
@@ -429,16 +482,20 @@ class Node:
         asyncio.get_running_loop().create_task(
             self.supervisor.stop_child(f"session:{actor.cfg.identity.hex()}:{actor.cfg.session}"))
 
-    async def _free_slot(self, slot: int, stream_ended: bool = False):
-        """The clock's stats of the slot it frees, or None if it has none."""
+    async def _free_slot(self, handle: Handle, stream_ended: bool = False):
+        """The clock's stats of the session it frees, or None: a handle of an earlier clock
+        incarnation (whose table went with it) or already released is stale, and counted."""
         try:
-            return await self.clock_actor.ask(Release(slot, stream_ended))
+            stats = await self.clock_actor.ask(Release(handle, stream_ended))
         except Exception as exc:     # the clock restarting: the slot table went with it
-            log.warning("release of slot %d failed: %r", slot, exc)
+            log.warning("release of %s failed: %r", handle, exc)
             return None
+        if stats is None:
+            self.counters.stale += 1
+        return stats
 
     async def _release(self, actor: SessionActor) -> dict:
-        slot_stats = await self._free_slot(actor.cfg.slot, actor.end_stream())
+        slot_stats = await self._free_slot(actor.cfg.handle, actor.end_stream())
         actor.flush_input()
         c = actor.counters
         s = slot_stats
@@ -450,11 +507,9 @@ class Node:
 
     def _forget(self, actor: SessionActor, reason: str) -> None:
         key = (actor.cfg.identity, actor.cfg.session)
-        if self._by_inproc.get(actor.inproc_identity) is actor:
-            del self._by_inproc[actor.inproc_identity]
-        if self.sessions.get(key) is actor:
-            self.sessions.pop(key, None)
-            self._owner_key.pop(key, None)
+        route = self.routes.get(key)
+        if route is not None and route.actor is actor:
+            del self.routes[key]
             left = self._sessions_of.get(actor.cfg.identity, 1) - 1
             if left > 0:
                 self._sessions_of[actor.cfg.identity] = left
@@ -484,7 +539,7 @@ class Node:
             m.late_beats.inc()
         clock = self.clock_actor
         if clock is not None:
-            total = clock.scheduler.totals.underruns
+            total = clock.table.jitter.totals.underruns
             if total > self._underruns_reported:
                 m.underruns.inc(total - self._underruns_reported)
                 self._underruns_reported = total
@@ -492,13 +547,13 @@ class Node:
     def _update_gauges(self) -> None:
         live = len(self.sessions)
         self.metrics.sessions.set(live)
-        self.metrics.free_slots.set(self.backend.max_sessions - live)
+        self.metrics.free_slots.set(self.executor.max_sessions - live)
 
     def status(self) -> dict:
         clock = self.clock_actor
         lat = sorted(clock.stats.recent) if clock else []
         pct = (lambda q: 1000 * lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0)
-        totals = clock.scheduler.totals if clock else None
+        totals = clock.table.jitter.totals if clock else None
         return {"sessions": len(self.sessions),
                 "beats": clock.stats.beats if clock else 0,
                 "p50_ms": pct(0.5), "p99_ms": pct(0.99),

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import logging
 import signal
 import sys
 from pathlib import Path
 
-from wave_actors.backends import NAMES, BackendOptions, make_backend
-from wave_actors.clocks import Clock, new_loop
+from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.contract import ExecutorOptions
+from wave_actors.core.policy_spec import PolicyError, make_policy
+from wave_actors.core.timebase import Clock, new_loop
+from wave_actors.executors import NAMES, make_executor
 from wave_actors.node import Node, NodeConfig
 from wave_actors.serving_process import serving_process
 
@@ -43,7 +47,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--curve-keys", help="directory with server.key_secret and clients/*.key")
     ap.add_argument("--metrics-port", type=int)
     ap.add_argument("--idle-timeout", type=float, default=10.0)
-    ap.add_argument("--prebuffer", type=int, default=3)
+    ap.add_argument("--prebuffer", type=int, default=ClockPolicy().prebuffer,
+                    help="frames queued before a session starts consuming")
+    ap.add_argument("--policy", nargs="+", metavar="WORD",
+                    help="start policy: budgeted | eager | module:Class, then key=value "
+                         "parameters (default: the executor's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demo", action="store_true", help="serve demo conversations, then stop")
     ap.add_argument("--demo-sessions", type=int, default=2)
@@ -56,28 +64,31 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--max-sessions must be at least 1")
     if args.demo and args.demo_sessions > args.max_sessions:
         ap.error("--demo-sessions must not exceed --max-sessions")
+    try:
+        args.start_policy = make_policy(args.policy) if args.policy else None
+        args.clock_policy = ClockPolicy(prebuffer=args.prebuffer)
+    except (PolicyError, ValueError) as exc:
+        ap.error(str(exc))
     return args
 
 
 def default_backend() -> str:
     """The embedded default: the reference model on the CPU where it is installed."""
-    try:
-        import gpu.engine.cpu_backend  # noqa: F401
-        return "cpu"
-    except ImportError:
-        return "sim"
+    return "cpu" if importlib.util.find_spec("torch") is not None else "sim"
 
 
 def build(args) -> Node:
-    opts = BackendOptions(args.max_sessions, args.profile, args.config, args.max_context,
-                          args.context_offset, args.cost_model, args.checkpoint, args.tokenizer,
-                          args.seed)
+    opts = ExecutorOptions(max_sessions=args.max_sessions, profile=args.profile,
+                           config=args.config, max_context=args.max_context,
+                           context_offset=args.context_offset, cost_model=args.cost_model,
+                           checkpoint=args.checkpoint, tokenizer=args.tokenizer, seed=args.seed)
     clock = Clock()
-    backend = make_backend(args.backend, opts, clock)
-    cfg = NodeConfig(bind=args.bind, max_sessions=args.max_sessions, prebuffer=args.prebuffer,
+    executor = make_executor(args.backend, opts, clock)
+    cfg = NodeConfig(bind=args.bind, max_sessions=args.max_sessions,
+                     clock_policy=args.clock_policy, start_policy=args.start_policy,
                      idle_timeout_s=args.idle_timeout, curve_keys=args.curve_keys,
                      metrics_port=args.metrics_port, keep_records=False)
-    return Node(cfg, backend, clock)
+    return Node(cfg, executor, clock)
 
 
 def status_line(st: dict) -> str:
@@ -107,7 +118,7 @@ async def serve(args) -> int:
 
 
 async def _serve(node: Node, args) -> int:
-    print(json.dumps({"listening": node.endpoint, **node.backend.describe()}), flush=True)
+    print(json.dumps({"listening": node.endpoint, **node.describe()}), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -119,12 +130,17 @@ async def _serve(node: Node, args) -> int:
         await asyncio.wait([demo, loop.create_task(stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)
     else:
-        await stop.wait()
+        await asyncio.wait([loop.create_task(stop.wait()),
+                            loop.create_task(node.stopped.wait())],
+                           return_when=asyncio.FIRST_COMPLETED)
     status.cancel()
     final = status_line(node.status())
     print("\ndraining…", flush=True)
     await node.drain()
     print(final, flush=True)
+    if node.failed:
+        print(f"node: {node.failed}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -1,8 +1,8 @@
 """SessionActor: one per live conversation, between its client and the beat clock.
 
 Inbound: reorder `audio` by `seq` within a small window, decode the wire format, resample once to
-16 kHz (a streaming soxr resampler), cut 80 ms frames and send each, numbered, to the clock over
-ZMQ (inproc). Outbound: the clock puts each beat's outputs in this actor's mailbox; its two frames are resampled to the session's rate,
+16 kHz (a streaming soxr resampler), cut 80 ms frames and send each, numbered and
+naming the session's handle, to the clock over ZMQ (inproc). Outbound: the clock puts each beat's outputs in this actor's mailbox; its two frames are resampled to the session's rate,
 encoded and sent as `audio`; text and user-transcript tokens are decoded incrementally into
 `text` deltas; function-channel tokens are parsed into `function_call`s.
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -21,21 +20,20 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from gpu.model.tokenizer import TextStream
 from transports import audio as A
 from transports import protocol as P
 from transports import zsock
-from wave_actors.backend import NO_TOKEN, TextCodec
-from wave_actors.clocks import Clock
-from wave_actors.frames import IN_RATE, OUT_RATE, SAMPLES_IN
-from wave_actors.function_calls import FunctionCallParser, result_tokens
+from wave_actors.core.contract import NO_TOKEN, Handle, TextCodec
+from wave_actors.core.frames import IN_RATE, OUT_RATE, SAMPLES_IN
+from wave_actors.core.function_calls import FunctionCallParser, result_tokens
+from wave_actors.core.session_table import END_OF_STREAM, FRAME_HEADER
+from wave_actors.core.text import TextStream
+from wave_actors.core.timebase import Clock
 from wave_actors.runtime import Actor
 
 log = logging.getLogger("wave.session")
 
 REORDER_WINDOW = 8          # messages held while waiting for a missing seq
-FRAME_HEADER = struct.Struct("<q")
-END_OF_STREAM = -1          # frame number of the marker a closing session sends after its frames
 
 
 @dataclass
@@ -79,7 +77,7 @@ class SessionCounters:
 class SessionConfig:
     session: str
     identity: bytes
-    slot: int
+    handle: Handle                  # the session in the clock's table
     sample_rate: int
     format: str
     output_sample_rate: int
@@ -97,13 +95,12 @@ class SessionActor(Actor):
                  on_close: Callable[["SessionActor", Close], Any],
                  last_seen: Callable[[bytes], float],
                  on_function_tokens: Callable[["SessionActor", list[int]], None],
-                 inproc_identity: bytes,
                  output_turn: Callable[[], Awaitable[None]] | None = None):
         super().__init__(f"session:{cfg.session}")
         self.cfg, self.ctx, self.clock = cfg, ctx, clock
         self._send_client, self._on_close, self._last_seen = send_client, on_close, last_seen
         self._on_function_tokens = on_function_tokens
-        self.inproc_identity = inproc_identity
+        self._handle = (cfg.handle.slot, cfg.handle.generation)
         self._output_turn = output_turn     # the clock's BeatClockActor.output_turn
         self._text_codec = text_codec
         self.counters = SessionCounters()
@@ -132,7 +129,6 @@ class SessionActor(Actor):
     # -- lifecycle --------------------------------------------------------------------------------
     async def on_start(self) -> None:
         self._sock = self.ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.IDENTITY, self.inproc_identity)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self.cfg.clock_endpoint)
         self._tx = zsock.Tx(self._sock)
@@ -205,7 +201,7 @@ class SessionActor(Actor):
         for i in range(n):
             frame = pending[i * SAMPLES_IN:(i + 1) * SAMPLES_IN]
             try:
-                self._tx.send([FRAME_HEADER.pack(self._frame_no), frame.tobytes()])
+                self._tx.send([FRAME_HEADER.pack(*self._handle, self._frame_no), frame.tobytes()])
             except zmq.ZMQError:
                 self.counters.engine_unavailable += 1     # the clock is restarting
             self._frame_no += 1
@@ -261,7 +257,7 @@ class SessionActor(Actor):
         if self._sock is None:
             return False
         try:
-            self._tx.send([FRAME_HEADER.pack(END_OF_STREAM), b""])
+            self._tx.send([FRAME_HEADER.pack(*self._handle, END_OF_STREAM), b""])
         except zmq.ZMQError:
             return False
         return True

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from gpu.engine.decode_ops import TritonDecodeOps, install
-from wave_actors.frames import BEAT_MS, FRAMES_PER_BEAT, SAMPLES_IN
+from wave_actors.core.frames import BEAT_MS, FRAMES_PER_BEAT, SAMPLES_IN
 
 
 def measure_baseline(model, context: int, beats: int = 8, seed: int = 0) -> dict:

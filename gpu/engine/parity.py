@@ -1,7 +1,7 @@
-"""Parity of a backend against the reference model run eagerly on the same device.
+"""Parity of an executor against the reference model run eagerly on the same device.
 
-`engine_run` drives a backend through `run_beat` exactly as the node does (open, prefill beats,
-then live beats on given audio); `reference_run` replays the same sessions through the plain
+`engine_run` drives an executor through `BeatDriver` exactly as the clock does (open, start
+beats, then live beats on given audio); `reference_run` replays the same sessions through the plain
 PyTorch model (no kernels, no graphs): the same weights, prompts, noise keys and audio. Both
 return per-frame tokens and PCM, and `compare` says how far apart they are.
 """
@@ -14,9 +14,10 @@ import numpy as np
 import torch
 
 from gpu.engine.decode_ops import install
-from gpu.model.prompt import prompt_tokens
-from wave_actors.backend import SessionSpec
-from wave_actors.frames import FRAMES_PER_BEAT
+from wave_actors.core.prompt import prompt_tokens
+from wave_actors.core.beat_driver import BeatDriver
+from wave_actors.core.contract import SessionSpec
+from wave_actors.core.frames import FRAMES_PER_BEAT
 
 
 @dataclass
@@ -27,36 +28,35 @@ class Run:
     pcm: np.ndarray      # [N, T, 1764]
 
 
-def engine_run(backend, specs: list[SessionSpec], audio: np.ndarray, slots: list[int]) -> tuple[Run, list[int]]:
+def engine_run(executor, specs: list[SessionSpec], audio: np.ndarray,
+               slots: list[int]) -> tuple[Run, list[int]]:
     """audio float32 [N, T, 1280] for sessions opened in `slots`; T even. Returns the run and
-    each session's noise key (its incarnation number)."""
+    each session's noise key (its session number)."""
     n, frames = audio.shape[:2]
-    for slot, spec in zip(slots, specs):
-        backend.open_slot(slot, spec)
-    inp, out = backend.alloc_input(), backend.alloc_output()
+    driver = BeatDriver(executor)
+    keys = [driver.open(slot, spec) for slot, spec in zip(slots, specs)]
+    full = np.zeros((executor.max_sessions, FRAMES_PER_BEAT, audio.shape[-1]), np.float32)
 
     async def drive() -> Run:
-        # Starting slots advance without being live (as the clock does it); none runs a frame
-        # until all are ready, so every session's frame 0 is the reference's frame 0.
+        # Starting slots advance without being in a beat (as the clock does it); none runs a
+        # frame until all are ready, so every session's frame 0 is the reference's frame 0.
         for _ in range(1000):
-            if all(backend.ready(s) for s in slots):
+            if all(driver.ready(s) for s in slots):
                 break
-            await backend.run_beat(inp, out)
-        assert all(backend.ready(s) for s in slots), "sessions never became ready"
-        inp.live[slots] = True
+            await driver.beat(full)
+        assert all(driver.ready(s) for s in slots), "sessions never became ready"
         got = Run(*(np.zeros((n, frames) + tail, dtype) for tail, dtype in
                     (((), np.int64), ((), np.int64), ((10,), np.int64), ((1764,), np.float32))))
         for b in range(frames // FRAMES_PER_BEAT):
-            inp.audio[slots] = audio[:, 2 * b:2 * b + 2]
-            await backend.run_beat(inp, out)
+            full[slots] = audio[:, 2 * b:2 * b + 2]
+            _, out = await driver.beat(full)
             for f in range(FRAMES_PER_BEAT):
                 t = 2 * b + f
                 got.text[:, t], got.func[:, t] = out.text[slots, f], out.func[slots, f]
                 got.user[:, t], got.pcm[:, t] = out.user[slots, f], out.pcm[slots, f]
         return got
 
-    run = asyncio.run(drive())
-    return run, [backend._slots[s].session for s in slots]
+    return asyncio.run(drive()), keys
 
 
 @torch.no_grad()

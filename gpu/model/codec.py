@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gpu.model.talker_weights import load_named
-from wave_actors.frames import OUT_RATE, SAMPLES_OUT
+from wave_actors.core.frames import OUT_RATE, SAMPLES_OUT
 
 PREFIX = "tts_model.audio_codec."
 

@@ -29,7 +29,8 @@ from torch import Tensor, nn
 from gpu.model.talker_mog import MogHead, codebook_sqnorms, unmasking_schedule
 from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding, add_normed,
                                    apply_rope_tables, rope_cos_sin, rope_tables)
-from gpu.model.tokenizer import EOS, PAD, VOCAB
+from wave_actors.core.text import EOS, PAD, VOCAB
+from wave_actors.core.slot_book import TALKER_WARMUP
 
 PREFIX = "tts_model."                   # the talker module's names = checkpoint names minus this
 
@@ -66,7 +67,7 @@ class TalkerConfig:
     top_p: float = 0.95
     noise_scale: float = 1e-3
     min_log_std: float = -4.0
-    n_warmup: int = 37                  # Aria prompt rows 0..n-2, silence + BOS row n-1
+    n_warmup: int = TALKER_WARMUP       # Aria prompt rows 0..n-2, silence + BOS row n-1
 
     @classmethod
     def full(cls) -> "TalkerConfig":

@@ -37,7 +37,7 @@ from gpu.model.talker import Talker, TalkerInputs, TalkerOutput
 from gpu.model.talker_text import CharTable
 from gpu.model.talker_weights import load_talker
 from gpu.model.thinker import Thinker
-from gpu.model.tokenizer import BOS, EOS, PAD
+from wave_actors.core.text import BOS, EOS, PAD
 from gpu.model.voicechat_noise import FrameNoise
 from gpu.model.voicechat_state import VoiceChatState
 from gpu.model.voicechat_weights import load_dtype, param_shapes, random_weights

@@ -23,7 +23,7 @@ from gpu.model.perception import PerceptionState
 from gpu.model.rnnt import RNNTState
 from gpu.model.talker import TalkerState
 from gpu.model.thinker import ThinkerState
-from gpu.model.tokenizer import PAD
+from wave_actors.core.text import PAD
 
 SHARED = frozenset({"rnnt.start_h", "rnnt.start_c", "rnnt.start_g"})   # not per slot
 

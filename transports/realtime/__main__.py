@@ -14,7 +14,7 @@ import zmq.auth
 
 from transports.client import CurveKeys
 from transports.realtime.server import Bridge, BridgeConfig
-from wave_actors.frames import FRAME_MS
+from wave_actors.core.frames import FRAME_MS
 
 
 def load_z85(path: str, want_secret: bool) -> tuple[bytes, bytes | None]:

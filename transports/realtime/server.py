@@ -35,7 +35,7 @@ from transports.realtime.outbox import Outbox, Overflow
 from transports.realtime.session import (NATIVE_INPUT, NATIVE_OUTPUT, AudioSpec, EventError,
                                          SessionConfig, apply_update, parse_audio_format,
                                          parse_event, session_object)
-from wave_actors.frames import OUT_RATE
+from wave_actors.core.frames import OUT_RATE
 
 log = logging.getLogger("wave.realtime")
 

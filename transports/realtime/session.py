@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from transports import protocol as P
-from wave_actors.frames import BEAT_MS, FRAME_MS, IN_RATE, OUT_RATE
+from wave_actors.core.frames import BEAT_MS, FRAME_MS, IN_RATE, OUT_RATE
 
 MAX_TOOLS = P.MAX_TOOLS
 

@@ -1,0 +1,124 @@
+"""The `cpu` executor: the reference VoiceChat model on the CPU (tiny config by default).
+
+`submit` hands the book's plan to one worker thread and returns; the worker runs the plan (slot
+resets, the live rows' two frames batched, then the start steps, each timed for the start
+policy) and writes the outputs into `BeatOutput`. The event loop stays free while it computes.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from gpu.engine.model_runner import (ModelRunner, check_host_memory, load_model, model_config,
+                                     text_codecs)
+from gpu.model.config import Profile
+from gpu.model.voicechat_state import session_state_bytes
+from wave_actors.core.contract import BeatInput, BeatOutput, ExecutorOptions, SessionSpec
+from wave_actors.core.registry import REGISTRY
+from wave_actors.core.slot_book import BookPlan, StartShape
+from wave_actors.core.start_policy import EagerStarts
+from wave_actors.core.timebase import Clock
+
+THREADS = 1                 # torch intra-op threads: tiny ops lose more to threading than they gain
+# A start step on the CPU: all starting sessions together, 64 prompt positions and 8 warm-up
+# positions a chunk; the prompt may be long (the CPU has host memory to spare).
+CPU_SHAPE = dict(prefill_chunk=64, warmup_chunk=8, starts_per_step=1 << 30, max_prompt=2048)
+
+
+class CpuExecutor:
+    name = "cpu"
+    caps = REGISTRY["cpu"].caps
+    on_launched = None
+
+    def __init__(self, options: ExecutorOptions):
+        self.options = options
+        self.max_sessions = options.max_sessions
+        self.text_codec, self.user_codec = text_codecs(options)
+        cfg, char_table = model_config(options, self.text_codec)
+        self.profile = Profile.named(options.profile)
+        self.start_shape = StartShape(warmup_positions=cfg.talker.n_warmup, **CPU_SHAPE)
+        torch.set_num_threads(THREADS)
+        check_host_memory(cfg, self.profile, options, self.start_shape.max_prompt)
+        model = load_model(cfg, self.profile, options, "cpu", char_table)
+        self.runner = ModelRunner(model, options, self.start_shape, options.max_sessions)
+        self.beat_cpu_s: deque[float] = deque(maxlen=1024)   # worker CPU time of recent beats
+        self._worker = ThreadPoolExecutor(1, "wave-cpu", initializer=torch.set_num_threads,
+                                          initargs=(THREADS,))
+        self._inflight: Future | None = None
+
+    @classmethod
+    def build(cls, options: ExecutorOptions, clock: Clock | None = None) -> "CpuExecutor":
+        return cls(options)
+
+    @property
+    def model(self):
+        return self.runner.model
+
+    @property
+    def cfg(self):
+        return self.runner.model.cfg
+
+    def default_start_policy(self) -> EagerStarts:
+        return EagerStarts()
+
+    def alloc_input(self) -> BeatInput:
+        return BeatInput.alloc(self.max_sessions)
+
+    def alloc_output(self) -> BeatOutput:
+        return BeatOutput.alloc(self.max_sessions)
+
+    def prompt_tokens(self, spec: SessionSpec) -> list[int]:
+        return self.runner.prompt_tokens(self.text_codec, spec)
+
+    def reset(self) -> None:
+        """Slot state is reset per slot when a session opens (`plan.resets`): nothing to do."""
+
+    # -- the beat --------------------------------------------------------------------------------
+    def submit(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
+        self._inflight = self._worker.submit(self._run, plan, inp, out)
+
+    async def wait(self) -> None:
+        if self._inflight is not None:
+            await asyncio.wrap_future(self._inflight)
+
+    def collect(self, plan: BookPlan, out: BeatOutput) -> float:
+        done, self._inflight = self._inflight, None
+        return done.result()
+
+    def _run(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> float:
+        """Worker thread: the plan, in order; returns its wall time, and records the live
+        frames' time and each start step's in `out` for the start policy."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        runner = self.runner
+        with torch.no_grad():
+            runner.reset_and_rewind(plan)
+            if plan.live:
+                runner.frames(plan, inp.audio, out)
+            runner.silence(plan, out)
+            out.live_s = time.perf_counter() - t0
+            out.start_s = []
+            for step in plan.starts:
+                t = time.perf_counter()
+                runner.start_step(step)
+                out.start_s.append(time.perf_counter() - t)
+        self.beat_cpu_s.append(time.thread_time() - c0)
+        return time.perf_counter() - t0
+
+    # -- facts -------------------------------------------------------------------------------------
+    def describe(self) -> dict:
+        opts, shape = self.options, self.start_shape
+        state = session_state_bytes(self.cfg, self.profile, opts.max_context,
+                                    shape.max_prompt)["total"]
+        return {"backend": self.name, "max_sessions": self.max_sessions, "config": self.cfg.name,
+                "profile": self.profile.name, "parameters": self.model.parameter_count(),
+                "weights": opts.checkpoint or f"random (seed {opts.seed})",
+                "text_codec": getattr(self.text_codec, "name", type(self.text_codec).__name__),
+                "max_context_frames": opts.max_context, "max_prompt_tokens": shape.max_prompt,
+                "state_bytes_per_session": state}
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)

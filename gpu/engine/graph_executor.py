@@ -1,0 +1,415 @@
+"""The `graph` executor: the full model on one GPU, every live session advanced together, two
+frames per beat as one CUDA-graph replay.
+
+  - weights drawn on the device (or loaded), state preallocated for `max_sessions` + 1 slots at
+    start; the extra slot is a trash row that padded batch entries read from and write into;
+  - the model's decode hooks routed to the Triton kernels (`decode_ops`), so per-session state is
+    updated in place and attention reads only the context in use;
+  - one graph per batch-size bucket; the largest is captured when the executor is built, the
+    others by `prepare` between beats;
+  - one copy each way per beat: the clock packs frames straight into this executor's pinned
+    input ring, which goes to the device as it is (the rows up to the highest live slot); the
+    replay gathers its rows by slot on the device and scatters its outputs back by slot, and the
+    output rows come back into the pinned output ring. No host gather, no host scatter;
+  - a configuration that does not fit in device memory is refused at start, saying why.
+Start steps (prompt and warm-up chunks) run eagerly on the same stream after the replay.
+
+How a beat is waited for (`ExecutorOptions.beat_wait`): a worker thread enqueues the beat (the
+copies, the replay) and returns while the GPU works; the event loop then sleeps until just
+before the fastest recent beat of this bucket would end and asks the beat's CUDA event whether
+it is done once per loop iteration ("poll"). "thread": the worker waits on the device itself.
+Beats with start steps are timed on the worker (each step synchronised: the start policy needs
+its cost).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from gpu.engine.baseline import measure_baseline
+from gpu.engine.beat_streams import StreamedBeat
+from gpu.engine.decode_ops import TritonDecodeOps, install
+from gpu.engine.model_runner import ModelRunner, model_config, text_codecs
+from gpu.model.checkpoint import load_checkpoint
+from gpu.model.config import Profile, VoiceChatConfig
+from gpu.model.voicechat import VoiceChat
+from gpu.model.voicechat_state import session_state_bytes
+from gpu.model.voicechat_weights import load_dtype, param_shapes, random_weights_on
+from wave_actors.core.contract import (MAX_USER_TOKENS, NO_TOKEN, BeatInput, BeatOutput,
+                                       ExecutorOptions, SessionSpec)
+from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
+from wave_actors.core.registry import REGISTRY
+from wave_actors.core.slot_book import GRAPH_MAX_PROMPT, BookPlan, StartShape
+from wave_actors.core.start_policy import BudgetedStarts
+from wave_actors.core.timebase import Clock
+
+log = logging.getLogger("wave.graph_executor")
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448,
+           512)
+# Activations, graph pools, logits, CUDA context. MODEL.md §4 budgets a flat 4 GB, but the beat
+# graph's activations grow with the batch (bench/results/graph-*.json record what was used), so:
+# a base plus a share per slot, with margin over the measured slope.
+WORKSPACE_BASE = 2.5e9
+WORKSPACE_PER_SLOT = 25e6
+POLL_LEAD_S = 1.5e-3         # poll the beat's event from this long before the fastest recent beat
+POLL_UNKNOWN_S = 5e-4        # a bucket's first beats (no time known): poll at this interval
+OUTPUTS = ("pcm", "text", "func", "user")
+
+
+def bucket_for(n: int, max_sessions: int) -> int:
+    for b in BUCKETS:
+        if b >= n:
+            return min(b, max_sessions)
+    return max_sessions
+
+
+class MemoryPlan:
+    """What the configuration needs on the device, decided before anything is allocated."""
+
+    def __init__(self, cfg: VoiceChatConfig, profile: Profile, max_sessions: int,
+                 max_context: int, max_prompt: int):
+        dtype_of = load_dtype(cfg, profile)
+        self.weights = sum(math.prod(s) * dtype_of(n).itemsize for n, s in param_shapes(cfg).items())
+        self.per_session = session_state_bytes(cfg, profile, max_context, max_prompt)["total"]
+        self.sessions = max_sessions + 1                     # + the trash slot
+        self.state = self.per_session * self.sessions
+        self.workspace = WORKSPACE_BASE + WORKSPACE_PER_SLOT * self.sessions
+        self.total = self.weights + self.state + self.workspace
+
+    def ceiling(self, free: float) -> int:
+        per_slot = self.per_session + WORKSPACE_PER_SLOT
+        return max(0, int((free - self.weights - WORKSPACE_BASE) // per_slot) - 1)
+
+    def check(self, free: float) -> None:
+        if self.total > free:
+            raise MemoryError(
+                f"{self.sessions - 1} sessions at this context need {self.total / 1e9:.1f} GB "
+                f"(weights {self.weights / 1e9:.1f} + state {self.per_session / 1e6:.1f} MB × "
+                f"{self.sessions} + workspace {self.workspace / 1e9:.1f}); the device has "
+                f"{free / 1e9:.1f} GB free: at most {self.ceiling(free)} sessions fit")
+
+
+def memory_ceiling(config: str, profile: str, max_context: int,
+                   max_prompt: int = GRAPH_MAX_PROMPT) -> int:
+    """Sessions that fit in the device's free memory now at `max_context` frames."""
+    plan = MemoryPlan(VoiceChatConfig.named(config), Profile.named(profile), 1, max_context,
+                      max_prompt)
+    return plan.ceiling(torch.cuda.mem_get_info()[0])
+
+
+class _Captured:
+    """One bucket's graph with its static device inputs (the rows' slots and per-row values;
+    the audio rows are gathered by slot inside the graph) and their pinned host twins."""
+
+    def __init__(self, bucket: int, device: torch.device):
+        z = lambda *shape, dtype=torch.long: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
+        self.bucket = bucket
+        self.d_in = {"slots": z(bucket), "forced": z(bucket, 2), "session": z(bucket),
+                     "frame0": z(bucket)}
+        self.audio = z(bucket, FRAMES_PER_BEAT, SAMPLES_IN, dtype=torch.float32)
+        self.h_in = {k: torch.zeros(v.shape, dtype=v.dtype, pin_memory=True)
+                     for k, v in self.d_in.items()}
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+
+class GraphExecutor:
+    name = "graph"
+    caps = REGISTRY["graph"].caps
+
+    def __init__(self, options: ExecutorOptions, capture: bool = True, streams: bool = True):
+        """capture=False runs the same beat body eagerly instead of replaying its graph, and
+        streams=False runs a beat's stages in order on one stream: the same kernels on the same
+        batch either way, so the outputs must equal the default's bit for bit (the same-precision
+        parity checks of bench/graph_check.py)."""
+        if not torch.cuda.is_available():
+            raise RuntimeError("the graph executor needs a CUDA device; use --backend cpu or sim")
+        if options.beat_wait not in ("poll", "thread"):
+            raise ValueError(f"beat_wait {options.beat_wait!r}: choose poll or thread")
+        self.options, self.capture = options, capture
+        self.max_sessions = options.max_sessions
+        self.device = torch.device("cuda")
+        self.text_codec, self.user_codec = text_codecs(options)
+        self.cfg, char_table = model_config(options, self.text_codec)
+        self.profile = Profile.named(options.profile)
+        self.start_shape = StartShape(warmup_positions=self.cfg.talker.n_warmup)
+        self.plan_memory = MemoryPlan(self.cfg, self.profile, options.max_sessions,
+                                      options.max_context, self.start_shape.max_prompt)
+        self.plan_memory.check(torch.cuda.mem_get_info()[0])
+        torch.backends.cuda.matmul.allow_tf32 = self.profile.tf32
+        torch.backends.cudnn.allow_tf32 = self.profile.tf32
+        self.runner = ModelRunner(self._build_model(char_table), options, self.start_shape,
+                                  options.max_sessions + 1)
+        self.trash = options.max_sessions
+        s, dev = options.max_sessions + 1, self.device
+        self.d_audio = torch.zeros(s, FRAMES_PER_BEAT, SAMPLES_IN, device=dev)   # row S: zeros
+        self.d_out = {"pcm": torch.zeros(s, FRAMES_PER_BEAT, SAMPLES_OUT, device=dev),
+                      "text": torch.zeros(s, FRAMES_PER_BEAT, dtype=torch.int32, device=dev),
+                      "func": torch.zeros(s, FRAMES_PER_BEAT, dtype=torch.int32, device=dev),
+                      "user": torch.full((s, FRAMES_PER_BEAT, MAX_USER_TOKENS), NO_TOKEN,
+                                         dtype=torch.int32, device=dev)}
+        self._pinned: dict[int, torch.Tensor] = {}        # a ring array's address → its tensor
+        self._graphs: dict[int, _Captured] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+        self.streamed = StreamedBeat(self.model, self.device) if streams else None
+        self.poll = options.beat_wait == "poll"
+        self._beat_done = torch.cuda.Event()
+        self._recent: dict[int, collections.deque] = {}      # bucket → recent polled beat times
+        self.polled_beats = 0
+        self.on_launched = None
+        self._worker = ThreadPoolExecutor(1, "wave-graph")
+        self._inflight: tuple[Future, float, BookPlan] | None = None
+        self._done_s: float | None = None
+        # The largest bucket is captured now, so no beat ever waits for a capture; smaller ones
+        # (less padding) are captured between beats by `prepare`.
+        self._capture(bucket_for(self.max_sessions, self.max_sessions))
+
+    @classmethod
+    def build(cls, options: ExecutorOptions, clock: Clock | None = None) -> "GraphExecutor":
+        return cls(options)
+
+    def _build_model(self, char_table) -> VoiceChat:
+        opts = self.options
+        if opts.checkpoint:
+            model = load_checkpoint(opts.checkpoint, self.cfg, self.profile, self.device,
+                                    char_table)
+        else:
+            model = VoiceChat(self.cfg, self.profile, self.device, char_table)
+            model.load(random_weights_on(self.cfg, self.device, opts.seed,
+                                         load_dtype(self.cfg, self.profile)))
+        torch.cuda.empty_cache()
+        install(model, TritonDecodeOps())
+        return model
+
+    @property
+    def model(self) -> VoiceChat:
+        return self.runner.model
+
+    @property
+    def state(self):
+        return self.runner.state
+
+    def default_start_policy(self) -> BudgetedStarts:
+        return BudgetedStarts()
+
+    def prompt_tokens(self, spec: SessionSpec) -> list[int]:
+        return self.runner.prompt_tokens(self.text_codec, spec)
+
+    @staticmethod
+    def memory_ceiling(config: str, profile: str, max_context: int) -> int:
+        return memory_ceiling(config, profile, max_context)
+
+    def baseline(self, context: int) -> dict:
+        """The stock way to serve: the eager reference model, one session at a time."""
+        return measure_baseline(self.model, context)
+
+    def reset(self) -> None:
+        """Slot rows are reset when their next session opens (`plan.resets`); a beat cut off by
+        a clock restart is waited for before the new clock's first beat (`wait`)."""
+
+    # -- host rings: pinned, so the clock packs straight into DMA-able memory -----------------------
+    def _pin(self, shape: tuple, dtype: torch.dtype, fill=0) -> np.ndarray:
+        t = torch.full(shape, fill, dtype=dtype, pin_memory=True)
+        arr = t.numpy()
+        self._pinned[arr.ctypes.data] = t
+        return arr
+
+    def alloc_input(self) -> BeatInput:
+        return BeatInput(self._pin((self.max_sessions, FRAMES_PER_BEAT, SAMPLES_IN), torch.float32),
+                         np.zeros(self.max_sessions, bool))
+
+    def alloc_output(self) -> BeatOutput:
+        s, f = self.max_sessions, FRAMES_PER_BEAT
+        return BeatOutput(self._pin((s, f, SAMPLES_OUT), torch.float32),
+                          self._pin((s, f), torch.int32), self._pin((s, f), torch.int32),
+                          self._pin((s, f, MAX_USER_TOKENS), torch.int32, NO_TOKEN))
+
+    def _tensor(self, arr: np.ndarray) -> torch.Tensor:
+        """The pinned tensor behind a ring array (a plain view if it is not one of ours)."""
+        t = self._pinned.get(arr.ctypes.data)
+        return t if t is not None and t.shape == arr.shape else torch.from_numpy(arr)
+
+    # -- the beat --------------------------------------------------------------------------------
+    def submit(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
+        self._done_s = None
+        t0 = time.perf_counter()
+        self._inflight = (self._worker.submit(self._launch, plan, inp, out), t0, plan)
+
+    async def wait(self) -> None:
+        if self._inflight is None or self._done_s is not None:
+            return
+        job, t0, plan = self._inflight
+        synced = await asyncio.wrap_future(job)             # the beat's work is queued
+        if self.on_launched is not None:
+            self.on_launched()
+        if not synced:
+            g = self._graph_for(len(plan.live))
+            recent = self._recent.setdefault(g.bucket, collections.deque(maxlen=8))
+            await self._device_done(t0, min(recent, default=None))
+            elapsed = time.perf_counter() - t0
+            recent.append(elapsed)
+            self.polled_beats += 1
+        self._done_s = time.perf_counter() - t0
+
+    def collect(self, plan: BookPlan, out: BeatOutput) -> float:
+        job, _t0, _plan = self._inflight
+        self._inflight = None
+        synced = job.result()
+        self.runner.silence(plan, out)
+        if not synced:                      # the live frames were all of it
+            out.live_s, out.start_s = self._done_s, []
+        return self._done_s
+
+    def _launch(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> bool:
+        """Worker thread: the beat's device work enqueued, its end marked by `_beat_done`; with
+        start steps (or beat_wait "thread"), waited for here and timed into `out`. Returns
+        whether it waited."""
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self.runner.reset_and_rewind(plan)
+            if plan.live:
+                self._enqueue(plan, inp, out)
+            timed = bool(plan.starts or plan.started or not plan.live) or not self.poll
+            if timed:
+                torch.cuda.current_stream().synchronize()
+                out.live_s, out.start_s = time.perf_counter() - t0, []
+                for step in plan.starts:
+                    t = time.perf_counter()
+                    self.runner.start_step(step)
+                    torch.cuda.current_stream().synchronize()
+                    out.start_s.append(time.perf_counter() - t)
+                if plan.started and self.options.context_offset:
+                    self._prefill_context(plan.started)
+                    torch.cuda.current_stream().synchronize()
+        self._beat_done.record()
+        return timed
+
+    async def _device_done(self, t0: float, fastest: float | None) -> None:
+        """Return once `_beat_done` has passed: asleep for most of the beat, then asking every
+        loop iteration (the tasks that are ready run in between, as they would anyway)."""
+        if fastest is not None:
+            delay = t0 + fastest - POLL_LEAD_S - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        while not self._beat_done.query():
+            await asyncio.sleep(0 if fastest is not None else POLL_UNKNOWN_S)
+
+    def _enqueue(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
+        """The ring's audio rows up to the highest live slot to the device, the rows' slots and
+        per-row values into the bucket's buffers, the replay, the output rows back into the
+        output ring: all queued on the device, nothing waited for."""
+        n, hi = len(plan.live), max(plan.live) + 1
+        g = self._graph_for(n)
+        h = g.h_in
+        h["slots"][:n] = torch.from_numpy(np.asarray(plan.live, np.int64))
+        h["slots"][n:] = self.trash
+        h["forced"][:n] = torch.from_numpy(plan.forced)
+        h["forced"][n:] = -1
+        h["session"][:n] = torch.from_numpy(plan.session)
+        h["frame0"][:n] = torch.from_numpy(plan.frame0)
+        for k, t in g.d_in.items():
+            t.copy_(h[k], non_blocking=True)
+        self.d_audio[:hi].copy_(self._tensor(inp.audio)[:hi], non_blocking=True)
+        if g.graph is not None:
+            g.graph.replay()
+        else:
+            self._beat_body(g)
+        for name in OUTPUTS:
+            self._tensor(getattr(out, name))[:hi].copy_(self.d_out[name][:hi], non_blocking=True)
+
+    def _prefill_context(self, slots: list[int]) -> None:
+        """Model a session that already spoke for `context_offset` frames: its caches hold that
+        many positions (random rows; the work of a frame depends only on the lengths)."""
+        th, tk, n = self.state.thinker, self.state.talker, self.options.context_offset
+        for s in slots:                      # basic slices: views, so normal_ writes the state
+            start = int(th.length[s])
+            th.k[:, s, start:start + n].normal_()
+            th.v[:, s, start:start + n].normal_()
+            pos = int(tk.position[s])
+            tk.k[s, :, :, :, pos:pos + n].normal_()
+            tk.v[s, :, :, :, pos:pos + n].normal_()
+        idx = torch.tensor(slots, device=self.device)
+        th.length[idx] += n
+        tk.position[idx] += n
+
+    def prepare(self, sessions: int) -> None:
+        """Capture the bucket that `sessions` live sessions use (outside any beat)."""
+        b = bucket_for(sessions, self.max_sessions)
+        if b not in self._graphs:
+            self._capture(b)
+
+    def _graph_for(self, n: int) -> _Captured:
+        """The smallest captured bucket that holds n sessions (extra rows are padding)."""
+        return self._graphs[min(b for b in self._graphs if b >= n)]
+
+    def _beat_body(self, g: _Captured) -> None:
+        """What one replay does: gather the bucket's audio rows by slot, two frames, scatter the
+        outputs by slot (padded rows read and write the trash row). The trash slot's counters
+        restart each beat so padded rows never run off its caches. cuDNN stays on for the
+        convolutions (perception, codec); the RNNT turns it off for its LSTM. With `streams` the
+        frames' independent stages overlap (beat_streams.py); without, they run in order on one
+        stream (the same kernels: outputs equal bit for bit)."""
+        st, d, t = self.state, g.d_in, self.trash
+        st.thinker.length[t:t + 1].fill_(0)            # slices: a graph captures no host copy
+        st.talker.position[t:t + 1].fill_(self.cfg.talker.n_warmup)
+        torch.index_select(self.d_audio, 0, d["slots"], out=g.audio)
+        noise_of = lambda f: self.model.noise(self.options.seed, d["session"], d["frame0"] + f)  # noqa: E731
+
+        def emit(f: int, o) -> None:
+            for name in OUTPUTS:
+                dst = self.d_out[name][:, f]
+                dst.index_copy_(0, d["slots"], getattr(o, name).to(dst.dtype))
+
+        if self.streamed is not None:
+            self.streamed.run(st, g.audio, d["slots"], noise_of, d["forced"], emit)
+            return
+        self.model.frames(st, g.audio, d["slots"], noise_of, d["forced"], emit)
+
+    def _capture(self, bucket: int) -> _Captured:
+        t0 = time.perf_counter()
+        g = _Captured(bucket, self.device)
+        g.d_in["slots"].fill_(self.trash)
+        g.d_in["forced"].fill_(-1)
+        if not self.capture:                         # eager mode: the buffers, no graph
+            self._graphs[bucket] = g
+            return g
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(2):                       # JIT-compile kernels, pick BLAS algorithms
+                self._beat_body(g)
+        torch.cuda.current_stream().wait_stream(side)
+        g.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g.graph, pool=self._pool), torch.no_grad():
+            self._beat_body(g)
+        self._graphs[bucket] = g
+        log.info("captured the beat graph for %d sessions in %.1f s", bucket,
+                 time.perf_counter() - t0)
+        return g
+
+    def describe(self) -> dict:
+        free, total = torch.cuda.mem_get_info()
+        opts, shape = self.options, self.start_shape
+        return {"backend": self.name, "max_sessions": self.max_sessions, "config": self.cfg.name,
+                "profile": self.profile.name, "parameters": self.model.parameter_count(),
+                "weights": opts.checkpoint or f"random (seed {opts.seed})",
+                "text_codec": getattr(self.text_codec, "name", type(self.text_codec).__name__),
+                "max_context_frames": opts.max_context, "max_prompt_tokens": shape.max_prompt,
+                "gpu": torch.cuda.get_device_name(0),
+                "weights_bytes": self.plan_memory.weights,
+                "state_bytes_per_session": self.plan_memory.per_session,
+                "memory_used_bytes": total - free,
+                "memory_total_bytes": total,
+                "memory_ceiling_sessions": self.plan_memory.ceiling(total),
+                "beat_wait": "poll" if self.poll else "thread", "beats_polled": self.polled_beats,
+                "buckets_captured": sorted(self._graphs)}
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)

@@ -1,0 +1,165 @@
+"""The model side of a beat, shared by the executors that run the real model (cpu, graph): the
+model and its slot-indexed state, built once; and the plan's pieces that every such executor runs
+the same way — slot resets and context-hold rewinds, start steps (prompt prefill and talker
+warm-up chunks), and the live frames run eagerly on a window of the KV caches.
+
+The KV caches are sized for `max_context` frames; an eager call runs on a window of them rounded
+up to WINDOW_STEP positions past the longest session in the call, which keeps the attention cost
+proportional to the context in use (results identical, see `VoiceChatState.window`).
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import torch
+
+from gpu.model.checkpoint import available_host_memory, load_checkpoint
+from gpu.model.config import Profile, VoiceChatConfig
+from gpu.model.talker_text import CharTable
+from gpu.model.voicechat import VoiceChat
+from gpu.model.voicechat_state import session_state_bytes
+from gpu.model.voicechat_weights import param_shapes
+from wave_actors.core.contract import NO_TOKEN, BeatOutput, ExecutorOptions, SessionSpec
+from wave_actors.core.prompt import MAX_TOOLS, prompt_tokens
+from wave_actors.core.slot_book import BookPlan, StartShape, StartStep
+from wave_actors.core.text import EOS, PAD, TextCodec, UserByteFallbackCodec, load_text_codec
+
+log = logging.getLogger("wave.model_runner")
+
+WINDOW_STEP = 64            # KV windows are multiples of this many positions
+VOCAB_PROBE = "Hello! How is the weather in Zürich today? Call get_weather({\"city\": \"Paris\"})."
+
+
+def model_config(opts: ExecutorOptions, codec: TextCodec) -> tuple[VoiceChatConfig, CharTable | None]:
+    """The model config; with a tokenizer, the talker's character table comes from its pieces
+    (M_c = the longest piece), and a tokenizer whose ids overflow the model's vocabulary (a real
+    131k tokenizer with the tiny config) is refused at start."""
+    cfg = VoiceChatConfig.named(opts.config)
+    if opts.tokenizer is None:
+        return cfg, None
+    probe = codec.encode(VOCAB_PROBE)
+    if max(probe, default=0) >= cfg.thinker.vocab:
+        raise ValueError(f"the tokenizer {opts.tokenizer} gives ids up to {max(probe)} but the "
+                         f"{cfg.name} model's vocabulary has {cfg.thinker.vocab}; use --config full")
+    pieces = codec.char_pieces(cfg.thinker.vocab)
+    cfg = cfg.with_max_chars(max(1, max(len(p) for p in pieces)))
+    return cfg, CharTable.from_pieces(pieces, cfg.talker)
+
+
+def check_host_memory(cfg: VoiceChatConfig, profile: Profile, opts: ExecutorOptions,
+                      max_prompt: int) -> None:
+    """Refuse at start, saying why, a model that cannot fit in host memory (the full config is
+    ~44 GB of fp32 weights while loading) instead of being killed half-way."""
+    weights = 4 * sum(math.prod(s) for s in param_shapes(cfg).values())
+    state = opts.max_sessions * session_state_bytes(cfg, profile, opts.max_context,
+                                                    max_prompt)["total"]
+    available = available_host_memory()
+    if available is not None and weights + state > available:
+        raise MemoryError(
+            f"the {cfg.name} model needs {weights / 1e9:.1f} GB of host memory for its weights "
+            f"(fp32 while loading) + {state / 1e9:.1f} GB of state for {opts.max_sessions} "
+            f"sessions; {available / 1e9:.1f} GB are available. Use --config tiny, or a GPU "
+            f"executor")
+
+
+class ModelRunner:
+    """A model, its state and the plan's pieces that run eagerly. `model` is built by the
+    executor (on its device, with its kernels); `slots` rows of state (a GPU executor adds a
+    trash row for padded batch entries)."""
+
+    def __init__(self, model: VoiceChat, opts: ExecutorOptions, shape: StartShape, slots: int):
+        self.model, self.opts, self.shape = model, opts, shape
+        self.state = model.alloc_state(slots, opts.max_context, shape.max_prompt)
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.text_prev.device
+
+    def prompt_tokens(self, codec: TextCodec, spec: SessionSpec) -> list[int]:
+        """The session's prompt as the model takes it: at most MAX_TOOLS tools, ids inside the
+        vocabulary, cut to the positions reserved for it (ending on EOS)."""
+        vocab, cap = self.model.cfg.thinker.vocab, self.shape.max_prompt
+        tools = list(spec.tools or [])
+        if len(tools) > MAX_TOOLS:
+            log.warning("%d tools, the model takes %d: keeping the first", len(tools), MAX_TOOLS)
+        tokens = prompt_tokens(codec, spec.instructions, tools[:MAX_TOOLS])
+        if max(tokens) >= vocab:
+            log.warning("prompt ids outside the vocabulary dropped")
+            tokens = [t for t in tokens if t < vocab]
+        if len(tokens) > cap:
+            log.warning("system prompt of %d tokens cut to %d", len(tokens), cap)
+            tokens = tokens[:cap - 1] + [EOS]
+        return tokens
+
+    def index(self, values) -> torch.Tensor:
+        """Host ints → an int64 tensor on the state's device (slots, tokens, counts)."""
+        return torch.as_tensor(np.asarray(values, np.int64), device=self.device)
+
+    def window(self, thinker_need: int, talker_need: int):
+        """The state's KV caches cut to the positions a call writes, rounded up (see top)."""
+        cut = lambda need, cap: min(cap, max(1, -(-need // WINDOW_STEP)) * WINDOW_STEP)  # noqa: E731
+        return self.state.window(cut(thinker_need, self.state.thinker.max_positions),
+                                 cut(talker_need, self.state.talker.max_positions))
+
+    def reset_and_rewind(self, plan: BookPlan) -> None:
+        """The plan's slot resets (sessions opened) and context-hold rewinds, before its frames:
+        a rewound session's next frames overwrite rows already there."""
+        if plan.resets:
+            self.state.reset(self.index(plan.resets))
+        if plan.rewind:
+            slots = self.index(plan.rewind)
+            self.state.thinker.length[slots] -= self.opts.context_hold
+            self.state.talker.position[slots] -= self.opts.context_hold
+
+    def start_step(self, step: StartStep) -> None:
+        """One bounded chunk of prompt (≤ prefill_chunk positions) and of talker warm-up."""
+        if step.prefill:
+            chunk = self.shape.prefill_chunk
+            tokens = np.full((len(step.prefill), chunk), PAD, np.int64)
+            for r, (_, part, _) in enumerate(step.prefill):
+                tokens[r, :len(part)] = part
+            need = max(start + len(part) for _, part, start in step.prefill)
+            self.model.prefill_chunk(self.window(need, 0),
+                                     self.index([i for i, _, _ in step.prefill]),
+                                     self.index(tokens),
+                                     self.index([len(part) for _, part, _ in step.prefill]))
+        for count, rows in step.warmup.items():
+            window = self.window(0, max(start for _, start in rows) + count)
+            self.model.warmup_chunk(window, self.index([i for i, _ in rows]), count)
+
+    def frames(self, plan: BookPlan, audio: np.ndarray, out: BeatOutput) -> None:
+        """The live rows' two frames, eagerly, outputs into `out`'s slot rows; audio [S, 2,
+        1280] is the clock's ring slot (the rows of `plan.live` are gathered here)."""
+        live = plan.live
+        session = self.index(plan.session)
+        window = self.window(plan.thinker_need, plan.talker_need)
+        noise_of = lambda f: self.model.noise(self.opts.seed, session, self.index(plan.frame0 + f))  # noqa: E731
+
+        def emit(f: int, o) -> None:
+            out.pcm[live, f] = o.pcm.cpu().numpy()
+            out.text[live, f] = o.text.cpu().numpy()
+            out.func[live, f] = o.func.cpu().numpy()
+            out.user[live, f] = o.user.cpu().numpy()
+
+        x = torch.from_numpy(audio)[self.index(live).cpu()].to(self.device)
+        self.model.frames(window, x, self.index(live), noise_of, self.index(plan.forced), emit)
+
+    @staticmethod
+    def silence(plan: BookPlan, out: BeatOutput) -> None:
+        """Slots in the beat but out of context hear nothing and say nothing."""
+        for i in plan.spent:
+            out.pcm[i], out.text[i], out.func[i], out.user[i] = 0.0, PAD, PAD, NO_TOKEN
+
+
+def load_model(cfg: VoiceChatConfig, profile: Profile, opts: ExecutorOptions,
+               device: torch.device | str, char_table: CharTable | None) -> VoiceChat:
+    if opts.checkpoint:
+        return load_checkpoint(opts.checkpoint, cfg, profile, device, char_table)
+    return VoiceChat.random(cfg, profile, device, opts.seed, char_table)
+
+
+def text_codecs(opts: ExecutorOptions) -> tuple[TextCodec, TextCodec]:
+    """The thinker's text codec (the real tokenizer when given) and the RNNT's user codec."""
+    return load_text_codec(opts.tokenizer), UserByteFallbackCodec()

@@ -1,0 +1,169 @@
+"""The `sim` executor: no model, a cost model for time, synthetic but deterministic output.
+
+Output is a function of (slot, frame index) only, so routing errors show: each slot speaks a tone
+whose pitch encodes the slot (`tone_hz`), text tokens spell "slot N speaking. " in alternating
+speaking/listening phases, the user channel transcribes a letter whenever the input frame has
+energy, and a session opened with tools makes one function call early on. Time is the cost
+model's `beat_time(live sessions, mean context)`, slept on the node's clock (virtual in tests).
+
+Session starts are the engine's: the clock's slot book plans them with the GPU executor's start
+shape (`slot_book.StartShape`) and the node's start policy, exactly as for the engine. A start
+step costs its slots' share of a beat in the cost model, plus the model's `start_step_s`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import asdict
+
+import numpy as np
+
+from sim.costmodel import CostModel
+from wave_actors.core.contract import (NO_TOKEN, BeatInput, BeatOutput, ExecutorOptions,
+                                       SessionSpec)
+from wave_actors.core.frames import FRAMES_PER_BEAT, OUT_RATE, SAMPLES_OUT
+from wave_actors.core.prompt import prompt_tokens
+from wave_actors.core.registry import REGISTRY
+from wave_actors.core.slot_book import BookPlan, StartShape
+from wave_actors.core.start_policy import BudgetedStarts
+from wave_actors.core.text import (CALL_END, CALL_START, EOS, PAD, ByteFallbackCodec,
+                                   UserByteFallbackCodec)
+from wave_actors.core.timebase import Clock
+
+SPEAK_PERIOD = 50                # frames: 25 speaking, 25 listening
+CALL_AT_FRAME = 4                # a session with tools starts its function call at this frame
+
+
+def tone_hz(slot: int) -> float:
+    return 200.0 + 25.0 * slot
+
+
+def tone(slot: int, frame: int) -> np.ndarray:
+    n = np.arange(frame * SAMPLES_OUT, (frame + 1) * SAMPLES_OUT, dtype=np.float64)
+    return (0.2 * np.sin(2 * math.pi * tone_hz(slot) * n / OUT_RATE)).astype(np.float32)
+
+
+class SimExecutor:
+    name = "sim"
+    caps = REGISTRY["sim"].caps
+    start_shape = StartShape()          # the GPU executor's: the sim's starts are the engine's
+    on_launched = None
+
+    def __init__(self, options: ExecutorOptions, cost: CostModel | None = None,
+                 clock: Clock | None = None, trace: bool = False):
+        self.options = options
+        self.max_sessions = options.max_sessions
+        self.cost = cost or CostModel.load(options.cost_model, options.profile)
+        offset = options.context_offset
+        if offset and self.max_sessions > self.cost.capacity(offset):
+            raise MemoryError(
+                f"{self.max_sessions} sessions at {offset} frames of context need "
+                f"{self.max_sessions * self.cost.state_bytes(offset) / 1e9:.1f} GB of state; "
+                f"the modelled device holds {self.cost.capacity(offset)}")
+        self.clock = clock or Clock()
+        self.text_codec = ByteFallbackCodec()
+        self.user_codec = UserByteFallbackCodec()
+        self._rng = random.Random(options.seed)
+        self._func_queue: list[list[int]] = [[] for _ in range(self.max_sessions)]
+        self._inflight: tuple[float, float, list[float], float] | None = None
+        self.trace: list[tuple[int, int, float, float]] | None = [] if trace else None
+
+    @classmethod
+    def build(cls, options: ExecutorOptions, clock: Clock | None = None) -> "SimExecutor":
+        return cls(options, CostModel.load(options.cost_model, options.profile), clock)
+
+    def default_start_policy(self) -> BudgetedStarts:
+        return BudgetedStarts()
+
+    def alloc_input(self) -> BeatInput:
+        return BeatInput.alloc(self.max_sessions)
+
+    def alloc_output(self) -> BeatOutput:
+        return BeatOutput.alloc(self.max_sessions)
+
+    def prompt_tokens(self, spec: SessionSpec) -> list[int]:
+        tokens = prompt_tokens(self.text_codec, spec.instructions, spec.tools)
+        if len(tokens) > self.start_shape.max_prompt:
+            tokens = tokens[:self.start_shape.max_prompt - 1] + [EOS]
+        return tokens
+
+    def reset(self) -> None:
+        self._func_queue = [[] for _ in range(self.max_sessions)]
+
+    # -- the beat -------------------------------------------------------------------------------
+    def _context(self, plan: BookPlan) -> float:
+        frames = plan.frame0
+        if self.options.context_hold and len(frames):
+            frames = frames % self.options.context_hold
+        return self.options.context_offset + (float(frames.mean()) if len(frames) else 0.0)
+
+    def submit(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
+        for slot, spec in plan.opened.items():
+            self._func_queue[slot] = self._call_of(spec)
+        context = self._context(plan)
+        live_s = self.cost.beat_time(len(plan.live), context)
+        if self.cost.jitter_rel:
+            live_s *= max(0.0, 1.0 + self.cost.jitter_rel * self._rng.gauss(0.0, 1.0))
+        # each step: its slots' share of a beat and the step's own fixed cost (the engine's
+        # step is an eager pass of its own, whatever the live load)
+        steps = [self.cost.beat_time(1 + step.slots, context) - self.cost.beat_time(1, context)
+                 + self.cost.start_step_s for step in plan.starts]
+        if self.trace is not None:                 # what the executor was handed, at hand-over
+            for slot in plan.live:
+                for f in range(FRAMES_PER_BEAT):
+                    a = inp.audio[slot, f]
+                    self.trace.append((inp.beat, int(slot), float(a[0]), float(a[-1])))
+        heard = [[float(np.sqrt(np.mean(inp.audio[slot, f] ** 2))) > 0.01
+                  for f in range(FRAMES_PER_BEAT)] for slot in plan.live]
+        total = live_s + sum(steps)
+        self._inflight = (self.clock.now() + total, live_s, steps, total)
+        self._heard = heard
+
+    async def wait(self) -> None:
+        if self._inflight is not None:
+            await self.clock.sleep_until(self._inflight[0])
+
+    def collect(self, plan: BookPlan, out: BeatOutput) -> float:
+        _end, live_s, steps, total = self._inflight
+        self._inflight = None
+        for r, slot in enumerate(plan.live):
+            self._fill(slot, int(plan.frame0[r]), self._heard[r], out)
+        for slot in plan.spent:
+            out.pcm[slot], out.text[slot], out.func[slot], out.user[slot] = 0.0, PAD, PAD, NO_TOKEN
+        out.live_s, out.start_s = live_s, steps
+        return total
+
+    def _call_of(self, spec: SessionSpec | None) -> list[int]:
+        if spec is None or not spec.tools:
+            return []
+        call = [{"name": spec.tools[0]["name"], "arguments": {}}]
+        text = "<TOOLCALL>" + json.dumps(call) + "</TOOLCALL>"
+        return [CALL_START] + self.text_codec.encode(text) + [CALL_END]
+
+    def _fill(self, slot: int, frame0: int, heard: list[bool], out: BeatOutput) -> None:
+        for f in range(FRAMES_PER_BEAT):
+            frame = frame0 + f
+            out.pcm[slot, f] = tone(slot, frame)
+            out.text[slot, f] = self._text_token(slot, frame)
+            queue = self._func_queue[slot]
+            out.func[slot, f] = queue.pop(0) if queue and frame >= CALL_AT_FRAME else PAD
+            out.user[slot, f] = NO_TOKEN
+            if heard[f]:
+                out.user[slot, f, 0] = ord("a") + frame % 26
+
+    def _text_token(self, slot: int, frame: int) -> int:
+        if frame % SPEAK_PERIOD >= SPEAK_PERIOD // 2:
+            return PAD
+        phrase = self.text_codec.encode(f"slot {slot} speaking. ")
+        return phrase[frame % len(phrase)]
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "max_sessions": self.max_sessions,
+                "start_shape": asdict(self.start_shape),
+                "cost_model": {"profile_bytes_per_session_at_1500": self.cost.session_bytes(1500),
+                               "beat_ms_at_max": 1000 * self.cost.beat_time(self.max_sessions,
+                                                                            1500)}}
+
+    def close(self) -> None:
+        pass

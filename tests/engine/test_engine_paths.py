@@ -1,0 +1,123 @@
+"""The engine's paths against the reference model: the cpu executor driven as the clock drives
+it, the Triton decode path (interpreted on the CPU), the memory plan, and on a GPU the graph
+executor."""
+import numpy as np
+import pytest
+import torch
+
+from gpu.engine.cpu_executor import CpuExecutor
+from gpu.engine.decode_ops import TritonDecodeOps, install
+from gpu.engine.parity import compare, engine_run, reference_run
+from gpu.model.config import Profile, VoiceChatConfig
+from gpu.model.voicechat import VoiceChat
+from tests.tensorkit import exact_fp32, rel
+from wave_actors.core.contract import ExecutorOptions, SessionSpec
+
+SPECS = [SessionSpec("You are a helpful assistant."), SessionSpec(""),
+         SessionSpec("Answer briefly.", [{"name": "lookup", "description": "d", "parameters": {}}])]
+
+
+
+
+def audio_for(n, frames, seed=0):
+    return (0.1 * np.random.default_rng(seed).standard_normal((n, frames, 1280))).astype(np.float32)
+
+
+def parity(backend, frames: int) -> dict:
+    """Run SPECS through `backend` at odd slots and through the eager reference: tokens must be
+    equal; returns the comparison for the caller's PCM tolerance."""
+    audio = audio_for(len(SPECS), frames)
+    run, keys = engine_run(backend, SPECS, audio, [4, 0, 2])
+    res = compare(run, reference_run(backend.model, backend.text_codec, SPECS, audio, keys, seed=0))
+    assert res["text_equal"] == res["func_equal"] == res["user_equal"] == 1.0, res
+    backend.close()
+    return res
+
+
+def test_cpu_executor_equals_reference_model_in_fp32():
+    b = CpuExecutor(ExecutorOptions(max_sessions=5, profile="fp32", config="tiny", max_context=64))
+    res = parity(b, 6)
+    assert res["pcm_max_abs"] < 1e-5, res
+
+
+def test_triton_decode_path_equals_reference_step():
+    """Interpreted on the CPU; compiled where a GPU is (both sides then run on it)."""
+    cfg = VoiceChatConfig.tiny()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = VoiceChat.random(cfg, Profile.named("fp32"), dev, seed=3)
+    slots = torch.tensor([3, 0], device=dev)
+
+    def run(ops):
+        install(model, ops)
+        st = model.alloc_state(4, 16)
+        st.reset(slots)
+        model.warmup_chunk(st, slots, cfg.talker.n_warmup)
+        g = torch.Generator().manual_seed(1)
+        outs = [model.step(st, 0.1 * torch.randn(2, 1280, generator=g).to(dev), slots,
+                           model.noise(0, slots, torch.full((2,), f)),
+                           torch.full((2,), -1, device=dev))
+                for f in range(3)]
+        return outs, st
+    with exact_fp32():                  # on the GPU, TF32 would differ by ~1e-2 in the pcm
+        ref, st_ref = run(None)
+        fast, st_fast = run(TritonDecodeOps())
+    install(model, None)
+    for a, b in zip(ref, fast):
+        assert torch.equal(a.text, b.text) and torch.equal(a.func, b.func)
+        assert torch.equal(a.codes, b.codes)
+        # fp32 rounding: the engine's codec runs channels-last (its reference is itself ~2e-5
+        # from an fp64 run, the tolerance test_model_tts_codec uses)
+        torch.testing.assert_close(a.pcm, b.pcm, rtol=1e-5, atol=1e-4)
+    # the kernels updated the state in place exactly where the reference wrote it
+    torch.testing.assert_close(st_fast.thinker.ssm, st_ref.thinker.ssm, rtol=1e-4, atol=1e-5)
+    # the talker's K rows after 28 layers of fp32 reduction-order differences (fused norms):
+    # 1e-5 relative over the cache, ~1e-6 absolute on single small elements
+    assert rel(st_fast.talker.k, st_ref.talker.k) < 1e-5
+    torch.testing.assert_close(st_fast.talker.k, st_ref.talker.k, rtol=1e-4, atol=1e-5)
+    assert torch.equal(st_fast.talker.k[[1, 2]], st_ref.talker.k[[1, 2]])     # other slots: zeros
+    assert torch.equal(st_fast.thinker.length, st_ref.thinker.length)
+
+
+def test_memory_plan_matches_model_md():
+    from gpu.engine.graph_executor import MemoryPlan
+    plan = MemoryPlan(VoiceChatConfig.full(), Profile.named("reference"), 124, 1500, 0)
+    # MODEL.md §3, plus the perception's 72-row K/V ring over its channel cache (3,637,248 B)
+    # and the talker's padding to an even 1538 positions (516,096 B)
+    assert abs(plan.per_session - (965.4e6 + 3_637_248 + 516_096)) < 0.1e6
+    assert abs(plan.weights - 23.83e9) < 0.05e9              # MODEL.md §4
+    # MODEL.md §4's H200 rows (124 and 324 with a flat 4 GB workspace) under the engine's
+    # workspace (2.5 GB + 25 MB per slot, measured) and its one trash slot
+    assert plan.ceiling(148e9) == int((148e9 - plan.weights - 2.5e9) // (plan.per_session + 25e6)) - 1 == 121
+    dense = MemoryPlan(VoiceChatConfig.full(), Profile.named("dense"), 1, 1500, 0)
+    assert dense.ceiling(148e9) == 303
+    with pytest.raises(MemoryError, match="at most 121 sessions fit"):
+        MemoryPlan(VoiceChatConfig.full(), Profile.named("reference"), 130, 1500, 0).check(148e9)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant,wait", [(dict(capture=False), "poll"),
+                                          (dict(streams=False), "poll"), ({}, "thread")],
+                         ids=["eager", "one-stream", "thread-wait"])
+def test_graph_replay_equals_the_same_executor_variant_in_bf16(variant, wait):
+    """Same precision, same kernels, same batches: neither capture and replay, nor spreading a
+    beat's stages over streams, nor how the loop learns that a beat is done (polling its event,
+    or a worker waiting on the device) changes an output bit."""
+    from gpu.engine.graph_executor import GraphExecutor
+    audio, runs = audio_for(len(SPECS), 50), []
+    for kw, beat_wait in (({}, "poll"), (variant, wait)):
+        b = GraphExecutor(ExecutorOptions(max_sessions=5, profile="reference", config="tiny",
+                                          max_context=128, beat_wait=beat_wait), **kw)
+        runs.append(engine_run(b, SPECS, audio, [4, 0, 2])[0])
+        assert b.polled_beats == (25 if beat_wait == "poll" else 0), b.polled_beats
+        b.close()
+    res = compare(runs[0], runs[1])
+    assert res["text_equal"] == res["func_equal"] == res["user_equal"] == 1.0, res
+    assert res["pcm_max_abs"] == 0.0, res
+
+
+@pytest.mark.gpu
+def test_graph_executor_equals_reference_in_fp32_on_the_gpu():
+    from gpu.engine.graph_executor import GraphExecutor
+    b = GraphExecutor(ExecutorOptions(max_sessions=5, profile="fp32", config="tiny", max_context=128))
+    res = parity(b, 50)
+    assert res["pcm_rel"] < 1e-3, res

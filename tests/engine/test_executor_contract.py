@@ -1,0 +1,170 @@
+"""The executor contract (wave_actors/core/contract.py), one test module over every executor that
+runs here: `sim` and `cpu` everywhere, `graph` where a GPU is. Each is driven as the clock
+drives it (`BeatDriver`: the slot book plans, the executor runs), and checked for:
+
+  - slot lifecycle: a session is in the beats once its start is done and never after its close;
+    a slot reopened starts its new session from frame 0;
+  - outputs to the right slot: a session's outputs do not depend on which other slots share its
+    beat or what they hear (a row mix-up shows as a change);
+  - every slot in a beat gets outputs (tokens in range, finite audio); out-of-context slots
+    silence;
+  - `wait` with nothing in flight returns at once; `collect` reports the beat's time.
+Stale handles are the clock's table's to reject (tests/runtime/test_session_table.py) and are
+checked here once more against an executor's real slot count.
+"""
+import asyncio
+
+import numpy as np
+import pytest
+
+from wave_actors.core.beat_driver import BeatDriver
+from wave_actors.core.contract import Capabilities, ExecutorOptions, SessionSpec
+from wave_actors.core.registry import REGISTRY
+from wave_actors.core.session_table import SessionTable
+from wave_actors.core.text import PAD
+from wave_actors.core.timebase import Clock
+
+SLOTS = 4
+
+
+def build(name: str, **opts):
+    options = ExecutorOptions(max_sessions=SLOTS, max_context=48, **opts,
+                              profile="reference" if name == "sim" else "fp32")
+    if name == "sim":
+        from sim.executor import SimExecutor
+        return SimExecutor(options, clock=Clock())
+    if name == "cpu":
+        from gpu.engine.cpu_executor import CpuExecutor
+        return CpuExecutor(options)
+    from gpu.engine.graph_executor import GraphExecutor
+    return GraphExecutor(options)
+
+
+@pytest.fixture(params=["sim", "cpu", pytest.param("graph", marks=pytest.mark.gpu)])
+def name(request):
+    return request.param
+
+
+def audio(beat: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(1000 * seed + beat)
+    return (0.1 * rng.standard_normal((SLOTS, 2, 1280))).astype(np.float32)
+
+
+async def until_ready(driver: BeatDriver, slots: list[int], beats: int = 60) -> int:
+    for k in range(beats):
+        if all(driver.ready(s) for s in slots):
+            return k
+        await driver.beat(audio(k))
+    raise AssertionError(f"slots {slots} never became ready")
+
+
+def check_rows(executor, plan, out) -> None:
+    vocab = getattr(getattr(executor, "cfg", None), "thinker", None)
+    for slot in plan.live:
+        assert np.isfinite(out.pcm[slot]).all() and np.abs(out.pcm[slot]).max() > 0
+        if vocab is not None:
+            assert ((0 <= out.text[slot]) & (out.text[slot] < vocab.vocab)).all()
+    for slot in plan.spent:
+        assert (out.pcm[slot] == 0).all() and (out.text[slot] == PAD).all()
+
+
+def test_capabilities_come_from_the_registry(name):
+    assert isinstance(REGISTRY[name].caps, Capabilities)
+    executor = build(name)
+    try:
+        assert executor.caps == REGISTRY[name].caps and executor.name == name
+        assert executor.describe()["max_sessions"] == SLOTS
+    finally:
+        executor.close()
+
+
+def test_slot_lifecycle_and_a_reopened_slot_starts_afresh(name):
+    executor = build(name)
+    driver = BeatDriver(executor)
+
+    async def body():
+        await executor.wait()                                  # nothing in flight: at once
+        driver.open(1, SessionSpec("Hi."))
+        driver.open(3, SessionSpec("Answer briefly.", [{"name": "lookup", "parameters": {}}]))
+        await until_ready(driver, [1, 3])
+        for k in range(3):
+            plan, out = await driver.beat(audio(k))
+            assert plan.in_beat == [1, 3] and out.compute_s > 0
+            check_rows(executor, plan, out)
+        driver.close(1)
+        plan, out = await driver.beat(audio(9))
+        assert plan.in_beat == [3]
+        first = driver.open(1, SessionSpec("Hi."))
+        await until_ready(driver, [1])
+        plan, _ = await driver.beat(audio(10))
+        row = plan.live.index(1)
+        assert plan.frame0[row] == 0 and plan.session[row] == first     # a new session
+        assert plan.frame0[plan.live.index(3)] > 0
+    try:
+        asyncio.run(body())
+    finally:
+        executor.close()
+
+
+def test_a_sessions_outputs_do_not_depend_on_its_neighbours(name):
+    """Slot 2 alone, then slot 2 beside slots 0 and 3 hearing other audio: slot 2's tokens are
+    the same and its audio the same within fp32 batching noise."""
+    runs = []
+    for neighbours in ([], [0, 3]):
+        executor = build(name)
+        driver = BeatDriver(executor)
+
+        async def body():
+            for s in [2, *neighbours]:
+                driver.open(s, SessionSpec("Hi."))
+            await until_ready(driver, [2, *neighbours])
+            got = []
+            for k in range(4):
+                a = audio(k, seed=7)
+                a[[0, 3]] = audio(k, seed=len(neighbours))[[0, 3]]       # what the others hear
+                plan, out = await driver.beat(a)
+                assert 2 in plan.live
+                got.append((out.text[2].copy(), out.func[2].copy(), out.pcm[2].copy()))
+            return got
+        try:
+            runs.append(asyncio.run(body()))
+        finally:
+            executor.close()
+    for (t0, f0, p0), (t1, f1, p1) in zip(*runs):
+        assert (t0 == t1).all() and (f0 == f1).all()
+        np.testing.assert_allclose(p0, p1, atol=1e-4, rtol=0)
+
+
+def test_the_end_of_context_silences_a_slot(name):
+    executor = build(name)
+    driver = BeatDriver(executor)
+
+    async def body():
+        driver.open(0, SessionSpec("Hi."))
+        await until_ready(driver, [0])
+        spent = None
+        for k in range(40):
+            plan, out = await driver.beat(audio(k))
+            check_rows(executor, plan, out)
+            if plan.spent:
+                spent = plan
+                break
+        assert spent is not None and spent.spent == [0] and not spent.live
+    try:
+        asyncio.run(body())
+    finally:
+        executor.close()
+
+
+def test_stale_handles_cannot_release_an_executors_slot(name):
+    executor = build(name)
+    try:
+        table = SessionTable(executor.max_sessions)
+        handles = [table.admit(i, None) for i in range(executor.max_sessions)]
+        table.release(handles[2])
+        again = table.admit("again", None)
+        assert again.slot == handles[2].slot
+        assert table.release(handles[2]) is None and table.current(again) is not None
+        assert table.stale == 1
+    finally:
+        executor.close()

@@ -1,0 +1,169 @@
+"""The commands a user runs: the node, the WAV client, the demo, the benchmark, the metrics."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import wave
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_tone_wav(path: Path, seconds: float, rate: int = 16000) -> None:
+    t = np.arange(int(seconds * rate)) / rate
+    x = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(x.tobytes())
+
+
+def wait_listening(proc) -> dict:
+    line = proc.stdout.readline()
+    assert line, f"node exited: {proc.stderr.read()}"
+    return json.loads(line)
+
+
+def test_node_wavclient_metrics_and_clean_sigterm(tmp_path):
+    port, mport = free_port(), free_port()
+    node = subprocess.Popen([PY, "-m", "wave_actors.node", "--backend", "sim", "--bind",
+                             f"tcp://127.0.0.1:{port}", "--max-sessions", "2",
+                             "--metrics-port", str(mport)], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        info = wait_listening(node)
+        assert info["listening"] == f"tcp://127.0.0.1:{port}" and info["max_sessions"] == 2
+        wav_in, wav_out = tmp_path / "in.wav", tmp_path / "reply.wav"
+        write_tone_wav(wav_in, 2.0)
+        t0 = time.monotonic()
+        out = subprocess.run([PY, "-m", "transports.wavclient", "--connect",
+                              f"tcp://127.0.0.1:{port}", "--wav", str(wav_in), "--out",
+                              str(wav_out), "--pace", "4", "--tail", "1.5"],
+                             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert time.monotonic() - t0 < 30
+        stats = report["stats"]
+        assert stats["frames_in"] + stats["dropped"] == 25          # 2 s = 25 frames of 80 ms
+        assert stats["frames_in"] >= 20 and report["errors"] == []
+        with wave.open(str(wav_out)) as w:
+            assert w.getframerate() == 22050 and w.getnframes() >= 22050
+        body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read()
+        text = body.decode()
+        for name in ("wave_sessions", "wave_free_slots", "wave_beat_latency_seconds_bucket",
+                     "wave_late_beats_total", "wave_underruns_total", "wave_refusals_total",
+                     "wave_errors_total", "wave_dropped_total"):
+            assert name in text, name
+        assert 'le="0.16"' in text and "session=" not in text and report["session"] not in text
+    finally:
+        node.send_signal(signal.SIGTERM)
+        rc = node.wait(timeout=20)
+    assert rc == 0
+    assert "draining" in node.stdout.read()
+
+
+def test_wavclient_reports_a_missing_file_clearly(tmp_path):
+    out = subprocess.run([PY, "-m", "transports.wavclient", "--wav", str(tmp_path / "nope.wav")],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "nope.wav" in out.stderr
+
+
+def test_demo_writes_replies_and_a_summary(tmp_path):
+    port = free_port()
+    out = subprocess.run([PY, "-m", "wave_actors.node", "--demo", "--backend", "sim",
+                          "--demo-seconds", "4", "--demo-sessions", "2", "--bind",
+                          f"tcp://127.0.0.1:{port}", "--out", str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout[out.stdout.index("\n["):out.stdout.rindex("]") + 1])
+    assert [s["session"] for s in summary] == ["demo-0", "demo-1"]
+    for s in summary:
+        assert Path(s["reply"]).is_file() and s["seconds_out"] > 2 and s["frames_in"] > 20
+    assert "p99" in out.stdout and "late" in out.stdout
+
+
+def test_bench_writes_json(tmp_path):
+    out = subprocess.run([PY, "-m", "wave_actors.bench", "--backend", "sim", "--sessions", "6",
+                          "--beats", "25", "--virtual", "--out", str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    files = list(tmp_path.glob("sim-reference-n6-*.json"))
+    assert len(files) == 1
+    res = json.loads(files[0].read_text())
+    for key in ("backend", "profile", "context", "sessions", "runs", "beats", "late_beats",
+                "p50_ms", "p99_ms", "gpu", "commit"):
+        assert key in res, key
+    assert res["beats"] == 25 and res["late_beats"] == 0 and res["sessions"] == 6
+    # every measured beat's times, in order, for finding where a tail comes from
+    trace = res["per_run"][0]["trace"]
+    assert {len(v) for v in trace.values()} == {25}
+    assert set(trace) == {"latency_ms", "compute_ms", "begin_ms", "wake_ms", "gc_ms",
+                          "returned_ms", "frames_read", "sessions"}
+    assert set(trace["sessions"]) == {6}
+    run = res["per_run"][0]
+    assert run["opens"] == 6 and run["refusals"] == 0 and 0 < run["open_p50_ms"] <= run["open_p99_ms"]
+    assert max(trace["latency_ms"]) == round(res["per_run"][0]["max_ms"], 1)
+    assert res["per_run"][0]["backlog_ms"] == trace["wake_ms"][0] < 160   # began on schedule
+    assert "behind the release schedule" not in out.stdout
+    assert all(w <= b + 0.1 and b + c <= r + 0.2 and r <= lt + 0.1 for w, b, c, r, lt in
+               zip(trace["wake_ms"], trace["begin_ms"], trace["compute_ms"], trace["returned_ms"],
+                   trace["latency_ms"]))
+    # 6 callers at 12.5 frames a second: 12 frames a beat once every one streams
+    assert sorted(trace["frames_read"])[len(trace["frames_read"]) // 2] == 12
+    # the modelled beat at 6 sessions and 1500 frames of context (MODEL.md §5 roofline)
+    assert 13.0 < res["p50_ms"] < 16.0
+
+
+def test_node_refuses_a_backend_it_cannot_run_with_a_clear_message():
+    # Without a GPU the graph backend cannot start; with one, 100000 sessions do not fit.
+    out = subprocess.run([PY, "-m", "wave_actors.node", "--backend", "graph", "--config", "full",
+                          "--max-sessions", "100000", "--bind", f"tcp://127.0.0.1:{free_port()}"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert ("needs a CUDA device" in out.stderr or "sessions fit" in out.stderr), out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_sim_run_with_jitter_makes_late_beats_that_the_bench_counts(tmp_path):
+    # 110 sessions model a 71 ms beat at 1500 frames; 150% jitter pushes some past 160 ms.
+    out = subprocess.run([PY, "-m", "sim.run", "--sessions", "110", "--beats", "60",
+                          "--jitter", "1.5", "--out", str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(next(tmp_path.glob("sim-reference-n110-*.json")).read_text())
+    assert res["virtual"] is True and res["beats"] == 60
+    assert res["command"].startswith("python -m sim.run --sessions 110 --beats 60 --jitter 1.5")
+    assert 0 < res["late_beats"] < 60 and res["p99_ms"] > 160
+
+
+def test_bench_says_when_its_measured_beats_began_behind_schedule(tmp_path):
+    """A node that never gets on time (a 1 s beat at 8 sessions): the warm-up gives up, and the
+    bench says how far behind the measured beats began instead of leaving it to the trace."""
+    raw = json.loads((ROOT / "sim" / "costmodel.json").read_text())
+    raw["overhead_s_per_beat"] = 1.0
+    cost = tmp_path / "slow.json"
+    cost.write_text(json.dumps(raw))
+    out = subprocess.run([PY, "-m", "wave_actors.bench", "--backend", "sim", "--sessions", "8",
+                          "--beats", "6", "--virtual", "--warmup-max", "4", "--cost-model",
+                          str(cost), "--out", str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    run = json.loads(next(tmp_path.glob("sim-reference-n8-*.json")).read_text())["per_run"][0]
+    assert run["backlog_ms"] > 160 and run["late_beats"] == 6
+    assert run["backlog_ms"] == run["trace"]["wake_ms"][0]
+    assert "behind the release schedule" in out.stdout and "after 4 beats of warm-up" in out.stdout

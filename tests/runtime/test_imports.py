@@ -1,0 +1,112 @@
+"""The packages' import graph: no cycle between parts, a core that imports nothing of the rest,
+and no torch in the core, the clock or the scheduler (they run where torch is not installed).
+
+Every `import` and `from … import` in the project's packages counts, at any depth in a module
+(a function-level import is still a dependency); an executor named in the registry as a
+`module:Class` string is not an import, which is how the registry avoids one.
+"""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("wave_actors", "gpu", "sim", "transports")
+# A part is the unit a cycle is judged at: these sub-packages stand on their own.
+PARTS = ("wave_actors.core", "gpu.model", "gpu.engine", "gpu.kernels", "gpu.wpk",
+         "transports.sip", "transports.realtime")
+
+
+def part_of(module: str) -> str | None:
+    for part in sorted(PARTS, key=len, reverse=True):
+        if module == part or module.startswith(part + "."):
+            return part
+    top = module.split(".")[0]
+    return top if top in PACKAGES else None
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def edges() -> dict[str, set[str]]:
+    """part → the parts it imports (project parts only)."""
+    graph: dict[str, set[str]] = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            src = part_of(module_name(path))
+            for imported in imports_of(path):
+                dst = part_of(imported)
+                if dst and dst != src:
+                    graph.setdefault(src, set()).add(dst)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state and (cycle := visit(m)):
+                return cycle
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (cycle := visit(n)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle_between_parts():
+    assert find_cycle(edges()) is None, " → ".join(find_cycle(edges()))
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    """Bug it catches: a finder that never reports (the test above would pass on anything)."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_core_imports_nothing_of_the_other_parts():
+    core = ROOT / "wave_actors" / "core"
+    for path in core.rglob("*.py"):
+        outside = {m for m in imports_of(path)
+                   if part_of(m) and part_of(m) != "wave_actors.core"}
+        assert not outside, f"{path.relative_to(ROOT)} imports {sorted(outside)}"
+
+
+@pytest.mark.parametrize("module", ["wave_actors.core.contract", "wave_actors.core.slot_book",
+                                    "wave_actors.core.session_table", "wave_actors.core.text",
+                                    "wave_actors.core.start_policy", "wave_actors.clock",
+                                    "wave_actors.core.jitter", "wave_actors.node", "sim.executor",
+                                    "wave_actors.executors"])
+def test_no_torch_in_the_core_the_clock_or_the_scheduler(module):
+    """Imported in a fresh interpreter, so a transitive import counts too."""
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", f"{module} imports torch"

@@ -1,0 +1,99 @@
+"""The beat clock holds the session actors' output work around each release (output_turn), on
+virtual time with a real node: a backend that reports when its beat's device work is queued.
+
+Invariant: a session's output work asked for at time t runs at t, unless t falls in a hold,
+[release − the policy's release hold, the launch of that release's beat): then it runs at that launch, never
+inside the hold; and outputs still reach every session, in order."""
+import asyncio
+
+from hypothesis import given, settings, strategies as st
+
+from dataclasses import replace
+
+from sim.executor import SimExecutor
+from tests.nodekit import VirtualNode
+from transports.client import Audio
+from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.frames import BEAT_S
+
+OUT_HOLD_S = ClockPolicy().release_hold_s
+
+QUEUE_S = 0.004          # the modelled host time to queue a beat's device work
+
+
+class LaunchingSim(SimExecutor):
+    """The sim executor with a launch: a beat first spends QUEUE_S queueing its work."""
+    caps = replace(SimExecutor.caps, reports_launch=True)
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.launches: list[float] = []
+        self._launch_at: float | None = None
+
+    def submit(self, plan, inp, out):
+        super().submit(plan, inp, out)
+        end, live_s, steps, total = self._inflight
+        self._inflight = (end + QUEUE_S, live_s, steps, total + QUEUE_S)
+        self._launch_at = self.clock.now() + QUEUE_S
+
+    async def wait(self):
+        if self._launch_at is not None:
+            await self.clock.sleep_until(self._launch_at)
+            self._launch_at = None
+            self.launches.append(self.clock.now())
+            self.on_launched()
+        await super().wait()
+
+
+def expected_turn(t: float, t0: float, launches: list[float]) -> float:
+    for launch in launches:
+        release = t0 + round((launch - QUEUE_S - t0) / BEAT_S) * BEAT_S
+        if release - OUT_HOLD_S <= t < launch:
+            return launch
+    return t
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.floats(0.0, 6 * BEAT_S), min_size=1, max_size=30))
+def test_output_work_waits_out_the_hold_around_each_release(offsets):
+    vn = VirtualNode(2, executor=LaunchingSim)
+    try:
+        cs = vn.run(vn.client.open("a", sample_rate=16000, format="pcm_f32le"))
+        clock = vn.node.clock_actor
+        start = vn.clock.now()
+        turns: list[tuple[float, float]] = []
+
+        async def probe(at: float):
+            await vn.clock.sleep_until(at)
+            asked = vn.clock.now()
+            await clock.output_turn()
+            turns.append((asked, vn.clock.now()))
+
+        async def body():
+            feed = [cs.send_audio(bytes(4 * 1280)) for _ in range(60)]
+            for f in feed:
+                await f
+            # and inside every hold of beats 2-5, both before and after the release
+            inside = [clock.t0 + k * BEAT_S + d for k in range(2, 6)
+                      for d in (-OUT_HOLD_S / 2, QUEUE_S / 2)]
+            await asyncio.gather(*(probe(start + o) for o in offsets), *(probe(t) for t in inside))
+            await vn.clock.sleep_until(start + 6.5 * BEAT_S)
+        vn.run(body())
+        launches = vn.executor.launches
+        assert len(launches) >= 6
+        for asked, ran in turns:
+            assert abs(ran - expected_turn(asked, clock.t0, launches)) < 1e-9, (asked, ran)
+        assert sum(ran > asked for asked, ran in turns) >= 8        # the holds were exercised
+        got = vn.run(_audio(cs, 10))
+        assert [e.seq for e in got] == list(range(len(got)))
+    finally:
+        vn.close()
+
+
+async def _audio(cs, n: int) -> list:
+    got = []
+    while len(got) < n:
+        ev = await cs.next_event(5.0)
+        if isinstance(ev, Audio):
+            got.append(ev)
+    return got

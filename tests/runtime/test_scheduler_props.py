@@ -1,0 +1,86 @@
+"""Property tests of the pure beat scheduler (no clock, no sockets).
+
+Invariants, for every slot and at every step:
+  - live sessions never exceed the slots, and free + live == slots;
+  - the frame numbers handed to the backend are strictly increasing;
+  - every pushed frame is handed over exactly once, or counted dropped, or still queued;
+  - silence is counted as an underrun only after the slot started; before, as idle.
+"""
+import numpy as np
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from wave_actors.core.contract import BeatInput
+from wave_actors.core.jitter import SILENCE, BeatScheduler, CapacityError
+
+SLOTS = 4
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.s = BeatScheduler(SLOTS, prebuffer=3, max_queue=6)
+        self.inp = BeatInput.alloc(SLOTS)
+        self.pushed = {}        # slot -> frame numbers pushed
+        self.handed = {}        # slot -> frame numbers the backend got
+        self.next_key = 0
+        self.closed_ok = 0
+
+    @rule()
+    def admit(self):
+        try:
+            slot = self.s.admit(self.next_key)
+        except CapacityError:
+            assert len(self.s.slots) == SLOTS
+            return
+        self.next_key += 1
+        self.pushed[slot], self.handed[slot] = [], []
+
+    @precondition(lambda self: self.s.slots)
+    @rule(data=st.data(), n=st.integers(1, 5))
+    def push(self, data, n):
+        slot = data.draw(st.sampled_from(sorted(self.s.slots)))
+        for _ in range(n):
+            f = len(self.pushed[slot])
+            self.s.push(slot, f, np.full(1280, f + 1, np.float32))
+            self.pushed[slot].append(f)
+
+    @rule(late=st.booleans())
+    def beat(self, late):
+        plan = self.s.pack(self.inp)
+        for slot in plan.slots:
+            for i, f in enumerate(plan.frames[slot]):
+                # the audio packed is the frame's own (value f+1), or silence
+                assert self.inp.audio[slot, i, 0] == (0.0 if f == SILENCE else f + 1)
+                if f != SILENCE:
+                    self.handed[slot].append(f)
+        routed = self.s.complete(plan, late)
+        assert set(routed) == set(plan.slots)
+
+    @precondition(lambda self: self.s.slots)
+    @rule(data=st.data())
+    def release(self, data):
+        slot = data.draw(st.sampled_from(sorted(self.s.slots)))
+        stats = self.s.release(slot)
+        pushed, handed = self.pushed.pop(slot), self.handed.pop(slot)
+        assert stats.frames_in == len(handed)
+        assert stats.frames_in + stats.dropped == len(pushed)      # nothing vanished
+
+    @invariant()
+    def slots_bounded(self):
+        assert len(self.s.slots) <= SLOTS and self.s.free_slots + len(self.s.slots) == SLOTS
+
+    @invariant()
+    def frames_exactly_once_in_order(self):
+        for slot, sl in self.s.slots.items():
+            handed = self.handed[slot]
+            assert handed == sorted(set(handed))                    # strictly increasing
+            queued = [f for f, _ in sl.jitter]
+            assert not set(queued) & set(handed)
+            assert len(handed) + sl.stats.dropped + len(queued) == len(self.pushed[slot])
+            if not sl.started:
+                assert sl.stats.underruns == 0
+
+
+TestScheduler = SchedulerMachine.TestCase
+TestScheduler.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -1,0 +1,65 @@
+"""The benchmark's callers in load-generator processes (wave_actors/bench_clients.py): a real-time
+run through them accounts for every session, and a generator that dies ends the run with a
+clear error instead of waiting for sessions that never come."""
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from wave_actors import bench
+from wave_actors.bench_clients import Generators
+
+
+def test_a_real_time_run_through_two_generator_processes_accounts_for_every_session(tmp_path):
+    args = bench.parse_args(["--backend", "sim", "--sessions", "5", "--beats", "12",
+                             "--client-procs", "2", "--warmup-max", "8", "--out", str(tmp_path)])
+    (res,) = bench.measure(args, 5)
+    assert res.beats == 12 and res.refusals == 0 and res.errors == 0
+    # every session reported its `closed` stats through its generator: frames went both ways
+    assert res.frames_in > 5 * 12 and res.frames_out > 5 * 12
+
+
+def test_a_generator_that_dies_is_reported_while_the_run_waits():
+    async def scenario() -> str:
+        callers = Generators("tcp://127.0.0.1:9", 2, 2)     # nothing answers: opens hang
+        try:
+            callers._procs[0].terminate()
+            deadline = time.monotonic() + 30
+            while callers.failed() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            with pytest.raises(RuntimeError, match="exited with code"):
+                await bench._while_alive(callers, asyncio.sleep(60))
+            return callers.failed()
+        finally:
+            callers.kill()
+    assert "bench-load-0" in asyncio.run(scenario())
+
+
+def test_churn_on_virtual_time_starts_new_calls_without_a_late_beat(tmp_path):
+    """--churn: calls end and new ones start through the run. With 32 ms a session and 30 ms a
+    start step, three live sessions leave no room for a fourth's start (96 + 32 + 30 + 8 ms
+    margin > 160), so a new call waits until another ends, or is refused after ~5 s and dials
+    again; every beat stays on time and every session that opened is accounted for."""
+    raw = json.loads((Path(__file__).parents[2] / "sim" / "costmodel.json").read_text())
+    raw.update(weight_bytes_per_frame=0.0, overhead_s_per_beat=0.0, bandwidth_Bps=1e12,
+               start_step_s=0.03)
+    raw["profiles"]["reference"].update(fixed_bytes=32e-3 * 1e12 / 2, bytes_per_context_frame=0.0)
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps(raw))
+    args = bench.parse_args(["--backend", "sim", "--sessions", "4", "--beats", "150", "--virtual",
+                             "--churn", "2", "--cost-model", str(cost), "--out", str(tmp_path)])
+    (res,) = bench.measure(args, 4)
+    assert res.beats == 150 and res.late_beats == 0 and res.errors == 0
+    assert res.opens >= 4 + 10                          # ~24 s of calls of 2 s on 4 lines
+    assert res.open_p99_ms >= 2 * 160                   # some starts waited for room
+    assert min(res.trace["sessions"]) >= 1 and max(res.trace["sessions"]) <= 4
+    assert res.frames_in > 0 and res.frames_out >= res.frames_in
+
+
+@pytest.mark.parametrize("churn", ["-1", "nan"])
+def test_churn_must_be_a_mean_call_length(churn, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--backend", "sim", "--churn", churn])
+    assert "--churn" in capsys.readouterr().err

@@ -1,0 +1,35 @@
+"""The beat clock's policy: how it releases a beat and how much input it buffers per session.
+
+An object, not constants, so that an A/B of the release hold is a flag and every result records
+the values it ran with.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from wave_actors.core.frames import FRAMES_PER_BEAT
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClockPolicy:
+    # Session actors' output work waits from this long before a release until the beat's device
+    # work is queued: output work of the previous beat that wakes just before a release would
+    # otherwise run first and delay it. 0 turns the hold off.
+    release_hold_s: float = 3e-3
+    # The release's last stretch is spun on the loop, not timed: a timer may fire up to a
+    # millisecond late (uvloop's are whole milliseconds).
+    release_spin_s: float = 1e-3
+    prebuffer: int = 3              # frames queued before a session starts consuming
+    max_queue: int = 50             # the jitter buffer's bound per session, in frames
+    name: str = field(default="clock", init=False)
+
+    def __post_init__(self) -> None:
+        if self.release_hold_s < 0 or self.release_spin_s < 0:
+            raise ValueError("release_hold_s and release_spin_s must be >= 0")
+        if self.prebuffer < 1 or self.max_queue < self.prebuffer + FRAMES_PER_BEAT:
+            raise ValueError(f"prebuffer >= 1 and max_queue >= prebuffer + {FRAMES_PER_BEAT}")
+
+    def describe(self) -> dict:
+        params = asdict(self)
+        params.pop("name")
+        return {"name": self.name, "class": f"{__name__}:ClockPolicy", "params": params}

@@ -1,0 +1,171 @@
+"""The executor contract: what the beat clock hands an executor (sim, cpu, graph, later wpk),
+what it gets back, and the options every executor is built from.
+
+A beat moves through preallocated host buffers only: the clock packs `BeatInput.audio` in place
+(the executor's own ring, pinned on a GPU) and the executor fills `BeatOutput` in place, so the
+hot path does no per-session allocation. Which slots run, start or reset is decided by the slot
+book (`slot_book.BookPlan`), never by the executor, so every executor and the simulator follow
+one start model. Sessions are named by `Handle` (slot, generation): a message that carries a
+handle whose generation is not the slot's current one is stale and is rejected.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+
+from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
+
+if TYPE_CHECKING:
+    from wave_actors.core.slot_book import BookPlan, StartShape
+
+MAX_USER_TOKENS = 10        # RNNT emits at most 10 symbols per frame (MODEL.md §2.3)
+NO_TOKEN = -1               # fill value of the user-transcript token slots
+
+
+@dataclass
+class SessionSpec:
+    """What a session asks of the model when it opens: its system prompt and tool list."""
+    instructions: str = ""
+    tools: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class BeatInput:
+    """One beat's inputs for every slot; `live[s]` false means slot s is not in the beat."""
+    audio: np.ndarray        # float32 [S, 2, 1280], 16 kHz in [-1, 1]
+    live: np.ndarray         # bool [S]
+    beat: int = 0            # beat sequence number (the doorbell value of a device mailbox)
+    # Seconds this beat may take before it is late, less the clock's own work after the
+    # executor returns (set by the clock when it plans the beat; the start policy fits session
+    # starts in it).
+    time_left_s: float = BEAT_S
+
+    @classmethod
+    def alloc(cls, slots: int) -> "BeatInput":
+        return cls(np.zeros((slots, FRAMES_PER_BEAT, SAMPLES_IN), np.float32),
+                   np.zeros(slots, bool))
+
+
+@dataclass
+class BeatOutput:
+    """One beat's outputs for every slot. Rows of slots that were not live are undefined."""
+    pcm: np.ndarray          # float32 [S, 2, 1764], 22.05 kHz
+    text: np.ndarray         # int32 [S, 2]: the agent's text token per frame
+    func: np.ndarray         # int32 [S, 2]: the function-channel token per frame
+    user: np.ndarray         # int32 [S, 2, 10]: user-transcript tokens, NO_TOKEN padded
+    compute_s: float = 0.0   # the executor's time for the whole beat (modelled for sim)
+    live_s: float | None = None     # of it, the live frames' (None: not measured apart)
+    start_s: list[float] = field(default_factory=list)   # each start step's, in order
+
+    @classmethod
+    def alloc(cls, slots: int) -> "BeatOutput":
+        return cls(np.zeros((slots, FRAMES_PER_BEAT, SAMPLES_OUT), np.float32),
+                   np.zeros((slots, FRAMES_PER_BEAT), np.int32),
+                   np.zeros((slots, FRAMES_PER_BEAT), np.int32),
+                   np.full((slots, FRAMES_PER_BEAT, MAX_USER_TOKENS), NO_TOKEN, np.int32))
+
+
+class StartRefused(Exception):
+    """The start policy gave up starting a session (no room on the device); the message says
+    why."""
+
+
+class TextCodec(abc.ABC):
+    """Turns token ids into text and back; the node decodes streams per session with it."""
+    pad_id: int = 12
+    bos_id: int = 1
+    eos_id: int = 2
+    silence_ids: frozenset[int] = frozenset({11, 12})
+
+    @abc.abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    @abc.abstractmethod
+    def decode_bytes(self, ids: list[int]) -> bytes:
+        """UTF-8 bytes of `ids`; control and silence tokens decode to nothing."""
+
+
+@dataclass(frozen=True, order=True)
+class Handle:
+    """A session's name inside the node: its slot and the generation the slot had when the
+    session was admitted. Generations never repeat within a node (not across clock restarts
+    either), so a handle outliving its session can never touch the slot's next session."""
+    slot: int
+    generation: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorOptions:
+    """How an executor is built. Frozen: nothing changes after start."""
+    max_sessions: int = 8
+    profile: str = "reference"          # MODEL.md §4 precision profile
+    config: str = "tiny"                # model size for the cpu executor: tiny | full
+    max_context: int = 1500             # frames of context each slot is sized for
+    context_offset: int = 0             # sessions start as if they already held this context
+    cost_model: str | None = None       # sim: JSON file of cost-model parameters
+    checkpoint: str | None = None       # safetensors file with the real tensor names
+    tokenizer: str | None = None        # tokenizer.json of the text tokenizer
+    seed: int = 0
+    context_hold: int = 0               # bench: a session at max_context steps back this many
+                                        # frames and runs on, instead of going silent
+    beat_wait: str = "poll"             # graph: how the loop learns a beat is done (poll | thread)
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+        if not 0 <= self.context_offset < self.max_context:
+            raise ValueError(f"context_offset {self.context_offset} must be within max_context "
+                             f"{self.max_context}")
+        if not 0 <= self.context_hold <= self.frames_per_session:
+            raise ValueError(f"context_hold {self.context_hold} must be within the "
+                             f"{self.frames_per_session} frames a session may run")
+
+    @property
+    def frames_per_session(self) -> int:
+        """Frames a session may run before its context is full (the offset is already held)."""
+        return self.max_context - self.context_offset
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What the clock and the tools may rely on, instead of asking an executor's name."""
+    device: bool = False            # runs on a GPU (graph captures, memory ceiling, baseline)
+    pinned: bool = False            # its rings are page-locked host memory
+    reports_launch: bool = False    # calls `on_launched` once the beat's device work is queued
+    modelled_time: bool = False     # its time is a cost model slept on the node's clock (sim)
+    model: bool = False             # runs the real model (text codec and tokens are the model's)
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs beats that the clock packed and the slot book planned. Contracts:
+
+    - `submit` starts the beat's work for `plan` (its live rows read `inp.audio[plan.live]`,
+      its start steps advance `plan.starts`) and returns without waiting for it; `wait`
+      returns once it is done (at once when no beat is in flight); `collect` then fills `out` (rows of `plan.live`, silence for
+      `plan.spent`) and returns the executor's time for the beat. One beat is in flight at a
+      time; the clock may pack the next one meanwhile (into the other ring slot).
+    - `reset` forgets every slot's state (a clock restart: the new clock's book starts empty).
+    - Outputs for the same inputs, seeds and weights equal the reference model's (sim excepted).
+    """
+    name: str
+    caps: Capabilities
+    options: ExecutorOptions
+    max_sessions: int
+    text_codec: "TextCodec"         # the thinker's text and function channels
+    user_codec: "TextCodec"         # the RNNT's user-transcript tokens
+    start_shape: "StartShape"       # how this executor's session starts are cut into steps
+    on_launched: object             # set by the clock when caps.reports_launch
+
+    def alloc_input(self) -> BeatInput: ...
+    def alloc_output(self) -> BeatOutput: ...
+    def prompt_tokens(self, spec: SessionSpec) -> list[int]: ...
+    def submit(self, plan: "BookPlan", inp: BeatInput, out: BeatOutput) -> None: ...
+    async def wait(self) -> None: ...
+    def collect(self, plan: "BookPlan", out: BeatOutput) -> float: ...
+    def reset(self) -> None: ...
+    def describe(self) -> dict: ...
+    def close(self) -> None: ...

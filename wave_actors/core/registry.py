@@ -1,0 +1,42 @@
+"""The executor registry: name → where its class lives and what it can do (plain data).
+
+Entries name their class as `module:Class`, imported only when built
+(`wave_actors.executors.make_executor`), so the node and the simulator run on machines without
+torch and no package imports an executor's package back. Tools ask an entry's capabilities
+(`device`, `modelled_time`, ...), never its name; an executor class reads its own `caps` here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wave_actors.core.contract import Capabilities
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorEntry:
+    name: str
+    target: str                 # module:Class, with a `build(options, clock)` classmethod
+    caps: Capabilities
+    summary: str
+
+
+REGISTRY: dict[str, ExecutorEntry] = {e.name: e for e in (
+    ExecutorEntry(name="sim", target="sim.executor:SimExecutor",
+                  caps=Capabilities(modelled_time=True),
+                  summary="no model: synthetic outputs, time from a cost model (virtual time)"),
+    ExecutorEntry(name="cpu", target="gpu.engine.cpu_executor:CpuExecutor",
+                  caps=Capabilities(model=True),
+                  summary="the reference PyTorch model on the CPU (tiny config by default)"),
+    ExecutorEntry(name="graph", target="gpu.engine.graph_executor:GraphExecutor",
+                  caps=Capabilities(model=True, device=True, pinned=True, reports_launch=True),
+                  summary="the full model on one GPU: CUDA graphs and Triton kernels"),
+)}
+NAMES = tuple(REGISTRY)
+
+
+def entry(name: str) -> ExecutorEntry:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown executor {name!r}; choose one of {NAMES}") from None
+

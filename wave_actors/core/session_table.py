@@ -1,0 +1,92 @@
+"""The session table: who holds which slot, under which generation. One per clock incarnation,
+owned by the clock; everything else holds a `Handle` and asks.
+
+A slot's generation changes every time it is admitted, and generations never repeat within a
+node: a table starts its count at its `epoch` (the clock's incarnation) shifted past any count
+one incarnation can reach. A message naming a handle whose generation is not its slot's current
+one (a release, frames or tool tokens of a session that is gone, or of an earlier incarnation)
+is rejected and counted in `stale`, so nothing stale can touch the slot's next session.
+
+Each entry also carries the session's jitter buffer and counts (`jitter.BeatScheduler`, keyed
+by slot) and its `owner`: whatever the node gave at admission to route the outputs to.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from wave_actors.core.contract import BeatInput, Handle
+from wave_actors.core.jitter import BeatPlan, BeatScheduler, CapacityError, SlotStats
+
+EPOCH_SHIFT = 40            # 2^40 admissions per incarnation before generations could meet
+# A frame from a session actor to the clock: [header, float32 PCM of one 80 ms frame], the
+# header naming the session's handle and the frame's number.
+FRAME_HEADER = struct.Struct("<iqq")       # slot, generation, frame number
+END_OF_STREAM = -1          # frame number of the marker a closing session sends after its frames
+
+__all__ = ["CapacityError", "Entry", "FRAME_HEADER", "END_OF_STREAM", "SessionTable"]
+
+
+@dataclass
+class Entry:
+    handle: Handle
+    key: Any                # the node's name for the session (for logs and tests)
+    owner: Any              # where its outputs go (the node's route of the session)
+
+
+class SessionTable:
+    def __init__(self, slots: int, epoch: int = 0, prebuffer: int = 3, max_queue: int = 50):
+        self.jitter = BeatScheduler(slots, prebuffer, max_queue)
+        self.entries: dict[int, Entry] = {}         # slot → its session, admitted to released
+        self._next_generation = epoch << EPOCH_SHIFT
+        self.stale = 0                              # messages naming a handle not current
+
+    @property
+    def free_slots(self) -> int:
+        return self.jitter.free_slots
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def admit(self, key: Any, owner: Any) -> Handle:
+        """A free slot (the lowest) under a new generation; CapacityError when none is free."""
+        slot = self.jitter.admit(key)
+        self._next_generation += 1
+        handle = Handle(slot, self._next_generation)
+        self.entries[slot] = Entry(handle, key, owner)
+        return handle
+
+    def current(self, handle: Handle) -> Entry | None:
+        """The handle's entry while it is current; None (and counted) when it is stale."""
+        entry = self.entries.get(handle.slot)
+        if entry is None or entry.handle != handle:
+            self.stale += 1
+            return None
+        return entry
+
+    def release(self, handle: Handle) -> SlotStats | None:
+        """Frees the slot of a current handle (its queued frames counted as dropped); a stale
+        handle frees nothing and gets None."""
+        if self.current(handle) is None:
+            return None
+        del self.entries[handle.slot]
+        return self.jitter.release(handle.slot)
+
+    def push(self, handle: Handle, frame_no: int, pcm: np.ndarray) -> bool:
+        if self.current(handle) is None:
+            return False
+        self.jitter.push(handle.slot, frame_no, pcm)
+        return True
+
+    def pack(self, inp: BeatInput, in_beat: list[int]) -> BeatPlan:
+        """Two frames of every slot in the beat into `inp` (the executor's ring slot)."""
+        return self.jitter.pack(inp, set(in_beat))
+
+    def complete(self, plan: BeatPlan, late: bool) -> dict[int, tuple[Entry, int]]:
+        """slot → (entry, first output frame) for the slots still held by the session they were
+        packed for (a slot released, or released and re-admitted, mid-beat gets nothing)."""
+        routed = self.jitter.complete(plan, late)
+        return {slot: (self.entries[slot], first) for slot, (_key, first) in routed.items()}

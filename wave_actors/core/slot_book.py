@@ -1,0 +1,219 @@
+"""The slot book: the model-side bookkeeping of every slot, the same for every executor.
+
+Per slot: its phase (closed → starting → live → spent), its session number (the noise key), its
+prompt and how much of it is prefilled, its talker warm-up progress, the frames it has run and
+any tool-result tokens still to force. Once a beat, `plan` turns that into a `BookPlan`: which
+slots reset, which run their two frames (with forced tokens and noise keys), which start steps
+run (bounded chunks of prompt and warm-up, cut by the executor's `StartShape`, chosen by the
+start policy through `StartQueue`), and which finished starts go live for the next beat. The
+book advances its counters as if the plan ran: an executor never decides any of this, so the
+simulator's start model is the engine's by construction.
+
+Context: a session that has run `frames_per_session` frames is out of context. Without
+`context_hold` it is `spent` (silence and PAD until it closes, logged once); with it, it steps
+back `context_hold` positions and runs on (the bench's way to measure a fixed context).
+
+Torch-free and clock-free: the clock owns one book per incarnation and feeds it measurements.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wave_actors.core.frames import FRAMES_PER_BEAT
+from wave_actors.core.start_policy import StartPolicy, StartQueue
+
+log = logging.getLogger("wave.slots")
+
+# The GPU executor's start step: 16 sessions' chunks in one step cost about what 8 do (a chunk
+# is launch-bound), 16 prompt positions and 8 warm-up positions per chunk. The simulator uses
+# the same shape, so its start steps are the engine's.
+STARTS_PER_STEP = 16
+PREFILL_CHUNK = 16
+WARMUP_CHUNK = 8
+TALKER_WARMUP = 37          # warm-up positions of the full talker (MODEL.md §2.5)
+GRAPH_MAX_PROMPT = 512      # thinker positions the GPU reserves for the system prompt
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartShape:
+    """How an executor cuts a session's start into steps."""
+    prefill_chunk: int = PREFILL_CHUNK          # prompt positions per chunk
+    warmup_positions: int = TALKER_WARMUP       # the talker's warm-up positions in all
+    warmup_chunk: int = WARMUP_CHUNK            # warm-up positions per chunk
+    starts_per_step: int = STARTS_PER_STEP      # starting slots one step advances
+    max_prompt: int = GRAPH_MAX_PROMPT          # thinker positions reserved for the prompt
+
+    def __post_init__(self) -> None:
+        if min(self.prefill_chunk, self.warmup_chunk, self.starts_per_step, self.max_prompt) < 1:
+            raise ValueError(f"every size of a StartShape is positive: {self}")
+
+    def steps_for(self, prompt_tokens: int) -> int:
+        """Start steps a session with this prompt takes: the longer of its two chunk runs."""
+        return max(-(-prompt_tokens // self.prefill_chunk),
+                   -(-self.warmup_positions // self.warmup_chunk))
+
+
+@dataclass
+class SlotState:
+    """One slot's bookkeeping; phase: closed → starting → live → spent."""
+    phase: str = "closed"
+    session: int = 0                    # incarnation number: the noise key of this session
+    prompt: list[int] = field(default_factory=list)
+    prompt_done: int = 0                # thinker positions prefilled
+    warm_done: int = 0                  # talker warm-up positions run
+    frames: int = 0                     # frames run since it went live
+    rewound: int = 0                    # frames stepped back by `context_hold`
+    forced: deque = field(default_factory=deque)    # function-result tokens still to force
+    reset: bool = False                 # state rows to reset before anything else runs
+    spec: Any = None                    # the SessionSpec it opened with (handed over at reset)
+
+    @property
+    def context(self) -> int:           # frames its caches hold past the prompt and warm-up
+        return self.frames - self.rewound
+
+
+@dataclass
+class StartStep:
+    """One bounded chunk of start work for up to `starts_per_step` starting slots."""
+    prefill: list[tuple[int, list[int], int]] = field(default_factory=list)  # (slot, chunk, start)
+    warmup: dict[int, list[tuple[int, int]]] = field(default_factory=dict)   # count → (slot, start)
+
+    @property
+    def slots(self) -> int:
+        return len({s for s, _, _ in self.prefill} | {s for rows in self.warmup.values()
+                                                      for s, _ in rows})
+
+
+@dataclass
+class BookPlan:
+    """One beat's work, in plain host values; an executor runs exactly this."""
+    beat: int
+    resets: list[int]                   # slots whose state rows reset before anything runs
+    live: list[int]                     # slots that run both frames (rows of the batch)
+    forced: np.ndarray                  # int64 [B, 2]: function tokens to force, −1 = none
+    session: np.ndarray                 # int64 [B]: noise keys
+    frame0: np.ndarray                  # int64 [B]: index of this beat's first frame
+    thinker_need: int                   # positions the live frames reach (thinker, talker)
+    talker_need: int
+    spent: list[int]                    # in the beat but out of context: silence
+    rewind: list[int] = field(default_factory=list)   # step back `context_hold` first
+    starts: list[StartStep] = field(default_factory=list)       # run in order, after the frames
+    started: list[int] = field(default_factory=list)  # start work finished this beat
+    went_live: list[int] = field(default_factory=list)  # in the beats from the next one on
+    opened: dict[int, Any] = field(default_factory=dict)  # resets: slot → its SessionSpec
+
+    @property
+    def in_beat(self) -> list[int]:
+        """Slots whose audio the clock packs: the live rows and the spent ones."""
+        return sorted(self.live + self.spent)
+
+
+class SlotBook:
+    def __init__(self, slots: int, shape: StartShape, policy: StartPolicy,
+                 frames_per_session: int, context_hold: int = 0):
+        if not 0 <= context_hold <= frames_per_session:
+            raise ValueError(f"context_hold {context_hold} must be within the "
+                             f"{frames_per_session} frames a session may run")
+        self.shape, self.policy = shape, policy
+        self.frames_per_session, self.context_hold = frames_per_session, context_hold
+        self.slots = [SlotState() for _ in range(slots)]
+        self.starts = StartQueue()
+        self._sessions = 0
+        self._beat = 0
+
+    # -- session lifecycle --------------------------------------------------------------------------
+    def open(self, slot: int, tokens: list[int], spec: Any = None) -> int:
+        """The slot starts a new session with this prompt; returns its session number."""
+        self._sessions += 1
+        self.slots[slot] = SlotState("starting", self._sessions, list(tokens), reset=True,
+                                     spec=spec)
+        self.starts.open(slot)
+        return self._sessions
+
+    def close(self, slot: int) -> None:
+        self.slots[slot] = SlotState()
+        self.starts.close(slot)
+
+    def force(self, slot: int, ids: list[int]) -> None:
+        """Tool-result tokens to force into the slot's function channel, one per frame."""
+        if self.slots[slot].phase != "closed":
+            self.slots[slot].forced.extend(ids)
+
+    def phase(self, slot: int) -> str:
+        return self.slots[slot].phase
+
+    def ready(self, slot: int) -> bool:
+        return self.slots[slot].phase in ("live", "spent")
+
+    def refused(self, slot: int) -> str | None:
+        return self.starts.refused(slot)
+
+    # -- one beat -----------------------------------------------------------------------------------
+    def plan(self, time_left_s: float) -> BookPlan:
+        resets = [i for i, s in enumerate(self.slots) if s.reset]
+        for i in resets:
+            self.slots[i].reset = False
+        live, spent, rewind = [], [], []
+        for i, s in enumerate(self.slots):
+            if s.phase == "live" and s.context + FRAMES_PER_BEAT > self.frames_per_session:
+                if self.context_hold:
+                    rewind.append(i)
+                    s.rewound += self.context_hold
+                else:
+                    log.warning("slot %d ran out of context (%d frames): silent from now on",
+                                i, s.frames)
+                    s.phase = "spent"
+            if s.phase in ("live", "spent"):
+                (live if s.phase == "live" else spent).append(i)
+        rows = [self.slots[i] for i in live]
+        forced = np.full((len(live), FRAMES_PER_BEAT), -1, np.int64)
+        for r, s in enumerate(rows):
+            for f in range(min(FRAMES_PER_BEAT, len(s.forced))):
+                forced[r, f] = s.forced.popleft()
+        plan = BookPlan(
+            self._beat, resets, live, forced,
+            np.array([s.session for s in rows], np.int64),
+            np.array([s.frames for s in rows], np.int64),
+            max((len(s.prompt) + s.context for s in rows), default=0) + FRAMES_PER_BEAT,
+            max((s.context for s in rows), default=0) + self.shape.warmup_positions
+            + FRAMES_PER_BEAT,
+            spent, rewind, opened={i: self.slots[i].spec for i in resets})
+        self._beat += 1
+        for s in rows:
+            s.frames += FRAMES_PER_BEAT
+        for group in self.starts.plan(len(live), time_left_s, self.policy,
+                                      self.shape.starts_per_step):
+            plan.starts.append(self._start_step(group, plan))
+        for i in self.starts.going_live(len(live), time_left_s, self.policy):
+            self.slots[i].phase = "live"
+            plan.went_live.append(i)
+        return plan
+
+    def _start_step(self, slots: list[int], plan: BookPlan) -> StartStep:
+        shape, step = self.shape, StartStep()
+        for i in slots:
+            s = self.slots[i]
+            if s.prompt_done < len(s.prompt):
+                chunk = s.prompt[s.prompt_done:s.prompt_done + shape.prefill_chunk]
+                step.prefill.append((i, chunk, s.prompt_done))
+                s.prompt_done += len(chunk)
+            if s.warm_done < shape.warmup_positions:
+                count = min(shape.warmup_chunk, shape.warmup_positions - s.warm_done)
+                step.warmup.setdefault(count, []).append((i, s.warm_done))
+                s.warm_done += count
+            if s.prompt_done == len(s.prompt) and s.warm_done == shape.warmup_positions:
+                self.starts.finished(i)
+                plan.started.append(i)
+        return step
+
+    def observe(self, plan: BookPlan, live_s: float | None, steps_s: list[float]) -> None:
+        """What the executor measured for the plan: its live frames and each start step."""
+        if plan.live and live_s is not None:
+            self.policy.observe_live(len(plan.live), live_s)
+        for seconds in steps_s:
+            self.policy.observe_start(seconds)
