@@ -1,10 +1,10 @@
 """The per-frame socket traffic without pyzmq's asyncio machinery where it is not needed.
 
-An awaited send or receive on a `zmq.asyncio` socket costs ~50-80 µs of Python (futures, event
+An awaited send or receive on a `zmq.asyncio` socket costs tens of µs of Python (futures, event
 registration, flag enums), and the node moves several messages per session per beat: a client's
 audio in, the frame to the clock, the beat's outputs back to the session, the audio and text out.
-At 160 sessions that was most of the event loop's time (cProfile of the sim bench), and every
-millisecond of it lands in a beat's latency. Two cheaper paths, used only from the loop's thread:
+At full load that is most of the event loop's time, and every millisecond of it lands in a
+beat's latency. Two cheaper paths, used only from the loop's thread:
   - `Tx.send`: a send that must not wait (NOBLOCK) goes through a synchronous twin of the socket
     and raises at once (zmq.Again when the peer's queue is full, EHOSTUNREACH for a ROUTER's
     unknown peer) instead of returning a future that has to be inspected;
@@ -14,8 +14,8 @@ millisecond of it lands in a beat's latency. Two cheaper paths, used only from t
 ZMQ signals readiness on an edge-triggered descriptor, and any operation on the socket (a send
 included) may consume that edge. The asyncio socket re-checks its events after its own
 operations only, so after ours it is asked to (`kick`, once per loop iteration at most). Without
-that, the sim bench at 64 sessions heard its frames in bursts: receives slept through messages that
-had arrived, and 15764 frames overflowed the jitter buffers (with the kick: 64, all queued at close).
+it, receives sleep through messages that have arrived: frames are heard in bursts and overflow the
+jitter buffers.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import AsyncIterator
 import zmq
 import zmq.asyncio
 
-DRAIN_MAX = 64       # ~2-3 ms of handling at most before other tasks (a finished beat) run
+DRAIN_MAX = 64       # a few ms of handling at most before other tasks (a finished beat) run
 
 
 def twin(sock: zmq.asyncio.Socket) -> zmq.Socket:

@@ -2,9 +2,9 @@
 what the node sends back, in the benchmark's own process or in separate load-generator processes.
 
 Why other processes: a caller costs about as much Python as the node spends on its session, and
-in one process both share one interpreter lock. At 160 sessions the callers' work showed up as
-tens of ms of the node's beat latency that no deployment has (its callers are telephony bridges
-and web clients on other machines). Virtual time keeps the callers in process: they must share
+in one process both share one interpreter lock. At full load the callers' work would show up in
+the node's beat latency, a cost no deployment has (its callers are telephony bridges and web
+clients on other machines). Virtual time keeps the callers in process: they must share
 the node's loop to share its clock.
 """
 from __future__ import annotations

@@ -4,9 +4,9 @@
   frozen out of its reach, so an old-generation collection walks only what serving allocates. A
   walk over a loaded model is a pause of tens of ms, enough to make a beat late.
 - Automatic collection is off: the allocations of a beat's routing (a few hundred objects for
-  120 sessions) crossed the young generation's threshold inside the route nearly every beat,
-  ~0.5 ms of each beat's latency and up to 4.8 ms (H200 host, 120 sessions). The beat clock
-  collects instead, between beats (`gc_pauses.collect_between_beats`), when no beat waits.
+  120 sessions) cross the young generation's threshold inside the route nearly every beat, so
+  a collection would land in almost every beat's latency. The beat clock collects instead,
+  between beats (`gc_pauses.collect_between_beats`), when no beat waits.
 - The GIL switch interval: a GPU backend's worker thread waits for the device with the GIL
   released and must take it back to hand the beat's outputs over. While the event loop thread
   runs Python (reading the callers' frames, routing outputs) that takes up to one switch

@@ -9,10 +9,10 @@ and each stage also follows the same stage of the previous frame (its networks' 
 frames are heard in one step (VoiceChat.hear_frames: perception's ~1000 launches and weight reads
 once a beat, not twice), so the beat's critical path is hear(0, 1) → think(0) → think(1) →
 speak(1) → decode(1), while both transcriptions, speak(0) and decode(0) run beside it. Why it pays: much of a frame is
-launch latency, not bandwidth (the talker is ~1100 small kernels, ~4.7 ms at any batch), and
+launch latency, not bandwidth (the talker is ~1100 small kernels, a fixed cost at any batch), and
 latency-bound kernels on one stream leave the memory system idle for another's weight reads (the
-thinker streams 17.8 GB per frame). Measured on the H200: a beat's fixed cost 32.7 → 25.1 ms, its
-cost per session unchanged (bandwidth; bench/results/graph-stages-reference-n8-96-streams.json).
+thinker streams 17.8 GB per frame). So the streams cut a beat's fixed cost and leave its cost per
+session (bandwidth) unchanged: bench/results/graph-stages-reference-n8-96-streams.json.
 
 The lanes are made once per process, from torch's pool of high-priority streams: a
 torch.cuda.Stream() comes round-robin from a pool of 32, so streams made per capture (the side

@@ -11,19 +11,19 @@ unset it runs its own plain PyTorch. What moves per session-frame (MODEL.md §5)
 The talker's attention block is launch-bound (28 layers, a few µs of GPU time per launch in a
 graph whatever its size), so its decode step runs in 4 launches a layer: one matmul for q, k and
 v, one kernel for both head norms, RoPE and the K/V write, and one launch pair of attention over
-all CFG rows. It took 25 with CFG (23 without): 3 matmuls, 2 norms, 8 RoPE ops, 2 index writes
-(+ 2 casts to a bf16 cache), 3 ops for int32 slots and lengths, and per CFG row a q copy (with
-CFG) and an attention pair, then a stack.
+all CFG rows. The reference takes 25 with CFG (23 without): 3 matmuls, 2 norms, 8 RoPE ops, 2
+index writes (+ 2 casts to a bf16 cache), 3 ops for int32 slots and lengths, and per CFG row a q
+copy (with CFG) and an attention pair, then a stack.
 The codec (`Codec.step`'s hook) runs channels-last [B, T, C]. The reference works [B, C, T] and
 pays, per ConvNeXt block, a cache gather, a cat, cuDNN's depthwise conv, transposes around a
-separate LayerNorm and an index write back: its non-matmul part is ~60% of the codec's
-per-session cost on the H200. Here each Upsample is one matmul whose output already is the next
+separate LayerNorm and an index write back: its non-matmul part is most of the codec's
+per-session cost. Here each Upsample is one matmul whose output already is the next
 layer's [B, T·k, C] input, and each block one Triton launch (depthwise conv + bias + LayerNorm,
 reading the [S, C, 6] cache in place) and one for the cache update, around the two pointwise
 matmuls.
 Perception's rel-pos attention (`RelPosAttention.stream`'s hook) reads each row's K/V ring in
 place at its slot, all F queries of the step at once, in one launch a layer: the reference
-gathers the rings ([B, H, 72, 128] each, ~1 ms a frame at 256 sessions on the H200) and runs
+gathers the rings ([B, H, 72, 128] each, copied out every layer of every frame) and runs
 ~15 more launches a layer around them. The rest of a perception layer is launch-bound too (~750
 launches a step, a few KB each): each of its four residual adds and the LayerNorm after it are one
 kernel (`perception_add_norm`; the last also does the next layer's first LayerNorm), and q, k, v

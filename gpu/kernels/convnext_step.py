@@ -11,17 +11,17 @@ matmuls (TF32 when the caller enables it), `convnext_pointwise`: they are 99% of
 B·T·C·4C·2·2. `convnext_step` is the two in a row.
 `gelu_linear_residual` folds the GELU, pwconv2, its bias and the residual into one Triton matmul
 (TF32): the [B·T, 4C] GELU output is never written and y is written once. The engine does not use
-it: Triton's TF32 tiles reach 100-180 TFLOP/s on the H200 where cuBLAS reaches ~300, so the
-whole pointwise part took 5.5 ms a frame at 256 sessions against 3.9 for cuBLAS + GELU + add
-(bench/codec_pointwise_ab.py, bench/results/codec-pointwise-ab-h200.json).
+it: Triton's TF32 tiles reach well under cuBLAS's throughput, so the whole pointwise part is
+slower than cuBLAS + GELU + add despite the saved writes (bench/codec_pointwise_ab.py,
+bench/results/codec-pointwise-ab-h200.json).
 Layouts: x, y [B, T, C] contiguous; cache any strided [S, 6, C] view. Time-major [S, 6, C] has
 rows contiguous in C; the codec's CodecState caches are [S, C, 6] (its reference path's layout)
 and come in as `.transpose(1, 2)` views, so the engine updates them in place with no relayout
 copy, at the price of strided loads of 6·C values per session. Slots int32 or int64 (the
 engine's are int64: no cast launch).
 Bytes of the fused launch: read x (each row once, plus 6 rows a program from L2) + 6 cache rows,
-write h: ≈ 8·B·T·C. The first kernel (7 tap loads of [BLOCK_T, C] tiles, strided weight loads in
-every program) stays as `window=False` for A/B runs.
+write h: ≈ 8·B·T·C. The tile kernel (7 tap loads of [BLOCK_T, C] tiles, strided weight loads in
+every program) is `window=False`, for A/B runs.
 """
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ def _check_pointwise(x, pw1_w, pw1_b, pw2_w, pw2_b, out):
 
 def window_rows(n_t: int, rows: int | None = None) -> int:
     """Rows per program of the window kernel: about `rows` (default 16, the fastest of 4/8/16 at
-    every codec shape on the H200: bench/results/small-kernels-ab-h200.json), balanced over T
+    every codec shape: bench/results/small-kernels-ab-h200.json), balanced over T
     (T = 9: one program; 63: 4 × 16 minus 1; 441: 28 × 16 minus 7)."""
     n_prog = triton.cdiv(n_t, max(1, rows or 16))
     return triton.cdiv(n_t, n_prog)
@@ -236,7 +236,7 @@ def dwconv_ln(x, cache, slots, dw_w, dw_b, ln_w, ln_b, *, eps: float = 1e-6, blo
               num_warps: int | None = None, window: bool = True, rows: int | None = None):
     """The fused Triton part: h = LayerNorm(dwconv7([cache; x]) + dw_b) [B, T, C]; updates cache[slots].
     window=True (default): `_dwln_window_kernel`, `rows` consecutive rows a program (None:
-    `window_rows`), num_warps None: 4 channels a thread. window=False: the first kernel (A/B
+    `window_rows`), num_warps None: 4 channels a thread. window=False: the tile kernel (A/B
     baseline, bench/small_kernels_ab.py), [block_t, C] tiles of block_elems, num_warps None: 4.
     The two differ only in the LayerNorm sums' order (~1e-7)."""
     batch, n_t, n_c = _check_dwln_args(x, cache, slots, dw_w, dw_b, ln_w, ln_b)

@@ -17,9 +17,9 @@ partial (max, sum, unnormalised acc). GQA (GROUP > 1) uses tl.dot on fp32 operan
 and KV are 16-bit: exact for q·k; "tf32x3" when any is fp32: ~fp32); MHA (GROUP == 1) uses fp32
 multiply-adds with head_dim as 64 + 8 tiles (no idle lanes), or the dot kernel with mha_dot=True.
 With 16-bit KV that MHA loop is bound by its per-iteration cross-warp reductions over L (max, sum,
-p·V: ~64% of the byte floor on H200 for bf16), not by bytes; the lanes kernel (the default on
-these shapes) keeps one online softmax per L lane and reduces over L once, after the loop: bf16
-672 -> 467 µs at 256 talker rows (3.9 TB/s), fp32 2% faster (bench/results/attn-lanes-h200.json).
+p·V), not by bytes; the lanes kernel (the default on these shapes) keeps one online softmax per L
+lane and reduces over L once, after the loop, which brings bf16 close to the byte floor
+(bench/results/attn-lanes-h200.json).
 Launch 2, grid (B·R, HQ): merges the splits. Bytes: 2·(n - start)·HKV·head_dim·elem per row and
 CFG row, plus splits·HQ·(head_dim + 2)·4 of partials.
 """
@@ -292,10 +292,11 @@ def decode_attention(q, k_cache, v_cache, slots, lengths, *, scale: float, windo
     to Lmax. Reads only; the caller writes the new K/V rows first. num_splits/block_l/num_warps
     override the launch shape (defaults: _splits(), BLOCK_L 64, or 32 for the padded MHA kernel;
     4 warps). GROUP == 1 with a non-power-of-two head_dim runs on pow2 + rest tiles (72 = 64 + 8;
-    split_d, default: 94-101% of 4.3 TB/s on H200 against 68-71% padded); mha_dot sends
-    GROUP == 1 through the tl.dot kernel instead (slower on H200, kept for other shapes).
-    lanes (GROUP == 1 only) runs the per-lane online softmax kernel; None: on for the split_d
-    shapes (measured faster for bf16 and fp32 KV), else off. It tiles a power-of-two head_dim as
+    split_d, default: near the byte floor where the padded tile is not,
+    bench/results/kernels-h200.json); mha_dot sends GROUP == 1 through the tl.dot kernel
+    instead (slower at the model's shapes; kept for other shapes). lanes (GROUP == 1 only) runs
+    the per-lane online softmax kernel; None: on for the split_d shapes (faster for bf16 and
+    fp32 KV: bench/results/attn-lanes-h200.json), else off. It tiles a power-of-two head_dim as
     two halves."""
     assert q.dim() in (3, 4) and k_cache.dim() == q.dim() + 1, \
         f"q {tuple(q.shape)} with cache {tuple(k_cache.shape)}: expected 3-D/4-D or 4-D/5-D"

@@ -1,8 +1,8 @@
 """gelu_tanh(gate) · up in one launch, from the fused [gate | up] matmul output of a gated MLP.
 
 The talker's gated MLPs (28 backbone layers, 3 MoG blocks × 5 passes, the char encoder: ~44 a
-frame) took 5 launches each as gate matmul, up matmul, GELU, multiply and down matmul. With the
-gate and up weights as one matrix (decode_ops.fused_rows_weight) and this kernel they take 3.
+frame) take 5 launches each unfused: gate matmul, up matmul, GELU, multiply and down matmul. With
+the gate and up weights as one matrix (decode_ops.fused_rows_weight) and this kernel they take 3.
 
 Per element, fp32: gelu_tanh(g) = ½·g·(1 + tanh(t)), t = √(2/π)·(g + 0.044715·g³), computed as
 g·σ(2t) = g / (1 + exp(−2t)), the same value: Triton has no portable tanh for the CPU

@@ -68,7 +68,7 @@ def _conv_kernel(XBC, CONV_STATE, SLOTS, W, BIAS, XACT, conv_dim, max_slots,
 @triton.jit
 def _conv_kernel_cols(XBC, CONV_STATE, SLOTS, W, BIAS, XACT, conv_dim, max_slots,
                       BLOCK_C: tl.constexpr):
-    # The first version (A/B baseline, `conv_tiles=False`): three strided scalar state loads and
+    # The column kernel (A/B baseline, `conv_tiles=False`): three strided scalar state loads and
     # stores, four strided weight loads; each thread owns whole channels.
     b = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -175,7 +175,7 @@ def mamba_conv(xBC, conv_state, slots, conv_w, conv_b, *, out=None, tiles: bool 
                block_c: int | None = None, num_warps: int = 4):
     """The conv launch alone: out [B, conv_dim] fp32 = SiLU(conv1d_k4([conv_state[s]; xBC]) + conv_b),
     conv_state[slots] <- last 3 columns. Arguments unchecked (mamba_step checks them). `tiles`:
-    state and weights as [block_c, 4] tiles (default block_c 512); False: the first kernel, three
+    state and weights as [block_c, 4] tiles (default block_c 512); False: the column kernel, three
     column loads/stores (default block_c 1024), kept for A/B runs (bench/small_kernels_ab.py).
     The state update is the same bits either way; out differs by the 4-tap sum's order (~1 ulp)."""
     batch, conv_dim = xBC.shape
@@ -195,9 +195,9 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
                stream: bool = False, tiles: int | None = None, conv_tiles: bool = True):
     """One Mamba2 decode step. Mutates conv_state[slots] and ssm_state[slots] in place only.
     An SSM program updates `tiles` [block_p, d_state] state tiles of one head (None: the whole
-    head; at the thinker's shapes and 120 rows 361 µs a layer against 379 µs for one tile a
-    program, bench/results/mamba-tiles-h200.json). `conv_tiles=False` runs the conv launch's
-    first kernel (see `mamba_conv`).
+    head, slightly faster at the thinker's shapes than one tile a program:
+    bench/results/mamba-tiles-h200.json). `conv_tiles=False` runs the conv launch's column
+    kernel (see `mamba_conv`).
 
     xBC [B, conv_dim], z [B, d_inner], dt [B, nheads]: in_proj outputs (bf16/fp16/fp32).
     conv_state [S, conv_dim, 3] (any float), ssm_state [S, nheads, head_dim, d_state] fp32.

@@ -10,7 +10,8 @@ algo="pairwise": the mass before item i is Σ_{p_j > p_i} p_j + p_i·#{j < i : p
 (M² compares); launch 1, grid (B, M/ITEMS), scores ITEMS items per program and writes a partial
 (best score, first index); launch 2 takes the argmax of the partials. The interpreter's tl.sort
 costs seconds per row at M = 1024, so CPU tests run "sort" at small M and "pairwise" at full M.
-Bytes: 8·M per row in, 4 out; both are latency-bound (11 µs vs 136 µs at B = 128 on H200).
+Bytes: 8·M per row in, 4 out; both are latency-bound, "sort" by far the faster on the GPU
+(bench/results/kernels-h200.json).
 """
 from __future__ import annotations
 
@@ -87,9 +88,9 @@ def _mog_sort_kernel(LOGITS, U, K_OUT, M, top_p, BLOCK_M: tl.constexpr):
 def mog_sample(logits, U, *, top_p: float = 0.95, out=None, items: int = 16, num_warps: int | None = None,
                algo: str = "sort"):
     """logits [B, M] fp32, U [B, M] fp32 uniforms in [0, 1) -> k int32[B] (into `out` if given).
-    algo "sort" (default: 1 launch, one tl.sort per row, 11 µs at B = 128 on H200) or "pairwise"
-    (2 launches, M² compares: 136 µs at B = 128 but fast in the CPU interpreter). num_warps
-    defaults to the measured best: 8 for "sort", 4 for "pairwise"."""
+    algo "sort" (default: 1 launch, one tl.sort per row, the faster on the GPU) or "pairwise"
+    (2 launches, M² compares: slower on the GPU but fast in the CPU interpreter). num_warps
+    defaults to the best of bench/results/kernels-h200*.json: 8 for "sort", 4 for "pairwise"."""
     batch, m = logits.shape
     dev = logits.device
     check("logits", logits, (batch, m), torch.float32, device=dev)

@@ -9,10 +9,9 @@ m = n + f, head h and ring row i < R (MODEL.md §2.2; `RelPosAttention.stream` i
 with q = q[b, f, h]; u, v the pos_bias_u/v rows. All of it in fp32 whatever the operand dtype
 (the reference rounds its bf16 products to bf16), the output in q's dtype.
 Why: the reference gathers each row's rings (index_select of K and V: [B, H, R, dh] copied out,
-~1 ms a frame at 256 sessions on the H200 over 24 layers) and then spends ~15 more launches a
-layer (bias adds, 3 batched matmuls and their copies, the distance gather, scale, mask, softmax,
-casts). Here the rings are read in place at the slot, once for all F queries, and all of it is
-one launch.
+in each of 24 layers every frame) and then spends ~15 more launches a layer (bias adds, 3
+batched matmuls and their copies, the distance gather, scale, mask, softmax, casts). Here the
+rings are read in place at the slot, once for all F queries, and all of it is one launch.
 Grid (B, H): one program per (row, head) holds the ring's K and V tiles [next_pow2(R),
 next_pow2(dh)] (72 x 128 → 128 x 128: the padding rows are masked, never read) and, per query,
 gathers the stream_pos rows of each ring row's distance. The ring is short (R = 72), so the
@@ -114,8 +113,7 @@ def relpos_attention(q, k_ring, v_ring, slots, frames, stream_pos, bias_u, bias_
     rings k_ring, v_ring [S, H, R, dh] (q's dtype, any strides with dh contiguous) at slots
     (int32|int64 [B]); frames (int32|int64 [B]) the frame of each row's first query;
     stream_pos [R, H, dh], bias_u, bias_v [H, dh] contiguous. Reads only: the caller writes
-    the step's K/V rows first. num_warps: 4 by default (at the model's shape on the H200 4
-    warps take half the time of 8: 30 against 55 µs a layer at 120 rows,
+    the step's K/V rows first. num_warps: 4 by default (faster than 8 at the model's shape:
     bench/results/relpos-ab-h200.json)."""
     _check_args(q, k_ring, v_ring, slots, frames, stream_pos, bias_u, bias_v, left_context, out)
     batch, n_f, heads, dh = q.shape

@@ -19,9 +19,9 @@ Layout: x [..., N] with unit stride in N and leading dims that collapse to one r
 contiguous tensor, or rows sliced out of a wider one); out is a new contiguous tensor.
 One program holds ROWS whole rows of BLOCK_N = next_pow2(N) lanes (ROWS·BLOCK_N ≈ 4096), so the
 72-wide q/k head norms share a program 32 rows at a time.
-Bytes: read N·(2|4) per row (+ w, cached), write the same: purely bandwidth-bound. On H200,
-2.0–2.7 TB/s at 8–16K rows of 1152–4480 (torch's twin: ~10x slower); a few hundred rows are
-launch-bound (tens of µs, host-side).
+Bytes: read N·(2|4) per row (+ w, cached), write the same: purely bandwidth-bound at thousands
+of rows (torch's twin, several launches, is far slower); a few hundred rows are launch-bound
+(host-side).
 """
 from __future__ import annotations
 

@@ -130,8 +130,8 @@ class CodecState:
 
 class ConvNeXtBlock(nn.Module):
     # The pointwise convs as row-major matmuls over [B·T, C] (`matmul`; default: on CUDA). As
-    # 1×1 convs over [B, C, T] with T = 441, cuBLAS falls back to unaligned TF32 kernels, 3× slower
-    # on the H200. Same numbers up to fp32 rounding; the CPU keeps the conv, whose rounding does
+    # 1×1 convs over [B, C, T] with T = 441, cuBLAS falls back to unaligned TF32 kernels, several
+    # times slower. Same numbers up to fp32 rounding; the CPU keeps the conv, whose rounding does
     # not depend on the batch size.
     matmul: bool | None = None
 

@@ -31,7 +31,7 @@ the frames are rows of one batch through every layer, each attending to its own 
 chunk's later frames masked from the earlier ones) and the conv module running over [time cache;
 the chunk's GLU outputs]. That is the same computation as one frame at a time, with each layer's
 weights read and its kernels launched once per beat instead of once per frame: perception is
-~1000 small launches a frame, a fixed ~4 ms on the H200 whatever the batch. The ring keeps
+about a thousand small launches a frame, a fixed cost whatever the batch. The ring keeps
 left_context + chunk_frames rows so that writing the chunk's rows evicts nothing its first frame
 still attends to.
 """
@@ -370,8 +370,7 @@ class ConvModule(nn.Module):
     def stream(self, x: Tensor, tcache: Tensor) -> tuple[Tensor, Tensor]:
         """x [B, F, D] normed, tcache [B, D, 8] → ([B, F, D], the cache after the F frames).
         The 1×1 convs run as matmuls on the rows as they lie: as convs over a 2-column [B, D, F]
-        input they took an unaligned GEMM, 96 µs a layer at 112 sessions on the H200 (a quarter
-        of perception's time)."""
+        input they get an unaligned GEMM, a large share of perception's time."""
         pw1, pw2 = self.pointwise_conv1, self.pointwise_conv2
         g = F.glu(F.linear(x, pw1.weight[..., 0], pw1.bias), dim=-1)            # [B, F, D]
         seq = torch.cat([tcache, g.transpose(1, 2)], dim=2)                      # [B, D, 8 + F]
@@ -463,8 +462,8 @@ class Perception(nn.Module):
         x = self.encoder.pre_encode(windows.flatten(0, 1), first=first.flatten())[:, -1]
         x = x.unflatten(0, (B, n))                                              # [B, F, D]: the kept frames
         frame = StreamConstants.of(self.cfg, frames, slots, n)
-        # index_select / index_copy_: plain row copies (advanced indexing's generic gather ran at
-        # a tenth of the H200's bandwidth on the per-slot caches)
+        # index_select / index_copy_: plain row copies (advanced indexing's generic gather reaches
+        # a small fraction of the bandwidth on the per-slot caches)
         tcache = state.time.index_select(1, slots)                              # [L, B, D, 8]
         new_time, layers = [], self.encoder.layers
         h = layers[0].norm_feed_forward1(x)

@@ -123,7 +123,7 @@ def aligned_positions(positions: int, head_dim: int) -> int:
     """`positions` rounded up so that one head's span, positions·head_dim elements, is a multiple
     of 16. Triton specialises an integer argument on divisibility by 16, and only then can it
     prove each K/V row 16-byte aligned and load it as vectors: with an odd P (head_dim 72) the
-    talker's decode attention streamed 2.9 TB/s instead of 4.4 (bench/results/attn-layout-h200.json)."""
+    talker's decode attention streams well below the byte floor (bench/results/attn-layout-h200.json)."""
     step = 16 // math.gcd(16, head_dim)
     return -(-positions // step) * step
 
@@ -132,7 +132,8 @@ def aligned_positions(positions: int, head_dim: int) -> int:
 class TalkerState:
     """Per-slot talker state; every tensor's leading dim is max_slots."""
     # Head-major: each (slot, layer, row, head) keeps its positions contiguous, so the decode
-    # kernel streams whole cache lines (the position-major layout ran at 2.9 of 4.3 TB/s).
+    # kernel streams whole cache lines (a position-major layout does not, and runs well below the
+    # byte floor).
     k: Tensor           # [S, L, R, kv_heads, P, head_dim] rotated keys, R = CFG rows
     v: Tensor           # [S, L, R, kv_heads, P, head_dim]
     position: Tensor    # int64 [S]: next position to write (0 at reset, n_warmup when live);

@@ -65,7 +65,7 @@ class Thought:
 def _no_meta_draws():
     """Build modules on the meta device without drawing their initial weights (`load` assigns
     every tensor): torch's meta `normal_` (nn.Embedding's init) imports torch._dynamo on first
-    use, ~4 s of start-up for nothing. Construction is single-threaded and restores the hook."""
+    use, seconds of start-up for nothing. Construction is single-threaded and restores the hook."""
     saved = torch.nn.init.normal_
     torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor
     try:
