@@ -6,6 +6,7 @@
 #   STAGES="8,32,64,96" per-stage graph timings, whole beats on one stream and on five, and the
 #                       top kernels of each stage at KERNELS (64) sessions (eager and inside the
 #                       replay); STAGES_ARGS="--profile dense" passes more options
+#   FIDELITY=1          the teacher-forced fidelity harness, full config, both profiles
 #   "$1"                the capacity bench with these arguments
 # Usage on the device machine:
 #   WAVE_COMMIT=<sha> PYTEST=1 STAGES=8,32,64,96 bash bench/device_graph.sh "<bench args>"
@@ -27,6 +28,12 @@ fi
 if [ -n "$STAGES" ]; then
   timeout ${STAGES_TIMEOUT:-200} python3 bench/graph_stages.py --sessions $STAGES --kernels ${KERNELS:-64} --beat $STAGES_ARGS \
     --out $OUT/graph-stages.json 2>&1 | tee $OUT/stages.log | grep -v "Warn" | tail -60
+fi
+if [ -n "$FIDELITY" ]; then
+  for p in reference dense; do
+    timeout ${FIDELITY_TIMEOUT:-150} python3 bench/fidelity.py --config full --profile $p --sessions 8 \
+      --frames 32 --out $OUT/fidelity-$p.json 2>&1 | tee $OUT/fidelity-$p.log | tail -14
+  done
 fi
 if [ -n "$1" ]; then
   timeout ${BENCH_TIMEOUT:-300} python3 -m wave_actors.bench --backend graph --out $OUT $1 2>&1 | tee $OUT/bench.log | grep -v "out of context\|held back" | tail -25

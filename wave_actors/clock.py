@@ -93,11 +93,11 @@ class BeatRecord:
 
 class RowPool:
     """Reused host buffers for the rows a beat routes. `take` copies rows of `src` into a buffer
-    that no session still holds a row of, and returns the filled part. A fresh 1.7 MB array a
-    beat (120 sessions' PCM) page-faults as it is first written: 0.5-2.7 ms of the route on the
-    2-core CPU, measured. A buffer is free again once every view of it is gone (numpy views keep
-    the owning array referenced, so its reference count is back to the pool's own); a session
-    that holds its rows for long only makes the pool grow, to `keep` buffers, then allocate."""
+    that no session still holds a row of, and returns the filled part: a fresh array a beat would
+    page-fault as it is first written, on the route's critical path. A buffer is free again once
+    every view of it is gone (numpy views keep the owning array referenced, so its reference
+    count is back to the pool's own); a session that holds its rows for long only makes the pool
+    grow, to `keep` buffers, then allocate."""
 
     def __init__(self, keep: int = 8):
         self.keep = keep

@@ -30,33 +30,43 @@ class Run:
 
 def engine_run(executor, specs: list[SessionSpec], audio: np.ndarray,
                slots: list[int]) -> tuple[Run, list[int]]:
-    """audio float32 [N, T, 1280] for sessions opened in `slots`; T even. Returns the run and
-    each session's noise key (its session number)."""
+    """audio float32 [N, T, 1280] for sessions opened in `slots`; T even. Each session hears
+    audio[i, t] at its own frame t, whenever its start let it go live (sessions with shorter
+    prompts start sooner), so its run is comparable frame by frame with the reference's.
+    Returns the run and each session's noise key (its session number)."""
     n, frames = audio.shape[:2]
     driver = BeatDriver(executor)
     keys = [driver.open(slot, spec) for slot, spec in zip(slots, specs)]
-    full = np.zeros((executor.max_sessions, FRAMES_PER_BEAT, audio.shape[-1]), np.float32)
+    row_of = {slot: i for i, slot in enumerate(slots)}
+    got = Run(*(np.zeros((n, frames) + tail, dtype) for tail, dtype in
+                (((), np.int64), ((), np.int64), ((10,), np.int64), ((1764,), np.float32))))
+    done = np.zeros(n, np.int64)                    # frames recorded per session
 
-    async def drive() -> Run:
-        # Starting slots advance without being in a beat (as the clock does it); none runs a
-        # frame until all are ready, so every session's frame 0 is the reference's frame 0.
-        for _ in range(1000):
-            if all(driver.ready(s) for s in slots):
-                break
-            await driver.beat(full)
-        assert all(driver.ready(s) for s in slots), "sessions never became ready"
-        got = Run(*(np.zeros((n, frames) + tail, dtype) for tail, dtype in
-                    (((), np.int64), ((), np.int64), ((10,), np.int64), ((1764,), np.float32))))
-        for b in range(frames // FRAMES_PER_BEAT):
-            full[slots] = audio[:, 2 * b:2 * b + 2]
-            _, out = await driver.beat(full)
-            for f in range(FRAMES_PER_BEAT):
-                t = 2 * b + f
-                got.text[:, t], got.func[:, t] = out.text[slots, f], out.func[slots, f]
-                got.user[:, t], got.pcm[:, t] = out.user[slots, f], out.pcm[slots, f]
-        return got
+    def heard(plan) -> np.ndarray:
+        full = np.zeros((executor.max_sessions, FRAMES_PER_BEAT, audio.shape[-1]), np.float32)
+        for slot, t in zip(plan.live, plan.frame0):
+            if slot in row_of and t < frames:
+                full[slot] = audio[row_of[slot], t:t + FRAMES_PER_BEAT]
+        return full
 
-    return asyncio.run(drive()), keys
+    async def drive() -> None:
+        for _ in range(1000 + frames):
+            if done.min() >= frames:
+                return
+            plan, out = await driver.beat(heard)
+            for slot, t0 in zip(plan.live, plan.frame0):
+                i = row_of.get(slot)
+                for f in range(FRAMES_PER_BEAT):
+                    if i is None or t0 + f >= frames:
+                        continue
+                    t = t0 + f
+                    got.text[i, t], got.func[i, t] = out.text[slot, f], out.func[slot, f]
+                    got.user[i, t], got.pcm[i, t] = out.user[slot, f], out.pcm[slot, f]
+                    done[i] = max(done[i], t + 1)
+        raise AssertionError("sessions never ran their frames")
+
+    asyncio.run(drive())
+    return got, keys
 
 
 @torch.no_grad()

@@ -66,6 +66,7 @@ def codec():
     return make_codec()
 
 
+@pytest.mark.slow
 def test_engine_codec_step_equals_reference(codec):
     frames = [[3, 0, 5], [3, 0, 5], [0], [3, 0, 5]]         # slot 0 runs a frame ahead
     before = busy_state()
@@ -112,6 +113,7 @@ def matrix_of(w: torch.Tensor) -> torch.Tensor:
     return w.permute(0, 2, 1).reshape(w.shape[0], -1)
 
 
+@pytest.mark.slow
 def test_upsample_matrix_is_a_view_and_follows_a_reload():
     codec = make_codec(seed=0)
     keys = set(codec.state_dict())

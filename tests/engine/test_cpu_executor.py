@@ -174,6 +174,7 @@ def excerpt(src: Path, dst: Path, seconds: float) -> None:
         w.writeframes(frames)
 
 
+@pytest.mark.slow
 def test_node_serves_a_wav_file_through_the_cpu_backend(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     port = free_port()

@@ -40,6 +40,7 @@ def test_cpu_executor_equals_reference_model_in_fp32():
     assert res["pcm_max_abs"] < 1e-5, res
 
 
+@pytest.mark.slow
 def test_triton_decode_path_equals_reference_step():
     """Interpreted on the CPU; compiled where a GPU is (both sides then run on it)."""
     cfg = VoiceChatConfig.tiny()
@@ -108,7 +109,7 @@ def test_graph_replay_equals_the_same_executor_variant_in_bf16(variant, wait):
         b = GraphExecutor(ExecutorOptions(max_sessions=5, profile="reference", config="tiny",
                                           max_context=128, beat_wait=beat_wait), **kw)
         runs.append(engine_run(b, SPECS, audio, [4, 0, 2])[0])
-        assert b.polled_beats == (25 if beat_wait == "poll" else 0), b.polled_beats
+        assert (b.polled_beats > 0) == (beat_wait == "poll"), b.polled_beats
         b.close()
     res = compare(runs[0], runs[1])
     assert res["text_equal"] == res["func_equal"] == res["user_equal"] == 1.0, res

@@ -47,6 +47,7 @@ def talker():
     return make_talker().to(DEV)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["reference", "dense"])
 def test_engine_attention_equals_reference_layer(talker, profile):
     ref, st_ref = run(talker, None, profile)
@@ -65,6 +66,7 @@ def test_engine_attention_equals_reference_layer(talker, profile):
         assert torch.equal(got[[1, 2]], want[[1, 2]])        # other slots untouched (zeros)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["reference", "dense"])
 def test_installed_talker_equals_reference(talker, profile):
     ref, st_ref = run(talker, None, profile)
@@ -135,6 +137,7 @@ def test_fused_weight_is_views_and_follows_a_reload(fuse, module, second, rows):
     assert not torch.equal(w2, w)
 
 
+@pytest.mark.slow
 @torch.no_grad()
 def test_engine_mog_choice_equals_the_reference_rule(talker):
     """The MoG head's mixture through the kernel (decode_ops.mog_choice) against top_p_filter +

@@ -126,6 +126,7 @@ class _Counted(TritonDecodeOps):
 # bf16: the reference rounds every product to bf16, the attention kernel none
 @pytest.mark.parametrize("dtype,use_bias,tol", [(torch.float32, False, 1e-5), (torch.float32, True, 1e-5),
                                                 (torch.bfloat16, False, 2e-2)])
+@pytest.mark.slow
 def test_perception_with_engine_hooks_equals_reference_path(dtype, use_bias, tol):
     model = _model(seed=3, dtype=dtype, use_bias=use_bias)
     ops = _Counted()

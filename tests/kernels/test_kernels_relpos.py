@@ -152,6 +152,7 @@ def test_ref_is_the_models_attention():
 
 
 # bf16: the reference rounds every product to bf16, the kernel none; 8e-3 after 2 layers
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_perception_with_kernel_equals_reference_path(dtype, tol):
     model = perception_model(seed=2, dtype=dtype)

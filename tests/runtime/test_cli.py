@@ -1,4 +1,5 @@
 """The commands a user runs: the node, the WAV client, the demo, the benchmark, the metrics."""
+import pytest
 import json
 import os
 import signal
@@ -39,6 +40,7 @@ def wait_listening(proc) -> dict:
     return json.loads(line)
 
 
+@pytest.mark.slow
 def test_node_wavclient_metrics_and_clean_sigterm(tmp_path):
     port, mport = free_port(), free_port()
     node = subprocess.Popen([PY, "-m", "wave_actors.node", "--backend", "sim", "--bind",
@@ -83,6 +85,7 @@ def test_wavclient_reports_a_missing_file_clearly(tmp_path):
     assert out.returncode != 0 and "nope.wav" in out.stderr
 
 
+@pytest.mark.slow
 def test_demo_writes_replies_and_a_summary(tmp_path):
     port = free_port()
     out = subprocess.run([PY, "-m", "wave_actors.node", "--demo", "--backend", "sim",
@@ -139,6 +142,7 @@ def test_node_refuses_a_backend_it_cannot_run_with_a_clear_message():
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_sim_run_with_jitter_makes_late_beats_that_the_bench_counts(tmp_path):
     # 110 sessions model a 71 ms beat at 1500 frames; 150% jitter pushes some past 160 ms.
     out = subprocess.run([PY, "-m", "sim.run", "--sessions", "110", "--beats", "60",

@@ -166,6 +166,7 @@ def test_refusals_capacity_duplicate_invalid_draining():
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_function_call_and_result_round_trip():
     async def body():
         async with node_on_tcp() as node, client_of(node) as c:

@@ -1,6 +1,7 @@
 """`opened` waits for the model's session start (wave_actors/node.py, clock.when_ready): a client
 streams only once its audio is heard, so a start that takes beats drops nothing; a close or a
 drain during the start frees the slot and answers the opener."""
+import pytest
 import asyncio
 
 import numpy as np
@@ -12,6 +13,7 @@ from wave_actors.core.frames import BEAT_S
 LONG_PROMPT = "Speak slowly and clearly. " * 5       # ~130 prompt tokens: 9 start steps (sim)
 
 
+@pytest.mark.slow
 def test_opened_comes_when_the_model_is_ready_and_nothing_sent_after_it_is_dropped():
     async def body():
         async with node_on_tcp() as node, client_of(node) as c:

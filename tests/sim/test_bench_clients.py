@@ -12,6 +12,7 @@ from wave_actors import bench
 from wave_actors.bench_clients import Generators
 
 
+@pytest.mark.slow
 def test_a_real_time_run_through_two_generator_processes_accounts_for_every_session(tmp_path):
     args = bench.parse_args(["--backend", "sim", "--sessions", "5", "--beats", "12",
                              "--client-procs", "2", "--warmup-max", "8", "--out", str(tmp_path)])

@@ -285,6 +285,7 @@ def responses(sock: socket.socket, timeout: float) -> list[M.SipMessage]:
     return out
 
 
+@pytest.mark.slow
 def test_three_concurrent_calls_rtp_both_ways(stack):
     d, bridge = stack["dir"], stack["bridge"]
     caller_pcap(d / "caller.pcap")
@@ -351,6 +352,7 @@ def _python_offer(port: int) -> bytes:
             f"m=audio {port} RTP/AVP 8\r\na=rtpmap:8 PCMA/8000\r\n").encode()
 
 
+@pytest.mark.slow
 def test_silent_caller_is_hung_up_on(stack):
     bridge = stack["bridge"]
     ended = len(bridge.events("call_end"))
@@ -376,6 +378,7 @@ def test_bad_offers_get_the_right_error_through_sipp(stack, sdp_text, status):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.errors
 
 
+@pytest.mark.slow
 def test_fourth_call_is_busy_while_three_are_up(stack):
     """The node (3 slots) refuses a 4th session: the caller gets 486 Busy Here, and the three
     live calls keep getting the node's audio."""

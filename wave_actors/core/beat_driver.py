@@ -4,6 +4,8 @@ tests) and device checks (parity, fidelity), so none of them re-implements the c
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from wave_actors.core.contract import BeatOutput, Executor, SessionSpec
@@ -34,11 +36,14 @@ class BeatDriver:
     def ready(self, slot: int) -> bool:
         return self.book.ready(slot)
 
-    async def beat(self, audio: np.ndarray | None = None,
+    async def beat(self, audio: np.ndarray | Callable[[BookPlan], np.ndarray] | None = None,
                    time_left_s: float = BEAT_S) -> tuple[BookPlan, BeatOutput]:
-        """One beat: plan, pack `audio` ([S, 2, 1280], silence when None) for the slots in the
-        beat, run it on the executor, account for it. The output buffer is reused."""
+        """One beat: plan, pack `audio` ([S, 2, 1280], silence when None; or a function of the
+        plan giving it, to feed each session by its own frame index) for the slots in the beat,
+        run it on the executor, account for it. The output buffer is reused."""
         plan = self.book.plan(time_left_s)
+        if callable(audio):
+            audio = audio(plan)
         inp = self.inp
         inp.live[:] = False
         inp.live[plan.in_beat] = True

@@ -29,8 +29,9 @@ from wave_actors.core.start_policy import StartPolicy, StartQueue
 
 log = logging.getLogger("wave.slots")
 
-# The GPU executor's start step: 16 sessions' chunks in one step cost about what 8 do (a chunk
-# is launch-bound), 16 prompt positions and 8 warm-up positions per chunk. The simulator uses
+# The GPU executor's start step: up to 16 sessions' chunks in one step (an eager chunk is
+# launch-bound, so more rows cost little more), 16 prompt positions and 8 warm-up positions per
+# chunk. The simulator uses
 # the same shape, so its start steps are the engine's.
 STARTS_PER_STEP = 16
 PREFILL_CHUNK = 16

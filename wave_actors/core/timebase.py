@@ -18,11 +18,10 @@ class Clock:
     """Time as the running loop sees it (virtual on a VirtualTimeLoop), at full resolution.
 
     On a real loop `now` is the monotonic clock itself, not `loop.time()`: uvloop's is the same
-    clock cut to whole milliseconds, so every latency it stamped was a whole number of ms (a p99
-    of "111" could be 110.1) and a deadline could be met or missed by the cut alone. Its timers
-    are whole milliseconds too and fire up to ~0.7 ms either side of the deadline, so
-    `sleep_until` sleeps again when it woke early instead of starting a beat before its
-    release."""
+    clock cut to whole milliseconds, which would round every stamped latency and could decide a
+    deadline by the cut alone. Its timers are whole milliseconds too and may fire a little either
+    side of the deadline, so `sleep_until` sleeps again when it woke early instead of starting a
+    beat before its release."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None):
         self._loop = loop
