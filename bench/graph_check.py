@@ -8,6 +8,7 @@ writes JSON.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import sys
 import time
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu.engine.graph_executor import GraphExecutor                    # noqa: E402
 from gpu.engine.parity import compare, engine_run, reference_run      # noqa: E402
 from wave_actors.core.contract import SessionSpec                           # noqa: E402
+from wave_actors.bench import git_commit                                # noqa: E402
 from wave_actors.core.contract import ExecutorOptions                   # noqa: E402
 
 SPECS = [SessionSpec("You are a helpful assistant."), SessionSpec(""),
@@ -95,8 +97,10 @@ def main() -> int:
         rows += [parity("full", "reference", args.frames), parity("full", "dense", args.frames),
                  same_backend("full", "reference", args.frames, "eager"),
                  same_backend("full", "reference", args.frames, "one stream")]
-    Path(args.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(0), "rows": rows},
-                                         indent=1))
+    record = {"commit": git_commit(), "command": "python3 bench/graph_check.py " + " ".join(sys.argv[1:]),
+              "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(0), "rows": rows}
+    Path(args.out).write_text(json.dumps(record, indent=1))
     print(f"{'against':25} {'config':6} {'profile':10} {'text=':>6} {'func=':>6} {'user=':>6} {'same to':>7} "
           f"{'pcm rel':>9} {'build s':>7} {'engine s':>8}")
     for r in rows:

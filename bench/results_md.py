@@ -34,6 +34,7 @@ SECTIONS = (                # kind -> heading; bench runs of other backends foll
     ("stages", "Stage timings (`bench/graph_stages.py`)"),
     ("kernels", "Kernel A/Bs and sweeps (details: `bench/KERNELS_NOTES.md`)"),
     ("checks", "Parity and checks (`bench/graph_check.py`)"),
+    ("fidelity", "Teacher-forced fidelity per stage (`bench/fidelity.py`)"),
     ("other", "Other files"),
 )
 
@@ -143,6 +144,8 @@ def kind_of(data: object) -> str:
     rows = data.get("rows") if isinstance(data.get("rows"), list) else data.get("variants")
     if "backend" in data and isinstance(data.get("per_run"), list):
         return str(data["backend"])
+    if isinstance(data.get("quantities"), dict) and "reference_profile" in data:
+        return "fidelity"
     if "stage_ms" in data or "graph_stages" in command:
         return "stages"
     if "graph_check" in command or (isinstance(rows, list) and rows and isinstance(rows[0], dict)
@@ -305,6 +308,28 @@ LISTED_HEAD = ["date (UTC)", "JSON", "commit", "device", "rows", "command"]
 STAGES_HEAD = ["JSON", "commit", "profile", "sessions", "frame fit ms",
                "beat fit ms, one stream", "beat fit ms, five streams", "command"]
 OTHER_HEAD = ["date (UTC)", "file", "top-level scalars"]
+FIDELITY_HEAD = ["JSON", "commit", "profile vs", "config", "sessions × frames", "device",
+                 "command"]
+
+
+def fidelity_row(name: str, date: str, d: dict) -> list:
+    return [link(name), d.get("commit", "—"), f"{d['profile']} vs {d['reference_profile']}",
+            d["config"], f"{d['sessions']} × {d['frames']}", d.get("device_name", "—"),
+            code(d["command"]) if "command" in d else "—"]
+
+
+def fidelity_detail(name: str, d: dict) -> list:
+    """Per quantity: its precision, max and L2 relative error, and top-1 agreement where the
+    reference's margin exceeds the precision's bound (counted: the share of rows that did)."""
+    rows = [["quantity", "precision", "rel_max", "rel_l2", "counted", "top-1 agree"],
+            ["---"] * 6]
+    for q, v in d["quantities"].items():
+        prec = d.get("stage_precision", {}).get(v.get("stage", q.split(".")[0]), "—")
+        top1 = v.get("top1") or {}
+        rows.append([q, prec, num(v.get("rel_max"), "{:.2e}"), num(v.get("rel_l2"), "{:.2e}"),
+                     num(top1["counted"], "{:.3f}") if "counted" in top1 else "",
+                     num(top1["agree"], "{:.4f}") if "agree" in top1 else ""])
+    return ["", f"{name}:", ""] + ["| " + " | ".join(map(str, r)) + " |" for r in rows]
 
 
 def shape_of(kind: str) -> tuple:
@@ -313,6 +338,8 @@ def shape_of(kind: str) -> tuple:
         return STAGES_HEAD, stage_row, stage_detail
     if kind in ("kernels", "checks"):
         return LISTED_HEAD, listed_row, listed_detail
+    if kind == "fidelity":
+        return FIDELITY_HEAD, fidelity_row, fidelity_detail
     if kind == "other":
         return OTHER_HEAD, other_row, lambda name, d: []
     return BENCH_HEAD, bench_row, lambda name, d: []
