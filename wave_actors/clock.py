@@ -157,6 +157,13 @@ class BeatClockActor(Actor):
         self._ready_waiters: dict[Handle, asyncio.Future] = {}   # admitted, start not done yet
         self._stream_ends: dict[Handle, asyncio.Future] = {}     # END_OF_STREAM seen (closing)
         self._inflight: asyncio.Task | None = None               # the beat the executor runs
+        # Pending from a beat's pack until its submit (only apart while the previous beat
+        # overran), with the slots it packed: a release of one of them waits for it, so frames
+        # counted as heard have reached the executor. A slot being released is packed no more
+        # (`_closing`), so the wait ends with the beat already packed.
+        self._handed: asyncio.Future | None = None
+        self._handed_slots: frozenset[int] = frozenset()
+        self._closing: set[int] = set()
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self.t0: float | None = None
@@ -222,7 +229,14 @@ class BeatClockActor(Actor):
                 # Frames travel on the session's socket, this message on the mailbox: wait for
                 # the marker that follows its last frame, so none arrives after the slot is gone.
                 await asyncio.wait({self._stream_end(msg.handle)}, timeout=STREAM_END_WAIT_S)
-            return self._release(msg.handle)
+            slot = msg.handle.slot
+            self._closing.add(slot)
+            try:
+                while self._handed is not None and slot in self._handed_slots:
+                    await asyncio.shield(self._handed)
+                return self._release(msg.handle)
+            finally:
+                self._closing.discard(slot)
         if isinstance(msg, FunctionTokens):
             self._ops.append(("func", msg.handle, msg.ids))
             return None
@@ -370,9 +384,19 @@ class BeatClockActor(Actor):
         plan = self.book.plan(inp.time_left_s)
         if self._ready_waiters:
             self._resolve_ready()
-        packed = self.table.pack(inp, plan.in_beat)
+        in_beat = [s for s in plan.in_beat if s not in self._closing]
+        packed = self.table.pack(inp, in_beat)
+        for slot in set(plan.in_beat) - set(in_beat):
+            inp.audio[slot] = 0.0                      # its session is leaving: it hears nothing
         if behind:
-            await asyncio.shield(self._inflight)       # the previous beat overran: after it
+            self._handed_slots = frozenset(in_beat)
+            handed = self._handed = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.shield(self._inflight)   # the previous beat overran: after it
+            finally:
+                # Waiters resume only once this coroutine yields, after the submit below.
+                self._handed = None
+                handed.set_result(None)
         if not (plan.in_beat or plan.starts or plan.resets):
             self.table.complete(packed, late=False)
             self._outputs_free.set()

