@@ -2,10 +2,13 @@
 counts it reports (one attention launch pair per layer and CFG row, one fused norm per RMSNorm,
 one perception attention launch per layer, one launch per perception residual add and its
 LayerNorm) follow from the config, and no stage runs an unfused RMSNorm."""
+import pytest
+
 from bench.op_census import census
 from gpu.model.config import VoiceChatConfig
 
 
+@pytest.mark.slow
 def test_census_counts_the_engine_path_structure():
     cfg = VoiceChatConfig.tiny()
     counts = census(3, "reference", "tiny")

@@ -38,6 +38,7 @@ def caches(cache0, layout):
     (12, 63, "time_major", torch.int32), (20, 1, "time_major", torch.int32),
     (24, 9, "channel_major", torch.int64), (20, 1, "channel_major", torch.int32),
     (12, 63, "channel_major", torch.int64), (40, 3, "time_major", torch.int64)])
+@pytest.mark.slow
 def test_convnext_step_matches_ref(n_c, n_t, layout, index):
     p, g = make(n_c, n_c * n_t)
     slot_list = [4, 0, 2]

@@ -92,6 +92,7 @@ def conv_ref(xBC, conv_state, slots, conv_w, conv_b):
                                              (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
 @pytest.mark.parametrize("conv_dim,block_c,slot_list", [
     (54, 16, [4, 0, 2]), (54, None, [5, 1, 3]), (37, 8, [2, 5, 0, 1]), (8, 8, [3])])
+@pytest.mark.slow
 def test_conv_tiles_equal_cols_and_ref(act, state_dtype, conv_dim, block_c, slot_list):
     """The [block_c, 4]-tile conv kernel against the first (column) kernel and torch, over three
     steps: the same state bits, out within an ulp-level tolerance; other slots untouched."""
@@ -124,6 +125,7 @@ def test_conv_tiles_equal_cols_and_ref(act, state_dtype, conv_dim, block_c, slot
     assert not torch.equal(st_new[slot_list], state0[slot_list])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mamba_step_conv_paths_agree(dtype):
     """mamba_step with the tile conv (default) and the column conv: same states, y within TOL of

@@ -12,6 +12,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
     ("sort", 9, 50, 0.3, 16), ("sort", 5, 77, 30.0, 16), ("sort", 2, 128, 2.0, 16),
     ("pairwise", 37, 50, 0.3, 16), ("pairwise", 29, 50, 4.0, 32), ("pairwise", 5, 77, 30.0, 64),
     ("pairwise", 3, 1024, 2.0, 32)])
+@pytest.mark.slow
 def test_mog_sample_matches_ref(algo, batch, m, scale, items):
     g = torch.Generator().manual_seed(batch * m)
     logits = (scale * torch.randn(batch, m, generator=g)).to(DEV)
@@ -21,6 +22,7 @@ def test_mog_sample_matches_ref(algo, batch, m, scale, items):
     assert k is out and torch.equal(k, mog_sample_ref(logits, u))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["sort", "pairwise"])
 def test_mog_sample_filter_and_ties(algo):
     # Integer logits tie often; U near 1 gives dropped items a large Gumbel bonus, so any item the

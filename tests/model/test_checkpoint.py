@@ -28,6 +28,7 @@ def tiny_file(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_list_full_prints_the_real_layout():
     out = subprocess.run([sys.executable, "-m", "gpu.model.checkpoint", "list", "--config", "full"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -155,6 +155,7 @@ def test_sim_run_with_jitter_makes_late_beats_that_the_bench_counts(tmp_path):
     assert 0 < res["late_beats"] < 60 and res["p99_ms"] > 160
 
 
+@pytest.mark.slow
 def test_bench_says_when_its_measured_beats_began_behind_schedule(tmp_path):
     """A node that never gets on time (a 1 s beat at 8 sessions): the warm-up gives up, and the
     bench says how far behind the measured beats began instead of leaving it to the trace."""

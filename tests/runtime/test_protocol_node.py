@@ -253,6 +253,7 @@ def test_bad_seq_and_bad_payload_in_a_live_session_are_counted():
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_vanished_client_is_detected_and_its_slot_freed():
     async def body():
         async with node_on_tcp(max_sessions=1, idle_timeout_s=0.6) as node:

@@ -25,6 +25,7 @@ def sim_run(tmp_path: Path, *policy: str) -> dict:
     return result
 
 
+@pytest.mark.slow
 def test_two_built_in_start_policies_run_and_the_result_names_each(tmp_path):
     eager = sim_run(tmp_path, "eager")
     budgeted = sim_run(tmp_path, "budgeted", "margin_s=0.004", "give_up=12")

@@ -202,6 +202,7 @@ def check_session(events: list[dict], query: str, session: dict, frame_bytes: in
         assert "response.done" in after
 
 
+@pytest.mark.slow
 def test_stream_every_input_format_concurrently(bridge_url):
     """Four sessions at once, one per input format (two output rates, both dialects, three ways
     to authenticate): audio and both transcripts come back; a function call round-trips."""
@@ -309,6 +310,7 @@ def test_wrong_api_key_refused_before_upgrade(bridge_url):
     asyncio.run(asyncio.wait_for(go(), 20))
 
 
+@pytest.mark.slow
 def test_openai_sdk_realtime_client(bridge_url):
     """The official openai SDK's realtime client, pointed at the bridge's ws:// URL."""
     openai = pytest.importorskip("openai")
@@ -343,6 +345,7 @@ def test_openai_sdk_realtime_client(bridge_url):
 
 # ---- a client that stops reading --------------------------------------------------------
 
+@pytest.mark.slow
 def test_non_reading_client_is_bounded_then_disconnected(node):
     """The bridge's queue for a client that reads nothing stays under its bound; audio deltas
     are dropped and counted; after the grace period the connection is aborted."""
