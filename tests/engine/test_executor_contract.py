@@ -168,3 +168,52 @@ def test_stale_handles_cannot_release_an_executors_slot(name):
         assert table.stale == 1
     finally:
         executor.close()
+
+
+def test_frames_are_conserved_and_outputs_reach_only_the_current_handle(name):
+    """The clock's path, step by step: frames pushed into the session table are handed to the
+    executor once each or counted as dropped, and a beat's outputs go only to the sessions that
+    still hold their slot when it completes (a slot released and re-admitted while its beat ran
+    gets nothing of that beat)."""
+    executor = build(name)
+    table = SessionTable(executor.max_sessions)
+    driver = BeatDriver(executor)
+    inp, out = driver.inp, driver.out
+    pushed: dict = {}
+
+    async def beat(release_mid=None):
+        plan = driver.book.plan(0.16)
+        packed = table.pack(inp, plan.in_beat)
+        executor.submit(plan, inp, out)
+        fresh = None
+        if release_mid is not None:                 # while the beat runs
+            table.release(release_mid)
+            fresh = table.admit("fresh", "fresh-owner")
+        await executor.wait()
+        executor.collect(plan, out)
+        return plan, table.complete(packed, late=False), fresh
+
+    async def body():
+        a, b = table.admit("a", "a-owner"), table.admit("b", "b-owner")
+        for h in (a, b):
+            driver.open(h.slot, SessionSpec("Hi."))
+        for k in range(40):
+            if all(driver.ready(h.slot) for h in (a, b)):
+                break
+            await beat()
+        for n in range(8):                          # more than a beat takes: some queue
+            for h in (a, b):
+                table.push(h, n, audio(n)[h.slot, 0])
+                pushed[h] = pushed.get(h, 0) + 1
+        plan, routed, _ = await beat()
+        assert {e.handle for e, _ in routed.values()} == {a, b}
+        plan, routed, fresh = await beat(release_mid=a)
+        assert fresh.slot == a.slot and fresh != a
+        assert {e.handle for e, _ in routed.values()} == {b}        # nothing of it to `fresh`
+        stats_b = table.release(b)
+        assert stats_b.frames_in + stats_b.dropped == pushed[b]
+        assert table.release(a) is None and table.stale == 1
+    try:
+        asyncio.run(body())
+    finally:
+        executor.close()
