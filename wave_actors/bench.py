@@ -33,7 +33,7 @@ from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.policy_spec import PolicyError, load_class, make_policy
 from wave_actors.core.timebase import Clock, new_loop
-from wave_actors.executors import NAMES, entry, make_executor
+from wave_actors.core.registry import NAMES, described, entry, make_executor
 from wave_actors.node import Node, NodeConfig
 from wave_actors.serving_process import serving_process
 
@@ -371,7 +371,7 @@ def write(result: BenchResult, out_dir: Path) -> Path:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m wave_actors.bench", description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--backend", choices=NAMES, default="sim")
+    ap.add_argument("--backend", choices=NAMES, default="sim", help=described())
     ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
     ap.add_argument("--config", choices=("tiny", "full"), default="full")
     ap.add_argument("--context", type=int, default=1500,

@@ -289,10 +289,6 @@ class BeatClockActor(Actor):
     def free_slots(self) -> int:
         return self.table.free_slots
 
-    @property
-    def live_sessions(self) -> int:
-        return len(self.table)
-
     def _apply_ops(self) -> None:
         """Slot changes since the last beat, in order. A close always applies (the slot was freed
         when it was asked); an open or tool tokens only while their handle is still current."""
@@ -384,10 +380,12 @@ class BeatClockActor(Actor):
         plan = self.book.plan(inp.time_left_s)
         if self._ready_waiters:
             self._resolve_ready()
-        in_beat = [s for s in plan.in_beat if s not in self._closing]
+        in_beat = plan.in_beat
+        if self._closing:
+            for slot in self._closing.intersection(in_beat):
+                inp.audio[slot] = 0.0                  # its session is leaving: it hears nothing
+            in_beat = [s for s in in_beat if s not in self._closing]
         packed = self.table.pack(inp, in_beat)
-        for slot in set(plan.in_beat) - set(in_beat):
-            inp.audio[slot] = 0.0                      # its session is leaving: it hears nothing
         if behind:
             self._handed_slots = frozenset(in_beat)
             handed = self._handed = asyncio.get_running_loop().create_future()
@@ -397,7 +395,7 @@ class BeatClockActor(Actor):
                 # Waiters resume only once this coroutine yields, after the submit below.
                 self._handed = None
                 handed.set_result(None)
-        if not (plan.in_beat or plan.starts or plan.resets):
+        if not (plan.live or plan.spent or plan.starts or plan.resets):
             self.table.complete(packed, late=False)
             self._outputs_free.set()
             collect_between_beats(k)

@@ -22,7 +22,7 @@ from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.timebase import Clock, new_loop
-from wave_actors.executors import NAMES, make_executor
+from wave_actors.core.registry import NAMES, described, make_executor
 from wave_actors.node import Node, NodeConfig
 from wave_actors.serving_process import serving_process
 
@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m wave_actors.node", description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--bind", default="tcp://127.0.0.1:5555")
-    ap.add_argument("--backend", choices=NAMES, default=default_backend())
+    ap.add_argument("--backend", choices=NAMES, default=default_backend(), help=described())
     ap.add_argument("--max-sessions", type=int, default=8)
     ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
     ap.add_argument("--config", choices=("tiny", "full"), default="tiny",

@@ -16,7 +16,6 @@ import torch
 from gpu.engine.model_runner import (ModelRunner, check_host_memory, load_model, model_config,
                                      text_codecs)
 from gpu.model.config import Profile
-from gpu.model.voicechat_state import session_state_bytes
 from wave_actors.core.contract import BeatInput, BeatOutput, ExecutorOptions, SessionSpec
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import BookPlan, StartShape
@@ -110,15 +109,7 @@ class CpuExecutor:
 
     # -- facts -------------------------------------------------------------------------------------
     def describe(self) -> dict:
-        opts, shape = self.options, self.start_shape
-        state = session_state_bytes(self.cfg, self.profile, opts.max_context,
-                                    shape.max_prompt)["total"]
-        return {"backend": self.name, "max_sessions": self.max_sessions, "config": self.cfg.name,
-                "profile": self.profile.name, "parameters": self.model.parameter_count(),
-                "weights": opts.checkpoint or f"random (seed {opts.seed})",
-                "text_codec": getattr(self.text_codec, "name", type(self.text_codec).__name__),
-                "max_context_frames": opts.max_context, "max_prompt_tokens": shape.max_prompt,
-                "state_bytes_per_session": state}
+        return self.runner.facts(self.name, self.text_codec, self.profile)
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)

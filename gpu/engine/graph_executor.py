@@ -396,12 +396,7 @@ class GraphExecutor:
 
     def describe(self) -> dict:
         free, total = torch.cuda.mem_get_info()
-        opts, shape = self.options, self.start_shape
-        return {"backend": self.name, "max_sessions": self.max_sessions, "config": self.cfg.name,
-                "profile": self.profile.name, "parameters": self.model.parameter_count(),
-                "weights": opts.checkpoint or f"random (seed {opts.seed})",
-                "text_codec": getattr(self.text_codec, "name", type(self.text_codec).__name__),
-                "max_context_frames": opts.max_context, "max_prompt_tokens": shape.max_prompt,
+        return self.runner.facts(self.name, self.text_codec, self.profile) | {
                 "gpu": torch.cuda.get_device_name(0),
                 "weights_bytes": self.plan_memory.weights,
                 "state_bytes_per_session": self.plan_memory.per_session,

@@ -146,6 +146,17 @@ class ModelRunner:
         x = torch.from_numpy(audio)[self.index(live).cpu()].to(self.device)
         self.model.frames(window, x, self.index(live), noise_of, self.index(plan.forced), emit)
 
+    def facts(self, name: str, codec: TextCodec, profile: Profile) -> dict:
+        """What every model executor prints at start: the model, its weights and sizes."""
+        opts, cfg = self.opts, self.model.cfg
+        return {"backend": name, "max_sessions": opts.max_sessions, "config": cfg.name,
+                "profile": profile.name, "parameters": self.model.parameter_count(),
+                "weights": opts.checkpoint or f"random (seed {opts.seed})",
+                "text_codec": getattr(codec, "name", type(codec).__name__),
+                "max_context_frames": opts.max_context, "max_prompt_tokens": self.shape.max_prompt,
+                "state_bytes_per_session": session_state_bytes(
+                    cfg, profile, opts.max_context, self.shape.max_prompt)["total"]}
+
     @staticmethod
     def silence(plan: BookPlan, out: BeatOutput) -> None:
         """Slots in the beat but out of context hear nothing and say nothing."""

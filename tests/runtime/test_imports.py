@@ -102,7 +102,7 @@ def test_the_core_imports_nothing_of_the_other_parts():
                                     "wave_actors.core.session_table", "wave_actors.core.text",
                                     "wave_actors.core.start_policy", "wave_actors.clock",
                                     "wave_actors.core.jitter", "wave_actors.node", "sim.executor",
-                                    "wave_actors.executors"])
+                                    "wave_actors.core.registry"])
 def test_no_torch_in_the_core_the_clock_or_the_scheduler(module):
     """Imported in a fresh interpreter, so a transitive import counts too."""
     code = f"import sys, {module}; print('torch' in sys.modules)"

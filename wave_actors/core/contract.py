@@ -133,10 +133,8 @@ class ExecutorOptions:
 class Capabilities:
     """What the clock and the tools may rely on, instead of asking an executor's name."""
     device: bool = False            # runs on a GPU (graph captures, memory ceiling, baseline)
-    pinned: bool = False            # its rings are page-locked host memory
     reports_launch: bool = False    # calls `on_launched` once the beat's device work is queued
     modelled_time: bool = False     # its time is a cost model slept on the node's clock (sim)
-    model: bool = False             # runs the real model (text codec and tokens are the model's)
 
 
 @runtime_checkable

@@ -1,7 +1,6 @@
 """The executor registry: name → where its class lives and what it can do (plain data).
 
-Entries name their class as `module:Class`, imported only when built
-(`wave_actors.executors.make_executor`), so the node and the simulator run on machines without
+Entries name their class as `module:Class`, imported only when built (`make_executor`), so the node and the simulator run on machines without
 torch and no package imports an executor's package back. Tools ask an entry's capabilities
 (`device`, `modelled_time`, ...), never its name; an executor class reads its own `caps` here.
 """
@@ -9,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wave_actors.core.contract import Capabilities
+from wave_actors.core.contract import Capabilities, Executor, ExecutorOptions
+from wave_actors.core.policy_spec import load_class
+from wave_actors.core.timebase import Clock
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,10 +26,10 @@ REGISTRY: dict[str, ExecutorEntry] = {e.name: e for e in (
                   caps=Capabilities(modelled_time=True),
                   summary="no model: synthetic outputs, time from a cost model (virtual time)"),
     ExecutorEntry(name="cpu", target="gpu.engine.cpu_executor:CpuExecutor",
-                  caps=Capabilities(model=True),
+                  caps=Capabilities(),
                   summary="the reference PyTorch model on the CPU (tiny config by default)"),
     ExecutorEntry(name="graph", target="gpu.engine.graph_executor:GraphExecutor",
-                  caps=Capabilities(model=True, device=True, pinned=True, reports_launch=True),
+                  caps=Capabilities(device=True, reports_launch=True),
                   summary="the full model on one GPU: CUDA graphs and Triton kernels"),
 )}
 NAMES = tuple(REGISTRY)
@@ -40,3 +41,11 @@ def entry(name: str) -> ExecutorEntry:
     except KeyError:
         raise ValueError(f"unknown executor {name!r}; choose one of {NAMES}") from None
 
+
+def make_executor(name: str, opts: ExecutorOptions, clock: Clock | None = None) -> Executor:
+    return load_class(entry(name).target).build(opts, clock)
+
+
+def described() -> str:
+    """One line per executor, for a command's help."""
+    return "; ".join(f"{e.name}: {e.summary}" for e in REGISTRY.values())

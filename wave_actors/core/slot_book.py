@@ -53,11 +53,6 @@ class StartShape:
         if min(self.prefill_chunk, self.warmup_chunk, self.starts_per_step, self.max_prompt) < 1:
             raise ValueError(f"every size of a StartShape is positive: {self}")
 
-    def steps_for(self, prompt_tokens: int) -> int:
-        """Start steps a session with this prompt takes: the longer of its two chunk runs."""
-        return max(-(-prompt_tokens // self.prefill_chunk),
-                   -(-self.warmup_positions // self.warmup_chunk))
-
 
 @dataclass
 class SlotState:
@@ -105,7 +100,6 @@ class BookPlan:
     rewind: list[int] = field(default_factory=list)   # step back `context_hold` first
     starts: list[StartStep] = field(default_factory=list)       # run in order, after the frames
     started: list[int] = field(default_factory=list)  # start work finished this beat
-    went_live: list[int] = field(default_factory=list)  # in the beats from the next one on
     opened: dict[int, Any] = field(default_factory=dict)  # resets: slot → its SessionSpec
 
     @property
@@ -117,9 +111,7 @@ class BookPlan:
 class SlotBook:
     def __init__(self, slots: int, shape: StartShape, policy: StartPolicy,
                  frames_per_session: int, context_hold: int = 0):
-        if not 0 <= context_hold <= frames_per_session:
-            raise ValueError(f"context_hold {context_hold} must be within the "
-                             f"{frames_per_session} frames a session may run")
+        """`frames_per_session` and `context_hold` come from ExecutorOptions, which checks them."""
         self.shape, self.policy = shape, policy
         self.frames_per_session, self.context_hold = frames_per_session, context_hold
         self.slots = [SlotState() for _ in range(slots)]
@@ -191,8 +183,7 @@ class SlotBook:
                                       self.shape.starts_per_step):
             plan.starts.append(self._start_step(group, plan))
         for i in self.starts.going_live(len(live), time_left_s, self.policy):
-            self.slots[i].phase = "live"
-            plan.went_live.append(i)
+            self.slots[i].phase = "live"          # in the beats from the next one on
         return plan
 
     def _start_step(self, slots: list[int], plan: BookPlan) -> StartStep:

@@ -55,9 +55,13 @@ class StartPolicy(Protocol):
     def describe(self) -> dict: ...
 
 
-def _params(policy) -> dict:
-    """A dataclass policy's constructor parameters (its `init` fields, not its measurements)."""
-    return {f.name: getattr(policy, f.name) for f in fields(policy) if f.init and f.repr}
+def _describe(policy, step_s: float | None) -> dict:
+    """A dataclass policy for results: its name, class, constructor parameters (its `init`
+    fields, not its measurements), what it counted and its step's cost as it judges it."""
+    return {"name": policy.name, "class": f"{__name__}:{type(policy).__name__}",
+            "params": {f.name: getattr(policy, f.name) for f in fields(policy) if f.init and f.repr},
+            "held_back": policy.held_back, "given_up": policy.given_up,
+            "start_step_ms": None if step_s is None else round(1e3 * step_s, 2)}
 
 
 @dataclass
@@ -86,10 +90,7 @@ class EagerStarts:
         return ""
 
     def describe(self) -> dict:
-        return {"name": self.name, "class": f"{__name__}:EagerStarts", "params": _params(self),
-                "held_back": self.held_back, "given_up": self.given_up,
-                "start_step_ms": (round(1e3 * max(self.recent_start_s), 2)
-                                  if self.recent_start_s else None)}
+        return _describe(self, max(self.recent_start_s, default=None))
 
 
 @dataclass
@@ -163,10 +164,7 @@ class BudgetedStarts:
         return self.expected_start() <= self.room(n_live, time_left_s)
 
     def describe(self) -> dict:
-        return {"name": self.name, "class": f"{__name__}:BudgetedStarts", "params": _params(self),
-                "held_back": self.held_back, "given_up": self.given_up,
-                "start_step_ms": (round(1e3 * self.expected_start(), 2)
-                                  if self.recent_start_s else None)}
+        return _describe(self, self.expected_start() if self.recent_start_s else None)
 
     def why(self, n_live: int, time_left_s: float) -> str:
         """The numbers behind a refused start, for its caller and the log."""
