@@ -116,6 +116,21 @@ NOTES = (
      "talker's KV holds an even number of positions: Triton proves 16-byte alignment only for a "
      "head stride P*72 divisible by 16, and with an odd P the attention streamed 2.9 instead of "
      "4.4 TB/s."),
+    ("graph", "Dense, 220 sessions: late beats from the host, not the GPU",
+     ("graph-dense-n220-20261201T214148.json", "graph-dense-n220-20261201T214347.json",
+      "graph-dense-n220-20261201T214916.json", "graph-dense-n220-20261201T214545.json",
+      "graph-dense-n220-20261201T195041.json"),
+     "Four runs at 7946bd9 on one machine: 3 late beats, p99 124.7-152.2 ms, with the "
+     "executor's beat at 110.8-111.1 ms (p99 112.4-113.2) in every run. Each bad stretch is a "
+     "few beats long and starts the same way in the trace: the frames read in a beat dip (312 "
+     "instead of 440), then burst (577-598), and the clock wakes for the release 10-50 ms late "
+     "while the session actors work through the burst. A control run of 0f0dff2 right after, on "
+     "the same machine, had one such stretch (wake 12.7 ms late, p99 119.7), and the earlier run "
+     "of the same tree none (p99 118.1). Between the two trees nothing on the per-frame path "
+     "changed (node, session table and actors are identical; the clock only adds a test of an "
+     "empty set per beat), so the spread is the host's: at 220 sessions the node's single event "
+     "loop has too little slack to absorb a caller-side burst. Moving the release off the event "
+     "loop is the fix this points to."),
     ("checks", "What the parity rows mean",
      ("graph-check-h200.json",),
      "fp32, tiny config: the graph backend's text, function and transcript tokens equal the "
