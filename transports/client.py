@@ -3,6 +3,13 @@
 Every bridge, the WAV client and the benchmark use it. Node messages are parsed with the same
 schema module as the node's and dispatched to a bounded event queue per session.
 
+Liveness (docs/PROTOCOL.md): the client pings the node every heartbeat (and each session that
+sent nothing in that time, so a quiet session is not taken as idle). When its connection comes
+back after a drop (the socket monitor sees a new handshake), or the node says a session is
+detached, it sends `resume` with the session's token; on `resumed` it sends again the audio the
+node did not get, from a replay buffer of recent messages. The application sees none of this
+beyond `ClientSession.resumes`.
+
     async with NodeClient("tcp://127.0.0.1:5555") as client:
         s = await client.open("call-1", sample_rate=16000, format="pcm_f32le")
         await s.send_audio(pcm_bytes)
@@ -24,6 +31,9 @@ from transports import zsock
 
 EVENT_QUEUE = 4096          # events a session buffers for a slow consumer before dropping
 SEND_TIMEOUT_S = 10.0       # how long a send may wait for a node to take it
+HEARTBEAT_S = 1.0           # until a node's `opened` says otherwise
+REPLAY = 128                # audio messages kept per session to send again after a resume
+RESUME_RETRY_S = 0.5        # a session asks to resume at most this often
 
 
 @dataclass
@@ -83,11 +93,34 @@ class ClientSession:
         self.dropped_events = 0
         self.seq = 0
         self.closed: Closed | None = None
+        self.token: str | None = opened.get("token")
+        self.resumes = 0                    # times the node rebound this session to us
+        self._replay: collections.deque[tuple[int, list[bytes]]] = collections.deque(maxlen=REPLAY)
+        self._last_sent = 0.0
+        self._resume_asked = -1e9
 
     async def send_audio(self, payload: bytes, seq: int | None = None) -> None:
         if seq is None:
             seq, self.seq = self.seq, self.seq + 1
-        await self.client.send(P.pack("audio", self.id, payload, seq=seq))
+        frames = P.pack("audio", self.id, payload, seq=seq)
+        self._replay.append((seq, frames))
+        self._last_sent = asyncio.get_running_loop().time()
+        await self.client.send(frames)
+
+    def _ask_resume(self) -> None:
+        now = asyncio.get_running_loop().time()
+        if self.closed is not None or now - self._resume_asked < RESUME_RETRY_S:
+            return
+        self._resume_asked = now
+        self.client._send_soon(P.pack("resume", self.id, token=self.token))
+
+    def _resumed(self, seq: int) -> None:
+        """Send again what the node has not heard: audio from `seq` on, still in the buffer."""
+        self.resumes += 1
+        self._resume_asked = -1e9
+        for s, frames in list(self._replay):
+            if s >= seq:
+                self.client._send_soon(frames)
 
     async def function_result(self, call_id: str, output: str) -> None:
         await self.client.send(P.pack("function_result", self.id, call_id=call_id, output=output))
@@ -135,6 +168,8 @@ class NodeClient:
         # errors about no session, or about unknown ones; bounded: a chatty node cannot grow us
         self.orphan_errors: collections.deque[Error] = collections.deque(maxlen=256)
         self._reader: asyncio.Task | None = None
+        self._pinger: asyncio.Task | None = None
+        self._handshakes = 0
         self._monitor: asyncio.Task | None = None
         self._monitor_sock: zmq.Socket | None = None
         self._send_lock = asyncio.Lock()
@@ -150,17 +185,17 @@ class NodeClient:
 
     def connect(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._curve:
-            # Attached before connecting: a refusal of the first handshake is not missed.
-            mon = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                                               | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-            self._monitor_sock = mon
-            self._monitor = loop.create_task(self._watch_handshakes(mon))
+        # Attached before connecting: a refusal of the first handshake is not missed.
+        mon = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                           | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        self._monitor_sock = mon
+        self._monitor = loop.create_task(self._watch_handshakes(mon))
         self.sock.connect(self.endpoint)
         self._reader = loop.create_task(self._read_loop())
+        self._pinger = loop.create_task(self._heartbeats())
 
     async def aclose(self) -> None:
-        for task in (self._reader, self._monitor):
+        for task in (self._reader, self._monitor, self._pinger):
             if task:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -182,6 +217,37 @@ class NodeClient:
             except asyncio.TimeoutError:
                 raise NodeUnavailable(self._why_unavailable()) from None
 
+    def _send_soon(self, frames: list[bytes]) -> None:
+        """A send from a callback: now if the socket has room, else from a task."""
+        try:
+            self._tx.send(frames)
+        except zmq.Again:
+            task = asyncio.get_running_loop().create_task(self._send_quietly(frames))
+            task.add_done_callback(lambda t: t.exception())
+        except zmq.ZMQError:
+            pass                                  # closed: nothing more to say
+
+    async def _send_quietly(self, frames: list[bytes]) -> None:
+        try:
+            await self.send(frames)
+        except (NodeUnavailable, zmq.ZMQError):
+            pass
+
+    async def _heartbeats(self) -> None:
+        """Paranoid Pirate, client side: something reaches the node every heartbeat while we
+        hold sessions, and every session that sent nothing in that time pings in its name."""
+        while True:
+            period = min((s.opened.get("heartbeat_ms", 1000 * HEARTBEAT_S) / 1000
+                          for s in self.sessions.values()), default=HEARTBEAT_S)
+            await asyncio.sleep(period)
+            if not self.sessions:
+                continue
+            now = asyncio.get_running_loop().time()
+            self._send_soon(P.pack("ping"))
+            for s in list(self.sessions.values()):
+                if now - s._last_sent >= period:
+                    self._send_soon(P.pack("ping", s.id))
+
     def _why_unavailable(self) -> str:
         if self.auth_failed:
             return "unauthorized: the node refused this client's CURVE key"
@@ -194,6 +260,11 @@ class NodeClient:
         try:
             while True:
                 ev = await recv_monitor_message(mon)
+                if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._handshakes += 1
+                    if self._handshakes > 1:           # back after a drop: rebind our sessions
+                        for s in list(self.sessions.values()):
+                            s._ask_resume()
                 self.auth_failed = ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 if self.auth_failed:
                     for fut in self._pending_open.values():
@@ -243,9 +314,17 @@ class NodeClient:
     def _dispatch(self, msg: P.Message) -> None:
         h, sid = msg.header, msg.session
         if msg.type == "pong":
-            fut = self._pongs.pop(h.get("nonce"), None)
+            fut = self._pongs.pop(h.get("nonce"), None) if sid is None else None
             if fut and not fut.done():
                 fut.set_result(None)
+            return
+        if msg.type == "heartbeat":
+            return
+        if msg.type == "resumed" and sid in self.sessions:
+            self.sessions[sid]._resumed(h.get("seq", 0))
+            return
+        if msg.type == "error" and h.get("code") == P.DETACHED and sid in self.sessions:
+            self.sessions[sid]._ask_resume()
             return
         pending = self._pending_open.get(sid) if sid else None
         if msg.type == "opened" and pending is None and sid not in self.sessions:

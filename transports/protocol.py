@@ -15,6 +15,11 @@ import msgpack
 VERSION = 1
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 1 << 20          # 1 MiB of audio in one message is ~5 s of 48 kHz f32
+# The transport's own guard against memory exhaustion: a frame past this makes ZMQ drop the
+# connection (nothing can be answered). Between the protocol limits above and this one, a
+# message is read and answered `too_large`; the connection and its sessions live on.
+TRANSPORT_MAX_BYTES = 64 << 20
+TOKEN_BYTES = 16                     # a resume token's entropy (sent as 32 hex chars)
 MAX_INSTRUCTIONS = 32 * 1024
 MAX_TOOLS = 16
 SESSION_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -23,8 +28,9 @@ SAMPLE_RATES = (8000, 16000, 22050, 24000, 48000)
 FORMATS = ("pcm_s16le", "pcm_f32le", "pcmu", "pcma")
 BYTES_PER_SAMPLE = {"pcm_s16le": 2, "pcm_f32le": 4, "pcmu": 1, "pcma": 1}
 
-CLIENT_TYPES = ("open", "audio", "function_result", "close", "ping")
-NODE_TYPES = ("opened", "refused", "audio", "text", "function_call", "closed", "error", "pong")
+CLIENT_TYPES = ("open", "audio", "function_result", "close", "ping", "resume")
+NODE_TYPES = ("opened", "refused", "audio", "text", "function_call", "closed", "error", "pong",
+              "resumed", "heartbeat")
 REFUSE_REASONS = ("capacity", "duplicate", "invalid", "unauthorized", "draining")
 
 # Stable error codes (the `code` field of `error`).
@@ -39,6 +45,7 @@ TOO_LARGE = "too_large"
 FORBIDDEN = "forbidden"
 OVERLOADED = "overloaded"
 INTERNAL = "internal"
+DETACHED = "detached"                # the session is bound to another connection: resume it
 
 
 class ProtocolError(Exception):
@@ -95,7 +102,8 @@ def parse(frames: list[bytes], types: tuple[str, ...] = CLIENT_TYPES) -> Message
     session = header.get("session")
     if session is not None and not (isinstance(session, str) and SESSION_RE.fullmatch(session)):
         raise ProtocolError(BAD_HEADER, "session must be 1-64 chars of A-Za-z0-9_.-")
-    if header.get("v") != VERSION:
+    version = header.get("v")
+    if type(version) is not int or version != VERSION:     # not True, 1.0 or "1"
         raise ProtocolError(BAD_VERSION, f"protocol version must be {VERSION}", session)
     type_ = header.get("type")
     if type_ not in types:
@@ -184,5 +192,19 @@ def _check_close(msg: Message) -> None:
     _no_payload(msg)
 
 
+def _check_ping(msg: Message) -> None:
+    _no_payload(msg)
+
+
+def _check_resume(msg: Message) -> None:
+    _need_session(msg)
+    _no_payload(msg)
+    token = msg.header.get("token")
+    if token is not None and not (isinstance(token, str) and len(token) <= 2 * TOKEN_BYTES):
+        raise ProtocolError(BAD_HEADER, f"resume: token must be a str of at most "
+                                        f"{2 * TOKEN_BYTES} chars", msg.session)
+
+
 _CHECKS = {"open": _check_open, "audio": _check_audio,
-           "function_result": _check_function_result, "close": _check_close}
+           "function_result": _check_function_result, "close": _check_close,
+           "ping": _check_ping, "resume": _check_resume}

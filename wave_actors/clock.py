@@ -143,7 +143,8 @@ class BeatClockActor(Actor):
         self.policy = policy
         self._deliver = deliver
         opts = executor.options
-        self.table = SessionTable(executor.max_sessions, epoch, policy.prebuffer, policy.max_queue)
+        self.table = SessionTable(executor.max_sessions, epoch, policy.prebuffer, policy.max_queue,
+                                  policy.shedding)
         self.book = SlotBook(executor.max_sessions, executor.start_shape, start_policy,
                              opts.frames_per_session, opts.context_hold)
         self.stats = ClockStats()

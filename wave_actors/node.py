@@ -2,9 +2,18 @@
 runs one SessionActor per session and one BeatClockActor, under a one_for_one supervisor.
 
 The node keeps one map: a client's (identity, session id) → its route (the session's handle,
-its actor, the key that opened it). Slots, generations and liveness belong to the clock's
-session table; the node holds handles and asks. If the supervisor gives up on the clock
-(restarts too often), the node drains and `failed` says why: the CLI then exits non-zero.
+its actor, the key that opened it, the connection it is bound to, its resume token). Slots,
+generations and model liveness belong to the clock's session table; the node holds handles and
+asks. If the supervisor gives up on the clock (restarts too often), the node drains and `failed`
+says why: the CLI then exits non-zero.
+
+Client liveness (the Paranoid Pirate pattern): a session follows the connection that opened or
+last resumed it (`gatekeeper.py` numbers connections). It is detached — its outputs held or
+counted, its inputs refused — when that connection is gone (a send finds no peer, a probe at a
+new connection finds none, or the client sent nothing for `heartbeat_liveness` heartbeats), and
+never closed by one failed send. A detached session resumes with `resume` (its token, or the
+CURVE key that opened it) within `resume_grace_s`, else it closes. A session that hears nothing
+of its own (audio, a function result, a ping naming it) for `idle_timeout_s` closes too.
 
 The front (this module) owns the public socket: it parses every message with `protocol.parse`,
 answers malformed input with `error` (never crashing, never touching another session), rate-limits
@@ -14,13 +23,17 @@ until SIGINT/SIGTERM, then drains: new opens are refused, every session gets `cl
 from __future__ import annotations
 
 import asyncio
+import collections
+import hmac
 import logging
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
+import zmq.auth
 
 from transports import protocol as P
 from transports import zsock
@@ -30,6 +43,8 @@ from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.jitter import CapacityError
 from wave_actors.core.start_policy import StartPolicy
 from wave_actors.core.timebase import Clock
+from wave_actors.flood import FloodGate, FloodPolicy
+from wave_actors.gatekeeper import CONN_PROPERTY, DOMAIN, Gatekeeper
 from wave_actors.metrics import NodeMetrics
 from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
 from wave_actors.session import (AudioIn, BeatOut, Close, FunctionResult, SessionActor,
@@ -37,6 +52,9 @@ from wave_actors.session import (AudioIn, BeatOut, Close, FunctionResult, Sessio
 
 log = logging.getLogger("wave.node")
 SEND_TIMEOUT_S = 5.0
+HELD_MAX = 256              # messages other than audio kept for a detached session
+RECENTLY_CLOSED = 1024      # closed sessions whose stats a resume can still fetch
+CLOSE_LINGER_MS = 500       # the last `closed`/`refused` replies get this long to leave at exit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,25 +63,32 @@ class NodeConfig:
     max_sessions: int = 8
     clock_policy: ClockPolicy = field(default_factory=ClockPolicy)
     start_policy: StartPolicy | None = None     # None: the executor's default
-    idle_timeout_s: float = 10.0         # a client silent this long is gone
+    idle_timeout_s: float = 10.0         # a session that hears nothing of its own this long ends
+    heartbeat_s: float = 1.0             # a client sends something at least this often
+    heartbeat_liveness: int = 3          # heartbeats missed before its sessions are detached
+    resume_grace_s: float = 5.0          # a detached session waits this long for `resume`
     start_timeout_s: float = 60.0        # an admitted session's start (prefill) must end by then
     curve_keys: str | None = None        # directory: server.key_secret + clients/*.key
     metrics_port: int | None = None
     clock_endpoint: str = "inproc://wave-clock"
-    flood_rate: float = 500.0            # messages/s per client and per live session of it
-    flood_burst: float = 1000.0
+    flood: FloodPolicy = field(default_factory=FloodPolicy)
     keep_records: bool = True            # keep every beat's record (bench, tests)
+
+    def __post_init__(self) -> None:
+        if min(self.idle_timeout_s, self.heartbeat_s, self.resume_grace_s) <= 0 \
+                or self.heartbeat_liveness < 1:
+            raise ValueError("idle_timeout_s, heartbeat_s and resume_grace_s must be > 0 and "
+                             "heartbeat_liveness >= 1")
+
+    @property
+    def silence_limit_s(self) -> float:
+        """A client heard from nothing for this long is taken to be gone."""
+        return self.heartbeat_s * self.heartbeat_liveness
 
 
 def _zero_stats() -> dict:
-    return {"frames_in": 0, "frames_out": 0, "underruns": 0, "dropped": 0, "late_beats": 0}
-
-
-@dataclass
-class _Bucket:
-    tokens: float
-    stamp: float
-    warned: float = -1e9
+    return {"frames_in": 0, "frames_out": 0, "underruns": 0, "dropped": 0, "late_beats": 0,
+            "dropped_in": 0, "dropped_out": 0}
 
 
 @dataclass
@@ -75,18 +100,38 @@ class NodeCounters:
     opened: int = 0
     closed: int = 0
     crashed: int = 0
+    detached: int = 0                   # sessions detached from their connection
+    resumed: int = 0
+    held_lost: int = 0                  # messages for detached sessions past HELD_MAX
+
+
+@dataclass
+class _Peer:
+    """A routing identity as last heard: on which connection, when, from which sender."""
+    conn: str
+    heard: float
 
 
 @dataclass(eq=False)
 class _Route:
     """One client session, from its `open` until it is forgotten."""
-    identity: bytes
+    identity: bytes                     # where its messages go while it is bound
     session: str
     owner_key: str | None               # the CURVE key that opened it (None without CURVE)
+    sender: str                         # its flood-limit key (CURVE key or network address)
+    conn: str                           # the connection it is bound to
+    token: str = field(default_factory=lambda: secrets.token_hex(P.TOKEN_BYTES))
     handle: Handle | None = None        # once admitted
     actor: SessionActor | None = None   # once opened
     ready: asyncio.Future | None = None     # while its start runs
     cancelled: bool = False             # closed by its client before `opened`
+    detached_at: float | None = None    # None while bound to `conn`
+    last_heard: float = 0.0             # its last audio, function result or ping
+    held: collections.deque = field(default_factory=collections.deque)  # while detached
+
+    @property
+    def child(self) -> str:
+        return f"session:{self.token}"
 
 
 class Node:
@@ -100,18 +145,22 @@ class Node:
         self.supervisor = Supervisor()
         self.start_policy = cfg.start_policy or executor.default_start_policy()
         self.routes: dict[tuple[bytes, str], _Route] = {}
-        self._sessions_of: dict[bytes, int] = {}            # live sessions per client
+        self._by_token: dict[str, _Route] = {}
+        self._recently_closed: collections.OrderedDict[str, tuple[str, str | None, dict]] = \
+            collections.OrderedDict()                   # token → (session, key, stats)
+        self._sessions_of: dict[str, int] = {}          # live sessions per sender
+        self.peers: dict[bytes, _Peer] = {}
+        self.flood = FloodGate(cfg.flood)
         self._clock_incarnation = 0
         self._underruns_reported = 0
-        self._last_seen: dict[bytes, float] = {}
-        self._buckets: dict[bytes, _Bucket] = {}
         self.draining = False
         self._drain_begun = False
         self.failed: str | None = None      # why the node stopped itself (supervisor gave up)
         self.stopped = asyncio.Event()      # drained, by a signal or by failure
         self.sock: zmq.asyncio.Socket | None = None
-        self._auth = None
+        self.gatekeeper: Gatekeeper | None = None
         self._tasks: list[asyncio.Task] = []
+        self._opens: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
 
     @property
@@ -130,25 +179,38 @@ class Node:
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
+        cfg = self.cfg
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A bridge that reconnects under its identity takes its sessions over at once; with
-        # CURVE, each session still answers only to the key that opened it.
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # No ROUTER_HANDOVER: a connection cannot take the routing identity of a live one.
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 10_000)
         self.sock.setsockopt(zmq.SNDHWM, 10_000)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_PAYLOAD_BYTES + P.MAX_HEADER_BYTES)
-        if self.cfg.curve_keys:
-            await self._setup_curve(Path(self.cfg.curve_keys))
-        self.sock.bind(self.cfg.bind)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, P.TRANSPORT_MAX_BYTES)
+        # ZMTP heartbeats end a half-open connection (a peer gone without a FIN), so the
+        # client's reconnect under its identity is not refused as a duplicate for long.
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, int(1000 * cfg.heartbeat_s))
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(1000 * cfg.silence_limit_s))
+        self.sock.setsockopt(zmq.ZAP_DOMAIN, DOMAIN)
+        curve = Path(cfg.curve_keys) if cfg.curve_keys else None
+        self.gatekeeper = Gatekeeper(self.ctx, self._probe_bound, curve / "clients" if curve else None)
+        self.gatekeeper.start()
+        if curve is not None:
+            public, secret = zmq.auth.load_certificate(curve / "server.key_secret")
+            if secret is None:
+                raise ValueError(f"{curve / 'server.key_secret'} holds no secret key")
+            self.sock.curve_secretkey = secret
+            self.sock.curve_publickey = public
+            self.sock.curve_server = True
+        self.sock.bind(cfg.bind)
         self._tx = zsock.Tx(self.sock)
         self.supervisor.start_child(ChildSpec("clock", self._make_clock, Restart.PERMANENT,
                                               self._clock_crashed))
-        if self.cfg.metrics_port:
-            self.metrics.serve(self.cfg.metrics_port)
+        if cfg.metrics_port:
+            self.metrics.serve(cfg.metrics_port)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._recv_loop()))
+        self._tasks.append(loop.create_task(self._watch_liveness()))
         self._watcher = loop.create_task(self._watch_supervisor())
         self._update_gauges()
 
@@ -170,33 +232,24 @@ class Node:
 
     async def _clock_crashed(self, clock: BeatClockActor, exc: BaseException) -> None:
         """The slot table died with the clock: every live session ends, with an error."""
-        for actor in list(self.sessions.values()):
-            self._error(actor.cfg.identity, P.INTERNAL, f"engine restarted after a fault: "
-                        f"{type(exc).__name__}", actor.cfg.session)
+        for route in list(self.routes.values()):
+            if route.actor is None:
+                continue
+            self._send_route(route, P.error_frames(
+                P.INTERNAL, f"engine restarted after a fault: {type(exc).__name__}", route.session))
             try:
-                actor.tell(Close("crash"))
+                route.actor.tell(Close("crash"))
             except (ActorStopped, MailboxFull):
                 pass
-
-    async def _setup_curve(self, keydir: Path) -> None:
-        import zmq.auth
-        from zmq.auth.asyncio import AsyncioAuthenticator
-        public, secret = zmq.auth.load_certificate(keydir / "server.key_secret")
-        if secret is None:
-            raise ValueError(f"{keydir / 'server.key_secret'} holds no secret key")
-        self._auth = AsyncioAuthenticator(self.ctx)
-        self._auth.start()
-        self._auth.configure_curve(domain="*", location=str(keydir / "clients"))
-        self.sock.curve_secretkey = secret
-        self.sock.curve_publickey = public
-        self.sock.curve_server = True
 
     @property
     def endpoint(self) -> str:
         return self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     async def drain(self, timeout: float = 5.0) -> None:
-        """Refuse new sessions, close every live one with `closed`, stop the actors."""
+        """Refuse new sessions, close every live one with `closed`, stop the actors. The front
+        keeps reading until the socket closes, so an `open` sent meanwhile is answered
+        `refused draining`, and the last replies get CLOSE_LINGER_MS to leave."""
         if self._drain_begun:                           # a second caller waits for the first
             await self.stopped.wait()
             return
@@ -204,14 +257,13 @@ class Node:
         for route in list(self.routes.values()):
             if route.ready is not None and not route.ready.done():
                 route.ready.cancel()                     # their openers answer `draining`
-        actors = list(self.sessions.values())
-        for actor in actors:
+        for actor in list(self.sessions.values()):
             try:
                 actor.tell(Close("drain"))
             except (ActorStopped, MailboxFull):
                 pass
         deadline = self.clock.now() + timeout
-        while self.sessions and self.clock.now() < deadline:
+        while (self.sessions or self._opens) and self.clock.now() < deadline:
             await asyncio.sleep(0.02)
         for task in self._tasks:
             task.cancel()
@@ -219,23 +271,24 @@ class Node:
         if self._watcher is not None and self._watcher is not asyncio.current_task():
             self._watcher.cancel()
         await self.supervisor.stop_all()
-        if self._auth:
-            self._auth.stop()
-        self.sock.close(0)
+        if self.gatekeeper is not None:
+            await self.gatekeeper.stop()
+        self.sock.close(CLOSE_LINGER_MS)
         self.stopped.set()
 
     # -- outbound ---------------------------------------------------------------------------------
     def send(self, identity: bytes, frames: list[bytes], droppable: bool = False) -> bool:
         """Send to a client without blocking the node. A client that is not reading loses
         `droppable` messages (audio, counted); anything else waits for it in a task, bounded
-        by SEND_TIMEOUT_S. False when the message did not go out now."""
+        by SEND_TIMEOUT_S. False when the message did not go out now. A peer that is not
+        connected detaches its sessions (it may come back): nothing is closed by a send."""
         try:
             self._tx.send([identity, *frames])
             return True
         except zmq.ZMQError as exc:
             unreachable = exc.errno == zmq.EHOSTUNREACH
         if unreachable:
-            self._client_lost(identity)
+            self._detach_identity(identity, "unreachable")
             self.metrics.drops.labels("client_gone").inc()
             return False
         if droppable:
@@ -244,6 +297,18 @@ class Node:
         task = asyncio.get_running_loop().create_task(self._send_later(identity, frames))
         self._tasks.append(task)
         task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+        return False
+
+    def _send_route(self, route: _Route, frames: list[bytes], droppable: bool = False) -> bool:
+        """A session's message to its client: to the connection it is bound to, or, while it is
+        detached, held for its resume (audio is not held: it is counted by the caller)."""
+        if route.detached_at is None:
+            return self.send(route.identity, frames, droppable)
+        if not droppable:
+            if len(route.held) < HELD_MAX:
+                route.held.append(frames)
+            else:
+                self.counters.held_lost += 1
         return False
 
     async def _send_later(self, identity: bytes, frames: list[bytes]) -> None:
@@ -262,13 +327,62 @@ class Node:
         self.metrics.refusals.labels(reason).inc()
         self.send(identity, P.pack("refused", session, reason=reason, message=message))
 
-    def _client_lost(self, identity: bytes) -> None:
-        for (ident, _sid), actor in self.sessions.items():
-            if ident == identity and not actor.closing:
-                try:
-                    actor.tell(Close("lost"))
-                except (ActorStopped, MailboxFull):
-                    pass
+    # -- liveness ---------------------------------------------------------------------------------
+    def _detach(self, route: _Route, why: str) -> None:
+        if route.detached_at is not None or route.actor is None or route.actor.closing:
+            return
+        route.detached_at = self.clock.now()
+        self.counters.detached += 1
+        log.info("session %s detached (%s)", route.session, why)
+
+    def _detach_identity(self, identity: bytes, why: str, keep_conn: str | None = None) -> None:
+        for route in list(self.routes.values()):
+            if route.identity == identity and route.conn != keep_conn:
+                self._detach(route, why)
+
+    def _probe_bound(self) -> None:
+        """A connection is about to be attached: every routing identity with bound sessions is
+        probed, so one whose connection is gone detaches its sessions before the newcomer can
+        take its identity (gatekeeper.py)."""
+        bound = {r.identity for r in self.routes.values()
+                 if r.actor is not None and r.detached_at is None}
+        for identity in bound:
+            self.send(identity, P.pack("heartbeat"), droppable=True)
+
+    async def _watch_liveness(self) -> None:
+        cfg = self.cfg
+        period = min(cfg.heartbeat_s, cfg.resume_grace_s, cfg.idle_timeout_s) / 4
+        while True:
+            await self.clock.sleep(period)
+            now = self.clock.now()
+            for route in list(self.routes.values()):
+                actor = route.actor
+                if actor is None or actor.closing:
+                    continue
+                if route.detached_at is None:
+                    peer = self.peers.get(route.identity)
+                    if peer is None or now - peer.heard > cfg.silence_limit_s:
+                        self._detach(route, "silent")
+                    elif now - route.last_heard > cfg.idle_timeout_s:
+                        self._tell_close(actor, "idle")
+                elif now - route.detached_at > cfg.resume_grace_s:
+                    self._tell_close(actor, "lost")
+            self._forget_quiet_peers(now)
+
+    def _forget_quiet_peers(self, now: float) -> None:
+        if len(self.peers) <= 4 * self.executor.max_sessions:
+            return
+        owners = {r.identity for r in self.routes.values()}
+        for identity in [i for i, p in self.peers.items()
+                         if i not in owners and now - p.heard > self.cfg.silence_limit_s]:
+            del self.peers[identity]
+
+    @staticmethod
+    def _tell_close(actor: SessionActor, reason: str) -> None:
+        try:
+            actor.tell(Close(reason))
+        except (ActorStopped, MailboxFull):
+            pass
 
     # -- inbound ----------------------------------------------------------------------------------
     async def _recv_loop(self) -> None:
@@ -281,21 +395,42 @@ class Node:
                     log.exception("front: unexpected failure handling a message")
                     self.metrics.errors.labels(P.INTERNAL).inc()
 
+    @staticmethod
+    def _property(frame, name: str) -> str | None:
+        try:
+            return frame.get(name)
+        except zmq.ZMQError:            # not carried (inproc has no handshake)
+            return None
+
     def _on_frames(self, raw: list) -> None:
         identity = raw[0].bytes
-        user_key = raw[0].get("User-Id") if self.cfg.curve_keys else None
+        head = raw[0]
+        user_key = self._property(head, "User-Id") if self.cfg.curve_keys else None
+        conn = self._property(head, CONN_PROPERTY) or ""
+        sender = user_key or self._property(head, "Peer-Address") or identity.hex()
         now = self.clock.now()
-        self._last_seen[identity] = now
+        peer = self.peers.get(identity)
+        if peer is None:
+            self.peers[identity] = _Peer(conn, now)
+        else:
+            if peer.conn != conn:           # the identity reconnected: its sessions wait for resume
+                self._detach_identity(identity, "reconnected", keep_conn=conn)
+                peer.conn = conn
+            peer.heard = now
         try:
             msg = P.parse([f.bytes for f in raw[1:]])
         except P.ProtocolError as exc:
-            if self._admit_rate(identity, now):
+            if self._admit_rate(identity, sender, now):
                 self._reply_protocol_error(identity, exc)
             return
         # `close` is never rate-limited: shedding load must not keep a session alive.
-        if msg.type != "close" and not self._admit_rate(identity, now):
+        if msg.type != "close" and not self._admit_rate(identity, sender, now):
+            if msg.type == "audio":
+                route = self.routes.get((identity, msg.session))
+                if route is not None and route.actor is not None and route.conn == conn:
+                    route.actor.count_flooded(msg.payload)
             return
-        getattr(self, f"_on_{msg.type}")(identity, user_key, msg)
+        getattr(self, f"_on_{msg.type}")(identity, user_key, conn, sender, msg)
 
     def _reply_protocol_error(self, identity: bytes, exc: P.ProtocolError) -> None:
         if exc.msg_type == "open" and exc.session:
@@ -306,40 +441,32 @@ class Node:
         else:
             self._error(identity, exc.code, exc.message, exc.session)
 
-    def _admit_rate(self, identity: bytes, now: float) -> bool:
-        """Token bucket per client, sized by its live sessions (a bridge carrying 200 calls may
-        send 200 times what a single call does)."""
-        b = self._buckets.get(identity)
-        if b is None:
-            if len(self._buckets) > 10_000:        # forget quiet clients; bounded memory
-                self._prune(now)
-            b = self._buckets[identity] = _Bucket(self.cfg.flood_burst, now)
-        scale = 1 + self._sessions_of.get(identity, 0)
-        b.tokens = min(self.cfg.flood_burst * scale,
-                       b.tokens + (now - b.stamp) * self.cfg.flood_rate * scale)
-        b.stamp = now
-        if b.tokens >= 1.0:
-            b.tokens -= 1.0
-            return True
-        self.counters.flood_drops += 1
-        self.metrics.drops.labels("flood").inc()
-        if now - b.warned > 1.0:
-            b.warned = now
-            self._error(identity, P.OVERLOADED, "too many messages from this client; messages "
-                                                "are being dropped")
-        return False
+    def _admit_rate(self, identity: bytes, sender: str, now: float) -> bool:
+        ok, notice = self.flood.admit(sender, self._sessions_of.get(sender, 0), now)
+        if not ok:
+            self.counters.flood_drops += 1
+            self.metrics.drops.labels("flood").inc()
+            if notice is not None:
+                self._error(identity, P.OVERLOADED,
+                            f"too many messages from this sender: {notice} dropped since the "
+                            f"last notice (at most one notice every "
+                            f"{self.cfg.flood.notice_interval_s:g} s)")
+        return ok
 
-    def _prune(self, now: float) -> None:
-        live = {ident for ident, _ in self.sessions}
-        for ident in [i for i, b in self._buckets.items()
-                      if i not in live and now - b.stamp > self.cfg.idle_timeout_s]:
-            self._buckets.pop(ident, None)
-            self._last_seen.pop(ident, None)
+    def _on_ping(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
+        if msg.session is not None:
+            # A session's own heartbeat keeps it from idling. One naming a session that is not
+            # (or no longer) bound here refreshes nothing, and is answered all the same: a
+            # heartbeat racing its session's `close` is no error.
+            route = self.routes.get((identity, msg.session))
+            if route is not None and route.actor is not None and route.conn == conn \
+                    and route.owner_key == user_key and route.detached_at is None:
+                route.last_heard = self.clock.now()
+        self.send(identity, P.pack("pong", msg.session, nonce=msg.get("nonce")))
 
-    def _on_ping(self, identity: bytes, user_key, msg: P.Message) -> None:
-        self.send(identity, P.pack("pong", nonce=msg.get("nonce")))
-
-    def _session_for(self, identity: bytes, user_key, msg: P.Message) -> SessionActor | None:
+    def _bound_route(self, identity: bytes, user_key, conn: str, msg: P.Message) -> _Route | None:
+        """The opened session a message names, if this connection may drive it; else the
+        sender gets an error saying why, and None."""
         route = self.routes.get((identity, msg.session))
         actor = route.actor if route is not None else None
         if actor is None or actor.closing:
@@ -349,30 +476,78 @@ class Node:
         if route.owner_key != user_key:
             self._error(identity, P.FORBIDDEN, "this session belongs to another key", msg.session)
             return None
-        return actor
+        if route.detached_at is not None or route.conn != conn:
+            self._error(identity, P.DETACHED, "this session is detached from this connection; "
+                                              "send `resume` with its token", msg.session)
+            return None
+        route.last_heard = self.clock.now()
+        return route
 
-    def _on_audio(self, identity: bytes, user_key, msg: P.Message) -> None:
-        actor = self._session_for(identity, user_key, msg)
-        if actor is not None:
-            actor.tell(AudioIn(msg.header["seq"], msg.payload), MsgClass.AUDIO)
+    def _on_audio(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
+        route = self._bound_route(identity, user_key, conn, msg)
+        if route is not None:
+            route.actor.tell(AudioIn(msg.header["seq"], msg.payload), MsgClass.AUDIO)
 
-    def _on_function_result(self, identity: bytes, user_key, msg: P.Message) -> None:
-        actor = self._session_for(identity, user_key, msg)
-        if actor is not None:
-            self._tell_control(identity, actor, FunctionResult(msg.get("call_id"), msg.get("output")))
+    def _on_function_result(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
+        route = self._bound_route(identity, user_key, conn, msg)
+        if route is not None:
+            self._tell_control(identity, route.actor,
+                               FunctionResult(msg.get("call_id"), msg.get("output")))
 
-    def _on_close(self, identity: bytes, user_key, msg: P.Message) -> None:
+    def _on_close(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
         route = self.routes.get((identity, msg.session))
-        if route is not None and route.actor is None and route.owner_key == user_key:
+        if route is not None and route.actor is None and route.owner_key == user_key \
+                and route.conn == conn:
             # Closed before `opened`: its open stops (cancelling its start, freeing its slot)
             # and answers `closed`.
             route.cancelled = True
             if route.ready is not None and not route.ready.done():
                 route.ready.cancel()
             return None
-        actor = self._session_for(identity, user_key, msg)
-        if actor is not None:
-            self._tell_control(identity, actor, Close("client"))
+        route = self._bound_route(identity, user_key, conn, msg)
+        if route is not None:
+            self._tell_control(identity, route.actor, Close("client"))
+
+    def _on_resume(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
+        """Rebind a session to this connection: by its token, or under CURVE by the key that
+        opened it. A session that closed meanwhile answers with its `closed` stats."""
+        route = self._resumable(msg.session, msg.get("token"), user_key)
+        if route is None:
+            closed = self._recently_closed.get(msg.get("token") or "")
+            if closed is not None and closed[0] == msg.session and closed[1] == user_key:
+                self.send(identity, P.pack("closed", msg.session, stats=closed[2]))
+                return
+            self._error(identity, P.UNKNOWN_SESSION, f"no session {msg.session!r} to resume "
+                                                     "with this token or key", msg.session)
+            return
+        key = (identity, msg.session)
+        if self.routes.get(key, route) is not route:
+            self._error(identity, P.BAD_HEADER, f"session {msg.session!r} is already open on "
+                                                "this connection under another token",
+                        msg.session)
+            return
+        del self.routes[(route.identity, route.session)]
+        route.identity, route.conn = identity, conn
+        self.routes[key] = route
+        route.detached_at, route.last_heard = None, self.clock.now()
+        self.counters.resumed += 1
+        self.send(identity, P.pack("resumed", msg.session, seq=route.actor.expected_seq,
+                                   out_seq=route.actor.out_seq))
+        held, route.held = route.held, collections.deque()
+        for frames in held:
+            self.send(identity, frames)
+
+    def _resumable(self, session: str, token: str | None, user_key: str | None) -> _Route | None:
+        route = self._by_token.get(token) if token else None
+        if route is not None and not hmac.compare_digest(route.token, token):
+            route = None
+        if route is None and token is None and user_key is not None:
+            route = next((r for r in self.routes.values()
+                          if r.session == session and r.owner_key == user_key), None)
+        if route is None or route.session != session or route.owner_key != user_key \
+                or route.actor is None or route.actor.closing:
+            return None
+        return route
 
     def _tell_control(self, identity: bytes, actor: SessionActor, msg: Any) -> None:
         try:
@@ -381,34 +556,36 @@ class Node:
             self._error(identity, P.OVERLOADED, f"session cannot take messages: {exc}",
                         actor.cfg.session)
 
-    def _on_open(self, identity: bytes, user_key, msg: P.Message) -> None:
+    def _on_open(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
         key = (identity, msg.session)
         if self.draining:
             return self._refuse(identity, msg.session, "draining", "the node is shutting down")
         if key in self.routes:
             return self._refuse(identity, msg.session, "duplicate",
                                 f"session {msg.session!r} is already open on this connection")
-        route = self.routes[key] = _Route(identity, msg.session, user_key)
-        asyncio.get_running_loop().create_task(self._open(route, msg))
-
+        route = self.routes[key] = _Route(identity, msg.session, user_key, sender, conn)
+        task = asyncio.get_running_loop().create_task(self._open(route, msg))
+        self._opens.add(task)
+        task.add_done_callback(self._opens.discard)
     async def _open(self, route: _Route, msg: P.Message) -> None:
-        identity, key = route.identity, (route.identity, msg.session)
         h = msg.header
         clock = self.clock_actor
+        key = (route.identity, route.session)
         try:
             handle = await clock.ask(Admit(key, route, SessionSpec(h["instructions"], h["tools"])))
         except CapacityError as exc:
             self._drop_route(route)
-            return self._refuse(identity, msg.session, "capacity", str(exc))
+            return self._refuse(route.identity, msg.session, "capacity", str(exc))
         except (ActorStopped, asyncio.TimeoutError, AttributeError) as exc:
             self._drop_route(route)
-            return self._refuse(identity, msg.session, "capacity", f"node not ready: {exc!r}")
+            return self._refuse(route.identity, msg.session, "capacity",
+                                f"node not ready: {exc!r}")
         route.handle = handle
         # `opened` waits for the model's session start (prompt prefill, talker warm-up: beats on
         # a loaded GPU), so the client streams only once its audio is heard; audio sent before
         # would queue, overflow and be dropped.
         ready = route.ready = clock.when_ready(handle)
-        if route.cancelled and not ready.done():
+        if (route.cancelled or self.draining) and not ready.done():
             ready.cancel()
         try:
             await asyncio.wait({ready}, timeout=self.cfg.start_timeout_s)
@@ -419,41 +596,51 @@ class Node:
         if self.draining or refused or route.cancelled or not (answered and ready.result()):
             await self._free_slot(handle)
             self._drop_route(route)
-            if self.draining:
-                return self._refuse(identity, msg.session, "draining", "the node is shutting down")
-            if route.cancelled:                         # the client closed it while it started
-                self.send(identity, P.pack("closed", msg.session, stats=_zero_stats()))
-                return None
-            if refused:                                 # the device had no room for its start
-                return self._refuse(identity, msg.session, "capacity", str(refused))
-            if answered:                                # its clock went away mid-start
-                return self._refuse(identity, msg.session, "capacity",
-                                    "the engine restarted while the session was starting")
-            return self._refuse(identity, msg.session, "capacity",
-                                f"the model did not finish starting the session within "
-                                f"{self.cfg.start_timeout_s:.0f} s (node overloaded)")
-        cfg = SessionConfig(msg.session, identity, handle, h["sample_rate"], h["format"],
-                            h["output_sample_rate"], h["output_format"],
-                            clock.endpoint, self.cfg.idle_timeout_s)
+            return self._answer_failed_open(route, refused, answered)
+        cfg = SessionConfig(msg.session, handle, h["sample_rate"], h["format"],
+                            h["output_sample_rate"], h["output_format"], clock.endpoint)
+        route.last_heard = self.clock.now()
         route.actor = self.supervisor.start_child(ChildSpec(
-            f"session:{identity.hex()}:{msg.session}",
-            lambda: self._make_session(cfg), Restart.TEMPORARY, self._session_crashed))
-        self._sessions_of[identity] = self._sessions_of.get(identity, 0) + 1
+            route.child, lambda: self._make_session(cfg, route), Restart.TEMPORARY,
+            lambda actor, exc: self._session_crashed(route, actor, exc)))
+        self._by_token[route.token] = route
+        self._sessions_of[route.sender] = self._sessions_of.get(route.sender, 0) + 1
         self.counters.opened += 1
         self.metrics.opened.inc()
         self._update_gauges()
-        self.send(identity, P.pack("opened", msg.session, frame_ms=80, beat_ms=160,
-                                   output_sample_rate=cfg.output_sample_rate,
-                                   output_format=cfg.output_format, slot=handle.slot))
+        self.send(route.identity, P.pack(
+            "opened", msg.session, frame_ms=80, beat_ms=160,
+            output_sample_rate=cfg.output_sample_rate, output_format=cfg.output_format,
+            slot=handle.slot, token=route.token, heartbeat_ms=round(1000 * self.cfg.heartbeat_s),
+            resume_ms=round(1000 * self.cfg.resume_grace_s),
+            idle_ms=round(1000 * self.cfg.idle_timeout_s)))
+
+    def _answer_failed_open(self, route: _Route, refused, answered: bool) -> None:
+        identity, session = route.identity, route.session
+        if self.draining:
+            return self._refuse(identity, session, "draining", "the node is shutting down")
+        if route.cancelled:                         # the client closed it while it started
+            self.send(identity, P.pack("closed", session, stats=_zero_stats()))
+            return None
+        if refused:                                 # the device had no room for its start
+            return self._refuse(identity, session, "capacity", str(refused))
+        if answered:                                # its clock went away mid-start
+            return self._refuse(identity, session, "capacity",
+                                "the engine restarted while the session was starting")
+        return self._refuse(identity, session, "capacity",
+                            f"the model did not finish starting the session within "
+                            f"{self.cfg.start_timeout_s:.0f} s (node overloaded)")
 
     def _drop_route(self, route: _Route) -> None:
         if self.routes.get((route.identity, route.session)) is route:
             del self.routes[(route.identity, route.session)]
 
-    def _make_session(self, cfg: SessionConfig) -> SessionActor:
-        return SessionActor(cfg, self.ctx, self.send, self.executor.text_codec,
-                            self.executor.user_codec, self.clock, self._close_session,
-                            lambda identity: self._last_seen.get(identity, 0.0),
+    def _make_session(self, cfg: SessionConfig, route: _Route) -> SessionActor:
+        return SessionActor(cfg, self.ctx,
+                            lambda frames, droppable=False: self._send_route(route, frames,
+                                                                             droppable),
+                            self.executor.text_codec, self.executor.user_codec, self.clock,
+                            lambda actor, why: self._close_session(route, actor, why),
                             self._function_tokens,
                             output_turn=lambda: self.clock_actor.output_turn())
 
@@ -471,16 +658,23 @@ class Node:
         self.clock_actor.tell(FunctionTokens(actor.cfg.handle, ids))
 
     # -- closing ----------------------------------------------------------------------------------
-    async def _close_session(self, actor: SessionActor, why: Close) -> None:
+    async def _close_session(self, route: _Route, actor: SessionActor, why: Close) -> None:
         """Runs inside the session actor: free the slot, send `closed`, stop the actor."""
         if actor.closing:
             return
         actor.closing = True
+        await self._finish(route, actor, why.reason)
+        asyncio.get_running_loop().create_task(self.supervisor.stop_child(route.child))
+
+    async def _finish(self, route: _Route, actor: SessionActor, reason: str) -> None:
+        actor.take_queued_audio()
         stats = await self._release(actor)
-        self.send(actor.cfg.identity, P.pack("closed", actor.cfg.session, stats=stats))
-        self._forget(actor, why.reason)
-        asyncio.get_running_loop().create_task(
-            self.supervisor.stop_child(f"session:{actor.cfg.identity.hex()}:{actor.cfg.session}"))
+        # A detached session's `closed` waits for its client's resume (which fetches it).
+        self._send_route(route, P.pack("closed", route.session, stats=stats))
+        self._recently_closed[route.token] = (route.session, route.owner_key, stats)
+        while len(self._recently_closed) > RECENTLY_CLOSED:
+            self._recently_closed.popitem(last=False)
+        self._forget(route, reason)
 
     async def _free_slot(self, handle: Handle, stream_ended: bool = False):
         """The clock's stats of the session it frees, or None: a handle of an earlier clock
@@ -495,40 +689,42 @@ class Node:
         return stats
 
     async def _release(self, actor: SessionActor) -> dict:
+        """`closed.stats`, every count in 80 ms frames: `dropped` is the input frames never
+        heard (`dropped_in`) plus the output frames the client did not get (`dropped_out`)."""
         slot_stats = await self._free_slot(actor.cfg.handle, actor.end_stream())
         actor.flush_input()
-        c = actor.counters
         s = slot_stats
+        dropped_in = (s.dropped if s else 0) + actor.input_drops()
+        dropped_out = actor.counters.dropped_out
         return {"frames_in": s.frames_in if s else 0,
-                "frames_out": c.frames_sent,
+                "frames_out": actor.counters.frames_sent,
                 "underruns": s.underruns if s else 0,
-                "dropped": (s.dropped if s else 0) + actor.input_drops() + c.dropped_out,
-                "late_beats": s.late_beats if s else 0}
+                "dropped": dropped_in + dropped_out,
+                "late_beats": s.late_beats if s else 0,
+                "dropped_in": dropped_in, "dropped_out": dropped_out}
 
-    def _forget(self, actor: SessionActor, reason: str) -> None:
-        key = (actor.cfg.identity, actor.cfg.session)
-        route = self.routes.get(key)
-        if route is not None and route.actor is actor:
-            del self.routes[key]
-            left = self._sessions_of.get(actor.cfg.identity, 1) - 1
+    def _forget(self, route: _Route, reason: str) -> None:
+        self._drop_route(route)
+        if self._by_token.get(route.token) is route:
+            del self._by_token[route.token]
+            left = self._sessions_of.get(route.sender, 1) - 1
             if left > 0:
-                self._sessions_of[actor.cfg.identity] = left
+                self._sessions_of[route.sender] = left
             else:
-                self._sessions_of.pop(actor.cfg.identity, None)
+                self._sessions_of.pop(route.sender, None)
         self.counters.closed += 1
         self.metrics.closed.labels(reason).inc()
         self._update_gauges()
 
-    async def _session_crashed(self, actor: SessionActor, exc: BaseException) -> None:
+    async def _session_crashed(self, route: _Route, actor: SessionActor,
+                               exc: BaseException) -> None:
         self.counters.crashed += 1
         if actor.closing:
             return
         actor.closing = True
-        self._error(actor.cfg.identity, P.INTERNAL, f"session failed: {type(exc).__name__}",
-                    actor.cfg.session)
-        stats = await self._release(actor)
-        self.send(actor.cfg.identity, P.pack("closed", actor.cfg.session, stats=stats))
-        self._forget(actor, "crash")
+        self._send_route(route, P.error_frames(P.INTERNAL, f"session failed: "
+                                                           f"{type(exc).__name__}", route.session))
+        await self._finish(route, actor, "crash")
 
     # -- metrics ----------------------------------------------------------------------------------
     def _on_beat(self, rec: BeatRecord) -> None:

@@ -1,13 +1,19 @@
 """SessionActor: one per live conversation, between its client and the beat clock.
 
-Inbound: reorder `audio` by `seq` within a small window, decode the wire format, resample once to
-16 kHz (a streaming soxr resampler), cut 80 ms frames and send each, numbered and
-naming the session's handle, to the clock over ZMQ (inproc). Outbound: the clock puts each beat's outputs in this actor's mailbox; its two frames are resampled to the session's rate,
-encoded and sent as `audio`; text and user-transcript tokens are decoded incrementally into
-`text` deltas; function-channel tokens are parsed into `function_call`s.
+Inbound: reorder `audio` by `seq`, waiting a short time at most for a missing one
+(`ReorderBuffer`), decode the wire format, resample once to 16 kHz (a streaming soxr
+resampler), cut 80 ms frames and send each, numbered and naming the session's handle, to the
+clock over ZMQ (inproc). Outbound: the clock puts each beat's outputs in this actor's mailbox;
+its two frames are resampled to the session's rate, encoded and sent as `audio`; text and
+user-transcript tokens are decoded incrementally into `text` deltas; function-channel tokens are parsed into `function_call`s.
 
-Every input is accounted for: frames reach the clock, or are counted (`dropped_in` with a reason:
-duplicate or stale seq, seq gap, bad payload, mailbox overflow).
+Every input is accounted for: frames reach the clock, or are counted. Drops of every kind
+(duplicate or stale seq, seq gap, bad payload, mailbox overflow, flood limit, audio unheard at
+close) are summed in samples at the client's rate and reported as 80 ms frames (`input_drops`),
+so `closed.stats` counts frames whatever the client's message sizes were.
+
+The actor does not know where its client is: it sends through `send(frames, droppable)`, which
+the node routes to the connection the session is bound to (or holds while it is detached).
 """
 from __future__ import annotations
 
@@ -26,20 +32,25 @@ from transports import zsock
 from wave_actors.core.contract import NO_TOKEN, Handle, TextCodec
 from wave_actors.core.frames import IN_RATE, OUT_RATE, SAMPLES_IN
 from wave_actors.core.function_calls import FunctionCallParser, result_tokens
+from wave_actors.core.reorder import Released, ReorderBuffer
 from wave_actors.core.session_table import END_OF_STREAM, FRAME_HEADER
 from wave_actors.core.text import TextStream
 from wave_actors.core.timebase import Clock
-from wave_actors.runtime import Actor
+from wave_actors.runtime import Actor, ActorStopped
 
 log = logging.getLogger("wave.session")
 
-REORDER_WINDOW = 8          # messages held while waiting for a missing seq
 
 
 @dataclass
 class AudioIn:
     seq: int
     payload: bytes
+
+
+@dataclass
+class GapDue:
+    """A missing input seq's wait has run out (ReorderBuffer.deadline)."""
 
 
 @dataclass
@@ -62,51 +73,55 @@ class BeatOut:
 @dataclass
 class SessionCounters:
     messages_in: int = 0
+    samples_in: int = 0             # at the client's rate, in messages taken (not duplicates)
     reordered: int = 0
-    duplicates: int = 0
-    seq_gaps: int = 0               # seqs never received (skipped past the window)
-    bad_payloads: int = 0
+    duplicates: int = 0             # messages
+    seq_gaps: int = 0               # seqs never received (skipped)
+    bad_payloads: int = 0           # messages
     dropped_in_mailbox: int = 0     # audio messages the mailbox dropped under overload
+    flooded: int = 0                # audio messages the node's flood limit dropped
+    dropped_samples: int = 0        # every input drop above, in samples at the client's rate
     dropped_out: int = 0            # output frames the client could not take
     frames_sent: int = 0
     engine_unavailable: int = 0     # frames the clock could not take (it was restarting)
-    unheard_at_close: int = 0       # partial frames and held messages when the session closed
 
 
 @dataclass
 class SessionConfig:
     session: str
-    identity: bytes
     handle: Handle                  # the session in the clock's table
     sample_rate: int
     format: str
     output_sample_rate: int
     output_format: str
     clock_endpoint: str
-    idle_timeout_s: float = 10.0
+
+    @property
+    def frame_samples(self) -> float:
+        """Samples of one 80 ms frame at the client's rate."""
+        return self.sample_rate * SAMPLES_IN / IN_RATE
 
 
 class SessionActor(Actor):
     audio_cap = 256
 
     def __init__(self, cfg: SessionConfig, ctx: zmq.asyncio.Context,
-                 send_client: Callable[..., bool],
+                 send: Callable[..., bool],
                  text_codec: TextCodec, user_codec: TextCodec, clock: Clock,
                  on_close: Callable[["SessionActor", Close], Any],
-                 last_seen: Callable[[bytes], float],
                  on_function_tokens: Callable[["SessionActor", list[int]], None],
                  output_turn: Callable[[], Awaitable[None]] | None = None):
         super().__init__(f"session:{cfg.session}")
         self.cfg, self.ctx, self.clock = cfg, ctx, clock
-        self._send_client, self._on_close, self._last_seen = send_client, on_close, last_seen
+        self._send, self._on_close = send, on_close
         self._on_function_tokens = on_function_tokens
         self._handle = (cfg.handle.slot, cfg.handle.generation)
         self._output_turn = output_turn     # the clock's BeatClockActor.output_turn
         self._text_codec = text_codec
         self.counters = SessionCounters()
         self.mailbox.on_drop = self._count_mailbox_drop
-        self._expected_seq = 0
-        self._held: dict[int, bytes] = {}
+        self._reorder = ReorderBuffer()
+        self._gap_timer: asyncio.Task | None = None
         self._in_resampler = A.StreamResampler(cfg.sample_rate, IN_RATE)
         self._out_resampler = A.StreamResampler(OUT_RATE, cfg.output_sample_rate)
         self._pending = np.zeros(0, np.float32)
@@ -118,13 +133,31 @@ class SessionActor(Actor):
         self._user_text = TextStream(user_codec)
         self._calls = FunctionCallParser(text_codec, cfg.session)
         self._bps = P.BYTES_PER_SAMPLE[cfg.format]
-        self._last_input = 0.0
         self._sock: zmq.asyncio.Socket | None = None
-        self._watchdog: asyncio.Task | None = None
         self.closing = False
 
     def _count_mailbox_drop(self, msg: Any) -> None:
-        self.counters.dropped_in_mailbox += 1
+        if isinstance(msg, AudioIn):
+            self.counters.dropped_in_mailbox += 1
+            self._drop_samples(len(msg.payload))
+
+    def count_flooded(self, payload: bytes) -> None:
+        """An audio message of this session that the node's flood limit dropped."""
+        self.counters.flooded += 1
+        self._drop_samples(len(payload))
+
+    def _drop_samples(self, nbytes: int) -> None:
+        self.counters.dropped_samples += -(-nbytes // self._bps)
+
+    @property
+    def expected_seq(self) -> int:
+        """The next input `seq` this session waits for (what a resuming client sends next)."""
+        return self._reorder.next_seq
+
+    @property
+    def out_seq(self) -> int:
+        """The `seq` of the next output audio message."""
+        return self._out_seq
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -132,24 +165,12 @@ class SessionActor(Actor):
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self.cfg.clock_endpoint)
         self._tx = zsock.Tx(self._sock)
-        self._last_input = self.clock.now()
-        loop = asyncio.get_running_loop()
-        self._watchdog = loop.create_task(self._watch_idle())
 
     async def on_stop(self) -> None:
-        if self._watchdog:
-            self._watchdog.cancel()
+        if self._gap_timer is not None:
+            self._gap_timer.cancel()
         if self._sock is not None:
             self._sock.close(0)
-
-    async def _watch_idle(self) -> None:
-        """A client that vanished without `close`: no input and no ping for `idle_timeout_s`."""
-        while True:
-            await self.clock.sleep(min(1.0, self.cfg.idle_timeout_s / 4))
-            last = max(self._last_input, self._last_seen(self.cfg.identity))
-            if self.clock.now() - last > self.cfg.idle_timeout_s and not self.closing:
-                self.tell(Close("lost"))
-                return
 
     # -- messages ---------------------------------------------------------------------------------
     async def handle(self, msg: Any) -> Any:
@@ -159,6 +180,8 @@ class SessionActor(Actor):
             if self._output_turn is not None:    # not across a release: the beat goes first
                 await self._output_turn()
             self._on_beat(msg)
+        elif isinstance(msg, GapDue):
+            self._take(self._reorder.due(self.clock.now()))
         elif isinstance(msg, FunctionResult):
             self._on_function_tokens(self, result_tokens(self._text_codec, msg.output))
         elif isinstance(msg, Close):
@@ -168,33 +191,52 @@ class SessionActor(Actor):
 
     def _on_audio(self, msg: AudioIn) -> None:
         self.counters.messages_in += 1
-        self._last_input = self.clock.now()
-        if msg.seq < self._expected_seq or msg.seq in self._held:
-            self.counters.duplicates += 1
-            self._error(P.BAD_SEQ, f"seq {msg.seq} is a duplicate or arrived after its turn "
-                                   f"(expected {self._expected_seq}); dropped")
-            return
-        if msg.seq > self._expected_seq:
+        if msg.seq > self._reorder.next_seq:
             self.counters.reordered += 1
-            self._held[msg.seq] = msg.payload
-            if len(self._held) <= REORDER_WINDOW:
-                return
-            # The window is full: give up on the missing seqs and move on.
-            first = min(self._held)
-            self.counters.seq_gaps += first - self._expected_seq
-            self._expected_seq = first
-        else:
-            self._held[msg.seq] = msg.payload
-        while self._expected_seq in self._held:
-            self._ingest(self._held.pop(self._expected_seq))
-            self._expected_seq += 1
+        out = self._reorder.push(msg.seq, msg.payload, self.clock.now())
+        if out.rejected:
+            self.counters.duplicates += 1
+            self._drop_samples(len(msg.payload))
+            self._error(P.BAD_SEQ, f"seq {msg.seq} is a duplicate or arrived after its turn "
+                                   f"(expected {self._reorder.next_seq}); dropped")
+        self._take(out)
+
+    def _take(self, out: Released) -> None:
+        if out.n_skipped:
+            self._skip(out.n_skipped)
+        for payload in out.items:
+            self._ingest(payload)
+        deadline = self._reorder.deadline()
+        if deadline is not None and self._gap_timer is None:
+            self._gap_timer = asyncio.get_running_loop().create_task(self._gap_due(deadline))
+
+    async def _gap_due(self, deadline: float) -> None:
+        """A gap's wait ends at `deadline`: the mailbox gets `GapDue`, so the skip happens in
+        order with the session's other messages."""
+        await self.clock.sleep(max(0.0, deadline - self.clock.now()))
+        self._gap_timer = None
+        try:
+            self.tell(GapDue())
+        except ActorStopped:
+            pass
+
+    def _skip(self, missing: int) -> None:
+        """Seqs given up on: their audio is unknown, so each counts as a message of the mean
+        size taken so far (a frame when nothing was taken yet)."""
+        c = self.counters
+        c.seq_gaps += missing
+        taken = c.messages_in - c.duplicates - c.bad_payloads - self._reorder.held()
+        mean = c.samples_in / taken if taken > 0 and c.samples_in else self.cfg.frame_samples
+        c.dropped_samples += round(missing * mean)
 
     def _ingest(self, payload: bytes) -> None:
         if len(payload) % self._bps:
             self.counters.bad_payloads += 1
+            self._drop_samples(len(payload))
             self._error(P.BAD_PAYLOAD, f"audio payload of {len(payload)} bytes is not a whole "
                                        f"number of {self.cfg.format} samples; dropped")
             return
+        self.counters.samples_in += len(payload) // self._bps
         x = self._in_resampler(A.decode(payload, self.cfg.format))
         pending = np.concatenate([self._pending, x]) if len(self._pending) else x
         n = len(pending) // SAMPLES_IN
@@ -215,7 +257,7 @@ class SessionActor(Actor):
             self._send_audio(frame, self._out_resampler(pcm[f]))
             self._emit_text(frame, h["text"][f], h["user"][f])
             for call in self._calls.push(h["func"][f]):
-                self._send_client(self.cfg.identity, P.pack(
+                self._send(P.pack(
                     "function_call", self.cfg.session, call_id=call.call_id, name=call.name,
                     arguments=call.arguments))
             for problem in self._calls.take_errors():
@@ -228,7 +270,7 @@ class SessionActor(Actor):
         while len(self._out_pending) >= self._out_frame_len:
             chunk = self._out_pending[:self._out_frame_len]
             self._out_pending = self._out_pending[self._out_frame_len:]
-            ok = self._send_client(self.cfg.identity, P.pack(
+            ok = self._send(P.pack(
                 "audio", self.cfg.session, A.encode(chunk, self.cfg.output_format),
                 seq=self._out_seq, frame=frame), True)
             self._out_seq += 1
@@ -240,15 +282,15 @@ class SessionActor(Actor):
     def _emit_text(self, frame: int, text_token: int, user_tokens: list[int]) -> None:
         agent = self._agent_text.push([text_token])
         if agent:
-            self._send_client(self.cfg.identity, P.pack(
+            self._send(P.pack(
                 "text", self.cfg.session, channel="agent", frame=frame, text=agent))
         user = self._user_text.push([t for t in user_tokens if t != NO_TOKEN])
         if user:
-            self._send_client(self.cfg.identity, P.pack(
+            self._send(P.pack(
                 "text", self.cfg.session, channel="user", frame=frame, text=user))
 
     def _error(self, code: str, message: str) -> None:
-        self._send_client(self.cfg.identity, P.error_frames(code, message, self.cfg.session))
+        self._send(P.error_frames(code, message, self.cfg.session))
 
     def end_stream(self) -> bool:
         """Mark the end of this session's frames on its socket to the clock: the clock counts
@@ -262,19 +304,27 @@ class SessionActor(Actor):
             return False
         return True
 
+    def take_queued_audio(self) -> None:
+        """At close: audio messages the front queued before the close was handled are taken
+        now, so their frames reach the clock before its end-of-stream marker (or are counted)."""
+        for env in self.mailbox.drain():
+            if isinstance(env.msg, AudioIn):
+                self._on_audio(env.msg)
+
     def flush_input(self) -> None:
-        """At close: audio still inside the resampler or short of a whole frame will never be
-        heard. Count it (a started frame counts as one) instead of letting it vanish."""
+        """At close: audio still inside the resampler, short of a whole frame, or held for a
+        missing seq will never be heard. Counted in samples at the client's rate."""
         if self._in_resampler._stream is not None:
             tail = self._in_resampler(np.zeros(0, np.float32), last=True)
             self._pending = np.concatenate([self._pending, tail])
-        self.counters.unheard_at_close += -(-len(self._pending) // SAMPLES_IN)
+        c = self.counters
+        c.dropped_samples += round(len(self._pending) * self.cfg.sample_rate / IN_RATE)
         self._pending = np.zeros(0, np.float32)
-        held = sum(len(p) // self._bps for p in self._held.values())   # waiting for a missing seq
-        self.counters.unheard_at_close += -(-held * IN_RATE // (self.cfg.sample_rate * SAMPLES_IN))
-        self._held.clear()
+        c.dropped_samples += sum(len(p) // self._bps for p in self._reorder.take_held())
 
     def input_drops(self) -> int:
+        """Input frames lost on this side of the clock: dropped samples as whole 80 ms frames
+        (a started frame counts as one), and frames the clock could not take."""
         c = self.counters
-        return (c.duplicates + c.bad_payloads + c.dropped_in_mailbox + c.seq_gaps
-                + c.engine_unavailable + c.unheard_at_close)
+        return -(-c.dropped_samples * IN_RATE // (self.cfg.sample_rate * SAMPLES_IN)) \
+            + c.engine_unavailable

@@ -131,7 +131,7 @@ class NodeMachine(RuleBasedStateMachine):
         self._scan_trace()
         assert s.closed is not None, f"{name}: no `closed` after close/crash"
         st_ = s.closed.stats
-        assert set(st_) == {"frames_in", "frames_out", "underruns", "dropped", "late_beats"}
+        assert set(st_) >= {"frames_in", "frames_out", "underruns", "dropped", "late_beats"}
         # every frame sent was heard once, or counted; duplicates are counted as dropped
         assert st_["frames_in"] + st_["dropped"] == s.sent + s.duplicates, st_
         assert st_["frames_in"] == len(self.handed[s.no])

@@ -16,51 +16,11 @@ from transports import protocol as P
 from transports.client import Audio, Closed, Error, FunctionCall, NodeClient, Refused, Text
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.timebase import Clock
+from wave_actors.flood import FloodPolicy
 from wave_actors.node import Node, NodeConfig
+from tests.tcpkit import client_of, events_until, node_on_tcp, raw_dealer, reply
 
 FRAME_F32 = np.zeros(1280, np.float32).tobytes()
-
-
-@contextlib.asynccontextmanager
-async def node_on_tcp(max_sessions=2, backend=None, **cfg):
-    clock = Clock()
-    node = Node(NodeConfig(bind="tcp://127.0.0.1:0", max_sessions=max_sessions, **cfg),
-                backend or SimExecutor(ExecutorOptions(max_sessions=max_sessions), clock=clock),
-                clock)
-    await node.start()
-    try:
-        yield node
-    finally:
-        await node.drain(timeout=2)
-
-
-@contextlib.asynccontextmanager
-async def client_of(node, **kw):
-    async with NodeClient(node.endpoint, **kw) as c:
-        yield c
-
-
-async def raw_dealer(node):
-    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(node.endpoint)
-    return sock
-
-
-async def reply(sock, timeout=3.0):
-    frames = await asyncio.wait_for(sock.recv_multipart(), timeout)
-    return msgpack.unpackb(frames[0]), frames[1:]
-
-
-async def events_until(s, pred, timeout=8.0):
-    got = []
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while True:
-        ev = await s.next_event(max(0.01, end - loop.time()))
-        got.append(ev)
-        if pred(ev, got):
-            return got
 
 
 def test_ping_open_audio_text_close():
@@ -82,7 +42,8 @@ def test_ping_open_audio_text_close():
             assert {t.channel for t in texts} == {"agent", "user"}
             closed = await s.close()
             assert set(closed.stats) == {"frames_in", "frames_out", "underruns", "dropped",
-                                         "late_beats"}
+                                         "late_beats", "dropped_in", "dropped_out"}
+            assert closed.stats["dropped"] == closed.stats["dropped_in"] + closed.stats["dropped_out"]
             assert closed.stats["frames_in"] + closed.stats["dropped"] == 30
     asyncio.run(body())
 
@@ -256,7 +217,7 @@ def test_bad_seq_and_bad_payload_in_a_live_session_are_counted():
 @pytest.mark.slow
 def test_vanished_client_is_detected_and_its_slot_freed():
     async def body():
-        async with node_on_tcp(max_sessions=1, idle_timeout_s=0.6) as node:
+        async with node_on_tcp(max_sessions=1, heartbeat_s=0.2, resume_grace_s=0.5) as node:
             c1 = NodeClient(node.endpoint)
             c1.connect()
             await c1.open("gone")
@@ -272,7 +233,7 @@ def test_vanished_client_is_detected_and_its_slot_freed():
 
 def test_flood_is_shed_with_an_error_and_the_node_survives():
     async def body():
-        async with node_on_tcp(flood_rate=50.0, flood_burst=100.0) as node:
+        async with node_on_tcp(flood=FloodPolicy(rate=50.0, burst=100.0)) as node:
             sock = await raw_dealer(node)
             for i in range(600):
                 await sock.send_multipart([msgpack.packb({"v": 1, "type": "ping", "nonce": i})])

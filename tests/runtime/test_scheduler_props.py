@@ -3,7 +3,8 @@
 Invariants, for every slot and at every step:
   - live sessions never exceed the slots, and free + live == slots;
   - the frame numbers handed to the backend are strictly increasing;
-  - every pushed frame is handed over exactly once, or counted dropped, or still queued;
+  - every pushed frame is handed over exactly once, or counted dropped (shed included), or
+    still queued;
   - silence is counted as an underrun only after the slot started; before, as idle.
 """
 import numpy as np
@@ -11,15 +12,18 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from wave_actors.core.contract import BeatInput
-from wave_actors.core.jitter import SILENCE, BeatScheduler, CapacityError
+from wave_actors.core.frames import BEAT_S
+from wave_actors.core.jitter import SILENCE, BeatScheduler, CapacityError, Shedding
 
 SLOTS = 4
 
 
 class SchedulerMachine(RuleBasedStateMachine):
+    SHEDDING: Shedding | None = None        # the fixed buffer
+
     def __init__(self):
         super().__init__()
-        self.s = BeatScheduler(SLOTS, prebuffer=3, max_queue=6)
+        self.s = BeatScheduler(SLOTS, prebuffer=3, max_queue=6, shedding=self.SHEDDING)
         self.inp = BeatInput.alloc(SLOTS)
         self.pushed = {}        # slot -> frame numbers pushed
         self.handed = {}        # slot -> frame numbers the backend got
@@ -65,6 +69,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         pushed, handed = self.pushed.pop(slot), self.handed.pop(slot)
         assert stats.frames_in == len(handed)
         assert stats.frames_in + stats.dropped == len(pushed)      # nothing vanished
+        assert 0 <= stats.shed <= stats.dropped
 
     @invariant()
     def slots_bounded(self):
@@ -82,5 +87,20 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert sl.stats.underruns == 0
 
 
+    @invariant()
+    def totals_add_up(self):
+        assert self.s.totals.shed <= self.s.totals.dropped
+        if self.SHEDDING is None:
+            assert self.s.totals.shed == 0
+
+
+class SheddingMachine(SchedulerMachine):
+    """The same invariants while shedding: a window of two beats and no reserve, so a slot pushed
+    ahead sheds within a few steps."""
+    SHEDDING = Shedding(window_s=2 * BEAT_S, keep=0, per_beat=2)
+
+
 TestScheduler = SchedulerMachine.TestCase
 TestScheduler.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestSchedulerShedding = SheddingMachine.TestCase
+TestSchedulerShedding.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

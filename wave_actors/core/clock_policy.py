@@ -1,13 +1,14 @@
 """The beat clock's policy: how it releases a beat and how much input it buffers per session.
 
-An object, not constants, so that an A/B of the release hold is a flag and every result records
-the values it ran with.
+An object, not constants, so that an A/B of the release hold or of the jitter buffer's shedding
+is a flag and every result records the values it ran with.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
 from wave_actors.core.frames import FRAMES_PER_BEAT
+from wave_actors.core.jitter import Shedding
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,6 +22,12 @@ class ClockPolicy:
     release_spin_s: float = 1e-3
     prebuffer: int = 3              # frames queued before a session starts consuming
     max_queue: int = 50             # the jitter buffer's bound per session, in frames
+    # The jitter buffer's shedding (jitter.Shedding, whose comments give the reasons): the beats
+    # it looks back over, the frames it keeps above their lowest level, the most it sheds a beat.
+    # jitter_shed_per_beat 0 never sheds: the delay a session grows to stays for its call.
+    jitter_window_s: float = Shedding.window_s
+    jitter_keep: int = Shedding.keep
+    jitter_shed_per_beat: int = Shedding.per_beat
     name: str = field(default="clock", init=False)
 
     def __post_init__(self) -> None:
@@ -28,6 +35,16 @@ class ClockPolicy:
             raise ValueError("release_hold_s and release_spin_s must be >= 0")
         if self.prebuffer < 1 or self.max_queue < self.prebuffer + FRAMES_PER_BEAT:
             raise ValueError(f"prebuffer >= 1 and max_queue >= prebuffer + {FRAMES_PER_BEAT}")
+        if self.jitter_window_s <= 0 or self.jitter_keep < 0 or self.jitter_shed_per_beat < 0:
+            raise ValueError("jitter_window_s > 0, jitter_keep >= 0, jitter_shed_per_beat >= 0")
+
+    @property
+    def shedding(self) -> Shedding | None:
+        """What the session table's scheduler sheds by; None: a fixed buffer."""
+        if self.jitter_shed_per_beat == 0:
+            return None
+        return Shedding(window_s=self.jitter_window_s, keep=self.jitter_keep,
+                        per_beat=self.jitter_shed_per_beat)
 
     def describe(self) -> dict:
         params = asdict(self)

@@ -9,19 +9,29 @@ property tests run this exact code. Per live slot and beat:
     that it is `idle` and the model hears silence (counted as idle frames, not underruns);
   - once started, each beat takes two frames; a missing one becomes silence + `underruns`.
 
+The buffer's delay adapts (the idea of WebRTC NetEq, without its time-stretching). It grows by
+itself: an underrun plays silence, so every later frame is heard one frame later and the queue
+holds exactly the delay the late arrival needed. It shrinks by shedding: after each beat a slot
+records its `spare` (frames left queued, less any missing this beat). If over the last
+`Shedding.window_beats` beats the lowest spare stayed above `Shedding.keep`, those frames were
+never needed to ride out the recent jitter (a backlog delivered in a burst after a stall), so up to
+`per_beat` of the oldest are shed, counted as `shed` and in `dropped`. The target delay is thus
+the deepest dip the recent jitter caused plus `keep` frames of reserve.
+
 Invariant (checked by the property tests): for every slot, the frame numbers handed to the backend
 are strictly increasing, and every pushed frame is either handed over exactly once or counted in
-`dropped` (or still queued when the slot is released, counted then as `dropped`).
+`dropped` (shed, overflowed, or still queued when the slot is released).
 """
 from __future__ import annotations
 
 import collections
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from wave_actors.core.contract import BeatInput
-from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
+from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN
 
 SILENCE = -1        # frame number recorded for a silence frame
 
@@ -30,17 +40,68 @@ class CapacityError(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Shedding:
+    """When a slot sheds the queued audio that the recent jitter never used."""
+    # Long enough to see ordinary network jitter's deepest dip several times (a dip shows once in
+    # a few beats), short enough that a stall's backlog is gone within ~3 s of the burst.
+    window_s: float = 2.0
+    # Frames kept above the window's lowest point: a dip a frame deeper than any recently seen
+    # still plays without an underrun, so shedding costs no underruns under steady jitter.
+    keep: int = 1
+    # Frames shed at most per beat: one beat's worth clears a 1.2 s backlog in ~8 beats, and the
+    # audio skipped is a contiguous stretch (the stall's oldest), not every other frame.
+    per_beat: int = FRAMES_PER_BEAT
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or self.keep < 0 or self.per_beat < 1:
+            raise ValueError("Shedding needs window_s > 0, keep >= 0 and per_beat >= 1")
+
+    @property
+    def window_beats(self) -> int:
+        return max(1, math.ceil(self.window_s / BEAT_S - 1e-9))
+
+
 @dataclass
 class SlotStats:
     frames_in: int = 0          # frames handed to the backend
     frames_out: int = 0         # output frames routed back
     underruns: int = 0          # silence substituted for a missing frame after the stream started
     idle_frames: int = 0        # silence while prebuffering (before the first frame arrived)
-    dropped: int = 0            # frames pushed but never handed over (overflow or close)
+    dropped: int = 0            # frames pushed but never handed over (overflow, shed or close)
+    shed: int = 0               # of `dropped`, those shed to bring the delay back down
     late_beats: int = 0         # beats this slot took part in that finished after the deadline
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+class LowWater:
+    """The lowest spare over a slot's last `window` beats, in O(1) amortised per beat.
+
+    Spares are stored plus the frames shed before them (`shed_total`): shedding n frames lowers
+    every past spare by n, which the lookup subtracts instead of rewriting the window."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.beats = 0                  # beats recorded since the slot started
+        self.shed_total = 0
+        self._mins: collections.deque = collections.deque()   # (beat, spare + shed); values rise
+
+    def record(self, spare: int) -> None:
+        value = spare + self.shed_total
+        while self._mins and self._mins[-1][1] >= value:
+            self._mins.pop()
+        self._mins.append((self.beats, value))
+        self.beats += 1
+        while self._mins[0][0] <= self.beats - 1 - self.window:
+            self._mins.popleft()
+
+    def lowest(self) -> int | None:
+        """None until a whole window has been seen."""
+        if self.beats < self.window:
+            return None
+        return self._mins[0][1] - self.shed_total
 
 
 @dataclass
@@ -51,6 +112,7 @@ class Slot:
     out_frame: int = 0          # model frame index of the next output frame
     last_in: int = -1           # frame number of the last frame handed over
     stats: SlotStats = field(default_factory=SlotStats)
+    low: LowWater | None = None     # None when the scheduler does not shed
 
 
 @dataclass
@@ -62,10 +124,13 @@ class BeatPlan:
 
 
 class BeatScheduler:
-    def __init__(self, max_sessions: int, prebuffer: int = 3, max_queue: int = 50):
+    def __init__(self, max_sessions: int, prebuffer: int = 3, max_queue: int = 50,
+                 shedding: Shedding | None = Shedding()):
+        """`shedding=None` keeps the delay a slot grows to for the rest of its call."""
         assert prebuffer >= 1 and max_queue >= prebuffer + FRAMES_PER_BEAT
         self.max_sessions = max_sessions
         self.prebuffer, self.max_queue = prebuffer, max_queue
+        self.shedding = shedding
         self.slots: dict[int, Slot] = {}
         self._free = list(range(max_sessions - 1, -1, -1))      # pop() gives the lowest slot
         self.beat = 0
@@ -80,7 +145,8 @@ class BeatScheduler:
         if not self._free:
             raise CapacityError(f"all {self.max_sessions} slots are busy")
         slot = self._free.pop()
-        self.slots[slot] = Slot(key)
+        low = LowWater(self.shedding.window_beats) if self.shedding else None
+        self.slots[slot] = Slot(key, low=low)
         return slot
 
     def release(self, slot: int) -> SlotStats:
@@ -100,6 +166,15 @@ class BeatScheduler:
             self.totals.dropped += 1
         s.jitter.append((frame_no, pcm))
 
+    def target(self, slot: int) -> int | None:
+        """The queue length, in frames, the slot's shedding is heading for (None: not yet known,
+        or no shedding)."""
+        s = self.slots[slot]
+        lowest = s.low.lowest() if s.low else None
+        if lowest is None:
+            return None
+        return len(s.jitter) - max(0, lowest - self.shedding.keep)
+
     # -- one beat -------------------------------------------------------------------------------
     def pack(self, inp: BeatInput, ready: set[int] | None = None) -> BeatPlan:
         """Fill `inp` for every live slot that is ready; returns what went where."""
@@ -117,6 +192,8 @@ class BeatScheduler:
                 nums.append(self._take(s, inp.audio[slot, f]))
             plan.frames[slot] = (nums[0], nums[1])
             plan.owners[slot] = s
+            if s.started and s.low is not None:
+                self._shed(s, len(s.jitter) - nums.count(SILENCE))
         inp.beat = self.beat
         self.beat += 1
         return plan
@@ -137,6 +214,21 @@ class BeatScheduler:
             s.stats.idle_frames += 1
             self.totals.idle_frames += 1
         return SILENCE
+
+    def _shed(self, s: Slot, spare: int) -> None:
+        """Record this beat's spare; drop the oldest frames the window shows were never needed."""
+        s.low.record(spare)
+        lowest = s.low.lowest()
+        if lowest is None or lowest <= self.shedding.keep:
+            return
+        n = min(lowest - self.shedding.keep, self.shedding.per_beat, len(s.jitter))
+        for _ in range(n):
+            s.jitter.popleft()
+        s.low.shed_total += n
+        s.stats.shed += n
+        s.stats.dropped += n
+        self.totals.shed += n
+        self.totals.dropped += n
 
     def complete(self, plan: BeatPlan, late: bool) -> dict[int, tuple[object, int]]:
         """Account for a finished beat. Returns slot -> (key, first output frame index) for the

@@ -8,7 +8,8 @@ one (a release, frames or tool tokens of a session that is gone, or of an earlie
 is rejected and counted in `stale`, so nothing stale can touch the slot's next session.
 
 Each entry also carries the session's jitter buffer and counts (`jitter.BeatScheduler`, keyed
-by slot) and its `owner`: whatever the node gave at admission to route the outputs to.
+by slot, shedding its standing excess by `shedding`; None keeps a fixed buffer) and its `owner`:
+whatever the node gave at admission to route the outputs to.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from wave_actors.core.contract import BeatInput, Handle
-from wave_actors.core.jitter import BeatPlan, BeatScheduler, CapacityError, SlotStats
+from wave_actors.core.jitter import BeatPlan, BeatScheduler, CapacityError, Shedding, SlotStats
 
 EPOCH_SHIFT = 40            # 2^40 admissions per incarnation before generations could meet
 # A frame from a session actor to the clock: [header, float32 PCM of one 80 ms frame], the
@@ -38,8 +39,9 @@ class Entry:
 
 
 class SessionTable:
-    def __init__(self, slots: int, epoch: int = 0, prebuffer: int = 3, max_queue: int = 50):
-        self.jitter = BeatScheduler(slots, prebuffer, max_queue)
+    def __init__(self, slots: int, epoch: int = 0, prebuffer: int = 3, max_queue: int = 50,
+                 shedding: Shedding | None = Shedding()):
+        self.jitter = BeatScheduler(slots, prebuffer, max_queue, shedding)
         self.entries: dict[int, Entry] = {}         # slot → its session, admitted to released
         self._next_generation = epoch << EPOCH_SHIFT
         self.stale = 0                              # messages naming a handle not current

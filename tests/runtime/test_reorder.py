@@ -1,0 +1,149 @@
+"""The time-bounded reorder buffer (pure: time passed in, no sleeping).
+
+Invariants: every pushed item is released exactly once, rejected, or still held; releases come
+in strictly increasing seq order; nothing is held past `gap_wait_s` once `due` has been called at
+the deadline; every seq below the next expected one was released, rejected, or reported skipped.
+"""
+from hypothesis import given, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from wave_actors.core.reorder import ReorderBuffer, Released
+
+WAIT = 0.05
+
+
+def test_in_order_messages_pass_straight_through():
+    """Bug it catches: a buffer that holds (delays) messages that arrived in their turn."""
+    buf = ReorderBuffer(WAIT)
+    for seq in range(5):
+        assert buf.push(seq, f"m{seq}", now=seq * 0.08) == Released((f"m{seq}",), (seq,))
+    assert buf.held() == 0 and buf.deadline() is None and buf.next_seq == 5
+
+
+def test_a_gap_filled_in_time_releases_everything_in_order():
+    """Bug it catches: a late-but-in-time message skipped, or releases out of seq order."""
+    buf = ReorderBuffer(WAIT)
+    buf.push(0, "a", 0.0)
+    assert buf.push(2, "c", 0.10) == Released()
+    assert buf.deadline() == 0.10 + WAIT
+    assert buf.push(1, "b", 0.12).items == ("b", "c")
+    assert buf.held() == 0 and buf.deadline() is None
+
+
+def test_a_lost_seq_waits_at_most_gap_wait_then_is_skipped_and_reported():
+    """Bug it catches: a gap that waits for N later messages (640 ms at 8 × 80 ms) instead of a
+    time limit, or a skip nobody is told about."""
+    buf = ReorderBuffer(WAIT)
+    buf.push(0, "a", 0.0)
+    buf.push(2, "c", 0.16)
+    assert buf.due(0.16 + WAIT - 1e-6) == Released()         # not yet
+    out = buf.due(0.16 + WAIT)
+    assert out.items == ("c",) and out.skipped == (range(1, 2),) and out.n_skipped == 1
+    assert buf.push(1, "b", 0.30).rejected == (1,)            # its turn has passed
+
+
+def test_a_push_after_the_deadline_releases_what_the_timer_missed():
+    """Bug it catches: an overdue gap that stays held until the timer fires, though a message
+    has already come by, and the one that just filled a gap skipped anyway."""
+    buf = ReorderBuffer(WAIT)
+    buf.push(1, "b", 0.0)                     # seq 0 missing
+    out = buf.push(0, "a", 1.0)               # long overdue, but here now: released, not skipped
+    assert out.items == ("a", "b") and out.skipped == ()
+    buf.push(3, "d", 1.0)                     # seq 2 missing
+    out = buf.push(5, "f", 2.0)               # the timer never fired: 2 skipped, d released
+    assert out.items == ("d",) and out.skipped == (range(2, 3),) and buf.held() == 1
+
+
+def test_duplicates_are_rejected_held_or_released():
+    """Bug it catches: a duplicate heard twice."""
+    buf = ReorderBuffer(WAIT)
+    buf.push(0, "a", 0.0)
+    buf.push(2, "c", 0.0)
+    assert buf.push(0, "a", 0.01).rejected == (0,)
+    assert buf.push(2, "c", 0.01).rejected == (2,)
+    assert buf.held() == 1
+
+
+def test_a_far_jump_is_bounded_by_max_held():
+    """Bug it catches: a client skipping far ahead growing the held set without bound."""
+    buf = ReorderBuffer(WAIT, max_held=4)
+    out = [buf.push(seq, seq, 0.0) for seq in range(10, 16)]
+    assert buf.held() <= 4
+    assert out[-2].skipped == (range(0, 10),) and out[-2].items == (10, 11, 12, 13, 14)
+
+
+def test_zero_wait_never_holds():
+    """Bug it catches: gap_wait_s=0 still holding a message until the next call."""
+    buf = ReorderBuffer(0.0)
+    out = buf.push(3, "d", 0.0)
+    assert out.items == ("d",) and out.skipped == (range(0, 3),) and buf.held() == 0
+
+
+class ReorderMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.buf = ReorderBuffer(WAIT, max_held=6)
+        self.now = 0.0
+        self.pushed: list[int] = []             # seqs, one per push
+        self.released: list[int] = []
+        self.rejected: list[int] = []
+        self.skipped: set[int] = set()
+
+    def _take(self, out: Released) -> None:
+        assert out.items == out.seqs                # items are their seqs here
+        self.released += out.seqs
+        self.rejected += out.rejected
+        for r in out.skipped:
+            assert not set(r) & self.skipped
+            self.skipped |= set(r)
+
+    @rule(ahead=st.integers(-4, 8), dt=st.floats(0.0, 0.1))
+    def push(self, ahead, dt):
+        self.now += dt
+        seq = max(0, self.buf.next_seq + ahead)
+        self.pushed.append(seq)
+        self._take(self.buf.push(seq, seq, self.now))
+
+    @precondition(lambda self: self.buf.deadline() is not None)
+    @rule(late=st.floats(0.0, 0.02))
+    def timer(self, late):
+        self.now = max(self.now, self.buf.deadline() + late)
+        self._take(self.buf.due(self.now))
+
+    @invariant()
+    def released_once_in_order(self):
+        assert self.released == sorted(set(self.released))
+
+    @invariant()
+    def everything_accounted_for(self):
+        assert len(self.released) + len(self.rejected) + self.buf.held() == len(self.pushed)
+        assert not self.skipped & set(self.released)
+        below = set(range(self.buf.next_seq))
+        assert below <= set(self.released) | self.skipped
+
+    @invariant()
+    def nothing_held_past_its_wait(self):
+        # after every call, whatever is held arrived at most WAIT ago and is not yet due
+        deadline = self.buf.deadline()
+        assert (deadline is None) == (self.buf.held() == 0)
+        assert deadline is None or self.now < deadline <= self.now + WAIT
+
+
+TestReorder = ReorderMachine.TestCase
+TestReorder.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.floats(0.0, 0.2)), max_size=60))
+def test_any_arrival_order_is_released_in_order_once(arrivals):
+    """Bug it catches: a release out of order or twice under any interleaving of arrivals and
+    timer firings."""
+    buf, now, out = ReorderBuffer(WAIT), 0.0, []
+    for seq, dt in arrivals:
+        now += dt
+        if (d := buf.deadline()) is not None and d <= now:
+            out += buf.due(d).seqs
+        r = buf.push(seq, seq, now)
+        out += r.seqs
+    assert out == sorted(set(out))
+    assert set(out) <= {seq for seq, _ in arrivals}

@@ -1,0 +1,57 @@
+"""Helpers to run a real node (sim backend) in-process on a real TCP socket, with real clients."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from sim.executor import SimExecutor
+from transports.client import NodeClient
+from wave_actors.core.contract import ExecutorOptions
+from wave_actors.core.timebase import Clock
+from wave_actors.node import Node, NodeConfig
+
+
+@contextlib.asynccontextmanager
+async def node_on_tcp(max_sessions=2, backend=None, **cfg):
+    clock = Clock()
+    node = Node(NodeConfig(bind="tcp://127.0.0.1:0", max_sessions=max_sessions, **cfg),
+                backend or SimExecutor(ExecutorOptions(max_sessions=max_sessions), clock=clock),
+                clock)
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.drain(timeout=2)
+
+
+@contextlib.asynccontextmanager
+async def client_of(node, **kw):
+    async with NodeClient(node.endpoint, **kw) as c:
+        yield c
+
+
+async def raw_dealer(node):
+    sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(node.endpoint)
+    return sock
+
+
+async def reply(sock, timeout=3.0):
+    frames = await asyncio.wait_for(sock.recv_multipart(), timeout)
+    return msgpack.unpackb(frames[0]), frames[1:]
+
+
+async def events_until(s, pred, timeout=8.0):
+    got = []
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        ev = await s.next_event(max(0.01, end - loop.time()))
+        got.append(ev)
+        if pred(ev, got):
+            return got
