@@ -23,10 +23,7 @@ until SIGINT/SIGTERM, then drains: new opens are refused, every session gets `cl
 from __future__ import annotations
 
 import asyncio
-import collections
-import hmac
 import logging
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +34,7 @@ import zmq.auth
 
 from transports import protocol as P
 from transports import zsock
+from wave_actors.bindings import Bindings, Route
 from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import Executor, Handle, SessionSpec
@@ -53,7 +51,6 @@ from wave_actors.session import (AudioIn, BeatOut, Close, FunctionResult, Sessio
 log = logging.getLogger("wave.node")
 SEND_TIMEOUT_S = 5.0
 HELD_MAX = 256              # messages other than audio kept for a detached session
-RECENTLY_CLOSED = 1024      # closed sessions whose stats a resume can still fetch
 CLOSE_LINGER_MS = 500       # the last `closed`/`refused` replies get this long to leave at exit
 
 
@@ -100,38 +97,7 @@ class NodeCounters:
     opened: int = 0
     closed: int = 0
     crashed: int = 0
-    detached: int = 0                   # sessions detached from their connection
-    resumed: int = 0
     held_lost: int = 0                  # messages for detached sessions past HELD_MAX
-
-
-@dataclass
-class _Peer:
-    """A routing identity as last heard: on which connection, when, from which sender."""
-    conn: str
-    heard: float
-
-
-@dataclass(eq=False)
-class _Route:
-    """One client session, from its `open` until it is forgotten."""
-    identity: bytes                     # where its messages go while it is bound
-    session: str
-    owner_key: str | None               # the CURVE key that opened it (None without CURVE)
-    sender: str                         # its flood-limit key (CURVE key or network address)
-    conn: str                           # the connection it is bound to
-    token: str = field(default_factory=lambda: secrets.token_hex(P.TOKEN_BYTES))
-    handle: Handle | None = None        # once admitted
-    actor: SessionActor | None = None   # once opened
-    ready: asyncio.Future | None = None     # while its start runs
-    cancelled: bool = False             # closed by its client before `opened`
-    detached_at: float | None = None    # None while bound to `conn`
-    last_heard: float = 0.0             # its last audio, function result or ping
-    held: collections.deque = field(default_factory=collections.deque)  # while detached
-
-    @property
-    def child(self) -> str:
-        return f"session:{self.token}"
 
 
 class Node:
@@ -144,12 +110,7 @@ class Node:
         self.counters = NodeCounters()
         self.supervisor = Supervisor()
         self.start_policy = cfg.start_policy or executor.default_start_policy()
-        self.routes: dict[tuple[bytes, str], _Route] = {}
-        self._by_token: dict[str, _Route] = {}
-        self._recently_closed: collections.OrderedDict[str, tuple[str, str | None, dict]] = \
-            collections.OrderedDict()                   # token → (session, key, stats)
-        self._sessions_of: dict[str, int] = {}          # live sessions per sender
-        self.peers: dict[bytes, _Peer] = {}
+        self.bindings = Bindings()
         self.flood = FloodGate(cfg.flood)
         self._clock_incarnation = 0
         self._underruns_reported = 0
@@ -166,6 +127,10 @@ class Node:
     @property
     def clock_actor(self) -> BeatClockActor:
         return self.supervisor.get("clock")
+
+    @property
+    def routes(self) -> dict[tuple[bytes, str], Route]:
+        return self.bindings.routes
 
     @property
     def sessions(self) -> dict[tuple[bytes, str], SessionActor]:
@@ -299,7 +264,7 @@ class Node:
         task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
         return False
 
-    def _send_route(self, route: _Route, frames: list[bytes], droppable: bool = False) -> bool:
+    def _send_route(self, route: Route, frames: list[bytes], droppable: bool = False) -> bool:
         """A session's message to its client: to the connection it is bound to, or, while it is
         detached, held for its resume (audio is not held: it is counted by the caller)."""
         if route.detached_at is None:
@@ -328,25 +293,15 @@ class Node:
         self.send(identity, P.pack("refused", session, reason=reason, message=message))
 
     # -- liveness ---------------------------------------------------------------------------------
-    def _detach(self, route: _Route, why: str) -> None:
-        if route.detached_at is not None or route.actor is None or route.actor.closing:
-            return
-        route.detached_at = self.clock.now()
-        self.counters.detached += 1
-        log.info("session %s detached (%s)", route.session, why)
-
-    def _detach_identity(self, identity: bytes, why: str, keep_conn: str | None = None) -> None:
-        for route in list(self.routes.values()):
-            if route.identity == identity and route.conn != keep_conn:
-                self._detach(route, why)
+    def _detach_identity(self, identity: bytes, why: str) -> None:
+        log.debug("sessions of %r detached (%s)", identity, why)
+        self.bindings.detach_identity(identity, self.clock.now())
 
     def _probe_bound(self) -> None:
         """A connection is about to be attached: every routing identity with bound sessions is
         probed, so one whose connection is gone detaches its sessions before the newcomer can
         take its identity (gatekeeper.py)."""
-        bound = {r.identity for r in self.routes.values()
-                 if r.actor is not None and r.detached_at is None}
-        for identity in bound:
+        for identity in self.bindings.bound_identities():
             self.send(identity, P.pack("heartbeat"), droppable=True)
 
     async def _watch_liveness(self) -> None:
@@ -355,27 +310,11 @@ class Node:
         while True:
             await self.clock.sleep(period)
             now = self.clock.now()
-            for route in list(self.routes.values()):
-                actor = route.actor
-                if actor is None or actor.closing:
-                    continue
-                if route.detached_at is None:
-                    peer = self.peers.get(route.identity)
-                    if peer is None or now - peer.heard > cfg.silence_limit_s:
-                        self._detach(route, "silent")
-                    elif now - route.last_heard > cfg.idle_timeout_s:
-                        self._tell_close(actor, "idle")
-                elif now - route.detached_at > cfg.resume_grace_s:
-                    self._tell_close(actor, "lost")
-            self._forget_quiet_peers(now)
-
-    def _forget_quiet_peers(self, now: float) -> None:
-        if len(self.peers) <= 4 * self.executor.max_sessions:
-            return
-        owners = {r.identity for r in self.routes.values()}
-        for identity in [i for i, p in self.peers.items()
-                         if i not in owners and now - p.heard > self.cfg.silence_limit_s]:
-            del self.peers[identity]
+            for route, reason in self.bindings.due(now, cfg.silence_limit_s, cfg.idle_timeout_s,
+                                                   cfg.resume_grace_s):
+                self._tell_close(route.actor, reason)
+            self.bindings.forget_quiet_peers(now, cfg.silence_limit_s,
+                                             4 * self.executor.max_sessions)
 
     @staticmethod
     def _tell_close(actor: SessionActor, reason: str) -> None:
@@ -409,14 +348,7 @@ class Node:
         conn = self._property(head, CONN_PROPERTY) or ""
         sender = user_key or self._property(head, "Peer-Address") or identity.hex()
         now = self.clock.now()
-        peer = self.peers.get(identity)
-        if peer is None:
-            self.peers[identity] = _Peer(conn, now)
-        else:
-            if peer.conn != conn:           # the identity reconnected: its sessions wait for resume
-                self._detach_identity(identity, "reconnected", keep_conn=conn)
-                peer.conn = conn
-            peer.heard = now
+        self.bindings.heard(identity, conn, now)
         try:
             msg = P.parse([f.bytes for f in raw[1:]])
         except P.ProtocolError as exc:
@@ -426,8 +358,8 @@ class Node:
         # `close` is never rate-limited: shedding load must not keep a session alive.
         if msg.type != "close" and not self._admit_rate(identity, sender, now):
             if msg.type == "audio":
-                route = self.routes.get((identity, msg.session))
-                if route is not None and route.actor is not None and route.conn == conn:
+                route, _code, _why = self.bindings.check(identity, user_key, conn, msg.session)
+                if route is not None:
                     route.actor.count_flooded(msg.payload)
             return
         getattr(self, f"_on_{msg.type}")(identity, user_key, conn, sender, msg)
@@ -442,7 +374,7 @@ class Node:
             self._error(identity, exc.code, exc.message, exc.session)
 
     def _admit_rate(self, identity: bytes, sender: str, now: float) -> bool:
-        ok, notice = self.flood.admit(sender, self._sessions_of.get(sender, 0), now)
+        ok, notice = self.flood.admit(sender, self.bindings.sessions_of.get(sender, 0), now)
         if not ok:
             self.counters.flood_drops += 1
             self.metrics.drops.labels("flood").inc()
@@ -458,27 +390,17 @@ class Node:
             # A session's own heartbeat keeps it from idling. One naming a session that is not
             # (or no longer) bound here refreshes nothing, and is answered all the same: a
             # heartbeat racing its session's `close` is no error.
-            route = self.routes.get((identity, msg.session))
-            if route is not None and route.actor is not None and route.conn == conn \
-                    and route.owner_key == user_key and route.detached_at is None:
+            route, _code, _why = self.bindings.check(identity, user_key, conn, msg.session)
+            if route is not None:
                 route.last_heard = self.clock.now()
         self.send(identity, P.pack("pong", msg.session, nonce=msg.get("nonce")))
 
-    def _bound_route(self, identity: bytes, user_key, conn: str, msg: P.Message) -> _Route | None:
+    def _bound_route(self, identity: bytes, user_key, conn: str, msg: P.Message) -> Route | None:
         """The opened session a message names, if this connection may drive it; else the
         sender gets an error saying why, and None."""
-        route = self.routes.get((identity, msg.session))
-        actor = route.actor if route is not None else None
-        if actor is None or actor.closing:
-            self._error(identity, P.UNKNOWN_SESSION, f"no live session {msg.session!r} on this "
-                                                     "connection", msg.session)
-            return None
-        if route.owner_key != user_key:
-            self._error(identity, P.FORBIDDEN, "this session belongs to another key", msg.session)
-            return None
-        if route.detached_at is not None or route.conn != conn:
-            self._error(identity, P.DETACHED, "this session is detached from this connection; "
-                                              "send `resume` with its token", msg.session)
+        route, code, why = self.bindings.check(identity, user_key, conn, msg.session)
+        if route is None:
+            self._error(identity, code, why, msg.session)
             return None
         route.last_heard = self.clock.now()
         return route
@@ -495,7 +417,7 @@ class Node:
                                FunctionResult(msg.get("call_id"), msg.get("output")))
 
     def _on_close(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
-        route = self.routes.get((identity, msg.session))
+        route = self.bindings.get(identity, msg.session)
         if route is not None and route.actor is None and route.owner_key == user_key \
                 and route.conn == conn:
             # Closed before `opened`: its open stops (cancelling its start, freeing its slot)
@@ -511,43 +433,25 @@ class Node:
     def _on_resume(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
         """Rebind a session to this connection: by its token, or under CURVE by the key that
         opened it. A session that closed meanwhile answers with its `closed` stats."""
-        route = self._resumable(msg.session, msg.get("token"), user_key)
+        b, token = self.bindings, msg.get("token")
+        route = b.resumable(msg.session, token, user_key)
         if route is None:
-            closed = self._recently_closed.get(msg.get("token") or "")
-            if closed is not None and closed[0] == msg.session and closed[1] == user_key:
-                self.send(identity, P.pack("closed", msg.session, stats=closed[2]))
-                return
-            self._error(identity, P.UNKNOWN_SESSION, f"no session {msg.session!r} to resume "
-                                                     "with this token or key", msg.session)
+            stats = b.closed_stats(msg.session, token, user_key)
+            if stats is not None:
+                self.send(identity, P.pack("closed", msg.session, stats=stats))
+            else:
+                self._error(identity, P.UNKNOWN_SESSION, f"no session {msg.session!r} to resume "
+                                                         "with this token or key", msg.session)
             return
-        key = (identity, msg.session)
-        if self.routes.get(key, route) is not route:
+        if not b.rebind(route, identity, conn, self.clock.now()):
             self._error(identity, P.BAD_HEADER, f"session {msg.session!r} is already open on "
                                                 "this connection under another token",
                         msg.session)
             return
-        del self.routes[(route.identity, route.session)]
-        route.identity, route.conn = identity, conn
-        self.routes[key] = route
-        route.detached_at, route.last_heard = None, self.clock.now()
-        self.counters.resumed += 1
         self.send(identity, P.pack("resumed", msg.session, seq=route.actor.expected_seq,
                                    out_seq=route.actor.out_seq))
-        held, route.held = route.held, collections.deque()
-        for frames in held:
-            self.send(identity, frames)
-
-    def _resumable(self, session: str, token: str | None, user_key: str | None) -> _Route | None:
-        route = self._by_token.get(token) if token else None
-        if route is not None and not hmac.compare_digest(route.token, token):
-            route = None
-        if route is None and token is None and user_key is not None:
-            route = next((r for r in self.routes.values()
-                          if r.session == session and r.owner_key == user_key), None)
-        if route is None or route.session != session or route.owner_key != user_key \
-                or route.actor is None or route.actor.closing:
-            return None
-        return route
+        while route.held:
+            self.send(identity, route.held.popleft())
 
     def _tell_control(self, identity: bytes, actor: SessionActor, msg: Any) -> None:
         try:
@@ -563,21 +467,22 @@ class Node:
         if key in self.routes:
             return self._refuse(identity, msg.session, "duplicate",
                                 f"session {msg.session!r} is already open on this connection")
-        route = self.routes[key] = _Route(identity, msg.session, user_key, sender, conn)
+        route = Route(identity, msg.session, user_key, sender, conn)
+        self.bindings.add(route)
         task = asyncio.get_running_loop().create_task(self._open(route, msg))
         self._opens.add(task)
         task.add_done_callback(self._opens.discard)
-    async def _open(self, route: _Route, msg: P.Message) -> None:
+    async def _open(self, route: Route, msg: P.Message) -> None:
         h = msg.header
         clock = self.clock_actor
         key = (route.identity, route.session)
         try:
             handle = await clock.ask(Admit(key, route, SessionSpec(h["instructions"], h["tools"])))
         except CapacityError as exc:
-            self._drop_route(route)
+            self.bindings.drop(route)
             return self._refuse(route.identity, msg.session, "capacity", str(exc))
         except (ActorStopped, asyncio.TimeoutError, AttributeError) as exc:
-            self._drop_route(route)
+            self.bindings.drop(route)
             return self._refuse(route.identity, msg.session, "capacity",
                                 f"node not ready: {exc!r}")
         route.handle = handle
@@ -595,16 +500,14 @@ class Node:
         refused = ready.exception() if answered else None     # StartRefused: no room for it
         if self.draining or refused or route.cancelled or not (answered and ready.result()):
             await self._free_slot(handle)
-            self._drop_route(route)
+            self.bindings.drop(route)
             return self._answer_failed_open(route, refused, answered)
         cfg = SessionConfig(msg.session, handle, h["sample_rate"], h["format"],
                             h["output_sample_rate"], h["output_format"], clock.endpoint)
-        route.last_heard = self.clock.now()
         route.actor = self.supervisor.start_child(ChildSpec(
             route.child, lambda: self._make_session(cfg, route), Restart.TEMPORARY,
             lambda actor, exc: self._session_crashed(route, actor, exc)))
-        self._by_token[route.token] = route
-        self._sessions_of[route.sender] = self._sessions_of.get(route.sender, 0) + 1
+        self.bindings.opened(route, self.clock.now())
         self.counters.opened += 1
         self.metrics.opened.inc()
         self._update_gauges()
@@ -615,7 +518,7 @@ class Node:
             resume_ms=round(1000 * self.cfg.resume_grace_s),
             idle_ms=round(1000 * self.cfg.idle_timeout_s)))
 
-    def _answer_failed_open(self, route: _Route, refused, answered: bool) -> None:
+    def _answer_failed_open(self, route: Route, refused, answered: bool) -> None:
         identity, session = route.identity, route.session
         if self.draining:
             return self._refuse(identity, session, "draining", "the node is shutting down")
@@ -631,11 +534,7 @@ class Node:
                             f"the model did not finish starting the session within "
                             f"{self.cfg.start_timeout_s:.0f} s (node overloaded)")
 
-    def _drop_route(self, route: _Route) -> None:
-        if self.routes.get((route.identity, route.session)) is route:
-            del self.routes[(route.identity, route.session)]
-
-    def _make_session(self, cfg: SessionConfig, route: _Route) -> SessionActor:
+    def _make_session(self, cfg: SessionConfig, route: Route) -> SessionActor:
         return SessionActor(cfg, self.ctx,
                             lambda frames, droppable=False: self._send_route(route, frames,
                                                                              droppable),
@@ -644,7 +543,7 @@ class Node:
                             self._function_tokens,
                             output_turn=lambda: self.clock_actor.output_turn())
 
-    def _deliver(self, route: _Route, out: BeatOut) -> bool:
+    def _deliver(self, route: Route, out: BeatOut) -> bool:
         """The clock's route for a session's beat outputs: into its actor's mailbox."""
         if route.actor is None:
             return False
@@ -658,7 +557,7 @@ class Node:
         self.clock_actor.tell(FunctionTokens(actor.cfg.handle, ids))
 
     # -- closing ----------------------------------------------------------------------------------
-    async def _close_session(self, route: _Route, actor: SessionActor, why: Close) -> None:
+    async def _close_session(self, route: Route, actor: SessionActor, why: Close) -> None:
         """Runs inside the session actor: free the slot, send `closed`, stop the actor."""
         if actor.closing:
             return
@@ -666,15 +565,15 @@ class Node:
         await self._finish(route, actor, why.reason)
         asyncio.get_running_loop().create_task(self.supervisor.stop_child(route.child))
 
-    async def _finish(self, route: _Route, actor: SessionActor, reason: str) -> None:
+    async def _finish(self, route: Route, actor: SessionActor, reason: str) -> None:
         actor.take_queued_audio()
         stats = await self._release(actor)
         # A detached session's `closed` waits for its client's resume (which fetches it).
         self._send_route(route, P.pack("closed", route.session, stats=stats))
-        self._recently_closed[route.token] = (route.session, route.owner_key, stats)
-        while len(self._recently_closed) > RECENTLY_CLOSED:
-            self._recently_closed.popitem(last=False)
-        self._forget(route, reason)
+        self.bindings.forget(route, stats)
+        self.counters.closed += 1
+        self.metrics.closed.labels(reason).inc()
+        self._update_gauges()
 
     async def _free_slot(self, handle: Handle, stream_ended: bool = False):
         """The clock's stats of the session it frees, or None: a handle of an earlier clock
@@ -703,20 +602,7 @@ class Node:
                 "late_beats": s.late_beats if s else 0,
                 "dropped_in": dropped_in, "dropped_out": dropped_out}
 
-    def _forget(self, route: _Route, reason: str) -> None:
-        self._drop_route(route)
-        if self._by_token.get(route.token) is route:
-            del self._by_token[route.token]
-            left = self._sessions_of.get(route.sender, 1) - 1
-            if left > 0:
-                self._sessions_of[route.sender] = left
-            else:
-                self._sessions_of.pop(route.sender, None)
-        self.counters.closed += 1
-        self.metrics.closed.labels(reason).inc()
-        self._update_gauges()
-
-    async def _session_crashed(self, route: _Route, actor: SessionActor,
+    async def _session_crashed(self, route: Route, actor: SessionActor,
                                exc: BaseException) -> None:
         self.counters.crashed += 1
         if actor.closing:

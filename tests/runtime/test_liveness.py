@@ -65,7 +65,7 @@ def test_an_oversized_message_gets_too_large_and_its_connection_lives_on():
             await asyncio.gather(stream(s, 10), stream(other, 10))
             assert (await audio_within(s, 1.0))[0] > 0
             assert (await audio_within(other, 0.5))[0] > 0
-            assert len(node.sessions) == 2 and node.counters.detached == 0
+            assert len(node.sessions) == 2 and node.bindings.detached == 0
             await s.close()
             await other.close()
     asyncio.run(body())
@@ -123,7 +123,7 @@ def test_a_vanished_clients_identity_gives_a_newcomer_nothing_and_the_token_resu
                     frames = await asyncio.wait_for(sock.recv_multipart(), 3)  # noqa: the
                     h = msgpack.unpackb(frames[0])          # client's reader competes: retry
                     ok = h if h["type"] == "resumed" else None
-            assert ok["seq"] == 5 and node.counters.resumed == 1
+            assert ok["seq"] == 5 and node.bindings.resumed == 1
             assert len(node.sessions) == 1
     asyncio.run(body())
 
@@ -137,7 +137,7 @@ def test_nodeclient_resumes_by_itself_when_the_node_says_detached():
             s = await c.open("call")
             await stream(s, 3)
             route = next(iter(node.routes.values()))
-            node._detach(route, "test")                 # as if its heartbeats had stopped
+            node.bindings.detach(route, node.clock.now())   # as if its heartbeats had stopped
             await stream(s, 10)
             for _ in range(100):
                 if s.resumes:
@@ -242,4 +242,43 @@ def test_drain_refuses_opens_until_the_socket_closes_and_answers_those_in_flight
             for r in results:
                 assert isinstance(r, Refused) and r.reason == "draining", r
             assert s.closed is not None or isinstance(await s.next_event(2), (Closed, Audio))
+    asyncio.run(body())
+
+
+def test_a_network_blip_detaches_and_resumes_every_session_of_the_connection():
+    """Bug: a relay that reset the connection and refused reconnects for 0.5 s ended both
+    sessions at once, with no `closed`. Now both resume by themselves and, at their close, get
+    `closed` with every frame they sent heard or counted."""
+    from chaos.relay import Relay
+
+    async def body():
+        async with node_on_tcp(heartbeat_s=0.25, resume_grace_s=5.0) as node:
+            port = int(node.endpoint.rsplit(":", 1)[1])
+            relay = Relay("127.0.0.1", port)
+            rport = await relay.start()
+            c = NodeClient(f"tcp://127.0.0.1:{rport}")
+            c.sock.setsockopt(zmq.RECONNECT_IVL, 50)
+            c.connect()
+            try:
+                a, b = await c.open("a"), await c.open("b")
+                await asyncio.gather(stream(a, 10), stream(b, 10))
+                relay.refuse_for(0.5)
+                assert relay.reset() >= 1
+                await asyncio.gather(stream(a, 40, 0.03), stream(b, 40, 0.03))
+                for _ in range(100):
+                    if a.resumes and b.resumes:
+                        break
+                    await asyncio.sleep(0.05)
+                assert a.resumes >= 1 and b.resumes >= 1, (a.resumes, b.resumes)
+                assert (await audio_within(a, 0.6))[0] > 0
+                assert (await audio_within(b, 0.6))[0] > 0
+                assert len(node.sessions) == 2 and node.bindings.detached >= 2
+                for s in (a, b):
+                    st = (await s.close()).stats
+                    # 50 frames sent; the ones lost in the reset were sent again (replay), so
+                    # every one was heard or is counted.
+                    assert st["frames_in"] + st["dropped_in"] >= 50, st
+            finally:
+                await c.aclose()
+                await relay.close()
     asyncio.run(body())

@@ -1,9 +1,11 @@
 """End to end: sipp calls the bridge, the bridge talks to the real node (sim backend).
 
 One node (`--max-sessions 3`) and one bridge run as subprocesses on free loopback ports for the
-whole module. sipp places 3 concurrent calls that play a generated pcap of G.711 RTP (with one
-reordered pair, one lost and one duplicated packet) while the bridge's RTP back to each call is
-captured on a UDP socket of this test; then BYE. A 4th call while those 3 are up gets 486 from
+whole module. sipp places 3 concurrent calls; for each, the UDP socket of this test that its SDP
+names captures the bridge's RTP and, from that socket (symmetric RTP, as phones send it: the
+bridge takes media only from the SDP address, and sipp's pcap player sends from another port),
+plays a generated pcap of G.711 RTP with one reordered pair, one lost and one duplicated packet;
+then BYE. A 4th call while those 3 are up gets 486 from
 the node's refusal. Then: a caller that sends no RTP is hung up on (BYE from the bridge), broken
 SDP gets 400 and an SDP without G.711 488 (both through sipp), a request missing Call-ID gets 400,
 and random bytes on the SIP and RTP ports are counted, never fatal. sipp is required: without it
@@ -229,6 +231,34 @@ def caller_pcap(path: Path) -> None:
     pcap.write(path, [(1.0 + 0.02 * k, pkts[i]) for k, i in enumerate(order)])
 
 
+def converse(sock: socket.socket, pkts: list[tuple[float, bytes]], until: float
+             ) -> list[tuple[float, rtp.RtpPacket]]:
+    """A symmetric phone: captures the RTP arriving on `sock` until `until` (or a STOP), and
+    from the bridge's first packet on sends `pkts` (at their pcap times) back to where it came
+    from, out of the same socket."""
+    out, peer, start, k = [], None, 0.0, 0
+    while True:
+        now = time.monotonic()
+        if peer is not None and k < len(pkts) and now >= start + pkts[k][0]:
+            sock.sendto(pkts[k][1], peer)
+            k += 1
+            continue
+        if now >= until:
+            break
+        wake = until if peer is None or k == len(pkts) else min(until, start + pkts[k][0])
+        sock.settimeout(max(0.001, wake - now))
+        try:
+            data, addr = sock.recvfrom(2048)
+        except socket.timeout:
+            continue
+        if data == b"STOP":
+            break
+        if peer is None:
+            peer, start = addr, time.monotonic() - pkts[0][0]
+        out.append((time.monotonic(), rtp.parse(data)))
+    return out
+
+
 def capture(sock: socket.socket, until: float) -> list[tuple[float, rtp.RtpPacket]]:
     """RTP arriving on `sock` until `until`, then whatever the socket still holds."""
     out = []
@@ -292,11 +322,10 @@ def test_three_concurrent_calls_rtp_both_ways(stack):
     socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(3)]
     for s in socks:
         s.bind(("127.0.0.1", 0))
-    (d / "ports.csv").write_text("SEQUENTIAL\n" + "".join(
-        f"{s.getsockname()[1]};\n" for s in socks))
+    ports = [s.getsockname()[1] for s in socks]
+    (d / "ports.csv").write_text("SEQUENTIAL\n" + "".join(f"{p};\n" for p in ports))
     scenario = (HEAD.format(name="caller", sdp=SDP.format(port="[field0]", fmt=0, codec="PCMU"))
                 + '  <recv response="200" rtd="true"/>\n' + ACK.format(offset="")
-                + '  <nop><action><exec play_pcap_audio="caller.pcap"/></action></nop>\n'
                 + '  <pause milliseconds="3000"/>\n' + BYE)
     result: dict = {}
     runner = threading.Thread(target=lambda: result.update(
@@ -304,7 +333,9 @@ def test_three_concurrent_calls_rtp_both_ways(stack):
     runner.start()
     until = time.monotonic() + 8
     caps: list = [None] * 3
-    threads = [threading.Thread(target=lambda i=i: caps.__setitem__(i, capture(socks[i], until)))
+    pkts = pcap.read(d / "caller.pcap")
+    threads = [threading.Thread(target=lambda i=i: caps.__setitem__(
+        i, converse(socks[i], pkts, until)))
                for i in range(3)]
     for t in threads:
         t.start()
@@ -327,6 +358,7 @@ def test_three_concurrent_calls_rtp_both_ways(stack):
         assert j["reordered"] == 1 and j["lost"] == 1 and j["duplicate"] == 1, j
         assert j["played"] == PCAP_PACKETS - 1 and j["late"] == 0, j
         assert end["rtp"]["rtp_bad"] == 0 and end["rtp"]["wrong_pt"] == 0
+        assert end["rtp"]["rtp_foreign"] == 0 and end["rtp_source"][1] in ports
 
 
 def _check_stream(cap) -> int:

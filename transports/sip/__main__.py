@@ -31,6 +31,8 @@ def parse_args(argv=None) -> BridgeConfig:
     ap.add_argument("--node-timeout", type=float, default=d.node_timeout)
     ap.add_argument("--open-timeout", type=float, default=d.open_timeout)
     ap.add_argument("--prebuffer-ms", type=int, default=d.playout.prebuffer_ms)
+    ap.add_argument("--sip-rcvbuf", type=int, default=d.sip_rcvbuf,
+                    help="SIP socket receive buffer, bytes (an INVITE burst waits there)")
     ap.add_argument("--instructions", default="", help="system prompt for every call")
     a = ap.parse_args(argv)
     host, port = split_hostport(a.listen)
@@ -41,7 +43,7 @@ def parse_args(argv=None) -> BridgeConfig:
                         media_ip=a.media_ip, rtp_ports=(int(lo), int(hi or lo)),
                         max_calls=a.max_calls, rtp_timeout=a.rtp_timeout,
                         node_timeout=a.node_timeout, open_timeout=a.open_timeout,
-                        instructions=a.instructions,
+                        instructions=a.instructions, sip_rcvbuf=a.sip_rcvbuf,
                         playout=replace(d.playout, prebuffer_ms=a.prebuffer_ms))
 
 

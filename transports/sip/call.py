@@ -13,6 +13,11 @@ The node session is opened with the caller's law at 8 kHz in both directions (`p
 output_sample_rate 8000): the node resamples and encodes, so the bridge never touches samples.
 Whatever ends the call from the media side (RTP timeout, node closed or silent) is reported once
 through `on_end(call, reason)`; the SIP side then sends BYE and calls `stop`.
+
+Caller media is accepted from one source only (`latch.SourceLatch`: the SDP address, or the first
+valid sender when that is unusable); everything else is counted as `rtp_foreign` and dropped.
+The RTP timeout runs from the last packet accepted from that source, so a stranger who keeps
+sending can neither talk into the call nor keep a dead one alive.
 """
 from __future__ import annotations
 
@@ -24,9 +29,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from transports import client as C
-from transports.sip import rtp
+from transports.sip import rtp, sockbuf
 from transports.sip.config import BridgeConfig
 from transports.sip.jitter import JitterBuffer
+from transports.sip.latch import SourceLatch
 from transports.sip.pacer import Clock, MonotonicClock, Playout, ticks
 from transports.sip.sdp import Answer, Codec
 
@@ -38,6 +44,7 @@ class CallStats:
     rtcp_in: int = 0            # RTCP multiplexed on the RTP port: ignored
     wrong_pt: int = 0           # a payload type we did not negotiate (e.g. DTMF events): dropped
     rtp_early: int = 0          # arrived before the call was answered: dropped
+    rtp_foreign: int = 0        # from a source other than the latched one: dropped
     rtp_out: int = 0
     uplink_dropped: int = 0     # packets the node link could not take (queue full)
     silence_fill: int = 0       # 20 ms of silence sent to the node while the caller was quiet
@@ -85,20 +92,25 @@ async def bind_rtp(cfg: BridgeConfig, call: "Call") -> asyncio.DatagramTransport
         try:
             transport, _ = await loop.create_datagram_endpoint(
                 lambda: _RtpProtocol(call), local_addr=(cfg.rtp_ip, port))
-            return transport
         except OSError:
             continue
+        sock = transport.get_extra_info("socket")
+        sockbuf.size(sock, "rcvbuf", cfg.rtp_rcvbuf)
+        sockbuf.size(sock, "sndbuf", cfg.rtp_sndbuf)
+        return transport
     raise OSError("no free RTP port")
 
 
 class Call:
     def __init__(self, cfg: BridgeConfig, sip_call_id: str, codec: Codec,
-                 on_end: Callable[["Call", str], None], clock: Clock | None = None):
+                 on_end: Callable[["Call", str], None], clock: Clock | None = None,
+                 signalling_host: str | None = None):
         self.cfg, self.sip_call_id, self.codec = cfg, sip_call_id, codec
         self.session_id = "sip-" + os.urandom(8).hex()
         self.clock = clock or MonotonicClock()
         self._on_end = on_end
         self.stats = CallStats()
+        self.latch = SourceLatch(signalling_host)   # where the INVITE came from: NAT detection
         self.jitter = JitterBuffer(replace(cfg.jitter, rate=codec.rate), codec.silence)
         self.playout = Playout(replace(cfg.playout, rate=codec.rate, silence=codec.silence))
         self.sender = rtp.RtpSender(codec.pt)
@@ -141,20 +153,26 @@ class Call:
     def start(self, answer: Answer) -> None:
         """Media flows from here on (the 200 OK with our answer has been sent)."""
         self.answer = answer
+        self.latch.expect(answer.remote if answer else None)
         self._last_rtp = self._last_node = self.clock.now()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick_loop()), loop.create_task(self._uplink_loop()),
                        loop.create_task(self._downlink_loop())]
 
     def update(self, answer: Answer) -> None:
-        """A re-INVITE changed where (or whether) media flows."""
+        """A re-INVITE (or the caller's answer in the ACK) changed where or whether media flows:
+        re-latch to its address; the RTP timeout starts afresh."""
         self.answer = answer
+        self.latch.expect(answer.remote)
         self._last_rtp = self.clock.now()
 
     def on_rtp(self, data: bytes, addr) -> None:
         self.stats.rtp_in += 1
         if not self._tasks:                    # before our 200 OK: nothing to feed yet
             self.stats.rtp_early += 1
+            return
+        if not self.latch.admits(addr):
+            self.stats.rtp_foreign += 1
             return
         if rtp.is_rtcp(data):
             self.stats.rtcp_in += 1
@@ -170,8 +188,9 @@ class Call:
         if not pkt.payload:
             self.stats.rtp_bad += 1
             return
+        self.latch.learn(addr)
         now = self.clock.now()
-        self._last_rtp = now
+        self._last_rtp = now                   # only the latched source keeps the call alive
         self.jitter.push(pkt, now)
         self._flush_jitter(now)
 
@@ -281,5 +300,6 @@ class Call:
         return {"call_id": self.sip_call_id, "session": self.session_id,
                 "reason": self.end_reason, "codec": self.codec.name, "node_stats": node_stats,
                 "node_error": node_error, "rtp": asdict(self.stats),
+                "rtp_source": self.latch.source, "rtp_source_learned": self.latch.learned,
                 "jitter": self.jitter.stats.as_dict(), "playout": self.playout.stats.as_dict(),
                 "sent_packets": self.sender.sent}

@@ -24,6 +24,14 @@ class BridgeConfig:
     node_timeout: float = 5.0              # no event from the node for this long: BYE
     fill_after: float = 0.2                # caller quiet this long: feed the node silence, s
     uplink_queue: int = 100                # packets (2 s) queued towards the node at most
+    # Kernel buffers, bytes (0: the kernel's default). The SIP socket holds a burst of INVITEs
+    # that lands while the loop is busy: 300 of them take ~700 KB of kernel accounting, three
+    # times Linux's usual default. An RTP socket gets 50 packets/s: 128 KiB holds seconds of
+    # them, and bounds what a flood can queue behind a stalled loop.
+    sip_rcvbuf: int = 4 << 20
+    sip_sndbuf: int = 4 << 20
+    rtp_rcvbuf: int = 128 << 10
+    rtp_sndbuf: int = 64 << 10
     jitter: JitterConfig = field(default_factory=JitterConfig)
     playout: PlayoutConfig = field(default_factory=PlayoutConfig)
     user_agent: str = "wave-sip/1"

@@ -18,7 +18,7 @@ from typing import Callable
 
 from transports import client as C
 from transports.sip import message as M
-from transports.sip import sdp
+from transports.sip import sdp, sockbuf
 from transports.sip.call import NODE_ERRORS, Call
 from transports.sip.config import BridgeConfig
 from transports.sip.dialog import Dialog, hostport, new_tag
@@ -93,8 +93,24 @@ class Bridge:
             self.client.connect()
         self.transport, _ = await loop.create_datagram_endpoint(
             lambda: _SipProtocol(self), local_addr=(self.cfg.host, self.cfg.port))
+        buffers = self._size_buffers()
         self._housekeeper = loop.create_task(self._housekeeping())
-        self.emit("listening", sip=self.address, node=self.cfg.node)
+        self.emit("listening", sip=self.address, node=self.cfg.node,
+                  **{b.name: b.granted for b in buffers})
+
+    def _size_buffers(self) -> list[sockbuf.Buffer]:
+        """Room for an INVITE burst (see BridgeConfig.sip_rcvbuf); a clamp is logged, since it
+        turns a burst into losses that only the callers' retransmissions repair."""
+        sock = self.transport.get_extra_info("socket")
+        buffers = [sockbuf.size(sock, "rcvbuf", self.cfg.sip_rcvbuf),
+                   sockbuf.size(sock, "sndbuf", self.cfg.sip_sndbuf)]
+        for b in buffers:
+            if b.clamped:
+                self.emit("socket_buffer_clamped", socket="sip", buffer=b.name,
+                          wanted=b.wanted, granted=b.granted,
+                          limit="net.core.rmem_max" if b.name == "rcvbuf" else
+                          "net.core.wmem_max")
+        return buffers
 
     @property
     def address(self) -> tuple[str, int]:
@@ -236,7 +252,8 @@ class Bridge:
             self.tx.respond(req, addr, 503, headers=[("Retry-After", "5")])
             return
         codec = sdp.negotiate(offer, self.cfg.rtp_ip, 0, 0, 0).codec if offer else sdp.PCMU
-        tx.call = Call(self.cfg, req.get("Call-ID"), codec, self._on_call_end, self.clock)
+        tx.call = Call(self.cfg, req.get("Call-ID"), codec, self._on_call_end, self.clock,
+                       signalling_host=addr[0])
         self.calls.add(tx.call)
         self.tx.provisional(tx, 100)
         tx.task = self._spawn(self._answer(tx, offer))
