@@ -17,6 +17,7 @@ from wave_actors.node import Node, NodeConfig
 
 @contextlib.asynccontextmanager
 async def node_on_tcp(max_sessions=2, backend=None, **cfg):
+    cfg.setdefault("drain_grace_s", 0.0)
     clock = Clock()
     node = Node(NodeConfig(bind="tcp://127.0.0.1:0", max_sessions=max_sessions, **cfg),
                 backend or SimExecutor(ExecutorOptions(max_sessions=max_sessions), clock=clock),

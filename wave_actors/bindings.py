@@ -25,9 +25,12 @@ RECENTLY_CLOSED = 1024      # closed sessions whose stats a resume can still fet
 
 @dataclass
 class Peer:
-    """A routing identity as last heard: on which connection, and when."""
+    """A routing identity as last heard: on which connection, and when. The sender (flood key)
+    and CURVE key belong to the connection, so they are read once per connection."""
     conn: str
     heard: float
+    sender: str = ""
+    user_key: str | None = None
 
 
 @dataclass(eq=False)
@@ -99,17 +102,15 @@ class Bindings:
                 self._recently_closed.popitem(last=False)
 
     # -- liveness ---------------------------------------------------------------------------------
-    def heard(self, identity: bytes, conn: str, now: float) -> None:
-        """A message from `identity` on connection `conn`; a new connection detaches the
-        identity's sessions bound to its old one."""
+    def connected(self, identity: bytes, conn: str, now: float, sender: str,
+                  user_key: str | None) -> Peer:
+        """The first message from `identity` on connection `conn`: a new connection detaches
+        the identity's sessions bound to its old one."""
         peer = self.peers.get(identity)
-        if peer is None:
-            self.peers[identity] = Peer(conn, now)
-            return
-        if peer.conn != conn:
+        if peer is not None and peer.conn != conn:
             self.detach_identity(identity, now, keep_conn=conn)
-            peer.conn = conn
-        peer.heard = now
+        peer = self.peers[identity] = Peer(conn, now, sender, user_key)
+        return peer
 
     def detach(self, route: Route, now: float) -> bool:
         if route.detached_at is not None or not route.live:

@@ -65,6 +65,7 @@ class NodeConfig:
     heartbeat_liveness: int = 3          # heartbeats missed before its sessions are detached
     resume_grace_s: float = 5.0          # a detached session waits this long for `resume`
     start_timeout_s: float = 60.0        # an admitted session's start (prefill) must end by then
+    drain_grace_s: float = 1.0           # a drain refuses opens at least this long (racing clients)
     curve_keys: str | None = None        # directory: server.key_secret + clients/*.key
     metrics_port: int | None = None
     clock_endpoint: str = "inproc://wave-clock"
@@ -227,15 +228,18 @@ class Node:
                 actor.tell(Close("drain"))
             except (ActorStopped, MailboxFull):
                 pass
-        deadline = self.clock.now() + timeout
-        while (self.sessions or self._opens) and self.clock.now() < deadline:
+        began = self.clock.now()
+        deadline = began + timeout
+        while (self.sessions or self._opens or self.clock.now() < began + self.cfg.drain_grace_s) \
+                and self.clock.now() < deadline:
             await asyncio.sleep(0.02)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._watcher is not None and self._watcher is not asyncio.current_task():
             self._watcher.cancel()
         await self.supervisor.stop_all()
+        # The front reads (and refuses opens) until here: nothing below waits on the loop.
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.gatekeeper is not None:
             await self.gatekeeper.stop()
         self.sock.close(CLOSE_LINGER_MS)
@@ -342,13 +346,16 @@ class Node:
             return None
 
     def _on_frames(self, raw: list) -> None:
-        identity = raw[0].bytes
-        head = raw[0]
-        user_key = self._property(head, "User-Id") if self.cfg.curve_keys else None
+        identity, head = raw[0].bytes, raw[0]
         conn = self._property(head, CONN_PROPERTY) or ""
-        sender = user_key or self._property(head, "Peer-Address") or identity.hex()
         now = self.clock.now()
-        self.bindings.heard(identity, conn, now)
+        peer = self.bindings.peers.get(identity)
+        if peer is None or peer.conn != conn:
+            user_key = self._property(head, "User-Id") if self.cfg.curve_keys else None
+            sender = user_key or self._property(head, "Peer-Address") or identity.hex()
+            peer = self.bindings.connected(identity, conn, now, sender, user_key)
+        peer.heard = now
+        user_key, sender = peer.user_key, peer.sender
         try:
             msg = P.parse([f.bytes for f in raw[1:]])
         except P.ProtocolError as exc:

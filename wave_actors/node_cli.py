@@ -46,7 +46,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="sim: model every session as already holding this many frames")
     ap.add_argument("--curve-keys", help="directory with server.key_secret and clients/*.key")
     ap.add_argument("--metrics-port", type=int)
-    ap.add_argument("--idle-timeout", type=float, default=10.0)
+    d = NodeConfig()
+    ap.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s,
+                    help="s: a session that hears nothing of its own this long is closed")
+    ap.add_argument("--heartbeat", type=float, default=d.heartbeat_s,
+                    help=f"s: clients send something this often; {d.heartbeat_liveness} missed "
+                         f"detach their sessions (docs/PROTOCOL.md)")
+    ap.add_argument("--resume-grace", type=float, default=d.resume_grace_s,
+                    help="s: a detached session waits this long for `resume`")
     ap.add_argument("--prebuffer", type=int, default=ClockPolicy().prebuffer,
                     help="frames queued before a session starts consuming")
     ap.add_argument("--policy", nargs="+", metavar="WORD",
@@ -67,6 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         args.start_policy = make_policy(args.policy) if args.policy else None
         args.clock_policy = ClockPolicy(prebuffer=args.prebuffer)
+        NodeConfig(idle_timeout_s=args.idle_timeout, heartbeat_s=args.heartbeat,
+                   resume_grace_s=args.resume_grace)
     except (PolicyError, ValueError) as exc:
         ap.error(str(exc))
     return args
@@ -86,7 +95,8 @@ def build(args) -> Node:
     executor = make_executor(args.backend, opts, clock)
     cfg = NodeConfig(bind=args.bind, max_sessions=args.max_sessions,
                      clock_policy=args.clock_policy, start_policy=args.start_policy,
-                     idle_timeout_s=args.idle_timeout, curve_keys=args.curve_keys,
+                     idle_timeout_s=args.idle_timeout, heartbeat_s=args.heartbeat,
+                     resume_grace_s=args.resume_grace, curve_keys=args.curve_keys,
                      metrics_port=args.metrics_port, keep_records=False)
     return Node(cfg, executor, clock)
 
