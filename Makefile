@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast bench clean
+.PHONY: run test test-fast bench chaos clean
 
 $(STAMP): requirements.txt requirements-test.txt
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,11 @@ test: $(STAMP)
 # The edit-test loop: everything but the tests marked slow (and the device's).
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" tests
+
+# Fuzz the node and its bridges while victim sessions stream (a few minutes); writes
+# bench/results/chaos-long.json and exits non-zero on a crash, a lost session or a lost frame.
+chaos: $(STAMP)
+	$(BIN)/python -m chaos.run --long
 
 bench: $(STAMP)
 	$(BIN)/python -m wave_actors.bench --backend sim --sessions 32 --beats 200

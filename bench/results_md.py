@@ -3,7 +3,8 @@
     python bench/results_md.py            # rewrite bench/RESULTS.md
     python bench/results_md.py --check    # exit 1 if bench/RESULTS.md is not what this writes
 
-Algorithm: load every file under bench/results/, sort it into a kind by its keys (a bench run of
+Algorithm: load every file under bench/results/, sort it into a kind by its keys (a chaos run of
+`python -m chaos.run` has `chaos` or a name starting `chaos-`; a bench run of
 `python -m wave_actors.bench` has `backend` and `per_run`; a stage timing has `stage_ms`; a check
 has rows with `text_equal`; a kernel A/B has `rows` or `variants`; anything else, or a file that
 is not JSON, is "other" and gets a generic row of its top-level scalars), render one table per
@@ -35,6 +36,8 @@ SECTIONS = (                # kind -> heading; bench runs of other backends foll
     ("kernels", "Kernel A/Bs and sweeps (details: `bench/KERNELS_NOTES.md`)"),
     ("checks", "Parity and checks (`bench/graph_check.py`)"),
     ("fidelity", "Teacher-forced fidelity per stage (`bench/fidelity.py`)"),
+    ("chaos", "Chaos runs (`python -m chaos.run`, `make chaos`: fuzzers against the node and "
+              "bridges while victim sessions stream; every figure but the first two must be 0)"),
     ("other", "Other files"),
 )
 
@@ -152,9 +155,11 @@ def load(path: Path) -> object:
         return None
 
 
-def kind_of(data: object) -> str:
+def kind_of(data: object, name: str = "") -> str:
     if not isinstance(data, dict):
         return "other"
+    if isinstance(data.get("chaos"), dict) or name.startswith("chaos-"):
+        return "chaos"
     command = str(data.get("command", ""))
     rows = data.get("rows") if isinstance(data.get("rows"), list) else data.get("variants")
     if "backend" in data and isinstance(data.get("per_run"), list):
@@ -347,8 +352,41 @@ def fidelity_detail(name: str, d: dict) -> list:
     return ["", f"{name}:", ""] + ["| " + " | ".join(map(str, r)) + " |" for r in rows]
 
 
+CHAOS_HEAD = ["date (UTC)", "JSON", "commit", "mode", "seed", "messages tried",
+              "errors answered", "crashes", "sessions lost", "frames unaccounted", "result",
+              "command"]
+CHAOS_FIGURES = ("messages_tried", "errors_answered", "crashes", "sessions_lost",
+                 "frames_unaccounted")
+
+
+def chaos_row(name: str, date: str, d: dict) -> list:
+    c = d["chaos"] if isinstance(d.get("chaos"), dict) else d
+    figs = [c[k] for k in CHAOS_FIGURES]
+    result = "pass" if not any(figs[2:]) else "FAIL"
+    return [short_date(date), link(name), d.get("commit", "—"), c.get("mode", "—"),
+            c.get("seed", "—"), *figs, result, code(d["command"]) if "command" in d else "—"]
+
+
+def chaos_detail(name: str, d: dict) -> list:
+    """Per victim: frames sent, heard, dropped, unaccounted, and why it was lost, if it was."""
+    victims = [v for v in d.get("victims", []) if isinstance(v, dict)]
+    if not victims:
+        return []
+    rows = []
+    for v in victims:
+        st = v.get("stats") if isinstance(v.get("stats"), dict) else {}
+        rows.append([v.get("name", "?"), "relay" if v.get("relayed") else "direct",
+                     v.get("sent", "—"), st.get("frames_in", "—"),
+                     st.get("dropped_in", st.get("dropped", "—")), v.get("unaccounted", "—"),
+                     v.get("lost") or "—"])
+    head = ["victim", "via", "frames sent", "heard", "dropped (in)", "unaccounted", "lost"]
+    return ["", f"Victims ({name}):", ""] + table(head, rows)
+
+
 def shape_of(kind: str) -> tuple:
     """(header, row builder, detail builder) for a kind; bench runs of any backend share one."""
+    if kind == "chaos":
+        return CHAOS_HEAD, chaos_row, chaos_detail
     if kind == "stages":
         return STAGES_HEAD, stage_row, stage_detail
     if kind in ("kernels", "checks"):
@@ -364,7 +402,8 @@ def entry(path: Path) -> tuple:
     """(kind, name, data, date, row, detail): a schema that surprises its kind's renderer
     falls back to the generic row instead of failing the whole file."""
     data = load(path) if path.suffix == ".json" else None
-    name, kind = path.name, kind_of(data)
+    name = path.name
+    kind = kind_of(data, name)
     date = date_of(name, data)
     _, row, detail = shape_of(kind)
     try:

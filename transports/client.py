@@ -98,28 +98,35 @@ class ClientSession:
         self._replay: collections.deque[tuple[int, list[bytes]]] = collections.deque(maxlen=REPLAY)
         self._last_sent = 0.0
         self._resume_asked = -1e9
+        self._resume_mark = 0               # past the last seq queued when resume was asked
 
     async def send_audio(self, payload: bytes, seq: int | None = None) -> None:
         if seq is None:
             seq, self.seq = self.seq, self.seq + 1
         frames = P.pack("audio", self.id, payload, seq=seq)
-        self._replay.append((seq, frames))
         self._last_sent = asyncio.get_running_loop().time()
         await self.client.send(frames)
+        # Kept once queued: a send still waiting for room when a resume replays is not in the
+        # buffer yet, so it goes out once, after the replay.
+        self._replay.append((seq, frames))
 
     def _ask_resume(self) -> None:
         now = asyncio.get_running_loop().time()
         if self.closed is not None or now - self._resume_asked < RESUME_RETRY_S:
             return
         self._resume_asked = now
+        # Audio queued after this `resume` reaches the node after it, on the same connection:
+        # only what was queued before can have been lost.
+        self._resume_mark = self._replay[-1][0] + 1 if self._replay else 0
         self.client._send_soon(P.pack("resume", self.id, token=self.token))
 
     def _resumed(self, seq: int) -> None:
-        """Send again what the node has not heard: audio from `seq` on, still in the buffer."""
+        """Send again what the node has not heard: audio from `seq` on that was queued before
+        the resume was asked, still in the buffer."""
         self.resumes += 1
         self._resume_asked = -1e9
         for s, frames in list(self._replay):
-            if s >= seq:
+            if seq <= s < self._resume_mark:
                 self.client._send_soon(frames)
 
     async def function_result(self, call_id: str, output: str) -> None:

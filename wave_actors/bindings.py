@@ -47,6 +47,7 @@ class Route:
     cancelled: bool = False             # closed by its client before `opened`
     detached_at: float | None = None    # None while bound to `conn`
     last_heard: float = 0.0             # its last audio, function result or ping
+    next_seq: int = 0                   # past the highest audio seq the front accepted
     held: collections.deque = field(default_factory=collections.deque)  # while detached
 
     @property

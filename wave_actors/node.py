@@ -98,7 +98,13 @@ class NodeCounters:
     opened: int = 0
     closed: int = 0
     crashed: int = 0
+    superseded: int = 0                 # messages read from a connection already replaced
     held_lost: int = 0                  # messages for detached sessions past HELD_MAX
+
+
+def _older(conn: str, than: str) -> bool:
+    """Connection numbers grow (gatekeeper.py); inproc connections have none."""
+    return conn.isdigit() and than.isdigit() and int(conn) < int(than)
 
 
 class Node:
@@ -350,6 +356,12 @@ class Node:
         conn = self._property(head, CONN_PROPERTY) or ""
         now = self.clock.now()
         peer = self.bindings.peers.get(identity)
+        if peer is not None and peer.conn != conn and _older(conn, peer.conn):
+            # A straggler of a connection this identity has since replaced (read after the new
+            # one's messages): its sessions live on the new one, which sends again what they
+            # did not hear (resume), so it belongs to no session now.
+            self.counters.superseded += 1
+            return
         if peer is None or peer.conn != conn:
             user_key = self._property(head, "User-Id") if self.cfg.curve_keys else None
             sender = user_key or self._property(head, "Peer-Address") or identity.hex()
@@ -415,7 +427,9 @@ class Node:
     def _on_audio(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
         route = self._bound_route(identity, user_key, conn, msg)
         if route is not None:
-            route.actor.tell(AudioIn(msg.header["seq"], msg.payload), MsgClass.AUDIO)
+            seq = msg.header["seq"]
+            route.next_seq = max(route.next_seq, seq + 1)
+            route.actor.tell(AudioIn(seq, msg.payload), MsgClass.AUDIO)
 
     def _on_function_result(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
         route = self._bound_route(identity, user_key, conn, msg)
@@ -455,8 +469,10 @@ class Node:
                                                 "this connection under another token",
                         msg.session)
             return
-        self.send(identity, P.pack("resumed", msg.session, seq=route.actor.expected_seq,
-                                   out_seq=route.actor.out_seq))
+        # The next seq is the front's view: audio it accepted may still wait in the actor's
+        # mailbox, and sent again it would be a duplicate.
+        seq = max(route.next_seq, route.actor.expected_seq)
+        self.send(identity, P.pack("resumed", msg.session, seq=seq, out_seq=route.actor.out_seq))
         while route.held:
             self.send(identity, route.held.popleft())
 

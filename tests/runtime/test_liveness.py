@@ -304,3 +304,22 @@ def test_audio_sent_right_before_close_is_heard_or_counted():
                 assert st["frames_in"] + st["dropped_in"] == 10, st
             sock.close(0)
     asyncio.run(body())
+
+
+def test_a_close_right_after_open_cancels_the_start_and_frees_the_slot():
+    """Bug: a `close` sent right after `open` got `unknown_session` and the session opened
+    anyway (10 of 10), holding its slot for nobody."""
+    async def body():
+        async with node_on_tcp(max_sessions=1) as node:
+            sock = await raw_dealer(node)
+            for i in range(10):
+                await sock.send_multipart(P.pack("open", f"s{i}", sample_rate=16000,
+                                                 format="pcm_f32le"))
+                await sock.send_multipart(P.pack("close", f"s{i}"))
+                h, _ = await reply(sock, timeout=5)
+                assert (h["type"], h["session"]) == ("closed", f"s{i}"), h
+            assert not node.routes and node.clock_actor.table.free_slots == 1
+            async with client_of(node) as c:                  # the one slot is free
+                await (await c.open("after")).close()
+            sock.close(0)
+    asyncio.run(body())

@@ -5,6 +5,7 @@ transports.realtime`) run as subprocesses on free ports; the slow-reader and CUR
 bridge in-process so they can shrink its limits and read its counters. Every wait is bounded.
 """
 import asyncio
+import signal
 import base64
 import json
 import os
@@ -382,8 +383,9 @@ def test_non_reading_client_is_bounded_then_disconnected(node):
 def test_curve_keys_and_node_side_close(tmp_path):
     """With --curve-keys on the node, the bridge's keys (loaded the CLI's way) open a session;
     a bridge with an unknown key gets no session. A full node's refusal is an `error` and close
-    1013. The node closing a session (here: input silence) ends the open response, sends
-    `session.closed` and closes the WebSocket with 1000."""
+    1013. The node closing a session (here: the node shuts down) ends the open response, sends
+    `session.closed` and closes the WebSocket with 1000. (Input silence does not close it: the
+    bridge's client heartbeats each session while its WebSocket lives.)"""
     keys = tmp_path / "keys"
     (keys / "clients").mkdir(parents=True)
     zmq.auth.create_certificates(keys, "server")
@@ -418,6 +420,8 @@ def test_curve_keys_and_node_side_close(tmp_path):
                         await recv_json(ws2)
                     assert exc.value.rcvd.code == 1013             # try again later
                 seen: list = []
+                await asyncio.sleep(2.0)                   # past --idle-timeout: still open
+                proc.send_signal(signal.SIGTERM)           # the node drains: `closed` for all
                 closed = await until(ws, "session.closed", 10, seen)
                 assert set(closed["stats"]) >= {"frames_in", "frames_out", "underruns"}
                 assert [e["response"]["status"] for e in seen if e["type"] == "response.done"
@@ -429,11 +433,11 @@ def test_curve_keys_and_node_side_close(tmp_path):
         finally:
             await bridge.stop()
     try:
-        assert asyncio.run(asyncio.wait_for(open_one(cli.curve), 20)) == "closed"
         stranger = load_z85(str(tmp_path / "stranger.key_secret"), True)
         # the client library tells a refused CURVE key from a node that is not there
         assert asyncio.run(asyncio.wait_for(
             open_one(CurveKeys(*stranger, cli.curve.server_public)), 20)) == \
             "session_refused_unauthorized"
+        assert asyncio.run(asyncio.wait_for(open_one(cli.curve), 25)) == "closed"
     finally:
         stop(proc)

@@ -92,7 +92,10 @@ class Bridge:
         self.client: C.NodeClient | None = None
         self.server = None
         self.connections: set[Connection] = set()
-        self.totals = {"connections": 0, "dropped_deltas": 0, "aborted_slow": 0}
+        # audio_*: node `audio` messages sent for client appends; the largest stays under
+        # codec.MAX_AUDIO_MESSAGE_BYTES whatever a client appends
+        self.totals = {"connections": 0, "dropped_deltas": 0, "aborted_slow": 0,
+                       "audio_messages": 0, "audio_bytes": 0, "largest_audio_message": 0}
 
     async def start(self) -> "Bridge":
         self.client = C.NodeClient(self.cfg.node, curve=self.cfg.curve)
@@ -163,6 +166,8 @@ class Connection:
         self.node_out = NATIVE_OUTPUT
         self.outbox = Outbox(self.cfg.outbox_bytes, self.cfg.outbox_hard_bytes)
         self.abort_reason: str | None = None
+        self.audio_bytes_to_node = 0                # converted input sent, all pieces
+        self.node_stats: dict | None = None         # the node's `closed` stats, once it sent them
         self._tasks: list[asyncio.Task] = []
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -185,17 +190,18 @@ class Connection:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        stats = None
         if self.node is not None and self.node.closed is None:
             try:
-                stats = (await asyncio.wait_for(self.node.close(timeout=2.0), 2.0)).stats
-            except (asyncio.TimeoutError, OSError):
+                self.node_stats = (await asyncio.wait_for(self.node.close(timeout=2.0), 2.0)).stats
+            except (asyncio.TimeoutError, OSError, C.NodeUnavailable):
                 log.warning("%s: node did not confirm close", self.node_id)
+        elif self.node is not None:
+            self.node_stats = self.node.closed.stats
         ob = self.outbox
         log.info("%s closed: %d audio deltas (%d bytes) dropped for a slow reader, queue high "
                  "water %d bytes, %d frames muted%s; node stats %s", self.node_id, ob.dropped,
                  ob.dropped_bytes, ob.high_water, self.conv.muted_frames,
-                 f", aborted: {self.abort_reason}" if self.abort_reason else "", stats)
+                 f", aborted: {self.abort_reason}" if self.abort_reason else "", self.node_stats)
 
     async def _close(self, code: int, reason: str) -> None:
         """Close from the reader: flush, close, and stop reading."""
@@ -291,17 +297,15 @@ class Connection:
                 if self.node is not None:
                     self._set_converters(input=True, output=False)
         await self._open()
-        pcm = self.to_node(data)
+        pieces = self.to_node.pieces(data)         # validated now; converted as each is sent
         self.conv.note_input()
-        if pcm:
-            await self._to_node(self.node.send_audio(pcm))
+        await self._send_input(pieces)
 
     async def on_commit(self, event: dict) -> None:
         if event.get("final") and self.node is not None:
-            tail = self.to_node(b"", last=True)      # flush the resampler: end of input
+            tail = self.to_node.pieces(b"", last=True)  # flush the resampler: end of input
             self._set_converters(input=True, output=False)
-            if tail:
-                await self._to_node(self.node.send_audio(tail))
+            await self._send_input(tail)
         events = self.conv.commit()
         if events is None:
             raise EventError("input_audio_buffer_commit_empty", "no input audio since the last "
@@ -388,6 +392,18 @@ class Connection:
             self.to_node = Converter(self.session.input, NATIVE_INPUT)
         if output:
             self.from_node = Converter(self.node_out, self.session.output)
+
+    async def _send_input(self, pieces) -> None:
+        """Converted input to the node, one `audio` message a piece, counted."""
+        totals = self.bridge.totals
+        for pcm in pieces:
+            if not pcm:
+                continue
+            await self._to_node(self.node.send_audio(pcm))
+            self.audio_bytes_to_node += len(pcm)
+            totals["audio_messages"] += 1
+            totals["audio_bytes"] += len(pcm)
+            totals["largest_audio_message"] = max(totals["largest_audio_message"], len(pcm))
 
     async def _to_node(self, send) -> None:
         try:
