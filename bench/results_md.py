@@ -38,6 +38,8 @@ SECTIONS = (                # kind -> heading; bench runs of other backends foll
     ("fidelity", "Teacher-forced fidelity per stage (`bench/fidelity.py`)"),
     ("chaos", "Chaos runs (`python -m chaos.run`, `make chaos`: fuzzers against the node and "
               "bridges while victim sessions stream; every figure but the first two must be 0)"),
+    ("latency", "Input latency on virtual time (`python -m sim.latency`: the real node, a 1.2 s "
+                "stall then its backlog at once, and 10 % message loss)"),
     ("other", "Other files"),
 )
 
@@ -160,6 +162,8 @@ def kind_of(data: object, name: str = "") -> str:
         return "other"
     if isinstance(data.get("chaos"), dict) or name.startswith("chaos-"):
         return "chaos"
+    if isinstance(data.get("latency"), dict):
+        return "latency"
     command = str(data.get("command", ""))
     rows = data.get("rows") if isinstance(data.get("rows"), list) else data.get("variants")
     if "backend" in data and isinstance(data.get("per_run"), list):
@@ -383,8 +387,32 @@ def chaos_detail(name: str, d: dict) -> list:
     return ["", f"Victims ({name}):", ""] + table(head, rows)
 
 
+LATENCY_HEAD = ["date (UTC)", "JSON", "commit", "jitter buffer", "baseline ms",
+                "5 s after the stall ms", "stall excess ms (target ≤ 40)",
+                "10 % loss excess ms (target ≤ 100)", "command"]
+
+
+def latency_rows(name: str, date: str, d: dict) -> list:
+    return [[short_date(date), link(name), d.get("commit", "—"), buffer, r["baseline_ms"],
+             r["after_stall_ms"], r["stall_excess_ms"], r["loss10_excess_ms"],
+             code(d["command"]) if "command" in d else "—"]
+            for buffer, r in d["latency"].items()]
+
+
+def latency_row(name: str, date: str, d: dict) -> list:
+    return latency_rows(name, date, d)[0]
+
+
+def latency_detail(name: str, d: dict) -> list:
+    """The other buffers of the same file (the table's row shows the first)."""
+    rest = latency_rows(name, "", d)[1:]
+    return ["", f"Compared in {name}:", ""] + table(LATENCY_HEAD, rest) if rest else []
+
+
 def shape_of(kind: str) -> tuple:
     """(header, row builder, detail builder) for a kind; bench runs of any backend share one."""
+    if kind == "latency":
+        return LATENCY_HEAD, latency_row, latency_detail
     if kind == "chaos":
         return CHAOS_HEAD, chaos_row, chaos_detail
     if kind == "stages":
