@@ -148,6 +148,9 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
         with serving_process():      # as `python -m wave_actors.node` serves
             records, stats, refusals, waits = await _drive(args, node, n, clock, loop_virtual)
         errors = sum(node.counters.errors.values())
+        if errors:
+            print(f"           errors the node answered, by code: {node.counters.errors}",
+                  flush=True)
         policies = {"start": node.start_policy.describe(),
                     "clock": node.cfg.clock_policy.describe()}
     finally:

@@ -191,6 +191,9 @@ class SessionActor(Actor):
 
     def _on_audio(self, msg: AudioIn) -> None:
         self.counters.messages_in += 1
+        if self._reorder.in_order(msg.seq):
+            self._ingest(msg.payload)
+            return
         if msg.seq > self._reorder.next_seq:
             self.counters.reordered += 1
         out = self._reorder.push(msg.seq, msg.payload, self.clock.now())

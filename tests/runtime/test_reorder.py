@@ -147,3 +147,17 @@ def test_any_arrival_order_is_released_in_order_once(arrivals):
         out += r.seqs
     assert out == sorted(set(out))
     assert set(out) <= {seq for seq, _ in arrivals}
+
+
+def test_the_in_order_fast_path_agrees_with_push():
+    """`in_order` is the allocation-free path the session takes for the common case; it must
+    release exactly what `push` would, and refuse whenever anything is held or out of turn."""
+    a, b = ReorderBuffer(), ReorderBuffer()
+    for seq, now in [(0, 0.0), (1, 0.01), (3, 0.02), (2, 0.03), (4, 0.04), (6, 0.05), (7, 0.2)]:
+        if a.in_order(seq):
+            got_a = (seq,)
+        else:
+            got_a = a.push(seq, seq, now).seqs
+        got_b = b.push(seq, seq, now).seqs
+        assert got_a == got_b and a.next_seq == b.next_seq, (seq, got_a, got_b)
+    assert not a.in_order(a.next_seq + 1)

@@ -78,6 +78,14 @@ class ReorderBuffer:
         """When `due` must next be called; None while nothing is held."""
         return min((d for _item, d in self._held.values()), default=None)
 
+    def in_order(self, seq: int) -> bool:
+        """The common case, without allocating: `seq` is the one whose turn it is and nothing
+        is held, so it is released at once (the caller takes its item). False: use `push`."""
+        if seq != self._next or self._held:
+            return False
+        self._next = seq + 1
+        return True
+
     def push(self, seq: int, item: object, now: float) -> Released:
         out = _Out()
         if seq < self._next or seq in self._held:
