@@ -136,6 +136,18 @@ NOTES = (
      "empty set per beat), so the spread is the host's: at 220 sessions the node's single event "
      "loop has too little slack to absorb a caller-side burst. Moving the release off the event "
      "loop is the fix this points to."),
+    ("graph", "After the protocol rework (8cb8d93): late beats and unexplained errors",
+     ("graph-reference-n120-20261201T224823.json", "graph-dense-n220-20261201T225142.json"),
+     "Reference 120 x 3 x 500: 0, 0 and 2 late beats; the 2 follow one stretch where the event "
+     "loop woke 75 ms late (7 ms of garbage collection before it), p99 110.3 / 109.4 / 118.4 ms "
+     "against 107.5-108.5 at 7946bd9, the executor unchanged (p50 103.0-103.2 ms). Dense 220 x "
+     "2 x 500: 0 and 5 late beats, p99 124.6 / 158.1 ms, 22 underruns in run 2 (0 before) and "
+     "452 / 426 errors answered by the node's front per run where every earlier run had 0. "
+     "Their codes were not recorded; a sim-backend run of 220 dense sessions on a 2-core CPU "
+     "(overloaded, 4 caller processes) answered none, so the next device run must read the "
+     "codes the bench now prints before anything is concluded. Device time ran out before an "
+     "A/B of the rework's parts (connection binding, flood gate per sender, adaptive jitter "
+     "buffer, reorder buffer) could be run."),
     ("checks", "What the parity rows mean",
      ("graph-check-h200.json",),
      "fp32, tiny config: the graph backend's text, function and transcript tokens equal the "
