@@ -3,9 +3,8 @@
 A route is a session from its `open` until it is forgotten. It is bound to the connection that
 opened or last resumed it (connections are numbered by `gatekeeper.py`; a routing identity is
 chosen by the client and proves nothing), and with CURVE to the key that opened it. A route is
-*detached* when its connection is gone: a send found no peer, a probe at a new connection found
-none, the identity came back on another connection, or its client went quiet for longer than
-the silence limit. A detached route hears nothing and its outputs are held or counted; `resume`
+*detached* when its connection is gone: a probe at a new connection found none, the identity
+came back on another connection, or its client went quiet for longer than the silence limit. A detached route hears nothing and its outputs are held or counted; `resume`
 with its token (or, under CURVE, from its key) binds it to the caller's connection again.
 
 Pure bookkeeping on an injected `now`: no sockets, no asyncio (the node sends and closes).

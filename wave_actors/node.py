@@ -9,9 +9,9 @@ says why: the CLI then exits non-zero.
 
 Client liveness (the Paranoid Pirate pattern): a session follows the connection that opened or
 last resumed it (`gatekeeper.py` numbers connections). It is detached — its outputs held or
-counted, its inputs refused — when that connection is gone (a send finds no peer, a probe at a
-new connection finds none, or the client sent nothing for `heartbeat_liveness` heartbeats), and
-never closed by one failed send. A detached session resumes with `resume` (its token, or the
+counted, its inputs refused — when that connection is gone (a probe at a new connection finds
+none, or the client sent nothing for `heartbeat_liveness` heartbeats), and never detached or
+closed by a failed send. A detached session resumes with `resume` (its token, or the
 CURVE key that opened it) within `resume_grace_s`, else it closes. A session that hears nothing
 of its own (audio, a function result, a ping naming it) for `idle_timeout_s` closes too.
 
@@ -255,15 +255,17 @@ class Node:
     def send(self, identity: bytes, frames: list[bytes], droppable: bool = False) -> bool:
         """Send to a client without blocking the node. A client that is not reading loses
         `droppable` messages (audio, counted); anything else waits for it in a task, bounded
-        by SEND_TIMEOUT_S. False when the message did not go out now. A peer that is not
-        connected detaches its sessions (it may come back): nothing is closed by a send."""
+        by SEND_TIMEOUT_S. False when the message did not go out now.
+
+        A send that finds no peer (EHOSTUNREACH) proves nothing: with ROUTER_MANDATORY, libzmq
+        also says so for a live peer whose pipe was full a moment ago and is draining. It is
+        counted, and liveness is left to the heartbeats and to the probe at a new connection."""
         try:
             self._tx.send([identity, *frames])
             return True
         except zmq.ZMQError as exc:
             unreachable = exc.errno == zmq.EHOSTUNREACH
         if unreachable:
-            self._detach_identity(identity, "unreachable")
             self.metrics.drops.labels("client_gone").inc()
             return False
         if droppable:
@@ -311,8 +313,13 @@ class Node:
         """A connection is about to be attached: every routing identity with bound sessions is
         probed, so one whose connection is gone detaches its sessions before the newcomer can
         take its identity (gatekeeper.py)."""
+        frames = P.pack("heartbeat")
         for identity in self.bindings.bound_identities():
-            self.send(identity, P.pack("heartbeat"), droppable=True)
+            try:
+                self._tx.send([identity, *frames])
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:
+                    self._detach_identity(identity, "unreachable at a new connection")
 
     async def _watch_liveness(self) -> None:
         cfg = self.cfg

@@ -323,3 +323,21 @@ def test_a_close_right_after_open_cancels_the_start_and_frees_the_slot():
                 await (await c.open("after")).close()
             sock.close(0)
     asyncio.run(body())
+
+
+def test_failed_sends_do_not_detach_only_missed_heartbeats_do():
+    """A peer is dead after several missed heartbeats, never after one failed send (libzmq also
+    answers EHOSTUNREACH for a live peer whose full pipe is draining)."""
+    async def body():
+        async with node_on_tcp(heartbeat_s=0.5, resume_grace_s=5.0) as node:
+            c = NodeClient(node.endpoint)
+            c.connect()
+            s = await c.open("call")
+            await stream(s, 3)
+            await c.aclose()                         # gone: the node's sends now fail
+            route = next(iter(node.routes.values()))
+            await asyncio.sleep(0.8)                 # 5 beats of outputs to nobody
+            assert route.detached_at is None
+            await asyncio.sleep(1.2)                 # past 3 heartbeats of silence
+            assert route.detached_at is not None and len(node.sessions) == 1
+    asyncio.run(body())
