@@ -43,6 +43,7 @@ import numpy as np
 from chaos import ws_fuzz, zmq_fuzz
 from chaos.relay import Relay
 from transports import client as C
+from wave_actors.bench import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAME_S = 0.08
@@ -363,16 +364,6 @@ def summarise(runs: list[dict]) -> dict:
                     if isinstance(vv, (int, float)):
                         d[kk] = d.get(kk, 0) + vv
     return total
-
-
-def git_commit() -> str:
-    if os.environ.get("WAVE_COMMIT"):          # a copied tree without its .git says it here
-        return os.environ["WAVE_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True, cwd=ROOT).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 async def main_async(plan: Plan, seed: int, logdir: Path) -> tuple[dict, Chaos, dict]:

@@ -31,6 +31,8 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
+from chaos.quiet import until_quiet
+
 SOCKS = 3
 RTP_EVERY = 4                # one RTP datagram after every 4th SIP one
 PACE_S = 0.001               # between datagrams: a fuzzer, not a flood
@@ -417,11 +419,7 @@ class _Fuzzer:
             self.send(0, _in_dialog("BYE", h, n, self.host, self.port), (self.host, self.port))
 
     async def settle(self) -> None:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        self.last_rx = max(self.last_rx, start)          # the last datagram just went out
-        while loop.time() - start < SETTLE_S and loop.time() - self.last_rx < QUIET_S:
-            await asyncio.sleep(0.02)
+        await until_quiet(lambda: self.last_rx, SETTLE_S, QUIET_S)
 
 
 async def run(host: str, sip_port: int, count: int, seed: int, timeout: float | None = None

@@ -26,6 +26,8 @@ import random
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from chaos.quiet import until_quiet
+
 CONNS = 3
 SETTLE_S = 1.5
 QUIET_S = 0.3
@@ -150,10 +152,7 @@ class Fuzzer:
         await asyncio.gather(*(c.reader for c in self.conns if c.reader), return_exceptions=True)
 
     async def settle(self) -> None:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + SETTLE_S
-        while loop.time() < end and loop.time() - self.last_event < QUIET_S:
-            await asyncio.sleep(0.05)
+        await until_quiet(lambda: self.last_event, SETTLE_S, QUIET_S)
 
     def report(self) -> dict:
         return {"tried": self.stats["tried"], "unsent": self.stats["unsent"],

@@ -32,6 +32,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from chaos.quiet import until_quiet
 from transports import protocol as P
 from transports import zsock
 
@@ -131,10 +132,7 @@ class Fuzzer:
             s.sock.close(0)
 
     async def settle(self) -> None:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + SETTLE_S
-        while loop.time() < end and loop.time() - self.last_answer < QUIET_S:
-            await asyncio.sleep(0.05)
+        await until_quiet(lambda: self.last_answer, SETTLE_S, QUIET_S)
 
     def report(self) -> dict:
         errors, refused = self.by_type["error"], self.by_type["refused"]

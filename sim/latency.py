@@ -29,6 +29,7 @@ from transports.client import NodeClient
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import FRAME_MS, SAMPLES_IN
+from wave_actors.bench import git_commit
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
 from wave_actors.node import Node, NodeConfig
 
@@ -129,18 +130,9 @@ def main(argv=None) -> int:
         date = datetime.now(timezone.utc).isoformat(timespec="seconds")
         out.write_text(json.dumps({"latency": rows, "targets_met": ok, "date": date,
                                    "command": "python -m sim.latency " + " ".join(argv or sys.argv[1:]),
-                                   "commit": _commit()}, indent=1) + "\n")
+                                   "commit": git_commit()}, indent=1) + "\n")
         print(f"wrote {out}")
     return 0 if ok else 1
-
-
-def _commit() -> str:
-    import subprocess
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

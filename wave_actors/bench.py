@@ -336,7 +336,8 @@ def git_commit() -> str:
         return os.environ["WAVE_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+                              text=True, check=True,
+                              cwd=Path(__file__).resolve().parents[1]).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

@@ -6,6 +6,7 @@ a refusal that lets connections through or never ends, a `drop` that leaves the 
 No timing is asserted: a delay is checked for order and completeness only.
 """
 import asyncio
+import contextlib
 
 import pytest
 
@@ -35,33 +36,36 @@ async def roundtrip(port: int, payload: bytes) -> bytes:
         writer.close()
 
 
+@contextlib.asynccontextmanager
+async def relayed_echo():
+    """A relay in front of an echo server: (relay, the relay's port)."""
+    server = await echo_server()
+    relay = Relay("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        yield relay, await relay.start()
+    finally:
+        await relay.close()
+        server.close()
+
+
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))        # a bound for a hang, not a speed check
 
 
 def test_forwards_in_order_with_and_without_delay():
     async def go():
-        server = await echo_server()
-        relay = Relay("127.0.0.1", server.sockets[0].getsockname()[1])
-        port = await relay.start()
-        try:
+        async with relayed_echo() as (relay, port):
             data = bytes(range(256)) * 4096                   # 1 MiB: many reads and writes
             assert await roundtrip(port, data) == data
             relay.set_delay(20)
             assert await roundtrip(port, data) == data
             assert relay.stats["bytes_up"] == relay.stats["bytes_down"] == 2 * len(data)
-        finally:
-            await relay.close()
-            server.close()
     run(go())
 
 
 def test_reset_sends_an_rst_to_the_client():
     async def go():
-        server = await echo_server()
-        relay = Relay("127.0.0.1", server.sockets[0].getsockname()[1])
-        port = await relay.start()
-        try:
+        async with relayed_echo() as (relay, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"ping")
             assert await asyncio.wait_for(reader.readexactly(4), 10) == b"ping"
@@ -70,36 +74,24 @@ def test_reset_sends_an_rst_to_the_client():
                 await asyncio.wait_for(reader.read(10), 10)
             writer.close()
             assert await roundtrip(port, b"again") == b"again"   # new connections still work
-        finally:
-            await relay.close()
-            server.close()
     run(go())
 
 
 def test_refuse_for_resets_new_connections_until_lifted():
     async def go():
-        server = await echo_server()
-        relay = Relay("127.0.0.1", server.sockets[0].getsockname()[1])
-        port = await relay.start()
-        try:
+        async with relayed_echo() as (relay, port):
             relay.refuse_for(3600)
             with pytest.raises((ConnectionResetError, asyncio.IncompleteReadError)):
                 await roundtrip(port, b"hello")
             assert relay.stats["refused"] == 1 and relay.stats["accepted"] == 0
             relay.refuse_for(0)
             assert await roundtrip(port, b"hello") == b"hello"
-        finally:
-            await relay.close()
-            server.close()
     run(go())
 
 
 def test_drop_ends_the_newest_connection_with_eof():
     async def go():
-        server = await echo_server()
-        relay = Relay("127.0.0.1", server.sockets[0].getsockname()[1])
-        port = await relay.start()
-        try:
+        async with relayed_echo() as (relay, port):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"x")
             assert await asyncio.wait_for(reader.readexactly(1), 10) == b"x"
@@ -107,7 +99,4 @@ def test_drop_ends_the_newest_connection_with_eof():
             assert await asyncio.wait_for(reader.read(10), 10) == b""      # FIN: end of stream
             writer.close()
             assert relay.drop() is False and relay.connections == 0
-        finally:
-            await relay.close()
-            server.close()
     run(go())
