@@ -99,6 +99,7 @@ class ClientSession:
         self._last_sent = 0.0
         self._resume_asked = -1e9
         self._resume_mark = 0               # past the last seq queued when resume was asked
+        self._closing = False               # `close` sent; sent again after a resume
 
     async def send_audio(self, payload: bytes, seq: int | None = None) -> None:
         if seq is None:
@@ -128,6 +129,9 @@ class ClientSession:
         for s, frames in list(self._replay):
             if seq <= s < self._resume_mark:
                 self.client._send_soon(frames)
+        if self._closing and self.closed is None:
+            # the node may have answered our `close` with `detached`: ask again, now bound
+            self.client._send_soon(P.pack("close", self.id))
 
     async def function_result(self, call_id: str, output: str) -> None:
         await self.client.send(P.pack("function_result", self.id, call_id=call_id, output=output))
@@ -138,6 +142,7 @@ class ClientSession:
     async def close(self, timeout: float = 10.0) -> Closed:
         """Ask the node to close; return its `closed` stats, skipping events still queued."""
         if self.closed is None:
+            self._closing = True
             await self.client.send(P.pack("close", self.id), timeout)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
@@ -176,6 +181,7 @@ class NodeClient:
         self.orphan_errors: collections.deque[Error] = collections.deque(maxlen=256)
         self._reader: asyncio.Task | None = None
         self._pinger: asyncio.Task | None = None
+        self._period_changed = asyncio.Event()   # a session opened: the node's heartbeat applies
         self._handshakes = 0
         self._monitor: asyncio.Task | None = None
         self._monitor_sock: zmq.Socket | None = None
@@ -246,7 +252,12 @@ class NodeClient:
         while True:
             period = min((s.opened.get("heartbeat_ms", 1000 * HEARTBEAT_S) / 1000
                           for s in self.sessions.values()), default=HEARTBEAT_S)
-            await asyncio.sleep(period)
+            self._period_changed.clear()
+            try:
+                await asyncio.wait_for(self._period_changed.wait(), period)
+                continue
+            except asyncio.TimeoutError:
+                pass
             if not self.sessions:
                 continue
             now = asyncio.get_running_loop().time()
@@ -341,6 +352,7 @@ class NodeClient:
         if pending is not None and not pending.done():
             if msg.type == "opened":
                 self.sessions[sid] = s = ClientSession(self, sid, h)
+                self._period_changed.set()
                 pending.set_result(s)
                 return
             if msg.type == "refused":

@@ -137,7 +137,9 @@ class Bindings:
                 continue
             if route.detached_at is None:
                 peer = self.peers.get(route.identity)
-                if peer is None or now - peer.heard > silence_limit_s:
+                # Silence counts from `opened` at the earliest: that is where the client learns
+                # how often to ping (a slow start is no silence of the client's).
+                if peer is None or now - max(peer.heard, route.last_heard) > silence_limit_s:
                     self.detach(route, now)
                 elif now - route.last_heard > idle_timeout_s:
                     closing.append((route, "idle"))

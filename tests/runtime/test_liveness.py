@@ -341,3 +341,35 @@ def test_failed_sends_do_not_detach_only_missed_heartbeats_do():
             await asyncio.sleep(1.2)                 # past 3 heartbeats of silence
             assert route.detached_at is not None and len(node.sessions) == 1
     asyncio.run(body())
+
+
+def test_a_quiet_client_pings_at_the_nodes_heartbeat_from_the_open_on():
+    """Bug: the client learned the node's heartbeat from `opened` but its pinger was already
+    asleep for the default second, so a node with a shorter heartbeat detached a session that
+    was opened and then quiet."""
+    async def body():
+        async with node_on_tcp(heartbeat_s=0.2, resume_grace_s=5.0) as node, \
+                client_of(node) as c:
+            s = await c.open("quiet")
+            route = next(iter(node.routes.values()))
+            await asyncio.sleep(1.2)                  # no audio: only the pinger speaks
+            assert route.detached_at is None and node.bindings.detached == 0
+            assert s.resumes == 0
+            await s.close()
+    asyncio.run(body())
+
+
+def test_a_close_the_node_answers_detached_is_sent_again_after_the_resume():
+    """Bug: a `close` that reached the node while its session was detached was answered
+    `detached`; the client resumed but never asked again, and waited for `closed` forever."""
+    async def body():
+        async with node_on_tcp(heartbeat_s=0.5, resume_grace_s=5.0) as node, \
+                client_of(node) as c:
+            s = await c.open("call")
+            await stream(s, 3)
+            route = next(iter(node.routes.values()))
+            node.bindings.detach(route, node.clock.now())   # as if its heartbeats had stopped
+            closed = await s.close(timeout=3.0)
+            assert s.resumes == 1 and closed.stats["frames_in"] + closed.stats["dropped_in"] >= 3
+            assert not node.sessions
+    asyncio.run(body())
