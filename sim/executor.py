@@ -23,11 +23,11 @@ from sim.costmodel import CostModel
 from wave_actors.core.contract import (NO_TOKEN, BeatInput, BeatOutput, ExecutorOptions,
                                        SessionSpec)
 from wave_actors.core.frames import FRAMES_PER_BEAT, OUT_RATE, SAMPLES_OUT
-from wave_actors.core.prompt import prompt_tokens
+from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import BookPlan, StartShape
 from wave_actors.core.start_policy import BudgetedStarts
-from wave_actors.core.text import (CALL_END, CALL_START, EOS, PAD, ByteFallbackCodec,
+from wave_actors.core.text import (CALL_END, CALL_START, PAD, ByteFallbackCodec,
                                    UserByteFallbackCodec)
 from wave_actors.core.timebase import Clock
 
@@ -83,20 +83,16 @@ class SimExecutor:
         return BeatOutput.alloc(self.max_sessions)
 
     def prompt_tokens(self, spec: SessionSpec) -> list[int]:
-        tokens = prompt_tokens(self.text_codec, spec.instructions, spec.tools)
-        if len(tokens) > self.start_shape.max_prompt:
-            tokens = tokens[:self.start_shape.max_prompt - 1] + [EOS]
-        return tokens
+        return fitted_prompt_tokens(self.text_codec, spec.instructions, spec.tools,
+                                    self.start_shape.max_prompt)
 
     def reset(self) -> None:
         self._func_queue = [[] for _ in range(self.max_sessions)]
 
     # -- the beat -------------------------------------------------------------------------------
     def _context(self, plan: BookPlan) -> float:
-        frames = plan.frame0
-        if self.options.context_hold and len(frames):
-            frames = frames % self.options.context_hold
-        return self.options.context_offset + (float(frames.mean()) if len(frames) else 0.0)
+        held = plan.context
+        return self.options.context_offset + (float(held.mean()) if len(held) else 0.0)
 
     def submit(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
         for slot, spec in plan.opened.items():
@@ -129,8 +125,6 @@ class SimExecutor:
         self._inflight = None
         for r, slot in enumerate(plan.live):
             self._fill(slot, int(plan.frame0[r]), self._heard[r], out)
-        for slot in plan.spent:
-            out.pcm[slot], out.text[slot], out.func[slot], out.user[slot] = 0.0, PAD, PAD, NO_TOKEN
         out.live_s, out.start_s = live_s, steps
         return total
 

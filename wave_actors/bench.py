@@ -40,7 +40,9 @@ from wave_actors.serving_process import serving_process
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 WARMUP_BEATS = 8            # on-time beats in a row before measuring
 WARMUP_MAX = 64             # beats of warm-up at most
-HOLD_FRAMES = 8             # GPU runs: contexts stay within this many frames above --context
+# A session's context cycles over this many frames around --context. Larger: fewer rolls (each
+# moves a session's whole cache) but more memory a session; smaller: the reverse.
+ROLL_FRAMES = 64
 CLIENT_PROCS = max(1, min(4, (os.cpu_count() or 2) // 4))   # callers' processes, real time
 
 
@@ -77,6 +79,14 @@ class RunResult:
     # the start and clock policies the run's node ran with: name, class, parameters and what
     # the start policy counted (beats held back, starts given up, its step's measured cost)
     policies: dict = field(default_factory=dict)
+    open_max_ms: float = 0.0
+    # refused opens by the node's reason, and live sessions per measured beat against those
+    # offered: min / p50 / max
+    refusals_by_reason: dict = field(default_factory=dict)
+    live: dict = field(default_factory=dict)
+    # the host's share of the beat, ms at p50 / p99 / max: how late the loop woke for the
+    # release, release → the executor called, and the executor done → outputs routed
+    host: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -100,29 +110,22 @@ class BenchResult:
     extra: dict = field(default_factory=dict)
 
 
-def context_frames(args, n: int) -> int:
-    """Frames a session runs in one run at most: the measured beats, the warm-up and the ramp
-    while the other sessions start (the GPU runs session starts only in beats with room for them,
-    about 2 beats per session at full load; at least 96)."""
-    return 2 * (args.beats + args.warmup_max + max(96, 2 * n))
+def held_context(args) -> tuple[int, int]:
+    """(context_offset, max_context): sessions go live holding `--context - ROLL_FRAMES/2` frames
+    (random rows on the GPU, modelled in the simulator), run to `--context + ROLL_FRAMES/2`,
+    roll ROLL_FRAMES back and run on, as every long call does: the measured beats run at
+    `--context` frames on average, cache rows moved by the rolls included."""
+    offset = max(0, args.context - ROLL_FRAMES // 2)
+    return offset, offset + ROLL_FRAMES
 
 
 def make_executor_for(args, max_n: int, clock: Clock | None = None):
     """One backend for the whole benchmark: a GPU model is built once and serves every run (each
     run is a fresh node whose sessions reset their slots). Slots are sized for `max_n` sessions."""
-    # Every measured beat runs at `context` frames, however many beats a run has. On the GPU a
-    # session goes live pre-filled to `context` and holds there: each time it has run HOLD_FRAMES
-    # more it steps back HOLD_FRAMES positions (ExecutorOptions.context_hold), so the state is
-    # sized for context + HOLD_FRAMES (the memory ceiling at that context). 500 beats add 1000
-    # frames: grown instead, they would need two thirds more memory per session, or a start at
-    # 500 frames that measures a shorter conversation on average. The simulator holds its
-    # modelled context the same way.
-    device = entry(args.backend).caps.device
-    offset = args.context
-    max_context = args.context + (HOLD_FRAMES if device else context_frames(args, max_n))
+    offset, max_context = held_context(args)
     opts = ExecutorOptions(max_sessions=max(max_n, args.max_sessions or 0), profile=args.profile,
                            config=args.config, max_context=max_context, context_offset=offset,
-                           cost_model=args.cost_model, seed=args.seed, context_hold=HOLD_FRAMES,
+                           cost_model=args.cost_model, seed=args.seed, context_roll=ROLL_FRAMES,
                            beat_wait=args.beat_wait)
     return make_executor(args.backend, opts, clock)
 
@@ -151,6 +154,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
         if errors:
             print(f"           errors the node answered, by code: {node.counters.errors}",
                   flush=True)
+        refused_by = dict(node.counters.refusals)
         policies = {"start": node.start_policy.describe(),
                     "clock": node.cfg.clock_policy.describe()}
     finally:
@@ -160,7 +164,11 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     lat = np.array([r.latency_s for r in records]) * 1000
     gpu = np.array([r.compute_s for r in records]) * 1000
     opens = np.array(waits) * 1000
-    open_p50, open_p99 = (np.percentile(opens, [50, 99]) if waits else (0.0, 0.0))
+    open_p50, open_p99, open_max = (np.percentile(opens, [50, 99, 100]) if waits
+                                    else (0.0, 0.0, 0.0))
+    live = np.array([r.sessions for r in records]) if records else np.zeros(1)
+    live_seen = {"offered": n, "min": int(live.min()), "p50": float(np.percentile(live, 50)),
+                 "max": int(live.max())}
     return RunResult(n, len(records), int(sum(r.late for r in records)),
                      float(np.percentile(lat, 50)), float(np.percentile(lat, 99)),
                      float(lat.max()), float(np.mean(gpu)),
@@ -169,7 +177,8 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      sum(s["frames_out"] for s in stats), errors,
                      float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
                      _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0,
-                     len(waits), float(open_p50), float(open_p99), policies)
+                     len(waits), float(open_p50), float(open_p99), policies,
+                     float(open_max), dict(refused_by), live_seen, _host(records))
 
 
 def _worst(trace: dict, k: int = 3) -> str:
@@ -180,6 +189,16 @@ def _worst(trace: dict, k: int = 3) -> str:
     return "  ".join(f"{lat[i]:.1f} ({trace['compute_ms'][i]:.1f}, {trace['begin_ms'][i]:.1f}, "
                      f"{trace['wake_ms'][i]:.1f}, after {lat[i] - trace['returned_ms'][i]:.1f}, "
                      f"gc {trace['gc_ms'][i]:.1f}) @{i}" for i in top)
+
+
+def _host(records: list) -> dict:
+    def spread(xs) -> dict:
+        xs = np.array(list(xs), float) * 1000 if records else np.zeros(1)
+        return {k: round(float(v), 2) for k, v in
+                zip(("p50", "p99", "max"), np.percentile(xs, [50, 99, 100]))}
+    return {"wake_ms": spread(r.wake_s for r in records),
+            "before_ms": spread(r.begin_s for r in records),
+            "after_ms": spread(r.latency_s - r.returned_s for r in records)}
 
 
 def _trace(records: list) -> dict:
@@ -287,9 +306,20 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
         if res.trace.get("latency_ms"):
             print(f"           worst beats: {_worst(res.trace)}", flush=True)
         print(f"           {res.opens} sessions opened, waiting {res.open_p50_ms:.0f} ms at p50 / "
-              f"{res.open_p99_ms:.0f} ms at p99 for `opened` (their start on the model)"
-              + (f"; {res.refusals} refused (the node's log says why: at capacity, no room in "
-                 f"the beats for their start)" if res.refusals else ""), flush=True)
+              f"{res.open_p99_ms:.0f} ms at p99 / {res.open_max_ms:.0f} ms at most for `opened` "
+              f"(their start on the model)"
+              + (f"; refused by reason: {res.refusals_by_reason}" if res.refusals else ""),
+              flush=True)
+        if res.host:
+            h = res.host
+            print(f"           host: the loop woke for the release {h['wake_ms']['p50']:.1f} / "
+                  f"{h['wake_ms']['p99']:.1f} / {h['wake_ms']['max']:.1f} ms late (p50 / p99 / "
+                  f"max); release to executor p99 {h['before_ms']['p99']:.1f} ms; executor done "
+                  f"to outputs routed p99 {h['after_ms']['p99']:.1f} ms", flush=True)
+        if res.live:
+            print(f"           live sessions in the measured beats: {res.live['min']} to "
+                  f"{res.live['max']} (p50 {res.live['p50']:.0f}) of {res.live['offered']} "
+                  f"offered", flush=True)
         if res.backlog_ms > 1000 * BEAT_S:
             print(f"           the measured beats began {res.backlog_ms / 1000:.2f} s behind the "
                   f"release schedule: the node was still behind after {args.warmup_max} beats of "
@@ -379,7 +409,8 @@ def parse_args(argv=None):
     ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
     ap.add_argument("--config", choices=("tiny", "full"), default="full")
     ap.add_argument("--context", type=int, default=1500,
-                    help="frames of context every session holds while measured")
+                    help="frames of context every session holds while measured, on average: "
+                         f"it cycles {ROLL_FRAMES} frames around this by rolling")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--max-sessions", type=int, default=0, help="slots (default: --sessions)")
     ap.add_argument("--beats", type=int, default=500)
@@ -433,12 +464,14 @@ def main(argv=None, command: str | None = None) -> int:
     """`command`: the command line to record, when another tool (sim.run) called this one."""
     args = parse_args(argv)
     args.command = command
-    extra: dict = {}
+    offset, max_context = held_context(args)
+    # how the measured context was held: every session cycles between these by rolling
+    extra: dict = {"context_held": {"from": offset, "to": max_context, "roll": ROLL_FRAMES}}
     backend, ceiling = None, None
     if entry(args.backend).caps.device:
         # One model on the GPU for every run, slots for the most sessions this run may ask for.
         ceiling = load_class(entry(args.backend).target).memory_ceiling(
-            args.config, args.profile, args.context + HOLD_FRAMES)
+            args.config, args.profile, max_context)
         print(f"memory ceiling at this context: {ceiling} sessions", flush=True)
         slots = min(args.max_find, ceiling) if args.find_max else args.sessions
         backend = make_executor_for(args, slots)

@@ -115,6 +115,9 @@ def _generator_main(endpoint: str, first: int, count: int, churn_s: float, stop,
         async with NodeClient(endpoint) as client:
             result = await drive_all(client, range(first, first + count), Clock(), done,
                                      churn_s)
+            # Lines that were all refused end early; the generator stays until told to stop,
+            # so that its exit before then always means it failed.
+            await done.wait()
         watcher.cancel()
         return result
     try:

@@ -36,6 +36,7 @@ from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import Executor, Handle, SessionSpec, StartRefused
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.jitter import SlotStats
+from wave_actors.core.prompt import PromptRejected
 from wave_actors.core.session_table import (END_OF_STREAM, FRAME_HEADER, CapacityError,
                                             SessionTable)
 from wave_actors.core.slot_book import BookPlan, SlotBook
@@ -132,7 +133,7 @@ class ClockStats:
 
 
 class BeatClockActor(Actor):
-    reply_errors = (CapacityError,)
+    reply_errors = (CapacityError, PromptRejected)   # answered to the asker; the clock lives on
 
     def __init__(self, executor: Executor, ctx: zmq.asyncio.Context, endpoint: str,
                  clock: Clock, deliver: Deliver, policy: ClockPolicy, start_policy: StartPolicy,
@@ -146,7 +147,7 @@ class BeatClockActor(Actor):
         self.table = SessionTable(executor.max_sessions, epoch, policy.prebuffer, policy.max_queue,
                                   policy.shedding)
         self.book = SlotBook(executor.max_sessions, executor.start_shape, start_policy,
-                             opts.frames_per_session, opts.context_hold)
+                             opts.frames_per_session, opts.roll_frames)
         self.stats = ClockStats()
         self._on_beat, self._keep_records = on_beat, keep_records
         self._frames_read = 0           # since the last release (BeatRecord.frames_read)
@@ -221,8 +222,11 @@ class BeatClockActor(Actor):
     # -- control ----------------------------------------------------------------------------------
     async def handle(self, msg: Any) -> Any:
         if isinstance(msg, Admit):
+            # Tokenized before a slot is taken: a prompt that does not fit raises PromptRejected
+            # to the opener and holds nothing.
+            tokens = self.executor.prompt_tokens(msg.spec)
             handle = self.table.admit(msg.key, msg.owner)     # raises CapacityError when full
-            self._ops.append(("open", handle, msg.spec))
+            self._ops.append(("open", handle, (tokens, msg.spec)))
             self._ready_waiters[handle] = asyncio.get_running_loop().create_future()
             return handle
         if isinstance(msg, Release):
@@ -301,7 +305,7 @@ class BeatClockActor(Actor):
             elif self.table.current(handle) is None:
                 continue
             elif kind == "open":
-                self.book.open(handle.slot, self.executor.prompt_tokens(arg), arg)
+                self.book.open(handle.slot, *arg)
             elif kind == "func":
                 self.book.force(handle.slot, arg)
 
@@ -396,7 +400,7 @@ class BeatClockActor(Actor):
                 # Waiters resume only once this coroutine yields, after the submit below.
                 self._handed = None
                 handed.set_result(None)
-        if not (plan.live or plan.spent or plan.starts or plan.resets):
+        if not (plan.live or plan.starts or plan.resets):
             self.table.complete(packed, late=False)
             self._outputs_free.set()
             collect_between_beats(k)

@@ -39,6 +39,7 @@ from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens,
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.jitter import CapacityError
+from wave_actors.core.prompt import PromptRejected
 from wave_actors.core.start_policy import StartPolicy
 from wave_actors.core.timebase import Clock
 from wave_actors.flood import FloodGate, FloodPolicy
@@ -511,6 +512,9 @@ class Node:
         except CapacityError as exc:
             self.bindings.drop(route)
             return self._refuse(route.identity, msg.session, "capacity", str(exc))
+        except PromptRejected as exc:
+            self.bindings.drop(route)
+            return self._refuse(route.identity, msg.session, "invalid", str(exc))
         except (ActorStopped, asyncio.TimeoutError, AttributeError) as exc:
             self.bindings.drop(route)
             return self._refuse(route.identity, msg.session, "capacity",

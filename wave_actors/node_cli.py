@@ -38,7 +38,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
     ap.add_argument("--config", choices=("tiny", "full"), default="tiny",
                     help="model size for the cpu backend")
-    ap.add_argument("--max-context", type=int, default=1500, help="frames each slot holds")
+    ap.add_argument("--max-context", type=int, default=1500,
+                    help="frames of attention context each slot holds; a longer call rolls its "
+                         "oldest frames out (its prompt stays) and talks on")
+    ap.add_argument("--context-roll", type=int, default=0,
+                    help="frames one roll drops (a multiple of 2; 0: an eighth of --max-context)")
     ap.add_argument("--checkpoint", help="safetensors file under the real tensor names")
     ap.add_argument("--tokenizer", help="tokenizer.json of the text tokenizer")
     ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
@@ -89,8 +93,9 @@ def default_backend() -> str:
 def build(args) -> Node:
     opts = ExecutorOptions(max_sessions=args.max_sessions, profile=args.profile,
                            config=args.config, max_context=args.max_context,
-                           context_offset=args.context_offset, cost_model=args.cost_model,
-                           checkpoint=args.checkpoint, tokenizer=args.tokenizer, seed=args.seed)
+                           context_offset=args.context_offset, context_roll=args.context_roll,
+                           cost_model=args.cost_model, checkpoint=args.checkpoint,
+                           tokenizer=args.tokenizer, seed=args.seed)
     clock = Clock()
     executor = make_executor(args.backend, opts, clock)
     cfg = NodeConfig(bind=args.bind, max_sessions=args.max_sessions,

@@ -262,7 +262,6 @@ class GraphExecutor:
         job, _t0, _plan = self._inflight
         self._inflight = None
         synced = job.result()
-        self.runner.silence(plan, out)
         if not synced:                      # the live frames were all of it
             out.live_s, out.start_s = self._done_s, []
         return self._done_s
@@ -273,7 +272,7 @@ class GraphExecutor:
         whether it waited."""
         t0 = time.perf_counter()
         with torch.no_grad():
-            self.runner.reset_and_rewind(plan)
+            self.runner.reset_and_roll(plan)
             if plan.live:
                 self._enqueue(plan, inp, out)
             timed = bool(plan.starts or plan.started or not plan.live) or not self.poll

@@ -1,6 +1,6 @@
 """The model side of a beat, shared by the executors that run the real model (cpu, graph): the
 model and its slot-indexed state, built once; and the plan's pieces that every such executor runs
-the same way — slot resets and context-hold rewinds, start steps (prompt prefill and talker
+the same way — slot resets and context rolls, start steps (prompt prefill and talker
 warm-up chunks), and the live frames run eagerly on a window of the KV caches.
 
 The KV caches are sized for `max_context` frames; an eager call runs on a window of them rounded
@@ -21,10 +21,10 @@ from gpu.model.talker_text import CharTable
 from gpu.model.voicechat import VoiceChat
 from gpu.model.voicechat_state import session_state_bytes
 from gpu.model.voicechat_weights import param_shapes
-from wave_actors.core.contract import NO_TOKEN, BeatOutput, ExecutorOptions, SessionSpec
-from wave_actors.core.prompt import MAX_TOOLS, prompt_tokens
+from wave_actors.core.contract import BeatOutput, ExecutorOptions, SessionSpec
+from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.slot_book import BookPlan, StartShape, StartStep
-from wave_actors.core.text import EOS, PAD, TextCodec, UserByteFallbackCodec, load_text_codec
+from wave_actors.core.text import PAD, TextCodec, UserByteFallbackCodec, load_text_codec
 
 log = logging.getLogger("wave.model_runner")
 
@@ -78,19 +78,15 @@ class ModelRunner:
         return self.state.text_prev.device
 
     def prompt_tokens(self, codec: TextCodec, spec: SessionSpec) -> list[int]:
-        """The session's prompt as the model takes it: at most MAX_TOOLS tools, ids inside the
-        vocabulary, cut to the positions reserved for it (ending on EOS)."""
-        vocab, cap = self.model.cfg.thinker.vocab, self.shape.max_prompt
-        tools = list(spec.tools or [])
-        if len(tools) > MAX_TOOLS:
-            log.warning("%d tools, the model takes %d: keeping the first", len(tools), MAX_TOOLS)
-        tokens = prompt_tokens(codec, spec.instructions, tools[:MAX_TOOLS])
+        """The session's prompt as the model takes it (PromptRejected past MAX_TOOLS tools or
+        the positions reserved for it), ids inside the vocabulary."""
+        vocab = self.model.cfg.thinker.vocab
+        tokens = fitted_prompt_tokens(codec, spec.instructions, list(spec.tools or []),
+                                      self.shape.max_prompt)
         if max(tokens) >= vocab:
+            # a text codec wider than a small test config's vocabulary: not the caller's doing
             log.warning("prompt ids outside the vocabulary dropped")
             tokens = [t for t in tokens if t < vocab]
-        if len(tokens) > cap:
-            log.warning("system prompt of %d tokens cut to %d", len(tokens), cap)
-            tokens = tokens[:cap - 1] + [EOS]
         return tokens
 
     def index(self, values) -> torch.Tensor:
@@ -103,15 +99,12 @@ class ModelRunner:
         return self.state.window(cut(thinker_need, self.state.thinker.max_positions),
                                  cut(talker_need, self.state.talker.max_positions))
 
-    def reset_and_rewind(self, plan: BookPlan) -> None:
-        """The plan's slot resets (sessions opened) and context-hold rewinds, before its frames:
-        a rewound session's next frames overwrite rows already there."""
+    def reset_and_roll(self, plan: BookPlan) -> None:
+        """The plan's slot resets (sessions opened) and context rolls, before its frames."""
         if plan.resets:
             self.state.reset(self.index(plan.resets))
-        if plan.rewind:
-            slots = self.index(plan.rewind)
-            self.state.thinker.length[slots] -= self.opts.context_hold
-            self.state.talker.position[slots] -= self.opts.context_hold
+        for slot, sink in plan.roll:
+            self.model.roll(self.state, slot, sink, plan.roll_frames)
 
     def start_step(self, step: StartStep) -> None:
         """One bounded chunk of prompt (≤ prefill_chunk positions) and of talker warm-up."""
@@ -156,12 +149,6 @@ class ModelRunner:
                 "max_context_frames": opts.max_context, "max_prompt_tokens": self.shape.max_prompt,
                 "state_bytes_per_session": session_state_bytes(
                     cfg, profile, opts.max_context, self.shape.max_prompt)["total"]}
-
-    @staticmethod
-    def silence(plan: BookPlan, out: BeatOutput) -> None:
-        """Slots in the beat but out of context hear nothing and say nothing."""
-        for i in plan.spent:
-            out.pcm[i], out.text[i], out.func[i], out.user[i] = 0.0, PAD, PAD, NO_TOKEN
 
 
 def load_model(cfg: VoiceChatConfig, profile: Profile, opts: ExecutorOptions,

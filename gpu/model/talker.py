@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from gpu.model.roll import roll_blocks
 from gpu.model.talker_mog import MogHead, codebook_sqnorms, unmasking_schedule
 from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding, add_normed,
                                    apply_rope_tables, rope_cos_sin, rope_tables)
@@ -174,6 +175,26 @@ class TalkerState:
         self.position[slots] = 0
         self.prev_codes[slots] = self.pad_code
 
+    def roll(self, slot: int, sink: int, drop: int, turn: tuple[Tensor, Tensor]) -> None:
+        """Slot `slot`'s `drop` oldest positions after its first `sink` (the warm-up) leave the
+        KV cache: the later rows move down, their keys rotated back by `drop` positions, and its
+        position shrinks by `drop`. `turn` = `roll_turn(cfg, drop)`: each layer's rotation by
+        −drop at its RoPE θ. Keys then sit where they would had the dropped positions never
+        run: every distance between the window's queries and keys is kept, the sinks come
+        closer (StreamingLLM). A few launches a block (`roll_blocks`), whatever the layers."""
+        end = int(self.position[slot])
+        if end - drop < sink:
+            raise ValueError(f"slot {slot} is at position {end}: cannot drop {drop} after "
+                             f"{sink} sinks")
+        cos_full, sin_signed = turn                                       # [L, 1, 1, 1, D]
+        half = self.k.shape[-1] // 2
+        for a, b in roll_blocks(sink, end - drop, self.k[slot, ..., 0, :].numel() * 4):
+            self.v[slot, ..., a:b, :] = self.v[slot, ..., a + drop:b + drop, :].clone()
+            keys = self.k[slot, ..., a + drop:b + drop, :].float()        # [L, R, kv, n, D]
+            self.k[slot, ..., a:b, :] = (
+                keys * cos_full + keys.roll(half, dims=-1) * sin_signed).to(self.k.dtype)
+        self.position[slot] = end - drop
+
 
 @dataclass
 class TalkerInputs:
@@ -188,6 +209,20 @@ class TalkerOutput:
     codes: Tensor        # int64 [B, Q]: the generated codes
     codec_codes: Tensor  # int64 [B, Q]: what the codec decodes (silence-substituted)
     hidden: Tensor       # [B, R, H]: backbone output per CFG row (checks and debugging)
+
+
+def roll_turn(cfg: TalkerConfig, drop: int, device) -> tuple[Tensor, Tensor]:
+    """Per layer, the RoPE tables ([cos | cos], [−sin | sin]) [L, 1, 1, 1, D] that turn a stored
+    key back by `drop` positions at that layer's θ (`TalkerState.roll`)."""
+    back = torch.tensor(-float(drop), device=device)
+    per_theta = {}
+    for theta in (cfg.rope_theta_full, cfg.rope_theta_local):
+        cos, sin = rope_cos_sin(back, cfg.head_dim, theta)                # [D/2] each
+        per_theta[theta] = torch.cat([cos, cos]), torch.cat([-sin, sin])
+    thetas = [cfg.rope_theta_full if full else cfg.rope_theta_local for full in cfg.full_layers]
+    cos_full = torch.stack([per_theta[t][0] for t in thetas])[:, None, None, None]
+    sin_signed = torch.stack([per_theta[t][1] for t in thetas])[:, None, None, None]
+    return cos_full, sin_signed
 
 
 # ---------------------------------------------------------------------------------- backbone

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gpu.model.roll import roll_blocks
 from wave_actors.core.text import PAD
 
 PREFIX = "stt_model."
@@ -185,6 +186,21 @@ class ThinkerState:
         self.ssm[:, slots] = 0
         self.conv[:, slots] = 0
         self.length[slots] = 0
+
+    def roll(self, slot: int, sink: int, drop: int) -> None:
+        """Slot `slot`'s `drop` oldest positions after its first `sink` (its system prompt) leave
+        the KV cache: the later rows move down and its length shrinks by `drop`. Attention here
+        has no positional encoding (the Mamba layers carry order), so the moved rows need no
+        other change; the Mamba states carry on as they are. Host values: no synchronisation
+        beyond reading the slot's length."""
+        end = int(self.length[slot])
+        if end - drop < sink:
+            raise ValueError(f"slot {slot} holds {end} positions: cannot drop {drop} after "
+                             f"{sink} sinks")
+        for a, b in roll_blocks(sink, end - drop, self.k[:, slot, 0].numel() * 2 * 4):
+            for cache in (self.k, self.v):
+                cache[:, slot, a:b] = cache[:, slot, a + drop:b + drop].clone()
+        self.length[slot] = end - drop
 
 
 class Mamba2(nn.Module):

@@ -33,7 +33,7 @@ from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.mel import MelFrontEnd
 from gpu.model.perception import Perception, PerceptionOutput
 from gpu.model.rnnt import RNNT, RNNTOutput
-from gpu.model.talker import Talker, TalkerInputs, TalkerOutput
+from gpu.model.talker import Talker, TalkerInputs, TalkerOutput, roll_turn
 from gpu.model.talker_text import CharTable
 from gpu.model.talker_weights import load_talker
 from gpu.model.thinker import Thinker
@@ -82,6 +82,7 @@ class VoiceChat(nn.Module):
                  char_table: CharTable | None = None):
         super().__init__()
         self.cfg, self.profile, self.device = cfg, profile, torch.device(device)
+        self._roll_turns: dict[int, tuple[Tensor, Tensor]] = {}     # drop → `roll_turn` tables
         meta, cd = torch.device("meta"), profile.compute
         with _no_meta_draws():
             self.mel = MelFrontEnd(cfg.mel, device=meta)
@@ -119,6 +120,18 @@ class VoiceChat(nn.Module):
         after loading other weights)."""
         return VoiceChatState.alloc(self.cfg, self.profile, max_slots, max_context, self.device,
                                     max_prompt, self.rnnt.start_rows())
+
+    @torch.no_grad()
+    def roll(self, state: VoiceChatState, slot: int, thinker_sink: int, drop: int) -> None:
+        """A session at the end of its context drops its `drop` oldest frames from the thinker's
+        and the talker's KV caches, keeping its first `thinker_sink` thinker positions (the
+        system prompt) and the talker's warm-up as sinks; every other state (Mamba, perception
+        ring, RNNT, codec) is bounded already and carries on."""
+        state.thinker.roll(slot, thinker_sink, drop)
+        turn = self._roll_turns.get(drop)
+        if turn is None:
+            turn = self._roll_turns[drop] = roll_turn(self.cfg.talker, drop, self.device)
+        state.talker.roll(slot, self.cfg.talker.n_warmup, drop, turn)
 
     def noise(self, seed: int, session: Tensor, frame: Tensor) -> FrameNoise:
         """The talker noise of frame `frame[b]` of session `session[b]` (see voicechat_noise)."""

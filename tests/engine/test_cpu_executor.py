@@ -81,25 +81,33 @@ def test_start_takes_several_beats_then_frames_come_out():
     assert not driver.ready(0)
 
 
-def test_beats_equal_the_reference_frames_with_forced_tokens_and_the_end_of_context():
+def test_beats_equal_the_reference_frames_with_forced_tokens_and_rolls_past_the_context():
     """Slot 1's beats equal VoiceChat.step frame by frame on a full (unwindowed) state, with a
-    tool result forced over three frames; after max_context frames it is silent."""
+    tool result forced over three frames; past max_context frames the session rolls (the
+    reference rolls by VoiceChat.roll at the same frames) and its beats still equal the
+    reference's. Bug it catches: the session went silent at max_context."""
     context, forced_ids = 16, [1000 + ord(c) for c in "<T>"]
-    backend = CpuExecutor(ExecutorOptions(max_sessions=2, profile="fp32", max_context=context, seed=4))
+    options = ExecutorOptions(max_sessions=2, profile="fp32", max_context=context, seed=4)
+    backend = CpuExecutor(options)
     driver = BeatDriver(backend)
     try:
         driver.open(1, SPEC)
-        log = asyncio.run(serve(driver, 16, push={7: {1: forced_ids}}))
+        log = asyncio.run(serve(driver, 24, push={7: {1: forced_ids}}))
     finally:
         backend.close()
     first = next(k for k, (live, _) in enumerate(log) if live[1])
+    assert first + context // 2 + 4 < len(log)            # some beats past the context
     model = VoiceChat.random(CFG, FP32, seed=4)
     state = model.alloc_state(2, context, MAX_PROMPT)
-    start(model, state, [1], [prompt_tokens(ByteFallbackCodec(), SPEC.instructions, SPEC.tools)],
-          chunk=PREFILL_CHUNK, warm=8)
+    tokens = prompt_tokens(ByteFallbackCodec(), SPEC.instructions, SPEC.tools)
+    start(model, state, [1], [tokens], chunk=PREFILL_CHUNK, warm=8)
     slot = torch.tensor([1])
     forced_at = {2 * (7 - first) + i: t for i, t in enumerate(forced_ids)}
-    for k in range(first, first + context // 2):
+    held = 0
+    for k in range(first, len(log)):
+        if held + 2 > context:
+            model.roll(state, 1, len(tokens), options.roll_frames)
+            held -= options.roll_frames
         for f in range(2):
             t = 2 * (k - first) + f
             noise = model.noise(4, torch.tensor([1]), torch.tensor([t]))
@@ -109,12 +117,12 @@ def test_beats_equal_the_reference_frames_with_forced_tokens_and_the_end_of_cont
             assert out["text"][1, f] == o.text[0] and out["func"][1, f] == o.func[0], (k, f)
             assert (out["user"][1, f] == o.user[0].numpy()).all()
             np.testing.assert_allclose(out["pcm"][1, f], o.pcm[0].numpy(), atol=1e-5, rtol=0)
-    for live, out in log[first + context // 2:]:               # out of context: silence and PAD
-        assert live[1] and (out["pcm"][1] == 0).all() and (out["text"][1] == PAD).all()
-    assert first + context // 2 < len(log)
+        held += 2
+        assert np.abs(log[k][1]["pcm"][1]).max() > 0, k              # never silenced
     # The caches the windows wrote are the caches of the full state, row for row.
     mine, ref = backend.runner.state, state
     n = int(ref.thinker.length[1])
+    assert n == len(tokens) + held <= ref.thinker.max_positions
     assert mine.thinker.length[1] == n and mine.talker.position[1] == ref.talker.position[1]
     assert torch.allclose(mine.thinker.k[:, 1, :n], ref.thinker.k[:, 1, :n], atol=1e-5)
     assert torch.allclose(mine.thinker.v[:, 1, :n], ref.thinker.v[:, 1, :n], atol=1e-5)
@@ -124,35 +132,44 @@ def test_beats_equal_the_reference_frames_with_forced_tokens_and_the_end_of_cont
     assert torch.allclose(mine.talker.v[1, :, :, :, :p], ref.talker.v[1, :, :, :, :p], atol=1e-5)
 
 
-def test_context_hold_keeps_a_session_running_at_the_end_of_its_context():
-    """With context_hold (the GPU benchmark's setting) a session at max_context steps back that
-    many positions and runs on, never silenced: its context cycles within hold frames of the end."""
-    context, hold = 8, 4
-    with pytest.raises(ValueError, match="context_hold"):
-        CpuExecutor(ExecutorOptions(max_sessions=1, max_context=context, context_hold=context + 1))
-    backend = CpuExecutor(ExecutorOptions(max_sessions=2, profile="fp32", max_context=context,
-                                        context_hold=hold))
+def test_a_long_call_keeps_talking_with_bounded_state():
+    """The tiny model with a 64-frame context runs 1,000 frames: it rolls every few beats, its
+    outputs keep flowing (no stretch of PAD-only text with silent audio, as a session had once
+    it ran out of context) and its caches never pass their size."""
+    context, frames = 64, 1000
+    options = ExecutorOptions(max_sessions=1, profile="fp32", max_context=context)
+    with pytest.raises(ValueError, match="context_roll"):
+        CpuExecutor(ExecutorOptions(max_sessions=1, max_context=context, context_roll=3))
+    backend = CpuExecutor(options)
     driver = BeatDriver(backend)
+    th, tk = backend.runner.state.thinker, backend.runner.state.talker
 
-    async def run() -> list[tuple[int, int]]:
-        seen = []
-        for k in range(16):
-            _, out = await driver.beat(beat_audio(k, 2))
-            if driver.inp.live[0]:
-                assert np.abs(out.pcm[0]).max() > 0, k                  # not silenced
-                seen.append((int(backend.runner.state.thinker.length[0]), int(backend.runner.state.talker.position[0])))
-        return seen
+    async def run() -> tuple[list, int]:
+        outs, rolls, k = [], 0, 0
+        while len(outs) < frames // 2:
+            plan, out = await driver.beat(beat_audio(k, 1))
+            k += 1
+            rolls += len(plan.roll)
+            if plan.live:
+                outs.append((out.pcm[0].copy(), out.text[0].copy()))
+                assert int(th.length[0]) <= th.max_positions
+                assert int(tk.position[0]) <= tk.max_positions
+        return outs, rolls
 
     try:
         driver.open(0, SessionSpec("Hi.", []))
-        seen = asyncio.run(run())
+        outs, rolls = asyncio.run(run())
     finally:
         backend.close()
+    assert rolls >= (frames - context) // options.roll_frames
     n_prompt = len(prompt_tokens(backend.text_codec, "Hi.", []))
-    thinker = [n - n_prompt for n, _ in seen]
-    talker = [p - CFG.talker.n_warmup for _, p in seen]
-    assert len(seen) >= 8 and thinker == talker
-    assert talker == [2, 4, 6, 8] + [6, 8] * ((len(seen) - 4) // 2) + [6] * (len(seen) % 2)
+    assert int(th.length[0]) - n_prompt == int(tk.position[0]) - CFG.talker.n_warmup <= context
+    window = 16                                       # beats: any 2.56 s has some output
+    for i in range(0, len(outs) - window + 1, window // 2):
+        part = outs[i:i + window]
+        assert any(np.abs(pcm).max() > 0 for pcm, _ in part), i
+        assert all(np.isfinite(pcm).all() for pcm, _ in part), i
+        assert any((text != PAD).any() for _, text in part), i
 
 
 # ----------------------------------------------------------------------------- the real node

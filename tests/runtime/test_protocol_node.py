@@ -248,3 +248,20 @@ def test_flood_is_shed_with_an_error_and_the_node_survives():
             async with client_of(node) as c:                        # others still served
                 await c.ping()
     asyncio.run(body())
+
+
+def test_a_prompt_that_does_not_fit_is_refused_invalid_and_holds_no_slot():
+    """Bug: instructions past the prompt positions, and tools past the model's five, were cut
+    silently (the session ran with a prompt its caller never wrote)."""
+    async def body():
+        async with node_on_tcp(max_sessions=1) as node, client_of(node) as c:
+            tools = [{"name": f"t{i}"} for i in range(6)]
+            for instructions, tools_, said in (("x" * 3000, [], "at most 512"),
+                                               ("Be brief.", tools, "at most 5")):
+                with pytest.raises(Refused) as refused:
+                    await c.open("long", instructions=instructions, tools=tools_)
+                assert refused.value.reason == "invalid" and said in refused.value.message
+            assert node.counters.refusals == {"invalid": 2}
+            s = await c.open("fits", instructions="x" * 400)     # the one slot is still free
+            await s.close()
+    asyncio.run(body())

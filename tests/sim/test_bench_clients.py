@@ -64,3 +64,21 @@ def test_churn_must_be_a_mean_call_length(churn, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--backend", "sim", "--churn", churn])
     assert "--churn" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_generator_whose_callers_were_all_refused_does_not_end_the_run(tmp_path):
+    """Bug: a load generator whose lines were all refused exited at once, and the bench aborted
+    ("bench-load-3 exited with code 0 before the run ended") instead of reporting the refusal.
+    Four callers, one per generator, on a node with three slots: one is refused."""
+    args = bench.parse_args(["--backend", "sim", "--sessions", "4", "--beats", "12",
+                             "--client-procs", "4", "--warmup-max", "8", "--out", str(tmp_path)])
+    backend = bench.make_executor_for(args, 3)
+    try:
+        (res,) = bench.measure(args, 4, backend)
+    finally:
+        backend.close()
+    assert res.beats == 12 and res.opens == 3 and res.refusals == 1
+    assert res.refusals_by_reason == {"capacity": 1}
+    assert res.live == {"offered": 4, "min": 3, "p50": 3.0, "max": 3}
+    assert res.open_max_ms >= res.open_p99_ms > 0

@@ -19,7 +19,7 @@ class BeatDriver:
         opts = executor.options
         self.executor = executor
         self.book = SlotBook(executor.max_sessions, executor.start_shape,
-                             policy or EagerStarts(), opts.frames_per_session, opts.context_hold)
+                             policy or EagerStarts(), opts.frames_per_session, opts.roll_frames)
         self.inp, self.out = executor.alloc_input(), executor.alloc_output()
         self.beats = 0
 

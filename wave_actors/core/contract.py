@@ -109,8 +109,8 @@ class ExecutorOptions:
     checkpoint: str | None = None       # safetensors file with the real tensor names
     tokenizer: str | None = None        # tokenizer.json of the text tokenizer
     seed: int = 0
-    context_hold: int = 0               # bench: a session at max_context steps back this many
-                                        # frames and runs on, instead of going silent
+    context_roll: int = 0               # frames a session at max_context drops from its caches
+                                        # to run on (0: `roll_frames` picks an eighth)
     beat_wait: str = "poll"             # graph: how the loop learns a beat is done (poll | thread)
 
     def __post_init__(self) -> None:
@@ -119,14 +119,29 @@ class ExecutorOptions:
         if not 0 <= self.context_offset < self.max_context:
             raise ValueError(f"context_offset {self.context_offset} must be within max_context "
                              f"{self.max_context}")
-        if not 0 <= self.context_hold <= self.frames_per_session:
-            raise ValueError(f"context_hold {self.context_hold} must be within the "
-                             f"{self.frames_per_session} frames a session may run")
+        if self.frames_per_session < FRAMES_PER_BEAT:
+            raise ValueError(f"max_context {self.max_context} must exceed context_offset "
+                             f"{self.context_offset} by a beat ({FRAMES_PER_BEAT} frames)")
+        if self.context_roll < 0 or self.context_roll % FRAMES_PER_BEAT \
+                or self.context_roll > self.frames_per_session:
+            raise ValueError(f"context_roll {self.context_roll} must be a multiple of "
+                             f"{FRAMES_PER_BEAT} within the {self.frames_per_session} frames a "
+                             "session may run")
 
     @property
     def frames_per_session(self) -> int:
         """Frames a session may run before its context is full (the offset is already held)."""
         return self.max_context - self.context_offset
+
+    @property
+    def roll_frames(self) -> int:
+        """Frames a rolling session drops: `context_roll`, else an eighth of what it may run
+        (whole beats, at least one). A larger roll moves cache rows less often; a smaller one
+        keeps more of the window."""
+        if self.context_roll:
+            return self.context_roll
+        eighth = self.frames_per_session // 8 // FRAMES_PER_BEAT * FRAMES_PER_BEAT
+        return max(FRAMES_PER_BEAT, eighth)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,10 +156,11 @@ class Capabilities:
 class Executor(Protocol):
     """Runs beats that the clock packed and the slot book planned. Contracts:
 
-    - `submit` starts the beat's work for `plan` (its live rows read `inp.audio[plan.live]`,
-      its start steps advance `plan.starts`) and returns without waiting for it; `wait`
-      returns once it is done (at once when no beat is in flight); `collect` then fills `out` (rows of `plan.live`, silence for
-      `plan.spent`) and returns the executor's time for the beat. One beat is in flight at a
+    - `submit` starts the beat's work for `plan` (its slots in `plan.roll` roll their caches
+      first, its live rows read `inp.audio[plan.live]`, its start steps advance `plan.starts`)
+      and returns without waiting for it; `wait` returns once it is done (at once when no beat
+      is in flight); `collect` then fills `out` (rows of `plan.live`) and returns the
+      executor's time for the beat. One beat is in flight at a
       time; the clock may pack the next one meanwhile (into the other ring slot).
     - `reset` forgets every slot's state (a clock restart: the new clock's book starts empty).
     - Outputs for the same inputs, seeds and weights equal the reference model's (sim excepted).

@@ -18,6 +18,11 @@ from wave_actors.core.contract import TextCodec
 MAX_TOOLS = 5           # VO's limit (§6)
 
 
+class PromptRejected(ValueError):
+    """A session's instructions and tools do not fit the prompt the model takes: the node
+    refuses its `open` as `invalid` with this message (a prompt is never cut silently)."""
+
+
 def tool_schema(tool: dict) -> dict:
     """The object rendered for one tool: the `function` body of an OpenAI-style entry, else as is."""
     if isinstance(tool.get("function"), dict):
@@ -28,7 +33,7 @@ def tool_schema(tool: dict) -> dict:
 def render_system_prompt(instructions: str, tools: list[dict] | None = None) -> str:
     tools = list(tools or [])
     if len(tools) > MAX_TOOLS:
-        raise ValueError(f"{len(tools)} tools; the model takes at most {MAX_TOOLS}")
+        raise PromptRejected(f"{len(tools)} tools; the model takes at most {MAX_TOOLS}")
     if not tools:
         return instructions
     block = "<AVAILABLE_TOOLS>[" + ", ".join(
@@ -40,3 +45,15 @@ def render_system_prompt(instructions: str, tools: list[dict] | None = None) -> 
 def prompt_tokens(codec: TextCodec, instructions: str, tools: list[dict] | None = None) -> list[int]:
     """[bos] + tok(system prompt) + [eos]: the thinker positions of a session's prefill."""
     return [BOS] + codec.encode(render_system_prompt(instructions, tools)) + [EOS]
+
+
+def fitted_prompt_tokens(codec: TextCodec, instructions: str, tools: list[dict] | None,
+                         max_prompt: int) -> list[int]:
+    """`prompt_tokens`, or PromptRejected when they take more than the `max_prompt` positions
+    reserved for a session's prompt (the limit is in the message)."""
+    tokens = prompt_tokens(codec, instructions, tools)
+    if len(tokens) > max_prompt:
+        raise PromptRejected(
+            f"instructions and tools take {len(tokens)} prompt tokens; this node takes at most "
+            f"{max_prompt} (about {max_prompt - 2} tokens of text with its markers)")
+    return tokens

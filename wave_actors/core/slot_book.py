@@ -1,6 +1,6 @@
 """The slot book: the model-side bookkeeping of every slot, the same for every executor.
 
-Per slot: its phase (closed → starting → live → spent), its session number (the noise key), its
+Per slot: its phase (closed → starting → live), its session number (the noise key), its
 prompt and how much of it is prefilled, its talker warm-up progress, the frames it has run and
 any tool-result tokens still to force. Once a beat, `plan` turns that into a `BookPlan`: which
 slots reset, which run their two frames (with forced tokens and noise keys), which start steps
@@ -9,15 +9,16 @@ start policy through `StartQueue`), and which finished starts go live for the ne
 book advances its counters as if the plan ran: an executor never decides any of this, so the
 simulator's start model is the engine's by construction.
 
-Context: a session that has run `frames_per_session` frames is out of context. Without
-`context_hold` it is `spent` (silence and PAD until it closes, logged once); with it, it steps
-back `context_hold` positions and runs on (the bench's way to measure a fixed context).
+Context: a call may last any time. A session whose caches would pass `frames_per_session`
+frames rolls first: its oldest `roll_frames` frames leave its attention caches, its system
+prompt and talker warm-up stay as sinks, and it runs on (StreamingLLM's window with sinks; the
+Mamba state carries on). The plan names the slots that roll and where their sinks end; the
+executor moves their cache rows.
 
 Torch-free and clock-free: the clock owns one book per incarnation and feeds it measurements.
 """
 from __future__ import annotations
 
-import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,6 @@ import numpy as np
 from wave_actors.core.frames import FRAMES_PER_BEAT
 from wave_actors.core.start_policy import StartPolicy, StartQueue
 
-log = logging.getLogger("wave.slots")
 
 # The GPU executor's start step: up to 16 sessions' chunks in one step (an eager chunk is
 # launch-bound, so more rows cost little more), 16 prompt positions and 8 warm-up positions per
@@ -56,21 +56,21 @@ class StartShape:
 
 @dataclass
 class SlotState:
-    """One slot's bookkeeping; phase: closed → starting → live → spent."""
+    """One slot's bookkeeping; phase: closed → starting → live."""
     phase: str = "closed"
     session: int = 0                    # incarnation number: the noise key of this session
     prompt: list[int] = field(default_factory=list)
     prompt_done: int = 0                # thinker positions prefilled
     warm_done: int = 0                  # talker warm-up positions run
     frames: int = 0                     # frames run since it went live
-    rewound: int = 0                    # frames stepped back by `context_hold`
+    rolled: int = 0                     # frames that left its caches by rolls
     forced: deque = field(default_factory=deque)    # function-result tokens still to force
     reset: bool = False                 # state rows to reset before anything else runs
     spec: Any = None                    # the SessionSpec it opened with (handed over at reset)
 
     @property
     def context(self) -> int:           # frames its caches hold past the prompt and warm-up
-        return self.frames - self.rewound
+        return self.frames - self.rolled
 
 
 @dataclass
@@ -96,24 +96,25 @@ class BookPlan:
     frame0: np.ndarray                  # int64 [B]: index of this beat's first frame
     thinker_need: int                   # positions the live frames reach (thinker, talker)
     talker_need: int
-    spent: list[int]                    # in the beat but out of context: silence
-    rewind: list[int] = field(default_factory=list)   # step back `context_hold` first
+    context: np.ndarray                 # int64 [B]: frames its caches hold past the prompt
+    roll: list[tuple[int, int]] = field(default_factory=list)  # (slot, its thinker sinks) roll first
+    roll_frames: int = 0                # frames each rolling slot drops (after its sinks)
     starts: list[StartStep] = field(default_factory=list)       # run in order, after the frames
     started: list[int] = field(default_factory=list)  # start work finished this beat
     opened: dict[int, Any] = field(default_factory=dict)  # resets: slot → its SessionSpec
 
     @property
     def in_beat(self) -> list[int]:
-        """Slots whose audio the clock packs: the live rows and the spent ones."""
-        return sorted(self.live + self.spent)
+        """Slots whose audio the clock packs."""
+        return self.live
 
 
 class SlotBook:
     def __init__(self, slots: int, shape: StartShape, policy: StartPolicy,
-                 frames_per_session: int, context_hold: int = 0):
-        """`frames_per_session` and `context_hold` come from ExecutorOptions, which checks them."""
+                 frames_per_session: int, roll_frames: int):
+        """`frames_per_session` and `roll_frames` come from ExecutorOptions, which checks them."""
         self.shape, self.policy = shape, policy
-        self.frames_per_session, self.context_hold = frames_per_session, context_hold
+        self.frames_per_session, self.roll_frames = frames_per_session, roll_frames
         self.slots = [SlotState() for _ in range(slots)]
         self.starts = StartQueue()
         self._sessions = 0
@@ -141,7 +142,7 @@ class SlotBook:
         return self.slots[slot].phase
 
     def ready(self, slot: int) -> bool:
-        return self.slots[slot].phase in ("live", "spent")
+        return self.slots[slot].phase == "live"
 
     def refused(self, slot: int) -> str | None:
         return self.starts.refused(slot)
@@ -151,18 +152,14 @@ class SlotBook:
         resets = [i for i, s in enumerate(self.slots) if s.reset]
         for i in resets:
             self.slots[i].reset = False
-        live, spent, rewind = [], [], []
+        live, roll = [], []
         for i, s in enumerate(self.slots):
-            if s.phase == "live" and s.context + FRAMES_PER_BEAT > self.frames_per_session:
-                if self.context_hold:
-                    rewind.append(i)
-                    s.rewound += self.context_hold
-                else:
-                    log.warning("slot %d ran out of context (%d frames): silent from now on",
-                                i, s.frames)
-                    s.phase = "spent"
-            if s.phase in ("live", "spent"):
-                (live if s.phase == "live" else spent).append(i)
+            if s.phase != "live":
+                continue
+            if s.context + FRAMES_PER_BEAT > self.frames_per_session:
+                roll.append((i, len(s.prompt)))
+                s.rolled += self.roll_frames
+            live.append(i)
         rows = [self.slots[i] for i in live]
         forced = np.full((len(live), FRAMES_PER_BEAT), -1, np.int64)
         for r, s in enumerate(rows):
@@ -175,7 +172,8 @@ class SlotBook:
             max((len(s.prompt) + s.context for s in rows), default=0) + FRAMES_PER_BEAT,
             max((s.context for s in rows), default=0) + self.shape.warmup_positions
             + FRAMES_PER_BEAT,
-            spent, rewind, opened={i: self.slots[i].spec for i in resets})
+            np.array([s.context for s in rows], np.int64), roll,
+            self.roll_frames if roll else 0, opened={i: self.slots[i].spec for i in resets})
         self._beat += 1
         for s in rows:
             s.frames += FRAMES_PER_BEAT
