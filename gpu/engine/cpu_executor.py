@@ -94,9 +94,10 @@ class CpuExecutor:
         t0, c0 = time.perf_counter(), time.thread_time()
         runner = self.runner
         with torch.no_grad():
-            runner.reset_and_roll(plan)
+            runner.reset(plan)
             if plan.live:
                 runner.frames(plan, inp.audio, out)
+            runner.roll(plan)
             out.live_s = time.perf_counter() - t0
             out.start_s = []
             for step in plan.starts:

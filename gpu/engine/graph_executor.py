@@ -272,7 +272,7 @@ class GraphExecutor:
         whether it waited."""
         t0 = time.perf_counter()
         with torch.no_grad():
-            self.runner.reset_and_roll(plan)
+            self.runner.reset(plan)
             if plan.live:
                 self._enqueue(plan, inp, out)
             timed = bool(plan.starts or plan.started or not plan.live) or not self.poll
@@ -288,6 +288,8 @@ class GraphExecutor:
                     self._prefill_context(plan.started)
                     torch.cuda.current_stream().synchronize()
         self._beat_done.record()
+        with torch.no_grad():
+            self.runner.roll(plan)          # behind the beat's work: outputs do not wait for it
         return timed
 
     async def _device_done(self, t0: float, fastest: float | None) -> None:

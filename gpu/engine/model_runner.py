@@ -99,10 +99,14 @@ class ModelRunner:
         return self.state.window(cut(thinker_need, self.state.thinker.max_positions),
                                  cut(talker_need, self.state.talker.max_positions))
 
-    def reset_and_roll(self, plan: BookPlan) -> None:
-        """The plan's slot resets (sessions opened) and context rolls, before its frames."""
+    def reset(self, plan: BookPlan) -> None:
+        """The plan's slot resets (sessions opened), before anything else of it."""
         if plan.resets:
             self.state.reset(self.index(plan.resets))
+
+    def roll(self, plan: BookPlan) -> None:
+        """The plan's context rolls, after its frames (nothing read back: queued on a device,
+        they run behind the beat's work)."""
         for slot, sink in plan.roll:
             self.model.roll(self.state, slot, sink, plan.roll_frames)
 

@@ -181,19 +181,20 @@ class TalkerState:
         position shrinks by `drop`. `turn` = `roll_turn(cfg, drop)`: each layer's rotation by
         −drop at its RoPE θ. Keys then sit where they would had the dropped positions never
         run: every distance between the window's queries and keys is kept, the sinks come
-        closer (StreamingLLM). A few launches a block (`roll_blocks`), whatever the layers."""
-        end = int(self.position[slot])
-        if end - drop < sink:
-            raise ValueError(f"slot {slot} is at position {end}: cannot drop {drop} after "
-                             f"{sink} sinks")
+        closer (StreamingLLM). Every row up to the cache's size moves (the caller rolls a
+        session near its end), so nothing is read back to the host; a few launches a block
+        (`roll_blocks`), whatever the layers."""
+        cap = self.max_positions
+        if sink + drop > cap:
+            raise ValueError(f"cannot drop {drop} positions after {sink} sinks of {cap}")
         cos_full, sin_signed = turn                                       # [L, 1, 1, 1, D]
         half = self.k.shape[-1] // 2
-        for a, b in roll_blocks(sink, end - drop, self.k[slot, ..., 0, :].numel() * 4):
+        for a, b in roll_blocks(sink, cap - drop, self.k[slot, ..., 0, :].numel() * 4):
             self.v[slot, ..., a:b, :] = self.v[slot, ..., a + drop:b + drop, :].clone()
             keys = self.k[slot, ..., a + drop:b + drop, :].float()        # [L, R, kv, n, D]
             self.k[slot, ..., a:b, :] = (
                 keys * cos_full + keys.roll(half, dims=-1) * sin_signed).to(self.k.dtype)
-        self.position[slot] = end - drop
+        self.position[slot] -= drop
 
 
 @dataclass

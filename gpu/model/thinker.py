@@ -191,16 +191,16 @@ class ThinkerState:
         """Slot `slot`'s `drop` oldest positions after its first `sink` (its system prompt) leave
         the KV cache: the later rows move down and its length shrinks by `drop`. Attention here
         has no positional encoding (the Mamba layers carry order), so the moved rows need no
-        other change; the Mamba states carry on as they are. Host values: no synchronisation
-        beyond reading the slot's length."""
-        end = int(self.length[slot])
-        if end - drop < sink:
-            raise ValueError(f"slot {slot} holds {end} positions: cannot drop {drop} after "
-                             f"{sink} sinks")
-        for a, b in roll_blocks(sink, end - drop, self.k[:, slot, 0].numel() * 2 * 4):
+        other change; the Mamba states carry on as they are. Every row up to the cache's size
+        moves (the caller rolls a session near its end): nothing is read back to the host, so
+        a roll queued behind a running beat does not wait for it."""
+        cap = self.max_positions
+        if sink + drop > cap:
+            raise ValueError(f"cannot drop {drop} positions after {sink} sinks of {cap}")
+        for a, b in roll_blocks(sink, cap - drop, self.k[:, slot, 0].numel() * 2 * 4):
             for cache in (self.k, self.v):
                 cache[:, slot, a:b] = cache[:, slot, a + drop:b + drop].clone()
-        self.length[slot] = end - drop
+        self.length[slot] -= drop
 
 
 class Mamba2(nn.Module):

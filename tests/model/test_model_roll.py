@@ -74,4 +74,4 @@ def test_a_rolled_thinker_keeps_its_prompt_and_its_latest_rows(block_positions, 
     assert torch.equal(state.v[:, 1, :24], -rows[:, 1, kept])
     assert torch.equal(state.k[:, 0], rows[:, 0])
     with pytest.raises(ValueError, match="cannot drop"):
-        state.roll(0, 20, 8)
+        state.roll(0, 25, 8)

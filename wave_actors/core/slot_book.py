@@ -10,10 +10,10 @@ book advances its counters as if the plan ran: an executor never decides any of 
 simulator's start model is the engine's by construction.
 
 Context: a call may last any time. A session whose caches would pass `frames_per_session`
-frames rolls first: its oldest `roll_frames` frames leave its attention caches, its system
-prompt and talker warm-up stay as sinks, and it runs on (StreamingLLM's window with sinks; the
-Mamba state carries on). The plan names the slots that roll and where their sinks end; the
-executor moves their cache rows.
+frames in its next beat rolls after this one: its oldest `roll_frames` frames leave its
+attention caches, its system prompt and talker warm-up stay as sinks, and it runs on
+(StreamingLLM's window with sinks; the Mamba state carries on). The plan names the slots that
+roll and where their sinks end; the executor moves their cache rows.
 
 Torch-free and clock-free: the clock owns one book per incarnation and feeds it measurements.
 """
@@ -97,7 +97,8 @@ class BookPlan:
     thinker_need: int                   # positions the live frames reach (thinker, talker)
     talker_need: int
     context: np.ndarray                 # int64 [B]: frames its caches hold past the prompt
-    roll: list[tuple[int, int]] = field(default_factory=list)  # (slot, its thinker sinks) roll first
+    roll: list[tuple[int, int]] = field(default_factory=list)  # (slot, its thinker sinks): roll
+                                        # after this beat's frames
     roll_frames: int = 0                # frames each rolling slot drops (after its sinks)
     starts: list[StartStep] = field(default_factory=list)       # run in order, after the frames
     started: list[int] = field(default_factory=list)  # start work finished this beat
@@ -152,14 +153,11 @@ class SlotBook:
         resets = [i for i, s in enumerate(self.slots) if s.reset]
         for i in resets:
             self.slots[i].reset = False
-        live, roll = [], []
-        for i, s in enumerate(self.slots):
-            if s.phase != "live":
-                continue
-            if s.context + FRAMES_PER_BEAT > self.frames_per_session:
-                roll.append((i, len(s.prompt)))
-                s.rolled += self.roll_frames
-            live.append(i)
+        live = [i for i, s in enumerate(self.slots) if s.phase == "live"]
+        # Rolled after this beat's frames, for the next beat's: the executor queues the roll
+        # behind the beat's device work instead of in front of it.
+        roll = [(i, len(self.slots[i].prompt)) for i in live
+                if self.slots[i].context + 2 * FRAMES_PER_BEAT > self.frames_per_session]
         rows = [self.slots[i] for i in live]
         forced = np.full((len(live), FRAMES_PER_BEAT), -1, np.int64)
         for r, s in enumerate(rows):
@@ -177,6 +175,8 @@ class SlotBook:
         self._beat += 1
         for s in rows:
             s.frames += FRAMES_PER_BEAT
+        for i, _ in roll:
+            self.slots[i].rolled += self.roll_frames
         for group in self.starts.plan(len(live), time_left_s, self.policy,
                                       self.shape.starts_per_step):
             plan.starts.append(self._start_step(group, plan))
