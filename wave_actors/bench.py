@@ -87,6 +87,9 @@ class RunResult:
     # the host's share of the beat, ms at p50 / p99 / max: how late the loop woke for the
     # release, release → the executor called, and the executor done → outputs routed
     host: dict = field(default_factory=dict)
+    # --burst: the callers dialled at once onto the steady node (the measured beats begin
+    # then): how many, how long they waited for `opened` (p50 / p99 / max ms), refusals
+    burst: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -134,14 +137,14 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     clock = Clock()
     own = backend is None
     if own:
-        backend = make_executor_for(args, n, clock)
+        backend = make_executor_for(args, n + args.burst, clock)
     elif hasattr(backend, "clock"):
         backend.clock = clock
     # Virtual time needs every message to be readable the moment it is sent, which inproc ZMQ
     # gives and TCP (through ZMQ's I/O thread) does not: the loop would skip ahead of it.
     bind = f"inproc://bench-{id(clock)}" if loop_virtual else "tcp://127.0.0.1:0"
     if hasattr(backend, "prepare"):
-        backend.prepare(n)            # capture this N's graph before any beat runs
+        backend.prepare(n + args.burst)   # capture the graph its beats use before any runs
     node = Node(NodeConfig(bind=bind, max_sessions=backend.max_sessions, idle_timeout_s=60.0,
                            start_timeout_s=OPEN_TIMEOUT_S, start_policy=args.start_policy,
                            clock_policy=args.clock_policy),
@@ -149,7 +152,8 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     await node.start()
     try:
         with serving_process():      # as `python -m wave_actors.node` serves
-            records, stats, refusals, waits = await _drive(args, node, n, clock, loop_virtual)
+            records, stats, refusals, waits, burst = await _drive(args, node, n, clock,
+                                                                  loop_virtual)
         errors = sum(node.counters.errors.values())
         if errors:
             print(f"           errors the node answered, by code: {node.counters.errors}",
@@ -167,7 +171,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     open_p50, open_p99, open_max = (np.percentile(opens, [50, 99, 100]) if waits
                                     else (0.0, 0.0, 0.0))
     live = np.array([r.sessions for r in records]) if records else np.zeros(1)
-    live_seen = {"offered": n, "min": int(live.min()), "p50": float(np.percentile(live, 50)),
+    live_seen = {"offered": n + args.burst, "min": int(live.min()), "p50": float(np.percentile(live, 50)),
                  "max": int(live.max())}
     return RunResult(n, len(records), int(sum(r.late for r in records)),
                      float(np.percentile(lat, 50)), float(np.percentile(lat, 99)),
@@ -178,7 +182,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
                      _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0,
                      len(waits), float(open_p50), float(open_p99), policies,
-                     float(open_max), dict(refused_by), live_seen, _host(records))
+                     float(open_max), dict(refused_by), live_seen, _host(records), burst)
 
 
 def _worst(trace: dict, k: int = 3) -> str:
@@ -214,34 +218,61 @@ def _trace(records: list) -> dict:
 
 
 async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool):
-    """n caller lines through the node until the measured beats ran: (records, caller stats,
-    refusals, open waits). Real time: callers in load-generator processes; virtual: in this
-    loop."""
+    """n caller lines through the node until the measured beats ran, and `--burst` more dialled
+    at once when the n are steady: (records, caller stats, refusals, open waits, the burst's
+    summary). Real time: callers in load-generator processes; virtual: in this loop."""
     procs = 0 if loop_virtual else args.client_procs
+    k = args.burst
     if procs:
-        callers = Generators(node.endpoint, n, procs, args.churn)
+        callers, late = Generators(node.endpoint, n, procs, args.churn), None
+
+        def dial() -> None:
+            nonlocal late
+            late = Generators(node.endpoint, k, procs, args.churn, first=n)
         try:
-            records = await _while_alive(callers, _measure_beats(args, node, n, clock))
+            records = await _while_alive(callers, _measure_beats(args, node, n, clock,
+                                                                 dial if k else None))
             stats, refusals, waits = await callers.finish()
+            got = await late.finish() if late else ([], 0, [])
         finally:
             callers.kill()
-        return records, stats, refusals, waits
+            if late:
+                late.kill()
+        return records, stats + got[0], refusals, waits, _burst(k, *got[1:])
     stop = asyncio.Event()
     async with NodeClient(node.endpoint, ctx=node.ctx) as client:
-        driving = asyncio.get_running_loop().create_task(
-            drive_all(client, range(n), clock, stop, args.churn))
-        records = await _measure_beats(args, node, n, clock)
+        loop = asyncio.get_running_loop()
+        driving = loop.create_task(drive_all(client, range(n), clock, stop, args.churn))
+        bursting: list[asyncio.Task] = []
+
+        def dial() -> None:
+            bursting.append(loop.create_task(
+                drive_all(client, range(n, n + k), clock, stop, args.churn)))
+        records = await _measure_beats(args, node, n, clock, dial if k else None)
         stop.set()
         stats, refusals, waits = await driving
-    return records, stats, refusals, waits
+        got = await bursting[0] if bursting else ([], 0, [])
+    return records, stats + got[0], refusals, waits, _burst(k, *got[1:])
 
 
-async def _measure_beats(args, node: Node, n: int, clock: Clock) -> list:
+def _burst(k: int, refusals: int, waits: list[float]) -> dict:
+    if not k:
+        return {}
+    ms = np.array(waits) * 1000 if waits else np.zeros(1)
+    p50, p99, most = np.percentile(ms, [50, 99, 100])
+    return {"sessions": k, "opened": len(waits), "refused": refusals,
+            "open_p50_ms": round(float(p50), 1), "open_p99_ms": round(float(p99), 1),
+            "open_max_ms": round(float(most), 1)}
+
+
+async def _measure_beats(args, node: Node, n: int, clock: Clock, dial=None) -> list:
     """Once all n sessions are live and a start-up backlog has drained, the next `--beats`
-    beat records."""
+    beat records; with `dial`, it is called then (the burst) and its opens wait out in them."""
     await _wait_live(node, n, clock)
     await _wait_steady(node, clock, args.warmup_max)
     first = len(_live_records(node))
+    if dial is not None:
+        dial()
     await _wait_beats(node, first, args.beats, clock, args.fail_fast)
     return _live_records(node)[first:first + args.beats]
 
@@ -310,6 +341,11 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
               f"(their start on the model)"
               + (f"; refused by reason: {res.refusals_by_reason}" if res.refusals else ""),
               flush=True)
+        if res.burst:
+            b = res.burst
+            print(f"           burst of {b['sessions']}: {b['opened']} opened, waiting "
+                  f"{b['open_p50_ms']:.0f} / {b['open_p99_ms']:.0f} / {b['open_max_ms']:.0f} ms "
+                  f"(p50 / p99 / max) for `opened`; {b['refused']} refused", flush=True)
         if res.host:
             h = res.host
             print(f"           host: the loop woke for the release {h['wake_ms']['p50']:.1f} / "
@@ -427,6 +463,9 @@ def parse_args(argv=None):
     ap.add_argument("--virtual", action="store_true", help="virtual time (sim backend only)")
     ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--burst", type=int, default=0, metavar="N",
+                    help="once the --sessions callers are steady, N more dial at once; the "
+                         "measured beats begin then, and their opens are reported apart")
     ap.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
                     help="calls end and new ones start: each session lives an exponential time "
                          "of this mean, and its caller opens a new one (default 0: sessions "
@@ -456,6 +495,8 @@ def parse_args(argv=None):
         ap.error("--sessions, --beats and --runs must be positive")
     if not args.churn >= 0:
         ap.error("--churn must be a mean call length in seconds, >= 0")
+    if args.burst < 0 or (args.burst and args.find_max):
+        ap.error("--burst is a count of callers (>= 0), and not for --find-max")
     args.fail_fast = args.fail_fast or args.find_max
     return args
 
@@ -473,7 +514,7 @@ def main(argv=None, command: str | None = None) -> int:
         ceiling = load_class(entry(args.backend).target).memory_ceiling(
             args.config, args.profile, max_context)
         print(f"memory ceiling at this context: {ceiling} sessions", flush=True)
-        slots = min(args.max_find, ceiling) if args.find_max else args.sessions
+        slots = min(args.max_find, ceiling) if args.find_max else args.sessions + args.burst
         backend = make_executor_for(args, slots)
         extra["engine"] = backend.describe()
     if args.find_max:

@@ -127,12 +127,13 @@ def _generator_main(endpoint: str, first: int, count: int, churn_s: float, stop,
 
 
 class Generators:
-    """`procs` processes sharing `n` caller lines (ids 0..n-1) against the node at `endpoint`."""
+    """`procs` processes sharing `n` caller lines (ids first..first+n-1) against the node at
+    `endpoint`."""
 
-    def __init__(self, endpoint: str, n: int, procs: int, churn_s: float = 0.0):
+    def __init__(self, endpoint: str, n: int, procs: int, churn_s: float = 0.0, first: int = 0):
         ctx = mp.get_context("spawn")                  # no copy of the parent's GPU or sockets
         self._stop, self._out = ctx.Event(), ctx.Queue()
-        shares = np.array_split(np.arange(n), procs)
+        shares = np.array_split(np.arange(first, first + n), max(1, min(procs, n)))
         self._procs = [ctx.Process(target=_generator_main, daemon=True, name=f"bench-load-{k}",
                                    args=(endpoint, int(s[0]), len(s), churn_s, self._stop,
                                          self._out))

@@ -82,3 +82,18 @@ def test_a_generator_whose_callers_were_all_refused_does_not_end_the_run(tmp_pat
     assert res.refusals_by_reason == {"capacity": 1}
     assert res.live == {"offered": 4, "min": 3, "p50": 3.0, "max": 3}
     assert res.open_max_ms >= res.open_p99_ms > 0
+
+
+def test_a_burst_dials_onto_the_steady_node_and_is_reported_apart(tmp_path):
+    """--burst: once the first callers are steady, more dial at once; the measured beats begin
+    then, so any start work they cost is in them, and their opens are reported on their own."""
+    args = bench.parse_args(["--backend", "sim", "--sessions", "6", "--burst", "3", "--beats",
+                             "40", "--virtual", "--out", str(tmp_path)])
+    (res,) = bench.measure(args, 6)
+    assert res.opens == 6 and res.refusals == 0
+    assert res.burst["sessions"] == 3 and res.burst["opened"] == 3 and res.burst["refused"] == 0
+    assert 0 < res.burst["open_p50_ms"] <= res.burst["open_p99_ms"] <= res.burst["open_max_ms"]
+    assert res.live["offered"] == 9 and res.live["min"] == 6 and res.live["max"] == 9
+    assert res.trace["sessions"][0] == 6                  # measured from the dial on
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--backend", "sim", "--burst", "-1"])
