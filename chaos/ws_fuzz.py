@@ -26,7 +26,7 @@ import random
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from chaos.quiet import until_quiet
+from chaos.quiet import fuzz_round, until_quiet
 
 CONNS = 3
 SETTLE_S = 1.5
@@ -257,12 +257,4 @@ class Fuzzer:
 async def run(url: str, count: int, seed: int, rate: float = 300.0,
               headers: dict | None = None) -> dict:
     """Send `count` fuzz events to the bridge at `url`; the counts of what came back."""
-    fz = Fuzzer(url, seed, rate, headers)
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    try:
-        await fz.fuzz(count)
-        await fz.settle()
-    finally:
-        await fz.close()
-    return {**fz.report(), "elapsed_s": round(loop.time() - began, 2)}
+    return await fuzz_round(Fuzzer(url, seed, rate, headers), count)

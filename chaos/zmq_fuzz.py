@@ -32,7 +32,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from chaos.quiet import until_quiet
+from chaos.quiet import fuzz_round, until_quiet
 from transports import protocol as P
 from transports import zsock
 
@@ -316,12 +316,5 @@ async def run(endpoint: str, count: int, seed: int, targets=(), steal=(),
               rate: float = 2000.0) -> dict:
     """Send `count` fuzz messages to the node at `endpoint`; the counts of what came back."""
     fz = Fuzzer(endpoint, seed, targets, steal, rate)
-    loop = asyncio.get_running_loop()
-    began = loop.time()
     fz.start()
-    try:
-        await fz.fuzz(count)
-        await fz.settle()
-    finally:
-        await fz.close()
-    return {**fz.report(), "elapsed_s": round(loop.time() - began, 2)}
+    return await fuzz_round(fz, count)

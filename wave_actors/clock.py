@@ -385,7 +385,7 @@ class BeatClockActor(Actor):
         plan = self.book.plan(inp.time_left_s)
         if self._ready_waiters:
             self._resolve_ready()
-        in_beat = plan.in_beat
+        in_beat = plan.live
         if self._closing:
             for slot in self._closing.intersection(in_beat):
                 inp.audio[slot] = 0.0                  # its session is leaving: it hears nothing

@@ -52,6 +52,14 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))        # a bound for a hang, not a speed check
 
 
+async def echoing(port: int, payload: bytes):
+    """A connection through the relay whose first echo came back: (reader, writer)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(payload)
+    assert await asyncio.wait_for(reader.readexactly(len(payload)), 10) == payload
+    return reader, writer
+
+
 def test_forwards_in_order_with_and_without_delay():
     async def go():
         async with relayed_echo() as (relay, port):
@@ -66,9 +74,7 @@ def test_forwards_in_order_with_and_without_delay():
 def test_reset_sends_an_rst_to_the_client():
     async def go():
         async with relayed_echo() as (relay, port):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"ping")
-            assert await asyncio.wait_for(reader.readexactly(4), 10) == b"ping"
+            reader, writer = await echoing(port, b"ping")
             assert relay.reset() == 1
             with pytest.raises(ConnectionResetError):       # an RST, not an EOF
                 await asyncio.wait_for(reader.read(10), 10)
@@ -92,9 +98,7 @@ def test_refuse_for_resets_new_connections_until_lifted():
 def test_drop_ends_the_newest_connection_with_eof():
     async def go():
         async with relayed_echo() as (relay, port):
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"x")
-            assert await asyncio.wait_for(reader.readexactly(1), 10) == b"x"
+            reader, writer = await echoing(port, b"x")
             assert relay.drop() is True
             assert await asyncio.wait_for(reader.read(10), 10) == b""      # FIN: end of stream
             writer.close()

@@ -86,11 +86,11 @@ def test_slot_lifecycle_and_a_reopened_slot_starts_afresh(name):
         await until_ready(driver, [1, 3])
         for k in range(3):
             plan, out = await driver.beat(audio(k))
-            assert plan.in_beat == [1, 3] and out.compute_s > 0
+            assert plan.live == [1, 3] and out.compute_s > 0
             check_rows(executor, plan, out)
         driver.close(1)
         plan, out = await driver.beat(audio(9))
-        assert plan.in_beat == [3]
+        assert plan.live == [3]
         first = driver.open(1, SessionSpec("Hi."))
         await until_ready(driver, [1])
         plan, _ = await driver.beat(audio(10))
@@ -187,7 +187,7 @@ def test_frames_are_conserved_and_outputs_reach_only_the_current_handle(name):
 
     async def beat(release_mid=None):
         plan = driver.book.plan(0.16)
-        packed = table.pack(inp, plan.in_beat)
+        packed = table.pack(inp, plan.live)
         executor.submit(plan, inp, out)
         fresh = None
         if release_mid is not None:                 # while the beat runs

@@ -46,7 +46,7 @@ class BeatDriver:
             audio = audio(plan)
         inp = self.inp
         inp.live[:] = False
-        inp.live[plan.in_beat] = True
+        inp.live[plan.live] = True
         if audio is None:
             inp.audio[:] = 0.0
         else:

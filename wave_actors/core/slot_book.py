@@ -104,11 +104,6 @@ class BookPlan:
     started: list[int] = field(default_factory=list)  # start work finished this beat
     opened: dict[int, Any] = field(default_factory=dict)  # resets: slot → its SessionSpec
 
-    @property
-    def in_beat(self) -> list[int]:
-        """Slots whose audio the clock packs."""
-        return self.live
-
 
 class SlotBook:
     def __init__(self, slots: int, shape: StartShape, policy: StartPolicy,
