@@ -160,7 +160,7 @@ NOTES = (
      "different accumulation orders flip argmax ties on random weights; the eager bf16 and fp32 "
      "references part the same way (`tests/test_model_voicechat_precision.py`)."),
     ("sim", "Session starts at capacity (issue 16's baseline, the simulator fitted to the H200)",
-     ("sim-dense-n270-20261202T013724.json", "sim-dense-n300-20261202T013849.json"),
+     ("sim-dense-n270-20261202T021151.json", "sim-dense-n300-20261202T021329.json"),
      "A burst of 30 callers onto 270 live dense sessions: all 30 refused with 30 slots free: "
      "the live beat takes 135 ms of its 160 and a start step needs 36 ms more (+8 ms "
      "margin). The whole capacity, 300, dialled at once onto an idle node: `opened` after 6.1 s. "
