@@ -25,7 +25,7 @@ class CostModel:
     bf16_flops_per_frame: float
     tf32_flops_per_frame: float
     overhead_s_per_beat: float = 0.0
-    start_step_s: float = 0.0             # a session-start step's cost beyond its slots' share
+    start_rows_s: float = 0.0             # what a beat's start rows add to it
     jitter_rel: float = 0.0
     usable_bytes: float = 148e9           # device memory the engine may use
     weights_bytes: float = 23.83e9

@@ -7,8 +7,9 @@ energy, and a session opened with tools makes one function call early on. Time i
 model's `beat_time(live sessions, mean context)`, slept on the node's clock (virtual in tests).
 
 Session starts are the engine's: the clock's slot book plans them with the GPU executor's start
-shape (`slot_book.StartShape`) and the node's start policy, exactly as for the engine. A start
-step costs its slots' share of a beat in the cost model, plus the model's `start_step_s`.
+shape (`slot_book.StartShape`) and the node's start policy, exactly as for the engine. A beat
+that carries start rows costs the cost model's `start_rows_s` more (the GPU's captured beat
+carries its rows whatever number of them is in use).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from wave_actors.core.frames import FRAMES_PER_BEAT, OUT_RATE, SAMPLES_OUT
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import BookPlan, StartShape
-from wave_actors.core.start_policy import BudgetedStarts
+from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.text import (CALL_END, CALL_START, PAD, ByteFallbackCodec,
                                    UserByteFallbackCodec)
 from wave_actors.core.timebase import Clock
@@ -66,15 +67,15 @@ class SimExecutor:
         self.user_codec = UserByteFallbackCodec()
         self._rng = random.Random(options.seed)
         self._func_queue: list[list[int]] = [[] for _ in range(self.max_sessions)]
-        self._inflight: tuple[float, float, list[float], float] | None = None
+        self._inflight: tuple[float, float] | None = None
         self.trace: list[tuple[int, int, float, float]] | None = [] if trace else None
 
     @classmethod
     def build(cls, options: ExecutorOptions, clock: Clock | None = None) -> "SimExecutor":
         return cls(options, CostModel.load(options.cost_model, options.profile), clock)
 
-    def default_start_policy(self) -> BudgetedStarts:
-        return BudgetedStarts()
+    def default_start_policy(self) -> EagerStarts:
+        return EagerStarts()
 
     def alloc_input(self) -> BeatInput:
         return BeatInput.alloc(self.max_sessions)
@@ -101,10 +102,7 @@ class SimExecutor:
         live_s = self.cost.beat_time(len(plan.live), context)
         if self.cost.jitter_rel:
             live_s *= max(0.0, 1.0 + self.cost.jitter_rel * self._rng.gauss(0.0, 1.0))
-        # each step: its slots' share of a beat and the step's own fixed cost (the engine's
-        # step is an eager pass of its own, whatever the live load)
-        steps = [self.cost.beat_time(1 + step.slots, context) - self.cost.beat_time(1, context)
-                 + self.cost.start_step_s for step in plan.starts]
+        rows_s = self.cost.start_rows_s if plan.rows else 0.0
         if self.trace is not None:                 # what the executor was handed, at hand-over
             for slot in plan.live:
                 for f in range(FRAMES_PER_BEAT):
@@ -112,8 +110,8 @@ class SimExecutor:
                     self.trace.append((inp.beat, int(slot), float(a[0]), float(a[-1])))
         heard = [[float(np.sqrt(np.mean(inp.audio[slot, f] ** 2))) > 0.01
                   for f in range(FRAMES_PER_BEAT)] for slot in plan.live]
-        total = live_s + sum(steps)
-        self._inflight = (self.clock.now() + total, live_s, steps, total)
+        total = live_s + rows_s
+        self._inflight = (self.clock.now() + total, total)
         self._heard = heard
 
     async def wait(self) -> None:
@@ -121,11 +119,10 @@ class SimExecutor:
             await self.clock.sleep_until(self._inflight[0])
 
     def collect(self, plan: BookPlan, out: BeatOutput) -> float:
-        _end, live_s, steps, total = self._inflight
+        _end, total = self._inflight
         self._inflight = None
         for r, slot in enumerate(plan.live):
             self._fill(slot, int(plan.frame0[r]), self._heard[r], out)
-        out.live_s, out.start_s = live_s, steps
         return total
 
     def _call_of(self, spec: SessionSpec | None) -> list[int]:

@@ -114,12 +114,13 @@ class BenchResult:
 
 
 def held_context(args) -> tuple[int, int]:
-    """(context_offset, max_context): sessions go live holding `--context - ROLL_FRAMES/2` frames
-    (random rows on the GPU, modelled in the simulator), run to `--context + ROLL_FRAMES/2`,
-    roll ROLL_FRAMES back and run on, as every long call does: the measured beats run at
-    `--context` frames on average, cache rows moved by the rolls included."""
-    offset = max(0, args.context - ROLL_FRAMES // 2)
-    return offset, offset + ROLL_FRAMES
+    """(context_offset, max_context): sessions go live holding `--context - ROLL_FRAMES` frames
+    (random rows on the GPU, modelled in the simulator), run to `--context`, roll ROLL_FRAMES
+    back and run on, as every call past its context does: the measured beats run at the
+    context window of a node started with `--max-context` = `--context`, cache rows moved by
+    the rolls included."""
+    offset = max(0, args.context - ROLL_FRAMES)
+    return offset, args.context
 
 
 def make_executor_for(args, max_n: int, clock: Clock | None = None):
@@ -129,7 +130,7 @@ def make_executor_for(args, max_n: int, clock: Clock | None = None):
     opts = ExecutorOptions(max_sessions=max(max_n, args.max_sessions or 0), profile=args.profile,
                            config=args.config, max_context=max_context, context_offset=offset,
                            cost_model=args.cost_model, seed=args.seed, context_roll=ROLL_FRAMES,
-                           beat_wait=args.beat_wait)
+                           beat_wait=args.beat_wait, start_rows=args.start_rows)
     return make_executor(args.backend, opts, clock)
 
 
@@ -445,8 +446,8 @@ def parse_args(argv=None):
     ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
     ap.add_argument("--config", choices=("tiny", "full"), default="full")
     ap.add_argument("--context", type=int, default=1500,
-                    help="frames of context every session holds while measured, on average: "
-                         f"it cycles {ROLL_FRAMES} frames around this by rolling")
+                    help="the context window every session runs at (a node's --max-context): "
+                         f"sessions hold the last {ROLL_FRAMES} frames below it and roll")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--max-sessions", type=int, default=0, help="slots (default: --sessions)")
     ap.add_argument("--beats", type=int, default=500)
@@ -470,6 +471,8 @@ def parse_args(argv=None):
                     help="calls end and new ones start: each session lives an exponential time "
                          "of this mean, and its caller opens a new one (default 0: sessions "
                          "live the whole run)")
+    ap.add_argument("--start-rows", type=int, default=0,
+                    help="starting sessions each beat advances (0: the backend's default)")
     ap.add_argument("--beat-wait", choices=("poll", "thread"), default="poll",
                     help="graph: the loop polls the beat's CUDA event, or a worker thread waits")
     ap.add_argument("--client-procs", type=int, default=CLIENT_PROCS,
@@ -517,6 +520,12 @@ def main(argv=None, command: str | None = None) -> int:
         slots = min(args.max_find, ceiling) if args.find_max else args.sessions + args.burst
         backend = make_executor_for(args, slots)
         extra["engine"] = backend.describe()
+        rows = extra["engine"].get("start_rows")
+        if rows:
+            print(f"start rows: {rows['rows']} × {rows['chunk']} prompt positions in every beat "
+                  f"that starts a session: {rows['beat_with_rows_ms']} ms against "
+                  f"{rows['beat_ms']} ms for {rows['at_sessions']} sessions (idle caches)",
+                  flush=True)
     if args.find_max:
         n, seen = find_max(args, backend, ceiling)
         runs = seen.get(n) or measure(args, n, backend)
@@ -531,10 +540,11 @@ def main(argv=None, command: str | None = None) -> int:
         facts = backend.describe()
         extra["engine_after"] = facts
         starts = runs[-1].policies.get("start", {}) if runs else {}
-        print(f"session starts ({starts.get('name')} policy): a start step took up to "
-              f"{starts.get('start_step_ms')} ms (recent), {starts.get('held_back')} beats had no "
-              f"room for one, {starts.get('given_up')} starts were refused for want of room",
-              flush=True)
+        rows = facts.get("start_rows") or {}
+        print(f"session starts ({starts.get('name')} policy): {rows.get('rows')} start rows of "
+              f"{rows.get('chunk')} prompt positions add {rows.get('added_ms')} ms to the "
+              f"{rows.get('at_sessions')}-session beat (measured at build); "
+              f"{starts.get('held_back')} beats held their start rows back", flush=True)
         extra["memory_used_bytes"] = facts["memory_used_bytes"]
         extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
     result = summarize(args, n, runs, extra)

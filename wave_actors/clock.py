@@ -33,7 +33,7 @@ import zmq.asyncio
 
 from transports import zsock
 from wave_actors.core.clock_policy import ClockPolicy
-from wave_actors.core.contract import Executor, Handle, SessionSpec, StartRefused
+from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.jitter import SlotStats
 from wave_actors.core.prompt import PromptRejected
@@ -256,10 +256,9 @@ class BeatClockActor(Actor):
         return fut
 
     def when_ready(self, handle: Handle) -> asyncio.Future:
-        """Resolves (True) at the first beat that runs this admitted session's frames: its start
-        (prompt prefill, talker warm-up) is done; the node answers `opened` then. False when the
-        session was released first (or the handle is not this clock's); StartRefused when the
-        start policy gave up on it."""
+        """Resolves (True) once this admitted session's prompt is planned in: its frames run from
+        the next beat on, and the node answers `opened` then. False when the session was
+        released first (or the handle is not this clock's)."""
         fut = self._ready_waiters.get(handle)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
@@ -269,15 +268,9 @@ class BeatClockActor(Actor):
 
     def _resolve_ready(self) -> None:
         for handle in list(self._ready_waiters):
-            slot = handle.slot
-            why = None if self.book.ready(slot) else self.book.refused(slot)
-            if self.book.ready(slot) or why:
+            if self.book.ready(handle.slot):
                 fut = self._ready_waiters.pop(handle)
-                if fut.done():
-                    continue
-                if why:
-                    fut.set_exception(StartRefused(why))
-                else:
+                if not fut.done():
                     fut.set_result(True)
 
     def _release(self, handle: Handle) -> SlotStats | None:
@@ -400,7 +393,7 @@ class BeatClockActor(Actor):
                 # Waiters resume only once this coroutine yields, after the submit below.
                 self._handed = None
                 handed.set_result(None)
-        if not (plan.live or plan.starts or plan.resets):
+        if not (plan.live or plan.rows or plan.resets):
             self.table.complete(packed, late=False)
             self._outputs_free.set()
             collect_between_beats(k)
@@ -420,7 +413,7 @@ class BeatClockActor(Actor):
             out.compute_s = self.executor.collect(plan, out)
         finally:
             self._outputs_free.set()
-        self.book.observe(plan, out.live_s, out.start_s)
+        self.book.observe(plan, out.compute_s)
         returned = self.clock.now() - release
         in_beat = bool(packed.slots)
         routed = self.table.complete(packed, late=returned > LATE_AFTER_S and in_beat)

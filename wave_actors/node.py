@@ -520,9 +520,9 @@ class Node:
             return self._refuse(route.identity, msg.session, "capacity",
                                 f"node not ready: {exc!r}")
         route.handle = handle
-        # `opened` waits for the model's session start (prompt prefill, talker warm-up: beats on
-        # a loaded GPU), so the client streams only once its audio is heard; audio sent before
-        # would queue, overflow and be dropped.
+        # `opened` waits for the model's session start (its prompt's rows ride the next beats),
+        # so the client streams only once its audio is heard; audio sent before would queue,
+        # overflow and be dropped.
         ready = route.ready = clock.when_ready(handle)
         if (route.cancelled or self.draining) and not ready.done():
             ready.cancel()
@@ -531,11 +531,10 @@ class Node:
         finally:
             route.ready = None
         answered = ready.done() and not ready.cancelled()
-        refused = ready.exception() if answered else None     # StartRefused: no room for it
-        if self.draining or refused or route.cancelled or not (answered and ready.result()):
+        if self.draining or route.cancelled or not (answered and ready.result()):
             await self._free_slot(handle)
             self.bindings.drop(route)
-            return self._answer_failed_open(route, refused, answered)
+            return self._answer_failed_open(route, answered)
         cfg = SessionConfig(msg.session, handle, h["sample_rate"], h["format"],
                             h["output_sample_rate"], h["output_format"], clock.endpoint)
         route.actor = self.supervisor.start_child(ChildSpec(
@@ -552,15 +551,13 @@ class Node:
             resume_ms=round(1000 * self.cfg.resume_grace_s),
             idle_ms=round(1000 * self.cfg.idle_timeout_s)))
 
-    def _answer_failed_open(self, route: Route, refused, answered: bool) -> None:
+    def _answer_failed_open(self, route: Route, answered: bool) -> None:
         identity, session = route.identity, route.session
         if self.draining:
             return self._refuse(identity, session, "draining", "the node is shutting down")
         if route.cancelled:                         # the client closed it while it started
             self.send(identity, P.pack("closed", session, stats=_zero_stats()))
             return None
-        if refused:                                 # the device had no room for its start
-            return self._refuse(identity, session, "capacity", str(refused))
         if answered:                                # its clock went away mid-start
             return self._refuse(identity, session, "capacity",
                                 "the engine restarted while the session was starting")

@@ -43,6 +43,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "oldest frames out (its prompt stays) and talks on")
     ap.add_argument("--context-roll", type=int, default=0,
                     help="frames one roll drops (a multiple of 2; 0: an eighth of --max-context)")
+    ap.add_argument("--start-rows", type=int, default=0,
+                    help="starting sessions each beat advances by one prompt chunk (0: the "
+                         "backend's default; the graph backend captures its beats with them)")
     ap.add_argument("--checkpoint", help="safetensors file under the real tensor names")
     ap.add_argument("--tokenizer", help="tokenizer.json of the text tokenizer")
     ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
@@ -95,7 +98,7 @@ def build(args) -> Node:
                            config=args.config, max_context=args.max_context,
                            context_offset=args.context_offset, context_roll=args.context_roll,
                            cost_model=args.cost_model, checkpoint=args.checkpoint,
-                           tokenizer=args.tokenizer, seed=args.seed)
+                           tokenizer=args.tokenizer, seed=args.seed, start_rows=args.start_rows)
     clock = Clock()
     executor = make_executor(args.backend, opts, clock)
     cfg = NodeConfig(bind=args.bind, max_sessions=args.max_sessions,

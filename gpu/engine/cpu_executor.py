@@ -1,8 +1,8 @@
 """The `cpu` executor: the reference VoiceChat model on the CPU (tiny config by default).
 
 `submit` hands the book's plan to one worker thread and returns; the worker runs the plan (slot
-resets, the live rows' two frames batched, then the start steps, each timed for the start
-policy) and writes the outputs into `BeatOutput`. The event loop stays free while it computes.
+resets, the live rows' two frames batched, context rolls, then the start rows) and writes the
+outputs into `BeatOutput`. The event loop stays free while it computes.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
 
 THREADS = 1                 # torch intra-op threads: tiny ops lose more to threading than they gain
-# A start step on the CPU: all starting sessions together, 64 prompt positions and 8 warm-up
-# positions a chunk; the prompt may be long (the CPU has host memory to spare).
-CPU_SHAPE = dict(prefill_chunk=64, warmup_chunk=8, starts_per_step=1 << 30, max_prompt=2048)
+# Start rows on the CPU: every starting session in every beat, 64 prompt positions a row; the
+# prompt may be long (the CPU has host memory to spare).
+CPU_SHAPE = dict(prefill_chunk=64, start_rows=1 << 30, max_prompt=2048)
 
 
 class CpuExecutor:
@@ -89,8 +89,7 @@ class CpuExecutor:
         return done.result()
 
     def _run(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> float:
-        """Worker thread: the plan, in order; returns its wall time, and records the live
-        frames' time and each start step's in `out` for the start policy."""
+        """Worker thread: the plan, in order; returns its wall time."""
         t0, c0 = time.perf_counter(), time.thread_time()
         runner = self.runner
         with torch.no_grad():
@@ -98,12 +97,7 @@ class CpuExecutor:
             if plan.live:
                 runner.frames(plan, inp.audio, out)
             runner.roll(plan)
-            out.live_s = time.perf_counter() - t0
-            out.start_s = []
-            for step in plan.starts:
-                t = time.perf_counter()
-                runner.start_step(step)
-                out.start_s.append(time.perf_counter() - t)
+            runner.start_rows(plan)
         self.beat_cpu_s.append(time.thread_time() - c0)
         return time.perf_counter() - t0
 

@@ -5,21 +5,23 @@ frames per beat as one CUDA-graph replay.
     start; the extra slot is a trash row that padded batch entries read from and write into;
   - the model's decode hooks routed to the Triton kernels (`decode_ops`), so per-session state is
     updated in place and attention reads only the context in use;
-  - one graph per batch-size bucket; the largest is captured when the executor is built, the
-    others by `prepare` between beats;
+  - one graph per batch-size bucket, and a second one per bucket that also carries the start
+    rows: `start_rows` starting sessions' next prompt chunks (padded rows go to the trash slot),
+    beside the live rows, so a session's start is part of a captured beat and no eager start
+    work runs while serving. The largest bucket's pair is captured when the executor is built,
+    and what the rows add to its beat is measured then (`describe()["start_rows"]`); the
+    others are captured by `prepare` between beats. The talker's warm-up is copied in with the
+    slot's reset;
   - one copy each way per beat: the clock packs frames straight into this executor's pinned
     input ring, which goes to the device as it is (the rows up to the highest live slot); the
     replay gathers its rows by slot on the device and scatters its outputs back by slot, and the
     output rows come back into the pinned output ring. No host gather, no host scatter;
   - a configuration that does not fit in device memory is refused at start, saying why.
-Start steps (prompt and warm-up chunks) run eagerly on the same stream after the replay.
 
 How a beat is waited for (`ExecutorOptions.beat_wait`): a worker thread enqueues the beat (the
 copies, the replay) and returns while the GPU works; the event loop then sleeps until just
 before the fastest recent beat of this bucket would end and asks the beat's CUDA event whether
 it is done once per loop iteration ("poll"). "thread": the worker waits on the device itself.
-Beats with start steps are timed on the worker (each step synchronised: the start policy needs
-its cost).
 """
 from __future__ import annotations
 
@@ -107,13 +109,17 @@ def memory_ceiling(config: str, profile: str, max_context: int,
 
 class _Captured:
     """One bucket's graph with its static device inputs (the rows' slots and per-row values;
-    the audio rows are gathered by slot inside the graph) and their pinned host twins."""
+    the audio rows are gathered by slot inside the graph; with start rows, their slots, prompt
+    chunks and valid counts) and their pinned host twins."""
 
-    def __init__(self, bucket: int, device: torch.device):
+    def __init__(self, bucket: int, device: torch.device, start_rows: int = 0, chunk: int = 0):
         z = lambda *shape, dtype=torch.long: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
-        self.bucket = bucket
+        self.bucket, self.start_rows = bucket, start_rows
         self.d_in = {"slots": z(bucket), "forced": z(bucket, 2), "session": z(bucket),
                      "frame0": z(bucket)}
+        if start_rows:
+            self.d_in |= {"row_slots": z(start_rows), "row_tokens": z(start_rows, chunk),
+                          "row_valid": z(start_rows)}
         self.audio = z(bucket, FRAMES_PER_BEAT, SAMPLES_IN, dtype=torch.float32)
         self.h_in = {k: torch.zeros(v.shape, dtype=v.dtype, pin_memory=True)
                      for k, v in self.d_in.items()}
@@ -139,7 +145,9 @@ class GraphExecutor:
         self.text_codec, self.user_codec = text_codecs(options)
         self.cfg, char_table = model_config(options, self.text_codec)
         self.profile = Profile.named(options.profile)
-        self.start_shape = StartShape(warmup_positions=self.cfg.talker.n_warmup)
+        self.start_shape = StartShape(warmup_positions=self.cfg.talker.n_warmup,
+                                      **({"start_rows": options.start_rows}
+                                         if options.start_rows else {}))
         self.plan_memory = MemoryPlan(self.cfg, self.profile, options.max_sessions,
                                       options.max_context, self.start_shape.max_prompt)
         self.plan_memory.check(torch.cuda.mem_get_info()[0])
@@ -156,20 +164,29 @@ class GraphExecutor:
                       "user": torch.full((s, FRAMES_PER_BEAT, MAX_USER_TOKENS), NO_TOKEN,
                                          dtype=torch.int32, device=dev)}
         self._pinned: dict[int, torch.Tensor] = {}        # a ring array's address → its tensor
-        self._graphs: dict[int, _Captured] = {}
+        self._graphs: dict[tuple[int, bool], _Captured] = {}   # (bucket, with start rows)
         self._pool = torch.cuda.graph_pool_handle()
         self.streamed = StreamedBeat(self.model, self.device) if streams else None
         self.poll = options.beat_wait == "poll"
         self._beat_done = torch.cuda.Event()
-        self._recent: dict[int, collections.deque] = {}      # bucket → recent polled beat times
+        self._recent: dict[tuple[int, bool], collections.deque] = {}   # graph → recent beats
         self.polled_beats = 0
         self.on_launched = None
         self._worker = ThreadPoolExecutor(1, "wave-graph")
         self._inflight: tuple[Future, float, BookPlan] | None = None
         self._done_s: float | None = None
-        # The largest bucket is captured now, so no beat ever waits for a capture; smaller ones
-        # (less padding) are captured between beats by `prepare`.
-        self._capture(bucket_for(self.max_sessions, self.max_sessions))
+        # The thinker positions a start row may reach (a prompt chunk past the prompt's last
+        # position), rounded up: the start rows' attention runs on this window of the caches.
+        chunk = self.start_shape.prefill_chunk
+        self._prompt_window = min(-(-(self.start_shape.max_prompt + chunk) // 64) * 64,
+                                  self.state.thinker.max_positions)
+        # The largest bucket is captured now, with and without start rows, so no beat ever
+        # waits for a capture; smaller ones (less padding) are captured between beats by
+        # `prepare`.
+        top = bucket_for(self.max_sessions, self.max_sessions)
+        self._capture(top, False)
+        self._capture(top, True)
+        self.start_rows_cost = self._time_start_rows(top)
 
     @classmethod
     def build(cls, options: ExecutorOptions, clock: Clock | None = None) -> "GraphExecutor":
@@ -250,8 +267,9 @@ class GraphExecutor:
         if self.on_launched is not None:
             self.on_launched()
         if not synced:
-            g = self._graph_for(len(plan.live))
-            recent = self._recent.setdefault(g.bucket, collections.deque(maxlen=8))
+            g = self._graph_for(len(plan.live), bool(plan.rows))
+            recent = self._recent.setdefault((g.bucket, bool(plan.rows)),
+                                             collections.deque(maxlen=8))
             await self._device_done(t0, min(recent, default=None))
             elapsed = time.perf_counter() - t0
             recent.append(elapsed)
@@ -261,36 +279,25 @@ class GraphExecutor:
     def collect(self, plan: BookPlan, out: BeatOutput) -> float:
         job, _t0, _plan = self._inflight
         self._inflight = None
-        synced = job.result()
-        if not synced:                      # the live frames were all of it
-            out.live_s, out.start_s = self._done_s, []
+        job.result()
         return self._done_s
 
     def _launch(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> bool:
-        """Worker thread: the beat's device work enqueued, its end marked by `_beat_done`; with
-        start steps (or beat_wait "thread"), waited for here and timed into `out`. Returns
-        whether it waited."""
-        t0 = time.perf_counter()
+        """Worker thread: the beat's device work enqueued (resets, the replay, the copies), its
+        end marked by `_beat_done`; with beat_wait "thread", waited for here. Returns whether it
+        waited."""
         with torch.no_grad():
             self.runner.reset(plan)
-            if plan.live:
+            if plan.live or plan.rows:
                 self._enqueue(plan, inp, out)
-            timed = bool(plan.starts or plan.started or not plan.live) or not self.poll
-            if timed:
-                torch.cuda.current_stream().synchronize()
-                out.live_s, out.start_s = time.perf_counter() - t0, []
-                for step in plan.starts:
-                    t = time.perf_counter()
-                    self.runner.start_step(step)
-                    torch.cuda.current_stream().synchronize()
-                    out.start_s.append(time.perf_counter() - t)
-                if plan.started and self.options.context_offset:
-                    self._prefill_context(plan.started)
-                    torch.cuda.current_stream().synchronize()
+            if plan.started and self.options.context_offset:
+                self._prefill_context(plan.started)
         self._beat_done.record()
         with torch.no_grad():
             self.runner.roll(plan)          # behind the beat's work: outputs do not wait for it
-        return timed
+        if not self.poll:
+            self._beat_done.synchronize()
+        return not self.poll
 
     async def _device_done(self, t0: float, fastest: float | None) -> None:
         """Return once `_beat_done` has passed: asleep for most of the beat, then asking every
@@ -306,8 +313,8 @@ class GraphExecutor:
         """The ring's audio rows up to the highest live slot to the device, the rows' slots and
         per-row values into the bucket's buffers, the replay, the output rows back into the
         output ring: all queued on the device, nothing waited for."""
-        n, hi = len(plan.live), max(plan.live) + 1
-        g = self._graph_for(n)
+        n, hi = len(plan.live), max(plan.live, default=-1) + 1
+        g = self._graph_for(n, bool(plan.rows))
         h = g.h_in
         h["slots"][:n] = torch.from_numpy(np.asarray(plan.live, np.int64))
         h["slots"][n:] = self.trash
@@ -315,40 +322,52 @@ class GraphExecutor:
         h["forced"][n:] = -1
         h["session"][:n] = torch.from_numpy(plan.session)
         h["frame0"][:n] = torch.from_numpy(plan.frame0)
+        if g.start_rows:
+            slots, tokens, valid = self.runner.row_tokens(plan.rows, g.start_rows, self.trash)
+            h["row_slots"][:] = torch.from_numpy(slots)
+            h["row_tokens"][:] = torch.from_numpy(tokens)
+            h["row_valid"][:] = torch.from_numpy(valid)
         for k, t in g.d_in.items():
             t.copy_(h[k], non_blocking=True)
-        self.d_audio[:hi].copy_(self._tensor(inp.audio)[:hi], non_blocking=True)
+        if hi:
+            self.d_audio[:hi].copy_(self._tensor(inp.audio)[:hi], non_blocking=True)
         if g.graph is not None:
             g.graph.replay()
         else:
             self._beat_body(g)
         for name in OUTPUTS:
-            self._tensor(getattr(out, name))[:hi].copy_(self.d_out[name][:hi], non_blocking=True)
+            if hi:
+                self._tensor(getattr(out, name))[:hi].copy_(self.d_out[name][:hi],
+                                                            non_blocking=True)
 
     def _prefill_context(self, slots: list[int]) -> None:
         """Model a session that already spoke for `context_offset` frames: its caches hold that
-        many positions (random rows; the work of a frame depends only on the lengths)."""
+        many positions (random rows; the work of a frame depends only on the lengths). Queued
+        behind the beat that finished its prompt, positions taken on the device: no wait."""
         th, tk, n = self.state.thinker, self.state.talker, self.options.context_offset
-        for s in slots:                      # basic slices: views, so normal_ writes the state
-            start = int(th.length[s])
-            th.k[:, s, start:start + n].normal_()
-            th.v[:, s, start:start + n].normal_()
-            pos = int(tk.position[s])
-            tk.k[s, :, :, :, pos:pos + n].normal_()
-            tk.v[s, :, :, :, pos:pos + n].normal_()
+        step = torch.arange(n, device=self.device)
+        for s in slots:
+            at = th.length[s] + step                           # [n] positions after its prompt
+            for cache in (th.k, th.v):
+                cache[:, s].index_copy_(1, at, torch.randn_like(cache[:, s, :n]))
+            at = tk.position[s] + step
+            for cache in (tk.k, tk.v):
+                cache[s].index_copy_(3, at, torch.randn_like(cache[s, :, :, :, :n]))
         idx = torch.tensor(slots, device=self.device)
         th.length[idx] += n
         tk.position[idx] += n
 
     def prepare(self, sessions: int) -> None:
-        """Capture the bucket that `sessions` live sessions use (outside any beat)."""
+        """Capture the bucket that `sessions` live sessions use, with and without start rows
+        (outside any beat)."""
         b = bucket_for(sessions, self.max_sessions)
-        if b not in self._graphs:
-            self._capture(b)
+        for rows in (False, True):
+            if (b, rows) not in self._graphs:
+                self._capture(b, rows)
 
-    def _graph_for(self, n: int) -> _Captured:
+    def _graph_for(self, n: int, rows: bool) -> _Captured:
         """The smallest captured bucket that holds n sessions (extra rows are padding)."""
-        return self._graphs[min(b for b in self._graphs if b >= n)]
+        return self._graphs[min(b for b, r in self._graphs if b >= n and r == rows), rows]
 
     def _beat_body(self, g: _Captured) -> None:
         """What one replay does: gather the bucket's audio rows by slot, two frames, scatter the
@@ -370,16 +389,24 @@ class GraphExecutor:
 
         if self.streamed is not None:
             self.streamed.run(st, g.audio, d["slots"], noise_of, d["forced"], emit)
-            return
-        self.model.frames(st, g.audio, d["slots"], noise_of, d["forced"], emit)
+        else:
+            self.model.frames(st, g.audio, d["slots"], noise_of, d["forced"], emit)
+        if g.start_rows:
+            # the starting slots' next prompt chunks: they share no slot with the live rows
+            # (padded rows write the trash slot, which nothing reads)
+            window = st.window(self._prompt_window, st.talker.max_positions)
+            self.model.prefill_chunk(window, d["row_slots"], d["row_tokens"], d["row_valid"])
 
-    def _capture(self, bucket: int) -> _Captured:
+    def _capture(self, bucket: int, rows: bool) -> _Captured:
         t0 = time.perf_counter()
-        g = _Captured(bucket, self.device)
+        g = _Captured(bucket, self.device, self.start_shape.start_rows if rows else 0,
+                      self.start_shape.prefill_chunk)
         g.d_in["slots"].fill_(self.trash)
         g.d_in["forced"].fill_(-1)
+        if rows:
+            g.d_in["row_slots"].fill_(self.trash)
         if not self.capture:                         # eager mode: the buffers, no graph
-            self._graphs[bucket] = g
+            self._graphs[bucket, rows] = g
             return g
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -390,10 +417,37 @@ class GraphExecutor:
         g.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g.graph, pool=self._pool), torch.no_grad():
             self._beat_body(g)
-        self._graphs[bucket] = g
-        log.info("captured the beat graph for %d sessions in %.1f s", bucket,
-                 time.perf_counter() - t0)
+        self._graphs[bucket, rows] = g
+        log.info("captured the beat graph for %d sessions%s in %.1f s", bucket,
+                 f" with {g.start_rows} start rows" if rows else "", time.perf_counter() - t0)
         return g
+
+    def _time_start_rows(self, bucket: int, replays: int = 5) -> dict:
+        """What the start rows add to the `bucket`-session beat, replayed on the idle device
+        (all rows padded: the same kernels as rows in use), the fastest of a few replays each."""
+        def fastest(g: _Captured) -> float:
+            best = math.inf
+            for _ in range(replays):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                if g.graph is not None:
+                    g.graph.replay()
+                else:
+                    with torch.no_grad():
+                        self._beat_body(g)
+                b.record()
+                b.synchronize()
+                best = min(best, a.elapsed_time(b) / 1e3)
+            return best
+        plain, rows = fastest(self._graphs[bucket, False]), fastest(self._graphs[bucket, True])
+        cost = {"rows": self.start_shape.start_rows, "chunk": self.start_shape.prefill_chunk,
+                "at_sessions": bucket, "beat_ms": round(1e3 * plain, 2),
+                "beat_with_rows_ms": round(1e3 * rows, 2),
+                "added_ms": round(1e3 * (rows - plain), 2)}
+        log.info("start rows: %d rows of %d prompt positions add %.1f ms to the %d-session beat "
+                 "(%.1f ms without, idle caches)", cost["rows"], cost["chunk"], cost["added_ms"],
+                 bucket, cost["beat_ms"])
+        return cost
 
     def describe(self) -> dict:
         free, total = torch.cuda.mem_get_info()
@@ -405,7 +459,8 @@ class GraphExecutor:
                 "memory_total_bytes": total,
                 "memory_ceiling_sessions": self.plan_memory.ceiling(total),
                 "beat_wait": "poll" if self.poll else "thread", "beats_polled": self.polled_beats,
-                "buckets_captured": sorted(self._graphs)}
+                "buckets_captured": sorted({b for b, _ in self._graphs}),
+                "start_rows": self.start_rows_cost}
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)

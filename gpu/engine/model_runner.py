@@ -1,7 +1,7 @@
 """The model side of a beat, shared by the executors that run the real model (cpu, graph): the
 model and its slot-indexed state, built once; and the plan's pieces that every such executor runs
-the same way — slot resets and context rolls, start steps (prompt prefill and talker
-warm-up chunks), and the live frames run eagerly on a window of the KV caches.
+the same way — slot resets (with the talker's warm-up copied in) and context rolls, start rows
+(prompt chunks), and the live frames run eagerly on a window of the KV caches.
 
 The KV caches are sized for `max_context` frames; an eager call runs on a window of them rounded
 up to WINDOW_STEP positions past the longest session in the call, which keeps the attention cost
@@ -23,7 +23,7 @@ from gpu.model.voicechat_state import session_state_bytes
 from gpu.model.voicechat_weights import param_shapes
 from wave_actors.core.contract import BeatOutput, ExecutorOptions, SessionSpec
 from wave_actors.core.prompt import fitted_prompt_tokens
-from wave_actors.core.slot_book import BookPlan, StartShape, StartStep
+from wave_actors.core.slot_book import BookPlan, StartShape
 from wave_actors.core.text import PAD, TextCodec, UserByteFallbackCodec, load_text_codec
 
 log = logging.getLogger("wave.model_runner")
@@ -100,9 +100,12 @@ class ModelRunner:
                                  cut(talker_need, self.state.talker.max_positions))
 
     def reset(self, plan: BookPlan) -> None:
-        """The plan's slot resets (sessions opened), before anything else of it."""
+        """The plan's slot resets (sessions opened), before anything else of it; the talker's
+        warm-up is copied in with them (it is the same for every session)."""
         if plan.resets:
-            self.state.reset(self.index(plan.resets))
+            slots = self.index(plan.resets)
+            self.state.reset(slots)
+            self.model.warm(self.state, slots)
 
     def roll(self, plan: BookPlan) -> None:
         """The plan's context rolls, after its frames (nothing read back: queued on a device,
@@ -110,21 +113,27 @@ class ModelRunner:
         for slot, sink in plan.roll:
             self.model.roll(self.state, slot, sink, plan.roll_frames)
 
-    def start_step(self, step: StartStep) -> None:
-        """One bounded chunk of prompt (≤ prefill_chunk positions) and of talker warm-up."""
-        if step.prefill:
-            chunk = self.shape.prefill_chunk
-            tokens = np.full((len(step.prefill), chunk), PAD, np.int64)
-            for r, (_, part, _) in enumerate(step.prefill):
-                tokens[r, :len(part)] = part
-            need = max(start + len(part) for _, part, start in step.prefill)
-            self.model.prefill_chunk(self.window(need, 0),
-                                     self.index([i for i, _, _ in step.prefill]),
-                                     self.index(tokens),
-                                     self.index([len(part) for _, part, _ in step.prefill]))
-        for count, rows in step.warmup.items():
-            window = self.window(0, max(start for _, start in rows) + count)
-            self.model.warmup_chunk(window, self.index([i for i, _ in rows]), count)
+    def row_tokens(self, rows: list[tuple[int, list[int], int]], count: int,
+                   pad_slot: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Start rows as the prefill takes them: slots [count], tokens [count, chunk] (PAD
+        after each row's part), valid counts [count]; rows past `rows` go to `pad_slot` with
+        nothing valid."""
+        slots = np.full(count, pad_slot, np.int64)
+        tokens = np.full((count, self.shape.prefill_chunk), PAD, np.int64)
+        valid = np.zeros(count, np.int64)
+        for r, (slot, part, _) in enumerate(rows):
+            slots[r], valid[r] = slot, len(part)
+            tokens[r, :len(part)] = part
+        return slots, tokens, valid
+
+    def start_rows(self, plan: BookPlan) -> None:
+        """The plan's start rows, eagerly: one prompt chunk for each starting slot named."""
+        if not plan.rows:
+            return
+        slots, tokens, valid = self.row_tokens(plan.rows, len(plan.rows))
+        need = max(start + len(part) for _, part, start in plan.rows)
+        self.model.prefill_chunk(self.window(need, 1), self.index(slots), self.index(tokens),
+                                 self.index(valid))
 
     def frames(self, plan: BookPlan, audio: np.ndarray, out: BeatOutput) -> None:
         """The live rows' two frames, eagerly, outputs into `out`'s slot rows; audio [S, 2,

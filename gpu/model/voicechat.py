@@ -15,13 +15,15 @@ tokens even on forced frames (only the inputs are forced).
 
 The step is static: fixed shapes for a given B, no host synchronisation, no Python loop over
 sessions, state changed only by index writes at `slots`, noise an input. Session start runs
-outside it in bounded chunks: `prefill_chunk` (the system prompt into the thinker) and
-`warmup_chunk` (the talker's 37 Aria positions). Weights are loaded by checkpoint name only
+outside it: `prefill_chunk` (the system prompt into the thinker, a bounded chunk at a time) and
+the talker's 37 Aria warm-up positions, which are the same for every session: `warmup_chunk`
+runs them, `warm` copies them in from one run of them (`warm_template`). Weights are loaded by checkpoint name only
 (`load`), from a real file (checkpoint.py) or from §8 random draws under the same names.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -33,7 +35,7 @@ from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.mel import MelFrontEnd
 from gpu.model.perception import Perception, PerceptionOutput
 from gpu.model.rnnt import RNNT, RNNTOutput
-from gpu.model.talker import Talker, TalkerInputs, TalkerOutput, roll_turn
+from gpu.model.talker import Talker, TalkerInputs, TalkerOutput, TalkerState, roll_turn
 from gpu.model.talker_text import CharTable
 from gpu.model.talker_weights import load_talker
 from gpu.model.thinker import Thinker
@@ -83,6 +85,7 @@ class VoiceChat(nn.Module):
         super().__init__()
         self.cfg, self.profile, self.device = cfg, profile, torch.device(device)
         self._roll_turns: dict[int, tuple[Tensor, Tensor]] = {}     # drop → `roll_turn` tables
+        self._warm: dict[tuple, tuple[Tensor, Tensor]] = {}         # cache layout → warm K/V
         meta, cd = torch.device("meta"), profile.compute
         with _no_meta_draws():
             self.mel = MelFrontEnd(cfg.mel, device=meta)
@@ -205,6 +208,33 @@ class VoiceChat(nn.Module):
         n_valid[b] of row b real (0 allowed). The caller splits [bos] + prompt + [eos] into chunks
         and keeps each slot within `state.max_prompt` positions."""
         self.thinker.prefill(state.thinker, tokens.long(), n_valid.long(), slots)
+
+    @torch.no_grad()
+    def warm_template(self, talker: TalkerState) -> tuple[Tensor, Tensor]:
+        """The warm-up's K/V rows [L, R, kv, n_warmup, dh] for caches laid out as `talker`'s:
+        its inputs are fixed (the Aria latents, PAD then EOS text, positions 0…n_warmup − 1),
+        so every session's warm-up leaves the same rows. Run once (one slot, all positions in
+        one call, as the reference start does) and kept."""
+        n, k = self.cfg.talker.n_warmup, talker.k
+        key = (k.dtype, tuple(k.shape[1:4]), k.shape[5])
+        if key not in self._warm:
+            one = dataclasses.replace(
+                talker, k=k.new_zeros(1, *k.shape[1:4], n, k.shape[5]),
+                v=k.new_zeros(1, *k.shape[1:4], n, k.shape[5]),
+                position=talker.position.new_zeros(1), prev_codes=talker.prev_codes[:1].clone())
+            self.talker.warmup(one, torch.zeros(1, dtype=torch.long, device=k.device), n)
+            self._warm[key] = (one.k[0], one.v[0])
+        return self._warm[key]
+
+    @torch.no_grad()
+    def warm(self, state: VoiceChatState, slots: Tensor) -> None:
+        """The talker's warm-up into freshly reset `slots`: copied from `warm_template`, so a
+        session's start is only its prompt (index writes, no host synchronisation)."""
+        k, v = self.warm_template(state.talker)
+        n = k.shape[3]
+        state.talker.k[slots, :, :, :, :n] = k
+        state.talker.v[slots, :, :, :, :n] = v
+        state.talker.position[slots] = n
 
     @torch.no_grad()
     def warmup_chunk(self, state: VoiceChatState, slots: Tensor, count: int) -> None:

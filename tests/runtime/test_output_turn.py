@@ -32,8 +32,8 @@ class LaunchingSim(SimExecutor):
 
     def submit(self, plan, inp, out):
         super().submit(plan, inp, out)
-        end, live_s, steps, total = self._inflight
-        self._inflight = (end + QUEUE_S, live_s, steps, total + QUEUE_S)
+        end, total = self._inflight
+        self._inflight = (end + QUEUE_S, total + QUEUE_S)
         self._launch_at = self.clock.now() + QUEUE_S
 
     async def wait(self):

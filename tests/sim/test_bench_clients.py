@@ -39,22 +39,22 @@ def test_a_generator_that_dies_is_reported_while_the_run_waits():
 
 
 def test_churn_on_virtual_time_starts_new_calls_without_a_late_beat(tmp_path):
-    """--churn: calls end and new ones start through the run. With 32 ms a session and 30 ms a
-    start step, three live sessions leave no room for a fourth's start (96 + 32 + 30 + 8 ms
-    margin > 160), so a new call waits until another ends, or is refused after ~5 s and dials
-    again; every beat stays on time and every session that opened is accounted for."""
+    """--churn: calls end and new ones start through the run. With 32 ms a session and 20 ms
+    for a beat's start rows, four lines stay under the deadline with a start riding along
+    (4 · 32 + 20 < 160): every new call opens within a few beats, none is refused, every beat
+    stays on time and every session that opened is accounted for."""
     raw = json.loads((Path(__file__).parents[2] / "sim" / "costmodel.json").read_text())
     raw.update(weight_bytes_per_frame=0.0, overhead_s_per_beat=0.0, bandwidth_Bps=1e12,
-               start_step_s=0.03)
+               start_rows_s=0.02)
     raw["profiles"]["reference"].update(fixed_bytes=32e-3 * 1e12 / 2, bytes_per_context_frame=0.0)
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps(raw))
     args = bench.parse_args(["--backend", "sim", "--sessions", "4", "--beats", "150", "--virtual",
                              "--churn", "2", "--cost-model", str(cost), "--out", str(tmp_path)])
     (res,) = bench.measure(args, 4)
-    assert res.beats == 150 and res.late_beats == 0 and res.errors == 0
+    assert res.beats == 150 and res.late_beats == 0 and res.errors == 0 and res.refusals == 0
     assert res.opens >= 4 + 10                          # ~24 s of calls of 2 s on 4 lines
-    assert res.open_p99_ms >= 2 * 160                   # some starts waited for room
+    assert res.open_p99_ms <= 4 * 160                   # a start rides the next beats
     assert min(res.trace["sessions"]) >= 1 and max(res.trace["sessions"]) <= 4
     assert res.frames_in > 0 and res.frames_out >= res.frames_in
 
@@ -92,7 +92,8 @@ def test_a_burst_dials_onto_the_steady_node_and_is_reported_apart(tmp_path):
     (res,) = bench.measure(args, 6)
     assert res.opens == 6 and res.refusals == 0
     assert res.burst["sessions"] == 3 and res.burst["opened"] == 3 and res.burst["refused"] == 0
-    assert 0 < res.burst["open_p50_ms"] <= res.burst["open_p99_ms"] <= res.burst["open_max_ms"]
+    assert 0 <= res.burst["open_p50_ms"] <= res.burst["open_p99_ms"] <= res.burst["open_max_ms"]
+    assert res.burst["open_max_ms"] <= 2 * 160            # their rows ride the next beat
     assert res.live["offered"] == 9 and res.live["min"] == 6 and res.live["max"] == 9
     assert res.trace["sessions"][0] == 6                  # measured from the dial on
     with pytest.raises(SystemExit):

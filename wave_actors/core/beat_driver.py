@@ -56,5 +56,5 @@ class BeatDriver:
         self.executor.submit(plan, inp, self.out)
         await self.executor.wait()
         self.out.compute_s = self.executor.collect(plan, self.out)
-        self.book.observe(plan, self.out.live_s, self.out.start_s)
+        self.book.observe(plan, self.out.compute_s)
         return plan, self.out

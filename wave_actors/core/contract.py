@@ -39,7 +39,7 @@ class BeatInput:
     live: np.ndarray         # bool [S]
     beat: int = 0            # beat sequence number (the doorbell value of a device mailbox)
     # Seconds this beat may take before it is late, less the clock's own work after the
-    # executor returns (set by the clock when it plans the beat; the start policy fits session
+    # executor returns (set by the clock when it plans the beat; a budgeted start policy judges
     # starts in it).
     time_left_s: float = BEAT_S
 
@@ -57,8 +57,6 @@ class BeatOutput:
     func: np.ndarray         # int32 [S, 2]: the function-channel token per frame
     user: np.ndarray         # int32 [S, 2, 10]: user-transcript tokens, NO_TOKEN padded
     compute_s: float = 0.0   # the executor's time for the whole beat (modelled for sim)
-    live_s: float | None = None     # of it, the live frames' (None: not measured apart)
-    start_s: list[float] = field(default_factory=list)   # each start step's, in order
 
     @classmethod
     def alloc(cls, slots: int) -> "BeatOutput":
@@ -66,11 +64,6 @@ class BeatOutput:
                    np.zeros((slots, FRAMES_PER_BEAT), np.int32),
                    np.zeros((slots, FRAMES_PER_BEAT), np.int32),
                    np.full((slots, FRAMES_PER_BEAT, MAX_USER_TOKENS), NO_TOKEN, np.int32))
-
-
-class StartRefused(Exception):
-    """The start policy gave up starting a session (no room on the device); the message says
-    why."""
 
 
 class TextCodec(abc.ABC):
@@ -112,10 +105,13 @@ class ExecutorOptions:
     context_roll: int = 0               # frames a session at max_context drops from its caches
                                         # to run on (0: `roll_frames` picks an eighth)
     beat_wait: str = "poll"             # graph: how the loop learns a beat is done (poll | thread)
+    start_rows: int = 0                 # starting sessions a beat advances (0: the executor's)
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
+        if self.start_rows < 0:
+            raise ValueError("start_rows must be 0 (the executor's default) or more")
         if not 0 <= self.context_offset < self.max_context:
             raise ValueError(f"context_offset {self.context_offset} must be within max_context "
                              f"{self.max_context}")
@@ -157,7 +153,7 @@ class Executor(Protocol):
     """Runs beats that the clock packed and the slot book planned. Contracts:
 
     - `submit` starts the beat's work for `plan` (its slots in `plan.roll` roll their caches
-      first, its live rows read `inp.audio[plan.live]`, its start steps advance `plan.starts`)
+      first, its live rows read `inp.audio[plan.live]`, its start rows prefill `plan.rows`, after the frames)
       and returns without waiting for it; `wait` returns once it is done (at once when no beat
       is in flight); `collect` then fills `out` (rows of `plan.live`) and returns the
       executor's time for the beat. One beat is in flight at a
@@ -171,7 +167,7 @@ class Executor(Protocol):
     max_sessions: int
     text_codec: "TextCodec"         # the thinker's text and function channels
     user_codec: "TextCodec"         # the RNNT's user-transcript tokens
-    start_shape: "StartShape"       # how this executor's session starts are cut into steps
+    start_shape: "StartShape"       # how this executor's session starts are cut into rows
     on_launched: object             # set by the clock when caps.reports_launch
 
     def alloc_input(self) -> BeatInput: ...

@@ -1,13 +1,14 @@
 """The slot book: the model-side bookkeeping of every slot, the same for every executor.
 
 Per slot: its phase (closed → starting → live), its session number (the noise key), its
-prompt and how much of it is prefilled, its talker warm-up progress, the frames it has run and
-any tool-result tokens still to force. Once a beat, `plan` turns that into a `BookPlan`: which
-slots reset, which run their two frames (with forced tokens and noise keys), which start steps
-run (bounded chunks of prompt and warm-up, cut by the executor's `StartShape`, chosen by the
-start policy through `StartQueue`), and which finished starts go live for the next beat. The
-book advances its counters as if the plan ran: an executor never decides any of this, so the
-simulator's start model is the engine's by construction.
+prompt and how much of it is prefilled, the frames it has run and any tool-result tokens still
+to force. Once a beat, `plan` turns that into a `BookPlan`: which slots reset (the talker's
+warm-up is copied in with the reset), which run their two frames (with forced tokens and noise
+keys), which start rows the beat carries (one chunk of prompt each for up to `start_rows`
+starting slots, cut by the executor's `StartShape`; the start policy says whether this beat
+carries them, `StartQueue` which slots take them), and which finished starts go live for the
+next beat. The book advances its counters as if the plan ran: an executor never decides any of
+this, so the simulator's start model is the engine's by construction.
 
 Context: a call may last any time. A session whose caches would pass `frames_per_session`
 frames in its next beat rolls after this one: its oldest `roll_frames` frames leave its
@@ -29,28 +30,25 @@ from wave_actors.core.frames import FRAMES_PER_BEAT
 from wave_actors.core.start_policy import StartPolicy, StartQueue
 
 
-# The GPU executor's start step: up to 16 sessions' chunks in one step (an eager chunk is
-# launch-bound, so more rows cost little more), 16 prompt positions and 8 warm-up positions per
-# chunk. The simulator uses
-# the same shape, so its start steps are the engine's.
-STARTS_PER_STEP = 16
+# The GPU executor's start rows: every captured beat can carry 16 starting sessions' next 16
+# prompt positions (a bench prompt fits in one chunk; a long one takes a beat per chunk). The
+# simulator uses the same shape, so its starts are the engine's.
+START_ROWS = 16
 PREFILL_CHUNK = 16
-WARMUP_CHUNK = 8
 TALKER_WARMUP = 37          # warm-up positions of the full talker (MODEL.md §2.5)
 GRAPH_MAX_PROMPT = 512      # thinker positions the GPU reserves for the system prompt
 
 
 @dataclass(frozen=True, kw_only=True)
 class StartShape:
-    """How an executor cuts a session's start into steps."""
-    prefill_chunk: int = PREFILL_CHUNK          # prompt positions per chunk
-    warmup_positions: int = TALKER_WARMUP       # the talker's warm-up positions in all
-    warmup_chunk: int = WARMUP_CHUNK            # warm-up positions per chunk
-    starts_per_step: int = STARTS_PER_STEP      # starting slots one step advances
+    """How an executor cuts a session's start into start rows."""
+    prefill_chunk: int = PREFILL_CHUNK          # prompt positions per row
+    start_rows: int = START_ROWS                # starting slots one beat advances
+    warmup_positions: int = TALKER_WARMUP       # the talker's warm-up positions (copied at reset)
     max_prompt: int = GRAPH_MAX_PROMPT          # thinker positions reserved for the prompt
 
     def __post_init__(self) -> None:
-        if min(self.prefill_chunk, self.warmup_chunk, self.starts_per_step, self.max_prompt) < 1:
+        if min(self.prefill_chunk, self.start_rows, self.max_prompt) < 1:
             raise ValueError(f"every size of a StartShape is positive: {self}")
 
 
@@ -61,7 +59,6 @@ class SlotState:
     session: int = 0                    # incarnation number: the noise key of this session
     prompt: list[int] = field(default_factory=list)
     prompt_done: int = 0                # thinker positions prefilled
-    warm_done: int = 0                  # talker warm-up positions run
     frames: int = 0                     # frames run since it went live
     rolled: int = 0                     # frames that left its caches by rolls
     forced: deque = field(default_factory=deque)    # function-result tokens still to force
@@ -71,18 +68,6 @@ class SlotState:
     @property
     def context(self) -> int:           # frames its caches hold past the prompt and warm-up
         return self.frames - self.rolled
-
-
-@dataclass
-class StartStep:
-    """One bounded chunk of start work for up to `starts_per_step` starting slots."""
-    prefill: list[tuple[int, list[int], int]] = field(default_factory=list)  # (slot, chunk, start)
-    warmup: dict[int, list[tuple[int, int]]] = field(default_factory=dict)   # count → (slot, start)
-
-    @property
-    def slots(self) -> int:
-        return len({s for s, _, _ in self.prefill} | {s for rows in self.warmup.values()
-                                                      for s, _ in rows})
 
 
 @dataclass
@@ -100,8 +85,9 @@ class BookPlan:
     roll: list[tuple[int, int]] = field(default_factory=list)  # (slot, its thinker sinks): roll
                                         # after this beat's frames
     roll_frames: int = 0                # frames each rolling slot drops (after its sinks)
-    starts: list[StartStep] = field(default_factory=list)       # run in order, after the frames
-    started: list[int] = field(default_factory=list)  # start work finished this beat
+    rows: list[tuple[int, list[int], int]] = field(default_factory=list)  # start rows: (slot,
+                                        # its next prompt chunk, the chunk's first position)
+    started: list[int] = field(default_factory=list)  # prompts finished by this beat's rows
     opened: dict[int, Any] = field(default_factory=dict)  # resets: slot → its SessionSpec
 
 
@@ -140,9 +126,6 @@ class SlotBook:
     def ready(self, slot: int) -> bool:
         return self.slots[slot].phase == "live"
 
-    def refused(self, slot: int) -> str | None:
-        return self.starts.refused(slot)
-
     # -- one beat -----------------------------------------------------------------------------------
     def plan(self, time_left_s: float) -> BookPlan:
         resets = [i for i, s in enumerate(self.slots) if s.reset]
@@ -172,33 +155,20 @@ class SlotBook:
             s.frames += FRAMES_PER_BEAT
         for i, _ in roll:
             self.slots[i].rolled += self.roll_frames
-        for group in self.starts.plan(len(live), time_left_s, self.policy,
-                                      self.shape.starts_per_step):
-            plan.starts.append(self._start_step(group, plan))
-        for i in self.starts.going_live(len(live), time_left_s, self.policy):
+        if self.starts.running and self.policy.carry_rows(len(live), time_left_s):
+            for i in self.starts.plan(self.shape.start_rows):
+                s = self.slots[i]
+                chunk = s.prompt[s.prompt_done:s.prompt_done + self.shape.prefill_chunk]
+                plan.rows.append((i, chunk, s.prompt_done))
+                s.prompt_done += len(chunk)
+                if s.prompt_done >= len(s.prompt):
+                    self.starts.finished(i)
+                    plan.started.append(i)
+        for i in self.starts.going_live():
             self.slots[i].phase = "live"          # in the beats from the next one on
         return plan
 
-    def _start_step(self, slots: list[int], plan: BookPlan) -> StartStep:
-        shape, step = self.shape, StartStep()
-        for i in slots:
-            s = self.slots[i]
-            if s.prompt_done < len(s.prompt):
-                chunk = s.prompt[s.prompt_done:s.prompt_done + shape.prefill_chunk]
-                step.prefill.append((i, chunk, s.prompt_done))
-                s.prompt_done += len(chunk)
-            if s.warm_done < shape.warmup_positions:
-                count = min(shape.warmup_chunk, shape.warmup_positions - s.warm_done)
-                step.warmup.setdefault(count, []).append((i, s.warm_done))
-                s.warm_done += count
-            if s.prompt_done == len(s.prompt) and s.warm_done == shape.warmup_positions:
-                self.starts.finished(i)
-                plan.started.append(i)
-        return step
-
-    def observe(self, plan: BookPlan, live_s: float | None, steps_s: list[float]) -> None:
-        """What the executor measured for the plan: its live frames and each start step."""
-        if plan.live and live_s is not None:
-            self.policy.observe_live(len(plan.live), live_s)
-        for seconds in steps_s:
-            self.policy.observe_start(seconds)
+    def observe(self, plan: BookPlan, seconds: float | None) -> None:
+        """What the executor measured for the plan: the whole beat, start rows included."""
+        if seconds is not None and (plan.live or plan.rows):
+            self.policy.observe(len(plan.live), bool(plan.rows), seconds)

@@ -1,0 +1,164 @@
+"""Session starts as start rows inside the beat (wave_actors/core/slot_book.py and
+start_policy.py): each beat carries up to `start_rows` starting sessions' next prompt chunks;
+a start is never refused for want of time, only for want of a slot."""
+import asyncio
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from gpu.engine.cpu_executor import CpuExecutor
+from tests.nodekit import VirtualNode, slow_cost
+from tests.runtime.test_protocol_node import client_of, node_on_tcp
+from transports.client import Refused
+from wave_actors.clock import LATE_AFTER_S
+from wave_actors.core.contract import ExecutorOptions
+from wave_actors.core.frames import BEAT_S
+from wave_actors.core.slot_book import SlotBook, StartShape
+from wave_actors.core.start_policy import BudgetedStarts, EagerStarts
+
+
+def _book(rows=2, chunk=4, policy=None, slots=8) -> SlotBook:
+    return SlotBook(slots, StartShape(prefill_chunk=chunk, start_rows=rows, max_prompt=64),
+                    policy or EagerStarts(), frames_per_session=1000, roll_frames=100)
+
+
+def test_a_prompt_rides_a_row_a_beat_in_order_and_goes_live_after_its_last_chunk():
+    book = _book(rows=2, chunk=4)
+    book.open(3, list(range(10)))                # 3 chunks: 4 + 4 + 2
+    book.open(1, [7, 8])                         # 1 chunk
+    book.open(5, [9])                            # waits for a row: two are taken
+    plans = [book.plan(BEAT_S) for _ in range(4)]
+    assert [p.rows for p in plans[:3]] == [
+        [(3, [0, 1, 2, 3], 0), (1, [7, 8], 0)],
+        [(3, [4, 5, 6, 7], 4), (5, [9], 0)],
+        [(3, [8, 9], 8)]]
+    assert plans[0].started == [1] and plans[1].started == [5] and plans[2].started == [3]
+    assert [p.live for p in plans] == [[], [1], [1, 5], [1, 3, 5]]
+    assert plans[3].rows == [] and plans[0].resets == [1, 3, 5]
+
+
+def test_budgeted_rows_wait_for_a_beat_they_fit_but_never_longer_than_max_hold():
+    p = BudgetedStarts(margin_s=0.01, max_hold=2)
+    assert p.carry_rows(10, 0.0)                 # unmeasured: carried, so it is measured
+    p.observe(10, True, 0.12)
+    assert p.carry_rows(10, 0.14) and not p.carry_rows(10, 0.129)
+    assert not p.carry_rows(10, 0.0) and p.carry_rows(10, 0.0)   # held twice: carried anyway
+    assert p.held_back == 2
+    p.observe(10, True, 0.2)                     # smoothed: 0.12 + 0.3 · 0.08
+    assert abs(p.expected(10) - 0.144) < 1e-12
+    assert abs(p.expected(20) - 0.288) < 1e-12   # scaled up from the closest measured count
+    assert p.expected(5) == p.expected(10)       # never scaled down
+    p.observe(10, False, 0.01)                   # beats without rows do not count
+    assert abs(p.expected(10) - 0.144) < 1e-12
+    assert p.describe()["params"] == {"margin_s": 0.01, "max_hold": 2, "smoothing": 0.3}
+
+
+def test_eager_rows_ride_every_beat_and_a_bad_budget_is_refused():
+    assert all(EagerStarts().carry_rows(300, -1.0) for _ in range(3))
+    with pytest.raises(ValueError):
+        BudgetedStarts(max_hold=-1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.integers(1, 4), chunk=st.integers(1, 5), budgeted=st.booleans(),
+       events=st.lists(st.tuples(st.sampled_from(["open", "close", "beat"]), st.integers(0, 7),
+                                 st.integers(1, 20), st.floats(0.0, 0.2)), max_size=80))
+def test_every_start_prefills_its_prompt_once_in_order_then_goes_live(rows, chunk, budgeted,
+                                                                      events):
+    """Bugs caught: a slot given two rows in one beat (its chunks would run side by side, the
+    Mamba state of one lost), a chunk skipped or repeated, a row for a closed or live slot, more
+    rows than the captured beat has, a start stranded once opens stop."""
+    policy = BudgetedStarts(margin_s=0.0, max_hold=3) if budgeted else EagerStarts()
+    book = _book(rows, chunk, policy)
+    prompts, done = {}, {}
+    for kind, slot, length, time_left in events:
+        if kind == "open" and book.phase(slot) == "closed":
+            prompts[slot] = list(range(100 * slot, 100 * slot + length))
+            done[slot] = 0
+            book.open(slot, prompts[slot])
+        elif kind == "close" and book.phase(slot) != "closed":
+            book.close(slot)
+            prompts.pop(slot)
+        elif kind == "beat":
+            plan = book.plan(time_left)
+            policy.observe(len(plan.live), bool(plan.rows), 0.1)
+            named = [s for s, _, _ in plan.rows]
+            assert len(named) == len(set(named)) <= rows
+            assert not set(named) & set(plan.live)
+            for s, part, start in plan.rows:
+                assert start == done[s] and part == prompts[s][start:start + chunk]
+                done[s] += len(part)
+            assert all(done[s] == len(prompts[s]) for s in plan.started)
+    for _ in range(8 * 20 // rows + 8):          # opens stopped: every start finishes
+        for s, part, _ in book.plan(BEAT_S).rows:
+            done[s] += len(part)
+    assert all(book.ready(s) and done[s] == len(p) for s, p in prompts.items())
+
+
+def test_the_clock_gives_a_beat_its_time_left():
+    """BeatInput.time_left_s: 160 ms less how late the beat was planned and the clock's own
+    share of recent beats; a budgeted start policy judges the beat's start rows by it."""
+    seen = []
+
+    class Recording(CpuExecutor):
+        def submit(self, plan, inp, out):
+            seen.append(inp.time_left_s)
+            return super().submit(plan, inp, out)
+
+    async def body():
+        backend = Recording(ExecutorOptions(max_sessions=1, profile="fp32", max_context=64))
+        async with node_on_tcp(max_sessions=1, backend=backend) as node, client_of(node) as c:
+            s = await c.open("a", sample_rate=16000, format="pcm_f32le")
+            for _ in range(8):
+                await s.send_audio(np.zeros(1280, np.float32).tobytes())
+                await asyncio.sleep(0.08)
+            await s.close()
+            return list(node.clock_actor.stats.records)
+    records = asyncio.run(body())
+    # every beat the executor ran is recorded, but the drain may stop the last before its record
+    assert len(seen) - 1 <= len(records) <= len(seen) and any(r.sessions for r in records)
+    host = []                                        # the clock's share of beats with sessions
+    for t, r in zip(seen, records):
+        assert abs(t - (LATE_AFTER_S - r.begin_s - max(host[-16:], default=0.0))) < 1e-9
+        if r.sessions:
+            host.append(max(0.0, r.latency_s - r.begin_s - r.compute_s))
+    assert max(host) > 0 and min(seen) < LATE_AFTER_S
+
+
+def test_an_overloaded_node_still_opens_every_caller_a_slot_holds(tmp_path):
+    """Admission by slots only: at 60 ms a session, the fourth live session makes every beat
+    late, yet the fourth open is answered `opened` within a few beats (no start is refused for
+    want of time), and only the fifth, with every slot taken, is refused `capacity`."""
+    vn = VirtualNode(4, cost=slow_cost(tmp_path, per_session_ms=60.0))
+    try:
+        waits = []
+        for i in range(4):
+            t0 = vn.clock.now()
+            vn.run(vn.client.open(f"s{i}", sample_rate=16000, format="pcm_f32le"))
+            waits.append(vn.clock.now() - t0)
+        with pytest.raises(Refused) as refused:
+            vn.run(vn.client.open("fifth", sample_rate=16000, format="pcm_f32le"))
+        counters = vn.node.counters
+    finally:
+        vn.close()
+    assert max(waits) <= 4 * BEAT_S
+    assert refused.value.reason == "capacity" and counters.refusals == {"capacity": 1}
+
+
+def test_a_burst_of_opens_is_answered_within_the_beats_its_rows_take(tmp_path):
+    """Twenty opens at once onto a node with 16 start rows a beat: the first sixteen ride one
+    beat, the rest the next; every caller hears `opened` within a second of virtual time."""
+    vn = VirtualNode(24, cost=slow_cost(tmp_path, per_session_ms=2.0))
+    try:
+        async def burst():
+            t0 = vn.clock.now()
+
+            async def one(i):
+                await vn.client.open(f"b{i}", sample_rate=16000, format="pcm_f32le")
+                return vn.clock.now() - t0
+            return await asyncio.gather(*(one(i) for i in range(20)))
+        waits = vn.run(burst())
+    finally:
+        vn.close()
+    assert len(waits) == 20 and max(waits) <= 1.0
