@@ -237,7 +237,14 @@ class Mamba2(nn.Module):
 
     def forward_chunk(self, u: Tensor, conv: Tensor, ssm: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """u [B, C, H]; conv [B, conv_dim, 3]; ssm [B, h, p, n] fp32; valid [B, C] (a prefix of each
-        row). Returns y [B, C, H] and the states after the valid positions."""
+        row). Returns y [B, C, H] and the states after the valid positions.
+
+        The scan in Mamba2's dual form from a carried state (the SSD chunk): with a_t = Δ_t A and
+        cs_t = Σ_{r≤t} a_r, h_t = exp(cs_t)·h_0 + Σ_{s≤t} exp(cs_t − cs_s)·Δ_s x_s ⊗ B_s and
+        y_t = h_t·C_t. It reads the [h, p, n] state a few times per chunk instead of several
+        times per position (a start row's prompt chunk is state-bandwidth bound). Invalid
+        positions get Δ = 0: no decay, no input, so the state after the chunk is the state after
+        its valid prefix."""
         z, xbc, dt = self._split(u)
         seq = torch.cat([conv, xbc.transpose(1, 2)], dim=2)                        # [B, conv_dim, 3 + C]
         xbc = F.silu(self.conv1d(seq)).transpose(1, 2)                             # [B, C, conv_dim]
@@ -245,13 +252,17 @@ class Mamba2(nn.Module):
         keep = n_valid[:, None, None] + torch.arange(conv.shape[2], device=u.device)   # last 3 valid columns
         conv = seq.gather(2, keep.expand(-1, seq.shape[1], -1))
         x, Bh, Ch, delta, A = self._ssm_inputs(xbc, dt)
-        ys = []
-        for t in range(u.shape[1]):                                                 # sequential scan
-            upd = torch.exp(delta[:, t] * A)[..., None, None] * ssm \
-                + (delta[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :]
-            ssm = torch.where(valid[:, t, None, None, None], upd, ssm)
-            ys.append(torch.einsum("bhpn,bhn->bhp", ssm, Ch[:, t]))
-        return self._out(torch.stack(ys, 1), x, z), conv, ssm
+        delta = delta * valid[..., None]                                           # [B, C, h]
+        cs = (delta * A).transpose(1, 2).cumsum(-1)                                # [B, h, C]
+        T = u.shape[1]
+        later = ~torch.ones(T, T, dtype=torch.bool, device=u.device).tril()        # s > t
+        decay = (cs[..., :, None] - cs[..., None, :]).masked_fill(later, float("-inf")).exp()
+        dx = delta[..., None] * x                                                  # [B, C, h, p]
+        y = torch.einsum("bhts,bshp->bthp", decay * torch.einsum("bthn,bshn->bhts", Ch, Bh), dx)
+        y = y + torch.einsum("bhpn,bthn->bthp", ssm, Ch) * cs.exp().transpose(1, 2)[..., None]
+        ssm = ssm * cs[..., -1].exp()[..., None, None] \
+            + torch.einsum("bshp,bshn->bhpn", decay[:, :, -1].transpose(1, 2)[..., None] * dx, Bh)
+        return self._out(y, x, z), conv, ssm
 
     def forward_sequence(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Non-streaming from a zero state, u [B, T, H] → (y, conv state, ssm state), Mamba2's SSD
