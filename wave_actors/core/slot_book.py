@@ -11,9 +11,10 @@ next beat. The book advances its counters as if the plan ran: an executor never 
 this, so the simulator's start model is the engine's by construction.
 
 Context: a call may last any time. A session whose caches would pass `frames_per_session`
-frames in its next beat rolls after this one: its oldest `roll_frames` frames leave its
-attention caches, its system prompt and talker warm-up stay as sinks, and it runs on
-(StreamingLLM's window with sinks; the Mamba state carries on). The plan names the slots that
+frames in its next beat rolls after this one (or a little before, to spread rolls over beats):
+its oldest `roll_frames` frames leave its attention caches, its system prompt and talker
+warm-up stay as sinks, and it runs on (StreamingLLM's window with sinks; the Mamba state
+carries on). The plan names the slots that
 roll and where their sinks end; the executor moves their cache rows.
 
 Torch-free and clock-free: the clock owns one book per incarnation and feeds it measurements.
@@ -132,10 +133,7 @@ class SlotBook:
         for i in resets:
             self.slots[i].reset = False
         live = [i for i, s in enumerate(self.slots) if s.phase == "live"]
-        # Rolled after this beat's frames, for the next beat's: the executor queues the roll
-        # behind the beat's device work instead of in front of it.
-        roll = [(i, len(self.slots[i].prompt)) for i in live
-                if self.slots[i].context + 2 * FRAMES_PER_BEAT > self.frames_per_session]
+        roll = [(i, len(self.slots[i].prompt)) for i in self._rolling(live)]
         rows = [self.slots[i] for i in live]
         forced = np.full((len(live), FRAMES_PER_BEAT), -1, np.int64)
         for r, s in enumerate(rows):
@@ -167,6 +165,22 @@ class SlotBook:
         for i in self.starts.going_live():
             self.slots[i].phase = "live"          # in the beats from the next one on
         return plan
+
+    def _rolling(self, live: list[int]) -> list[int]:
+        """The live slots that roll after this beat's frames (the executor queues the roll
+        behind the beat's device work), for the next beat's: every slot whose next beat would
+        pass `frames_per_session`, and, spread over the beats before, a few that are within
+        `roll_frames` of it (the fullest first), as many a beat as the live slots need on
+        average. Sessions that started together would otherwise all roll in the same beat, and
+        one beat would move every session's cache rows."""
+        fps, drop = self.frames_per_session, self.roll_frames
+        ahead = [(self.slots[i].context, i) for i in live]
+        must = [i for c, i in ahead if c + 2 * FRAMES_PER_BEAT > fps]
+        early = sorted(((c, i) for c, i in ahead
+                        if fps - drop < c + 2 * FRAMES_PER_BEAT <= fps and c >= drop),
+                       reverse=True)
+        spread = -(-FRAMES_PER_BEAT * len(live) // drop) if drop else 0
+        return sorted(must + [i for _, i in early[:max(0, spread - len(must))]])
 
     def observe(self, plan: BookPlan, seconds: float | None) -> None:
         """What the executor measured for the plan: the whole beat, start rows included."""

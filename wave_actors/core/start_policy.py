@@ -83,22 +83,26 @@ class BudgetedStarts:
         self.beat_s[n_live, with_rows] = (seconds if old is None
                                           else old + self.smoothing * (seconds - old))
 
-    def expected(self, n_live: int) -> float:
-        """A beat with start rows at this live count: measured, else the closest measured count
-        scaled up by the session ratio (never down); 0 before any was measured (such a beat is
-        carried, and measured)."""
+    def expected(self, n_live: int) -> float | None:
+        """A beat with start rows at this live count: measured; else a beat without them at the
+        closest measured count (scaled up by the session ratio, never down) plus what rows
+        added where both were measured; None when that is not known (such a beat is carried,
+        and measured)."""
         seen = {n: s for (n, rows), s in self.beat_s.items() if rows}
         if n_live in seen:
             return seen[n_live]
-        if not seen:
-            return 0.0
-        m = min(seen, key=lambda k: (abs(k - n_live), -k))
-        return seen[m] * max(1.0, n_live / max(1, m))
+        plain = {n: s for (n, rows), s in self.beat_s.items() if not rows}
+        both = [n for n in seen if n in plain]
+        if not plain or not both:
+            return None
+        added = max(0.0, max(seen[n] - plain[n] for n in both))
+        m = min(plain, key=lambda k: (abs(k - n_live), -k))
+        return plain[m] * max(1.0, n_live / max(1, m)) + added
 
     def carry_rows(self, n_live: int, time_left_s: float) -> bool:
-        measured = any(rows for _, rows in self.beat_s)
-        if (not measured or self._held >= self.max_hold
-                or self.expected(n_live) + self.margin_s <= time_left_s):
+        expected = self.expected(n_live)
+        if (expected is None or self._held >= self.max_hold
+                or expected + self.margin_s <= time_left_s):
             self._held = 0
             return True
         self._held += 1
