@@ -342,20 +342,13 @@ class GraphExecutor:
 
     def _prefill_context(self, slots: list[int]) -> None:
         """Model a session that already spoke for `context_offset` frames: its caches hold that
-        many positions (random rows; the work of a frame depends only on the lengths). Queued
-        behind the beat that finished its prompt, positions taken on the device: no wait."""
-        th, tk, n = self.state.thinker, self.state.talker, self.options.context_offset
-        step = torch.arange(n, device=self.device)
-        for s in slots:
-            at = th.length[s] + step                           # [n] positions after its prompt
-            for cache in (th.k, th.v):
-                cache[:, s].index_copy_(1, at, torch.randn_like(cache[:, s, :n]))
-            at = tk.position[s] + step
-            for cache in (tk.k, tk.v):
-                cache[s].index_copy_(3, at, torch.randn_like(cache[s, :, :, :, :n]))
+        many positions. The rows stay as the reset left them: the work of a frame depends only
+        on the lengths, and filling them would need gigabytes of temporaries a beat on a device
+        planned to its memory ceiling. Queued behind the beat that finished its prompt."""
+        n = self.options.context_offset
         idx = torch.tensor(slots, device=self.device)
-        th.length[idx] += n
-        tk.position[idx] += n
+        self.state.thinker.length[idx] += n
+        self.state.talker.position[idx] += n
 
     def prepare(self, sessions: int) -> None:
         """Capture the bucket that `sessions` live sessions use, with and without start rows
