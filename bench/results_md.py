@@ -159,6 +159,31 @@ NOTES = (
      "part (27 % of text tokens equal over 50 frames, 97 % of transcript tokens), because "
      "different accumulation orders flip argmax ties on random weights; the eager bf16 and fp32 "
      "references part the same way (`tests/test_model_voicechat_precision.py`)."),
+    ("graph", "Starts inside the beat (issue 16) on the H200",
+     ("graph-dense-n220-20261202T032532.json", "graph-reference-n120-20261202T032340.json",
+      "graph-reference-n108-20261202T031404.json"),
+     "Every captured beat may carry 16 start rows of 16 prompt positions; the talker's warm-up "
+     "is copied in at the slot's reset. Measured at build on idle caches, the rows add 30.8 ms "
+     "to the 220-session dense beat and 30.2 ms to the 120-session reference beat (a first "
+     "version added 145 ms: the Mamba scan read each row's state per position; the dual form "
+     "fixed it). Dense 220 at d4c84f7: 220 callers dialled at once opened after 1.5 s at p50, "
+     "3.4 s at p99; the GPU at 110.5 / 111.9 ms a beat (p50 / p99) with every session rolling "
+     "at 1500 frames; 4 late beats, the first measured ones, behind the start ramp; and 0 node "
+     "errors (426–452 a run at 8cb8d93: the liveness fix of 06317dc). Reference 120 at d4c84f7 "
+     "failed: the starts fell 5 s behind and the run began with that backlog (431 late of "
+     "1500). The bench then filled each new session's modelled context with random rows, "
+     "gigabytes of temporaries a start beat on a device planned to its memory ceiling; b06c352 "
+     "holds the context by its counters alone. At 84a125e (rows then judged by a miscounted "
+     "budget, later fixed) a burst of 12 onto 108 reference sessions opened within 1.04 s, "
+     "with 2 late beats."),
+    ("sim", "Starts inside the beat, predicted (the simulator fitted to the H200, dense)",
+     ("sim-dense-n198-20261202T032735.json", "sim-dense-n220-20261202T032837.json",
+      "sim-dense-n209-20261202T032944.json", "graph-dense-n220-20261202T032532.json"),
+     "With the H200's measured 30.8 ms of start rows: a burst of 22 onto 198 live sessions "
+     "opens within 320 ms (p99), 0 late; 220 dialled onto an idle node open after 1.1 s at p50, "
+     "2.2 s at p99 (the H200 measured 1.5 s and 3.4 s: the simulator leaves out the host's "
+     "share of a start); `--churn 60` with 209 callers (95 % of 220): 0 late, 0 refused, 206–209 "
+     "live of 209 offered (no sawtooth; it was 215–275 of 280 with eager start steps)."),
     ("sim", "Session starts at capacity (issue 16's baseline, the simulator fitted to the H200)",
      ("sim-dense-n270-20261202T021151.json", "sim-dense-n300-20261202T021329.json"),
      "A burst of 30 callers onto 270 live dense sessions: all 30 refused with 30 slots free: "

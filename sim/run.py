@@ -7,7 +7,7 @@ the profile, the context, and the number of sessions.
     python -m sim.run --find-max --profile dense --cost-model my-fit.json
     python -m sim.run --sessions 280 --profile dense --cost-model sim/costmodel_h200_dense.json --churn 60
     python -m sim.run --sessions 280 --churn 60 --policy eager
-    python -m sim.run --sessions 280 --churn 60 --policy budgeted margin_s=0.004 give_up=20
+    python -m sim.run --sessions 280 --churn 60 --policy budgeted margin_s=0.004 max_hold=6
 
 `--policy` names the start policy (a built-in's short name, or module:Class of one's own,
 then key=value parameters); the result JSON records it under `policy`.

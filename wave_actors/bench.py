@@ -292,7 +292,7 @@ async def _while_alive(callers: Generators, work):
 
 async def _wait_live(node: Node, n: int, clock: Clock) -> None:
     """Until each of the n caller lines had its first open answered: `opened` (the session is
-    past its start and in the beats) or refused (no room on the device: the run counts it)."""
+    past its start and in the beats) or refused (slots full or draining: the run counts it)."""
     while (not node.clock_actor.stats.recent
            or node.counters.opened + sum(node.counters.refusals.values()) < n):
         await clock.sleep(BEAT_S)

@@ -10,7 +10,7 @@ from tests.runtime.test_protocol_node import client_of, node_on_tcp, raw_dealer,
 from transports import protocol as P
 from wave_actors.core.frames import BEAT_S
 
-LONG_PROMPT = "Speak slowly and clearly. " * 5       # ~130 prompt tokens: 9 start steps (sim)
+LONG_PROMPT = "Speak slowly and clearly. " * 5       # ~130 prompt tokens: 9 start rows (sim)
 
 
 @pytest.mark.slow

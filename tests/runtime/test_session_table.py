@@ -17,7 +17,7 @@ from wave_actors.core.contract import Handle
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.session_table import CapacityError, SessionTable
 
-LONG_PROMPT = "Speak slowly and clearly, and never interrupt the caller. " * 7   # ~26 start steps
+LONG_PROMPT = "Speak slowly and clearly, and never interrupt the caller. " * 7   # ~26 start rows
 
 
 def test_a_stale_handle_is_rejected_counted_and_frees_nothing():

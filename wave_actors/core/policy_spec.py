@@ -1,6 +1,6 @@
 """Policies named on a command line: `module:Class key=value ...` (or a built-in's short name).
 
-    --policy budgeted margin_s=0.004 give_up=20
+    --policy budgeted margin_s=0.004 max_hold=6
     --policy wave_actors.core.start_policy:EagerStarts
     --policy mylab.policies:Fifo steps=2
 
