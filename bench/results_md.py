@@ -161,7 +161,7 @@ NOTES = (
      "references part the same way (`tests/test_model_voicechat_precision.py`)."),
     ("graph", "Starts inside the beat (issue 16) on the H200",
      ("graph-dense-n220-20261202T032532.json", "graph-reference-n120-20261202T032340.json",
-      "graph-reference-n108-20261202T031404.json"),
+      "graph-reference-n108-20261202T031404.json", "graph-reference-n108-20261202T034533.json"),
      "Every captured beat may carry 16 start rows of 16 prompt positions; the talker's warm-up "
      "is copied in at the slot's reset. Measured at build on idle caches, the rows add 30.8 ms "
      "to the 220-session dense beat and 30.2 ms to the 120-session reference beat (a first "
@@ -173,9 +173,14 @@ NOTES = (
      "failed: the starts fell 5 s behind and the run began with that backlog (431 late of "
      "1500). The bench then filled each new session's modelled context with random rows, "
      "gigabytes of temporaries a start beat on a device planned to its memory ceiling; b06c352 "
-     "holds the context by its counters alone. At 84a125e (rows then judged by a miscounted "
-     "budget, later fixed) a burst of 12 onto 108 reference sessions opened within 1.04 s, "
-     "with 2 late beats."),
+     "holds the context by its counters alone, and that was not the cause: at c2ea129 (the "
+     "last code commit) 108 reference callers dialled at once still opened after 2.4 s at p50, "
+     "5.8 s at p99, and the run began 4 s behind. Its measured beats take 95–106 ms on the GPU "
+     "(121 with a burst's rows, ~126 in the beats where a start group rolls) except two "
+     "consecutive beats of 1.12 s, seven beats after the burst, whose cause is not found; "
+     "every measured beat was late behind the backlog. The burst of 12 onto 108 itself opened "
+     "within 129 ms (p99). At 84a125e (rows then judged by a miscounted budget, later fixed) "
+     "the same burst opened within 1.04 s, with 2 late beats."),
     ("sim", "Starts inside the beat, predicted (the simulator fitted to the H200, dense)",
      ("sim-dense-n198-20261202T032735.json", "sim-dense-n220-20261202T032837.json",
       "sim-dense-n209-20261202T032944.json", "graph-dense-n220-20261202T032532.json"),
