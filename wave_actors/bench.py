@@ -545,6 +545,9 @@ def main(argv=None, command: str | None = None) -> int:
               f"{rows.get('chunk')} prompt positions add {rows.get('added_ms')} ms to the "
               f"{rows.get('at_sessions')}-session beat (measured at build); "
               f"{starts.get('held_back')} beats held their start rows back", flush=True)
+        if "launch_ms" in facts:
+            print(f"executor: the worker launched a beat in {facts['launch_ms']} ms; allocator "
+                  f"{facts.get('allocator')}", flush=True)
         extra["memory_used_bytes"] = facts["memory_used_bytes"]
         extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
     result = summarize(args, n, runs, extra)

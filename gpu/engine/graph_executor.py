@@ -66,6 +66,18 @@ POLL_UNKNOWN_S = 5e-4        # a bucket's first beats (no time known): poll at t
 OUTPUTS = ("pcm", "text", "func", "user")
 
 
+ALLOCATOR_COUNTS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
+
+
+def launch_summary(seconds) -> dict:
+    """p50 / p99 / max in ms of the worker's launch times (empty: Nones)."""
+    ordered = sorted(seconds)
+    if not ordered:
+        return {"p50": None, "p99": None, "max": None}
+    at = lambda q: round(1e3 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)  # noqa: E731
+    return {"p50": at(0.5), "p99": at(0.99), "max": round(1e3 * ordered[-1], 2)}
+
+
 def bucket_for(n: int, max_sessions: int) -> int:
     for b in BUCKETS:
         if b >= n:
@@ -171,6 +183,9 @@ class GraphExecutor:
         self._beat_done = torch.cuda.Event()
         self._recent: dict[tuple[int, bool], collections.deque] = {}   # graph → recent beats
         self.polled_beats = 0
+        # the worker's time to enqueue each beat (resets, replay, copies, rolls): a beat whose
+        # launch blocks (a synchronising copy, the allocator short of memory) shows here first
+        self.launch_s: collections.deque[float] = collections.deque(maxlen=4096)
         self.on_launched = None
         self._worker = ThreadPoolExecutor(1, "wave-graph")
         self._inflight: tuple[Future, float, BookPlan] | None = None
@@ -286,6 +301,7 @@ class GraphExecutor:
         """Worker thread: the beat's device work enqueued (resets, the replay, the copies), its
         end marked by `_beat_done`; with beat_wait "thread", waited for here. Returns whether it
         waited."""
+        t0 = time.perf_counter()
         with torch.no_grad():
             self.runner.reset(plan)
             if plan.live or plan.rows:
@@ -295,6 +311,7 @@ class GraphExecutor:
         self._beat_done.record()
         with torch.no_grad():
             self.runner.roll(plan)          # behind the beat's work: outputs do not wait for it
+        self.launch_s.append(time.perf_counter() - t0)
         if not self.poll:
             self._beat_done.synchronize()
         return not self.poll
@@ -453,6 +470,8 @@ class GraphExecutor:
                 "memory_ceiling_sessions": self.plan_memory.ceiling(total),
                 "beat_wait": "poll" if self.poll else "thread", "beats_polled": self.polled_beats,
                 "buckets_captured": sorted({b for b, _ in self._graphs}),
+                "launch_ms": launch_summary(self.launch_s),
+                "allocator": {k: torch.cuda.memory_stats().get(k) for k in ALLOCATOR_COUNTS},
                 "start_rows": self.start_rows_cost}
 
     def close(self) -> None:

@@ -221,3 +221,13 @@ def test_frames_are_conserved_and_outputs_reach_only_the_current_handle(name):
         asyncio.run(body())
     finally:
         executor.close()
+
+
+def test_launch_times_are_summarised_in_ms_with_their_tail():
+    """The graph executor reports how long its worker took to launch beats; the summary must
+    keep the slowest (a stalled launch is what it is there to show)."""
+    from gpu.engine.graph_executor import launch_summary
+    assert launch_summary([]) == {"p50": None, "p99": None, "max": None}
+    times = [0.002] * 98 + [1.1, 0.5]
+    assert launch_summary(times) == {"p50": 2.0, "p99": 1100.0, "max": 1100.0}
+    assert launch_summary([0.002] * 199 + [1.1])["max"] == 1100.0
