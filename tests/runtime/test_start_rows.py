@@ -111,7 +111,9 @@ def test_every_start_prefills_its_prompt_once_in_order_then_goes_live(rows, chun
                 assert start == done[s] and part == prompts[s][start:start + chunk]
                 done[s] += len(part)
             assert all(done[s] == len(prompts[s]) for s in plan.started)
-    for _ in range(8 * 20 // rows + 8):          # opens stopped: every start finishes
+    # opens stopped: every start finishes (at most 8 × 20 chunks, one or more a carried beat;
+    # a budgeted policy carries rows at least every max_hold + 1 beats)
+    for _ in range((8 * 20 + 8) * (3 + 1 if budgeted else 1)):
         for s, part, _ in book.plan(BEAT_S).rows:
             done[s] += len(part)
     assert all(book.ready(s) and done[s] == len(p) for s, p in prompts.items())
