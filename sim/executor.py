@@ -27,7 +27,6 @@ from wave_actors.core.frames import FRAMES_PER_BEAT, OUT_RATE, SAMPLES_OUT
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import BookPlan, StartShape
-from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.text import (CALL_END, CALL_START, PAD, ByteFallbackCodec,
                                    UserByteFallbackCodec)
 from wave_actors.core.timebase import Clock
@@ -73,9 +72,6 @@ class SimExecutor:
     @classmethod
     def build(cls, options: ExecutorOptions, clock: Clock | None = None) -> "SimExecutor":
         return cls(options, CostModel.load(options.cost_model, options.profile), clock)
-
-    def default_start_policy(self) -> EagerStarts:
-        return EagerStarts()
 
     def alloc_input(self) -> BeatInput:
         return BeatInput.alloc(self.max_sessions)

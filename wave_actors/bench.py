@@ -480,7 +480,7 @@ def parse_args(argv=None):
                          "node's process; --virtual always does)")
     ap.add_argument("--policy", nargs="+", metavar="WORD",
                     help="start policy: budgeted | eager | module:Class, then key=value "
-                         "parameters (default: the executor's); recorded in the result")
+                         "parameters (default: eager); recorded in the result")
     ap.add_argument("--release-hold-ms", type=float, default=1e3 * ClockPolicy().release_hold_s,
                     help="clock policy: session actors' output work waits this long before a "
                          "release until the beat is queued (0: off)")

@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="frames queued before a session starts consuming")
     ap.add_argument("--policy", nargs="+", metavar="WORD",
                     help="start policy: budgeted | eager | module:Class, then key=value "
-                         "parameters (default: the executor's)")
+                         "parameters (default: eager)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demo", action="store_true", help="serve demo conversations, then stop")
     ap.add_argument("--demo-sessions", type=int, default=2)

@@ -19,7 +19,6 @@ from gpu.model.config import Profile
 from wave_actors.core.contract import BeatInput, BeatOutput, ExecutorOptions, SessionSpec
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import BookPlan, StartShape
-from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
 
 THREADS = 1                 # torch intra-op threads: tiny ops lose more to threading than they gain
@@ -60,9 +59,6 @@ class CpuExecutor:
     @property
     def cfg(self):
         return self.runner.model.cfg
-
-    def default_start_policy(self) -> EagerStarts:
-        return EagerStarts()
 
     def alloc_input(self) -> BeatInput:
         return BeatInput.alloc(self.max_sessions)

@@ -49,7 +49,6 @@ from wave_actors.core.contract import (MAX_USER_TOKENS, NO_TOKEN, BeatInput, Bea
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import GRAPH_MAX_PROMPT, BookPlan, StartShape
-from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
 
 log = logging.getLogger("wave.graph_executor")
@@ -227,9 +226,6 @@ class GraphExecutor:
     @property
     def state(self):
         return self.runner.state
-
-    def default_start_policy(self) -> EagerStarts:
-        return EagerStarts()
 
     def prompt_tokens(self, spec: SessionSpec) -> list[int]:
         return self.runner.prompt_tokens(self.text_codec, spec)
