@@ -34,6 +34,7 @@ from wave_actors.core.frames import BEAT_S
 from wave_actors.core.policy_spec import PolicyError, load_class, make_policy
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.registry import NAMES, described, entry, make_executor
+from wave_actors.core.spread import spread_ms
 from wave_actors.node import Node, NodeConfig
 from wave_actors.serving_process import serving_process
 
@@ -197,13 +198,9 @@ def _worst(trace: dict, k: int = 3) -> str:
 
 
 def _host(records: list) -> dict:
-    def spread(xs) -> dict:
-        xs = np.array(list(xs), float) * 1000 if records else np.zeros(1)
-        return {k: round(float(v), 2) for k, v in
-                zip(("p50", "p99", "max"), np.percentile(xs, [50, 99, 100]))}
-    return {"wake_ms": spread(r.wake_s for r in records),
-            "before_ms": spread(r.begin_s for r in records),
-            "after_ms": spread(r.latency_s - r.returned_s for r in records)}
+    return {"wake_ms": spread_ms(r.wake_s for r in records),
+            "before_ms": spread_ms(r.begin_s for r in records),
+            "after_ms": spread_ms(r.latency_s - r.returned_s for r in records)}
 
 
 def _trace(records: list) -> dict:

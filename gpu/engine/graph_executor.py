@@ -49,6 +49,7 @@ from wave_actors.core.contract import (MAX_USER_TOKENS, NO_TOKEN, BeatInput, Bea
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import GRAPH_MAX_PROMPT, BookPlan, StartShape
+from wave_actors.core.spread import spread_ms
 from wave_actors.core.timebase import Clock
 
 log = logging.getLogger("wave.graph_executor")
@@ -66,15 +67,6 @@ OUTPUTS = ("pcm", "text", "func", "user")
 
 
 ALLOCATOR_COUNTS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
-
-
-def launch_summary(seconds) -> dict:
-    """p50 / p99 / max in ms of the worker's launch times (empty: Nones)."""
-    ordered = sorted(seconds)
-    if not ordered:
-        return {"p50": None, "p99": None, "max": None}
-    at = lambda q: round(1e3 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)  # noqa: E731
-    return {"p50": at(0.5), "p99": at(0.99), "max": round(1e3 * ordered[-1], 2)}
 
 
 def bucket_for(n: int, max_sessions: int) -> int:
@@ -466,7 +458,7 @@ class GraphExecutor:
                 "memory_ceiling_sessions": self.plan_memory.ceiling(total),
                 "beat_wait": "poll" if self.poll else "thread", "beats_polled": self.polled_beats,
                 "buckets_captured": sorted({b for b, _ in self._graphs}),
-                "launch_ms": launch_summary(self.launch_s),
+                "launch_ms": spread_ms(self.launch_s),
                 "allocator": {k: torch.cuda.memory_stats().get(k) for k in ALLOCATOR_COUNTS},
                 "start_rows": self.start_rows_cost}
 

@@ -235,16 +235,37 @@ class Mamba2(nn.Module):
         g = (g * torch.rsqrt(g.square().mean(-1, keepdim=True) + self.cfg.eps)).flatten(-2)
         return self.out_proj(g.to(z.dtype) * self.norm.weight)
 
+    @staticmethod
+    def _ssd(x: Tensor, Bh: Tensor, Ch: Tensor, delta: Tensor, A: Tensor,
+             ssm: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Mamba2's dual (SSD) form over T positions from the state `ssm` [B, h, p, n] (None:
+        zero): with a_t = Δ_t A, h_t = exp(Σ_{r≤t} a_r)·h_0 + Σ_{s≤t} exp(Σ_{r=s+1..t} a_r)·Δ_s
+        x_s ⊗ B_s and y_t = h_t·C_t. Returns (y [B, T, h, p] before D and the gate, h_{T−1}).
+        The decays are sums over segments, not differences of running sums, which would lose
+        the small exponents next to large ones."""
+        T = x.shape[1]
+        a = (delta * A).transpose(1, 2)                                             # [B, h, T]
+        seg = a[..., :, None].expand(-1, -1, -1, T)                                 # [B, h, t, s] = a_t
+        tri = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        seg = seg.masked_fill(~tri.tril(-1), 0.0).cumsum(-2)                        # Σ_{r=s+1..t} a_r
+        decay = seg.exp().masked_fill(~tri, 0.0)                                    # [B, h, t, s]
+        dx = delta[..., None] * x                                                   # [B, T, h, p]
+        y = torch.einsum("bhts,bshp->bthp", decay * torch.einsum("bthn,bshn->bhts", Ch, Bh), dx)
+        last = torch.einsum("bshp,bshn->bhpn", decay[:, :, -1].transpose(1, 2)[..., None] * dx, Bh)
+        if ssm is None:
+            return y, last
+        carried = a.cumsum(-1).exp()                                                # [B, h, T]
+        y = y + torch.einsum("bhpn,bthn->bthp", ssm, Ch) * carried.transpose(1, 2)[..., None]
+        return y, ssm * carried[..., -1, None, None] + last
+
     def forward_chunk(self, u: Tensor, conv: Tensor, ssm: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """u [B, C, H]; conv [B, conv_dim, 3]; ssm [B, h, p, n] fp32; valid [B, C] (a prefix of each
         row). Returns y [B, C, H] and the states after the valid positions.
 
-        The scan in Mamba2's dual form from a carried state (the SSD chunk): with a_t = Δ_t A and
-        cs_t = Σ_{r≤t} a_r, h_t = exp(cs_t)·h_0 + Σ_{s≤t} exp(cs_t − cs_s)·Δ_s x_s ⊗ B_s and
-        y_t = h_t·C_t. It reads the [h, p, n] state a few times per chunk instead of several
-        times per position (a start row's prompt chunk is state-bandwidth bound). Invalid
-        positions get Δ = 0: no decay, no input, so the state after the chunk is the state after
-        its valid prefix."""
+        The scan runs in the dual form from the carried state (`_ssd`): it reads the [h, p, n]
+        state a few times per chunk instead of several times per position (a start row's prompt
+        chunk is state-bandwidth bound). Invalid positions get Δ = 0: no decay, no input, so the
+        state after the chunk is the state after its valid prefix."""
         z, xbc, dt = self._split(u)
         seq = torch.cat([conv, xbc.transpose(1, 2)], dim=2)                        # [B, conv_dim, 3 + C]
         xbc = F.silu(self.conv1d(seq)).transpose(1, 2)                             # [B, C, conv_dim]
@@ -252,36 +273,18 @@ class Mamba2(nn.Module):
         keep = n_valid[:, None, None] + torch.arange(conv.shape[2], device=u.device)   # last 3 valid columns
         conv = seq.gather(2, keep.expand(-1, seq.shape[1], -1))
         x, Bh, Ch, delta, A = self._ssm_inputs(xbc, dt)
-        delta = delta * valid[..., None]                                           # [B, C, h]
-        cs = (delta * A).transpose(1, 2).cumsum(-1)                                # [B, h, C]
-        T = u.shape[1]
-        later = ~torch.ones(T, T, dtype=torch.bool, device=u.device).tril()        # s > t
-        decay = (cs[..., :, None] - cs[..., None, :]).masked_fill(later, float("-inf")).exp()
-        dx = delta[..., None] * x                                                  # [B, C, h, p]
-        y = torch.einsum("bhts,bshp->bthp", decay * torch.einsum("bthn,bshn->bhts", Ch, Bh), dx)
-        y = y + torch.einsum("bhpn,bthn->bthp", ssm, Ch) * cs.exp().transpose(1, 2)[..., None]
-        ssm = ssm * cs[..., -1].exp()[..., None, None] \
-            + torch.einsum("bshp,bshn->bhpn", decay[:, :, -1].transpose(1, 2)[..., None] * dx, Bh)
+        y, ssm = self._ssd(x, Bh, Ch, delta * valid[..., None], A, ssm)
         return self._out(y, x, z), conv, ssm
 
     def forward_sequence(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Non-streaming from a zero state, u [B, T, H] → (y, conv state, ssm state), Mamba2's SSD
-        dual form: y_t = Σ_{s≤t} exp(Σ_{r=s+1..t} Δ_r A)·(C_t·B_s)·Δ_s x_s + D x_t."""
+        """Non-streaming from a zero state, u [B, T, H] → (y, conv state, ssm state)."""
         z, xbc_raw, dt = self._split(u)
-        T, k = u.shape[1], self.cfg.conv_kernel
-        xbc = F.silu(self.conv1d(F.pad(xbc_raw.transpose(1, 2), (k - 1, 0)))).transpose(1, 2)
+        k = self.cfg.conv_kernel
+        padded = F.pad(xbc_raw.transpose(1, 2), (k - 1, 0))
+        xbc = F.silu(self.conv1d(padded)).transpose(1, 2)
         x, Bh, Ch, delta, A = self._ssm_inputs(xbc, dt)
-        a = (delta * A).transpose(1, 2)                                             # [B, h, T]
-        seg = a[..., :, None].expand(-1, -1, -1, T)                                 # [B, h, t, s] = a_t
-        tri = torch.ones(T, T, dtype=torch.bool, device=u.device).tril()
-        seg = seg.masked_fill(~tri.tril(-1), 0.0).cumsum(-2)                        # Σ_{r=s+1..t} a_r
-        decay = seg.exp().masked_fill(~tri, 0.0)                                    # [B, h, t, s]
-        cb = torch.einsum("bthn,bshn->bhts", Ch, Bh)
-        dx = delta[..., None] * x                                                   # [B, T, h, p]
-        y = torch.einsum("bhts,bshp->bthp", decay * cb, dx)
-        ssm = torch.einsum("bhs,bshp,bshn->bhpn", decay[:, :, -1], dx, Bh)
-        conv = F.pad(xbc_raw.transpose(1, 2), (k - 1, 0))[:, :, -(k - 1):]
-        return self._out(y, x, z), conv, ssm
+        y, ssm = self._ssd(x, Bh, Ch, delta, A)
+        return self._out(y, x, z), padded[:, :, -(k - 1):], ssm
 
 
 class Attention(nn.Module):
