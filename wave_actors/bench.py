@@ -91,6 +91,9 @@ class RunResult:
     # --burst: the callers dialled at once onto the steady node (the measured beats begin
     # then): how many, how long they waited for `opened` (p50 / p99 / max ms), refusals
     burst: dict = field(default_factory=dict)
+    # the beats before the measured ones (sessions starting, a backlog draining): how many,
+    # the backend's time p50 / p99 / max, and the slowest with what each carried
+    ramp: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -161,6 +164,9 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
             print(f"           errors the node answered, by code: {node.counters.errors}",
                   flush=True)
         refused_by = dict(node.counters.refusals)
+        first = records[0].beat if records else None
+        ramp = _ramp([r for r in node.clock_actor.stats.records
+                      if first is None or r.beat < first])
         policies = {"start": node.start_policy.describe(),
                     "clock": node.cfg.clock_policy.describe()}
     finally:
@@ -184,7 +190,19 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
                      _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0,
                      len(waits), float(open_p50), float(open_p99), policies,
-                     float(open_max), dict(refused_by), live_seen, _host(records), burst)
+                     float(open_max), dict(refused_by), live_seen, _host(records), burst, ramp)
+
+
+def _ramp(records: list, k: int = 8) -> dict:
+    """The beats before the measured ones: count, backend time spread, the k slowest."""
+    if not records:
+        return {}
+    slow = sorted(records, key=lambda r: r.compute_s, reverse=True)[:k]
+    return {"beats": len(records), "compute_ms": spread_ms(r.compute_s for r in records),
+            "slowest": [{"beat": r.beat, "compute_ms": round(1e3 * r.compute_s, 1),
+                         "wake_ms": round(1e3 * r.wake_s, 1), "sessions": r.sessions,
+                         "rows": r.rows, "resets": r.resets, "rolls": r.rolls}
+                        for r in slow]}
 
 
 def _worst(trace: dict, k: int = 3) -> str:
@@ -350,6 +368,14 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
                   f"{h['wake_ms']['p99']:.1f} / {h['wake_ms']['max']:.1f} ms late (p50 / p99 / "
                   f"max); release to executor p99 {h['before_ms']['p99']:.1f} ms; executor done "
                   f"to outputs routed p99 {h['after_ms']['p99']:.1f} ms", flush=True)
+        if res.ramp:
+            rp = res.ramp
+            print(f"           ramp: {rp['beats']} beats before the measured ones, backend "
+                  f"{rp['compute_ms']['p50']:.1f} / {rp['compute_ms']['p99']:.1f} / "
+                  f"{rp['compute_ms']['max']:.1f} ms; slowest: "
+                  + "  ".join(f"{b['compute_ms']:.0f} ms @{b['beat']} ({b['sessions']} live, "
+                              f"{b['rows']} rows, {b['resets']} resets, {b['rolls']} rolls)"
+                              for b in rp["slowest"][:4]), flush=True)
         if res.live:
             print(f"           live sessions in the measured beats: {res.live['min']} to "
                   f"{res.live['max']} (p50 {res.live['p50']:.0f}) of {res.live['offered']} "
@@ -545,6 +571,10 @@ def main(argv=None, command: str | None = None) -> int:
         if "launch_ms" in facts:
             print(f"executor: the worker launched a beat in {facts['launch_ms']} ms; allocator "
                   f"{facts.get('allocator')}", flush=True)
+        for b in facts.get("slow_beats", [])[-8:]:
+            print(f"           slow beat {b['beat']}: {b['done_ms']} ms ({b['launch_ms']} ms to "
+                  f"launch), {b['live']} live, {b['rows']} rows, {b['resets']} resets, "
+                  f"{b['rolls']} rolls; allocator {b['allocator']}", flush=True)
         extra["memory_used_bytes"] = facts["memory_used_bytes"]
         extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
     result = summarize(args, n, runs, extra)

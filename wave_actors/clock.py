@@ -90,6 +90,9 @@ class BeatRecord:
     frames_read: int = 0     # audio frames read since the previous beat was released
     gc_s: float = 0.0        # garbage collection since the previous beat (a stopped loop)
     returned_s: float = 0.0  # release → the executor's beat done, back on the loop
+    rows: int = 0            # start rows the beat carried
+    resets: int = 0          # slots reset for sessions opened
+    rolls: int = 0           # sessions whose context rolled after the beat
 
 
 class RowPool:
@@ -423,7 +426,8 @@ class BeatClockActor(Actor):
             self._host_s.append(max(0.0, latency - begin - out.compute_s))
         self._record(BeatRecord(packed.beat, release, latency, out.compute_s, len(packed.slots),
                                 latency > LATE_AFTER_S and in_beat, begin, wake,
-                                frames_read, self.gc.take(), returned))
+                                frames_read, self.gc.take(), returned, len(plan.rows),
+                                len(plan.resets), len(plan.roll)))
         collect_between_beats(k)     # a no-op unless serving_process turned the collector off
 
     def _route(self, routed: dict, out) -> None:

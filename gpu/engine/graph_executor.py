@@ -46,7 +46,7 @@ from gpu.model.voicechat_state import session_state_bytes
 from gpu.model.voicechat_weights import load_dtype, param_shapes, random_weights_on
 from wave_actors.core.contract import (MAX_USER_TOKENS, NO_TOKEN, BeatInput, BeatOutput,
                                        ExecutorOptions, SessionSpec)
-from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
+from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import GRAPH_MAX_PROMPT, BookPlan, StartShape
 from wave_actors.core.spread import spread_ms
@@ -177,6 +177,10 @@ class GraphExecutor:
         # the worker's time to enqueue each beat (resets, replay, copies, rolls): a beat whose
         # launch blocks (a synchronising copy, the allocator short of memory) shows here first
         self.launch_s: collections.deque[float] = collections.deque(maxlen=4096)
+        # beats that took longer than a beat, with what they carried and where the time went
+        # (enqueue on the worker vs. the device) and the allocator's counters at that point
+        self.slow_beats: collections.deque[dict] = collections.deque(maxlen=32)
+        self.beats_run = 0
         self.on_launched = None
         self._worker = ThreadPoolExecutor(1, "wave-graph")
         self._inflight: tuple[Future, float, BookPlan] | None = None
@@ -267,6 +271,7 @@ class GraphExecutor:
             return
         job, t0, plan = self._inflight
         synced = await asyncio.wrap_future(job)             # the beat's work is queued
+        launched = time.perf_counter() - t0
         if self.on_launched is not None:
             self.on_launched()
         if not synced:
@@ -278,6 +283,16 @@ class GraphExecutor:
             recent.append(elapsed)
             self.polled_beats += 1
         self._done_s = time.perf_counter() - t0
+        self.beats_run += 1
+        if self._done_s > BEAT_S:
+            self.slow_beats.append(self._slow_beat(plan, launched, self._done_s))
+
+    def _slow_beat(self, plan: BookPlan, launched: float, done: float) -> dict:
+        stats = torch.cuda.memory_stats()
+        return {"beat": self.beats_run, "live": len(plan.live), "rows": len(plan.rows),
+                "resets": len(plan.resets), "rolls": len(plan.roll),
+                "launch_ms": round(1e3 * launched, 1), "done_ms": round(1e3 * done, 1),
+                "allocator": {k: stats.get(k) for k in ALLOCATOR_COUNTS}}
 
     def collect(self, plan: BookPlan, out: BeatOutput) -> float:
         job, _t0, _plan = self._inflight
@@ -460,6 +475,7 @@ class GraphExecutor:
                 "buckets_captured": sorted({b for b, _ in self._graphs}),
                 "launch_ms": spread_ms(self.launch_s),
                 "allocator": {k: torch.cuda.memory_stats().get(k) for k in ALLOCATOR_COUNTS},
+                "beats_run": self.beats_run, "slow_beats": list(self.slow_beats),
                 "start_rows": self.start_rows_cost}
 
     def close(self) -> None:
