@@ -22,7 +22,7 @@ import numpy as np
 
 from sim.costmodel import CostModel
 from wave_actors.core.contract import (NO_TOKEN, BeatInput, BeatOutput, ExecutorOptions,
-                                       SessionSpec)
+                                       SessionSpec, need_slots)
 from wave_actors.core.frames import FRAMES_PER_BEAT, OUT_RATE, SAMPLES_OUT
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.registry import REGISTRY
@@ -53,7 +53,7 @@ class SimExecutor:
     def __init__(self, options: ExecutorOptions, cost: CostModel | None = None,
                  clock: Clock | None = None, trace: bool = False):
         self.options = options
-        self.max_sessions = options.max_sessions
+        self.max_sessions = need_slots(options, self.name)
         self.cost = cost or CostModel.load(options.cost_model, options.profile)
         offset = options.context_offset
         if offset and self.max_sessions > self.cost.capacity(offset):

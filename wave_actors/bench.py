@@ -41,9 +41,6 @@ from wave_actors.serving_process import serving_process
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 WARMUP_BEATS = 8            # on-time beats in a row before measuring
 WARMUP_MAX = 64             # beats of warm-up at most
-# A session's context cycles over this many frames around --context. Larger: fewer rolls (each
-# moves a session's whole cache) but more memory a session; smaller: the reverse.
-ROLL_FRAMES = 64
 CLIENT_PROCS = max(1, min(4, (os.cpu_count() or 2) // 4))   # callers' processes, real time
 
 
@@ -117,23 +114,24 @@ class BenchResult:
     extra: dict = field(default_factory=dict)
 
 
-def held_context(args) -> tuple[int, int]:
-    """(context_offset, max_context): sessions go live holding `--context - ROLL_FRAMES` frames
-    (random rows on the GPU, modelled in the simulator), run to `--context`, roll ROLL_FRAMES
-    back and run on, as every call past its context does: the measured beats run at the
-    context window of a node started with `--max-context` = `--context`, cache rows moved by
-    the rolls included."""
-    offset = max(0, args.context - ROLL_FRAMES)
-    return offset, args.context
+def held_context(args) -> tuple[int, int, int]:
+    """(context_offset, max_context, roll): sessions go live holding `--context - 2 * roll`
+    frames (random rows on the GPU, modelled in the simulator) and run on past `--context` by
+    rolling `roll` frames at a time, the roll a node started with `--max-context` = `--context`
+    uses. Over the measured beats each session rolls in turn (a few a beat, see the slot book),
+    so the beats run at the rolled steady state of a node serving calls of any length: contexts
+    spread over the last two rolls below `--context`, cache rows moved by the rolls included."""
+    roll = ExecutorOptions(max_context=args.context).roll_frames
+    return max(0, args.context - 2 * roll), args.context, roll
 
 
 def make_executor_for(args, max_n: int, clock: Clock | None = None):
     """One backend for the whole benchmark: a GPU model is built once and serves every run (each
     run is a fresh node whose sessions reset their slots). Slots are sized for `max_n` sessions."""
-    offset, max_context = held_context(args)
+    offset, max_context, roll = held_context(args)
     opts = ExecutorOptions(max_sessions=max(max_n, args.max_sessions or 0), profile=args.profile,
                            config=args.config, max_context=max_context, context_offset=offset,
-                           cost_model=args.cost_model, seed=args.seed, context_roll=ROLL_FRAMES,
+                           cost_model=args.cost_model, seed=args.seed, context_roll=roll,
                            beat_wait=args.beat_wait, start_rows=args.start_rows)
     return make_executor(args.backend, opts, clock)
 
@@ -470,7 +468,7 @@ def parse_args(argv=None):
     ap.add_argument("--config", choices=("tiny", "full"), default="full")
     ap.add_argument("--context", type=int, default=1500,
                     help="the context window every session runs at (a node's --max-context): "
-                         f"sessions hold the last {ROLL_FRAMES} frames below it and roll")
+                         "sessions run past it by rolling, as a node with that --max-context does")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--max-sessions", type=int, default=0, help="slots (default: --sessions)")
     ap.add_argument("--beats", type=int, default=500)
@@ -531,9 +529,9 @@ def main(argv=None, command: str | None = None) -> int:
     """`command`: the command line to record, when another tool (sim.run) called this one."""
     args = parse_args(argv)
     args.command = command
-    offset, max_context = held_context(args)
+    offset, max_context, roll = held_context(args)
     # how the measured context was held: every session cycles between these by rolling
-    extra: dict = {"context_held": {"from": offset, "to": max_context, "roll": ROLL_FRAMES}}
+    extra: dict = {"context_held": {"from": offset, "to": max_context, "roll": roll}}
     backend, ceiling = None, None
     if entry(args.backend).caps.device:
         # One model on the GPU for every run, slots for the most sessions this run may ask for.
@@ -543,6 +541,12 @@ def main(argv=None, command: str | None = None) -> int:
         slots = min(args.max_find, ceiling) if args.find_max else args.sessions + args.burst
         backend = make_executor_for(args, slots)
         extra["engine"] = backend.describe()
+        slots = extra["engine"].get("slots")
+        if slots:
+            print(f"slots: {slots['sessions']} ({slots['decided_by']}); memory holds "
+                  f"{slots['memory_ceiling']}; the beat with start rows at full context takes "
+                  f"{slots['beat_ms_at_context']} ms by sessions (a node sizing itself allows "
+                  f"{slots['budget_ms']} ms)", flush=True)
         rows = extra["engine"].get("start_rows")
         if rows:
             print(f"start rows: {rows['rows']} × {rows['chunk']} prompt positions in every beat "

@@ -22,10 +22,11 @@ from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.timebase import Clock, new_loop
-from wave_actors.core.registry import NAMES, described, make_executor
+from wave_actors.core.registry import NAMES, described, entry, make_executor
 from wave_actors.node import Node, NodeConfig
 from wave_actors.serving_process import serving_process
 
+CPU_SLOTS = 8          # slots of a node on an executor that does not size its own
 DEMO_WAV = Path(__file__).resolve().parents[1] / "assets" / "demo_user.wav"
 
 
@@ -34,7 +35,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--bind", default="tcp://127.0.0.1:5555")
     ap.add_argument("--backend", choices=NAMES, default=default_backend(), help=described())
-    ap.add_argument("--max-sessions", type=int, default=8)
+    ap.add_argument("--max-sessions", type=int,
+                    help="slots: callers served at once (default: on a GPU backend, what the "
+                         "device serves on time, from its memory and its measured beat; "
+                         f"otherwise {CPU_SLOTS})")
     ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
     ap.add_argument("--config", choices=("tiny", "full"), default="tiny",
                     help="model size for the cpu backend")
@@ -74,9 +78,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="out")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
-    if args.max_sessions < 1:
-        ap.error("--max-sessions must be at least 1")
-    if args.demo and args.demo_sessions > args.max_sessions:
+    if args.max_sessions is not None and args.max_sessions < 1:
+        ap.error("--max-sessions must be at least 1 (leave it out for a GPU backend to size "
+                 "its slots)")
+    if args.demo and args.demo_sessions > (args.max_sessions or CPU_SLOTS):
         ap.error("--demo-sessions must not exceed --max-sessions")
     try:
         args.start_policy = make_policy(args.policy) if args.policy else None
@@ -93,15 +98,33 @@ def default_backend() -> str:
     return "cpu" if importlib.util.find_spec("torch") is not None else "sim"
 
 
+def slots_asked(args) -> int:
+    """--max-sessions, else 0 on a device backend (it sizes its slots), else CPU_SLOTS."""
+    if args.max_sessions is not None:
+        return args.max_sessions
+    return 0 if entry(args.backend).caps.device else CPU_SLOTS
+
+
+def slots_line(facts: dict, args) -> str:
+    """How the node's slot count was decided, for the operator."""
+    slots = facts.get("slots")
+    if not slots:
+        how = "--max-sessions" if args.max_sessions is not None else "the default"
+        return f"slots: {facts['max_sessions']} ({how})"
+    return (f"slots: {slots['sessions']}, by {slots['decided_by']}; device memory holds "
+            f"{slots['memory_ceiling']}; beat with start rows at full context (ms by sessions): "
+            f"{slots['beat_ms_at_context']}, budget {slots['budget_ms']} ms")
+
+
 def build(args) -> Node:
-    opts = ExecutorOptions(max_sessions=args.max_sessions, profile=args.profile,
+    opts = ExecutorOptions(max_sessions=slots_asked(args), profile=args.profile,
                            config=args.config, max_context=args.max_context,
                            context_offset=args.context_offset, context_roll=args.context_roll,
                            cost_model=args.cost_model, checkpoint=args.checkpoint,
                            tokenizer=args.tokenizer, seed=args.seed, start_rows=args.start_rows)
     clock = Clock()
     executor = make_executor(args.backend, opts, clock)
-    cfg = NodeConfig(bind=args.bind, max_sessions=args.max_sessions,
+    cfg = NodeConfig(bind=args.bind, max_sessions=executor.max_sessions,
                      clock_policy=args.clock_policy, start_policy=args.start_policy,
                      idle_timeout_s=args.idle_timeout, heartbeat_s=args.heartbeat,
                      resume_grace_s=args.resume_grace, curve_keys=args.curve_keys,
@@ -136,7 +159,9 @@ async def serve(args) -> int:
 
 
 async def _serve(node: Node, args) -> int:
-    print(json.dumps({"listening": node.endpoint, **node.describe()}), flush=True)
+    facts = node.describe()
+    print(json.dumps({"listening": node.endpoint, **facts}), flush=True)
+    print(slots_line(facts, args), file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

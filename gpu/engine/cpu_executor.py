@@ -16,7 +16,8 @@ import torch
 from gpu.engine.model_runner import (ModelRunner, check_host_memory, load_model, model_config,
                                      text_codecs)
 from gpu.model.config import Profile
-from wave_actors.core.contract import BeatInput, BeatOutput, ExecutorOptions, SessionSpec
+from wave_actors.core.contract import (BeatInput, BeatOutput, ExecutorOptions, SessionSpec,
+                                     need_slots)
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import BookPlan, StartShape
 from wave_actors.core.timebase import Clock
@@ -34,7 +35,7 @@ class CpuExecutor:
 
     def __init__(self, options: ExecutorOptions):
         self.options = options
-        self.max_sessions = options.max_sessions
+        self.max_sessions = need_slots(options, self.name)
         self.text_codec, self.user_codec = text_codecs(options)
         cfg, char_table = model_config(options, self.text_codec)
         self.profile = Profile.named(options.profile)

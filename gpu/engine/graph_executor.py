@@ -20,13 +20,17 @@ frames per beat as one CUDA-graph replay.
 
 How a beat is waited for (`ExecutorOptions.beat_wait`): a worker thread enqueues the beat (the
 copies, the replay) and returns while the GPU works; the event loop then sleeps until just
-before the fastest recent beat of this bucket would end and asks the beat's CUDA event whether
-it is done once per loop iteration ("poll"). "thread": the worker waits on the device itself.
+before the fastest recent beat of this bucket could end and asks the beat's CUDA event whether
+it is done once per loop iteration ("poll"). The times it learns from are the device's own
+(CUDA events at the beat's first and last work), not the loop's: a wall time includes the
+sleep, so one slow beat would make every later beat of its bucket sleep as long and learn the
+same time again. "thread": the worker waits on the device itself.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import math
 import time
@@ -61,6 +65,10 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
 # a base plus a share per slot, with margin over the measured slope.
 WORKSPACE_BASE = 2.5e9
 WORKSPACE_PER_SLOT = 25e6
+# A node sized by the executor (max_sessions 0) takes the most sessions whose beat, with start
+# rows and every cache at its full context, the device runs in this share of a beat: the rest is
+# the host's (packing, routing), the rolls' and jitter's.
+ON_TIME_SHARE = 0.85
 POLL_LEAD_S = 1.5e-3         # poll the beat's event from this long before the fastest recent beat
 POLL_UNKNOWN_S = 5e-4        # a bucket's first beats (no time known): poll at this interval
 OUTPUTS = ("pcm", "text", "func", "user")
@@ -142,8 +150,6 @@ class GraphExecutor:
             raise RuntimeError("the graph executor needs a CUDA device; use --backend cpu or sim")
         if options.beat_wait not in ("poll", "thread"):
             raise ValueError(f"beat_wait {options.beat_wait!r}: choose poll or thread")
-        self.options, self.capture = options, capture
-        self.max_sessions = options.max_sessions
         self.device = torch.device("cuda")
         self.text_codec, self.user_codec = text_codecs(options)
         self.cfg, char_table = model_config(options, self.text_codec)
@@ -151,6 +157,17 @@ class GraphExecutor:
         self.start_shape = StartShape(warmup_positions=self.cfg.talker.n_warmup,
                                       **({"start_rows": options.start_rows}
                                          if options.start_rows else {}))
+        sizing = options.max_sessions == 0
+        ceiling = MemoryPlan(self.cfg, self.profile, 1, options.max_context,
+                             self.start_shape.max_prompt).ceiling(torch.cuda.mem_get_info()[0])
+        if sizing:      # state for every slot memory holds; the measured beat picks how many serve
+            if ceiling < 1:
+                raise MemoryError(f"not one session at {options.max_context} frames of context "
+                                  "fits in the device's free memory")
+            # past the largest bucket the host, not the device, is what runs out
+            options = dataclasses.replace(options, max_sessions=min(ceiling, BUCKETS[-1]))
+        self.options, self.capture = options, capture
+        self.max_sessions = options.max_sessions
         self.plan_memory = MemoryPlan(self.cfg, self.profile, options.max_sessions,
                                       options.max_context, self.start_shape.max_prompt)
         self.plan_memory.check(torch.cuda.mem_get_info()[0])
@@ -171,8 +188,10 @@ class GraphExecutor:
         self._pool = torch.cuda.graph_pool_handle()
         self.streamed = StreamedBeat(self.model, self.device) if streams else None
         self.poll = options.beat_wait == "poll"
-        self._beat_done = torch.cuda.Event()
-        self._recent: dict[tuple[int, bool], collections.deque] = {}   # graph → recent beats
+        self._beat_start = torch.cuda.Event(enable_timing=True)
+        self._beat_done = torch.cuda.Event(enable_timing=True)
+        # graph → its recent beats' device times (start event to done event)
+        self._recent: dict[tuple[int, bool], collections.deque] = {}
         self.polled_beats = 0
         # the worker's time to enqueue each beat (resets, replay, copies, rolls): a beat whose
         # launch blocks (a synchronising copy, the allocator short of memory) shows here first
@@ -193,10 +212,23 @@ class GraphExecutor:
         # The largest bucket is captured now, with and without start rows, so no beat ever
         # waits for a capture; smaller ones (less padding) are captured between beats by
         # `prepare`.
+        with torch.no_grad():       # the warm-up rows every reset copies: run once, now
+            self.model.warm_template(self.state.talker)
+        self.slots = self._size_slots(self.max_sessions, ceiling) if sizing else {
+            "sessions": self.max_sessions, "decided_by": "max_sessions (set by the caller)",
+            "memory_ceiling": ceiling, "budget_ms": round(1e3 * ON_TIME_SHARE * BEAT_S, 1),
+            "beat_ms_at_context": {}}
+        self.max_sessions = self.slots["sessions"]
         top = bucket_for(self.max_sessions, self.max_sessions)
         self._capture(top, False)
-        self._capture(top, True)
+        if (top, True) not in self._graphs:
+            self._capture(top, True)
         self.start_rows_cost = self._time_start_rows(top)
+        if not sizing:
+            self.slots["beat_ms_at_context"][top] = round(1e3 * self._beat_at_context(top), 2)
+        log.info("slots: %d (%s); memory holds %d; beat with start rows at full context: %s ms "
+                 "(budget %.0f ms)", self.max_sessions, self.slots["decided_by"], ceiling,
+                 self.slots["beat_ms_at_context"], self.slots["budget_ms"])
 
     @classmethod
     def build(cls, options: ExecutorOptions, clock: Clock | None = None) -> "GraphExecutor":
@@ -279,8 +311,7 @@ class GraphExecutor:
             recent = self._recent.setdefault((g.bucket, bool(plan.rows)),
                                              collections.deque(maxlen=8))
             await self._device_done(t0, min(recent, default=None))
-            elapsed = time.perf_counter() - t0
-            recent.append(elapsed)
+            recent.append(1e-3 * self._beat_start.elapsed_time(self._beat_done))
             self.polled_beats += 1
         self._done_s = time.perf_counter() - t0
         self.beats_run += 1
@@ -305,6 +336,7 @@ class GraphExecutor:
         end marked by `_beat_done`; with beat_wait "thread", waited for here. Returns whether it
         waited."""
         t0 = time.perf_counter()
+        self._beat_start.record()
         with torch.no_grad():
             self.runner.reset(plan)
             if plan.live or plan.rows:
@@ -321,7 +353,9 @@ class GraphExecutor:
 
     async def _device_done(self, t0: float, fastest: float | None) -> None:
         """Return once `_beat_done` has passed: asleep for most of the beat, then asking every
-        loop iteration (the tasks that are ready run in between, as they would anyway)."""
+        loop iteration (the tasks that are ready run in between, as they would anyway). The
+        device began the beat no earlier than t0, so a beat that takes `fastest` on the device
+        cannot end before t0 + fastest: the sleep never outlasts the beat."""
         if fastest is not None:
             delay = t0 + fastest - POLL_LEAD_S - time.perf_counter()
             if delay > 0:
@@ -435,6 +469,64 @@ class GraphExecutor:
                  f" with {g.start_rows} start rows" if rows else "", time.perf_counter() - t0)
         return g
 
+    def _size_slots(self, most: int, ceiling: int) -> dict:
+        """The most sessions, at most `most` (the memory `ceiling`, or the largest bucket), whose beat with start rows at full context the
+        device runs within ON_TIME_SHARE of a beat: measured at the ceiling and at half of it,
+        a line through the two (past the weight reads a beat's time grows with its rows) gives
+        a count, and the count is measured in turn until it fits. Graphs above it are dropped."""
+        budget = ON_TIME_SHARE * BEAT_S
+        probes: dict[int, float] = {}
+
+        def fits(n: int) -> bool:
+            if n not in probes:
+                probes[n] = self._beat_at_context(n)
+            return probes[n] <= budget
+
+        n = most
+        if not fits(n) and n > 1:
+            lo = max(1, n // 2)
+            fits(lo)
+            slope = max(probes[n] - probes[lo], 1e-6) / max(n - lo, 1)
+            n = max(1, min(n - 1, lo + int((budget - probes[lo]) / slope)))
+            for _ in range(4):          # the line is an estimate; the device has the last word
+                if fits(n) or n == 1:
+                    break
+                n = max(1, min(n - 1, int(n * budget / probes[n])))
+        for key in [k for k in self._graphs if k[0] > n]:
+            del self._graphs[key]
+        return {"sessions": n, "decided_by": f"the beat at full context within "
+                f"{ON_TIME_SHARE:.0%} of {1e3 * BEAT_S:.0f} ms, under the memory ceiling",
+                "memory_ceiling": ceiling, "budget_ms": round(1e3 * budget, 1),
+                "beat_ms_at_context": {k: round(1e3 * v, 2) for k, v in sorted(probes.items())}}
+
+    def _beat_at_context(self, n: int, replays: int = 3) -> float:
+        """The device time of the n-session beat with start rows (padded, as at build) when
+        every one of its sessions' caches is full: the fastest of a few replays. The rows it
+        writes belong to no session (every open resets its slot)."""
+        if (n, True) not in self._graphs:
+            self._capture(n, True)
+        g = self._graphs[n, True]
+        st = self.state
+        g.d_in["slots"].copy_(torch.arange(n, device=self.device))
+        best = math.inf
+        for _ in range(replays):
+            st.thinker.length[:n] = st.thinker.max_positions - FRAMES_PER_BEAT
+            st.talker.position[:n] = st.talker.max_positions - FRAMES_PER_BEAT
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            if g.graph is not None:
+                g.graph.replay()
+            else:
+                with torch.no_grad():
+                    self._beat_body(g)
+            b.record()
+            b.synchronize()
+            best = min(best, a.elapsed_time(b) / 1e3)
+        g.d_in["slots"].fill_(self.trash)
+        st.thinker.length.zero_()
+        st.talker.position.zero_()
+        return best
+
     def _time_start_rows(self, bucket: int, replays: int = 5) -> dict:
         """What the start rows add to the `bucket`-session beat, replayed on the idle device
         (all rows padded: the same kernels as rows in use), the fastest of a few replays each."""
@@ -471,6 +563,7 @@ class GraphExecutor:
                 "memory_used_bytes": total - free,
                 "memory_total_bytes": total,
                 "memory_ceiling_sessions": self.plan_memory.ceiling(total),
+                "max_sessions": self.max_sessions, "slots": self.slots,
                 "beat_wait": "poll" if self.poll else "thread", "beats_polled": self.polled_beats,
                 "buckets_captured": sorted({b for b, _ in self._graphs}),
                 "launch_ms": spread_ms(self.launch_s),

@@ -189,8 +189,8 @@ class TalkerState:
             raise ValueError(f"cannot drop {drop} positions after {sink} sinks of {cap}")
         cos_full, sin_signed = turn                                       # [L, 1, 1, 1, D]
         half = self.k.shape[-1] // 2
-        for a, b in roll_blocks(sink, cap - drop, self.k[slot, ..., 0, :].numel() * 4):
-            self.v[slot, ..., a:b, :] = self.v[slot, ..., a + drop:b + drop, :].clone()
+        for a, b in roll_blocks(sink, cap - drop, self.k[slot, ..., 0, :].numel() * 4, drop):
+            self.v[slot, ..., a:b, :] = self.v[slot, ..., a + drop:b + drop, :]
             keys = self.k[slot, ..., a + drop:b + drop, :].float()        # [L, R, kv, n, D]
             self.k[slot, ..., a:b, :] = (
                 keys * cos_full + keys.roll(half, dims=-1) * sin_signed).to(self.k.dtype)

@@ -197,9 +197,9 @@ class ThinkerState:
         cap = self.max_positions
         if sink + drop > cap:
             raise ValueError(f"cannot drop {drop} positions after {sink} sinks of {cap}")
-        for a, b in roll_blocks(sink, cap - drop, self.k[:, slot, 0].numel() * 2 * 4):
+        for a, b in roll_blocks(sink, cap - drop, self.k[:, slot, 0].numel() * 2 * 4, drop):
             for cache in (self.k, self.v):
-                cache[:, slot, a:b] = cache[:, slot, a + drop:b + drop].clone()
+                cache[:, slot, a:b] = cache[:, slot, a + drop:b + drop]
         self.length[slot] -= drop
 
 

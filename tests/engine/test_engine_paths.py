@@ -122,3 +122,21 @@ def test_graph_executor_equals_reference_in_fp32_on_the_gpu():
     b = GraphExecutor(ExecutorOptions(max_sessions=5, profile="fp32", config="tiny", max_context=128))
     res = parity(b, 50)
     assert res["pcm_rel"] < 1e-3, res
+
+
+@pytest.mark.gpu
+def test_graph_executor_sizes_its_slots_from_memory_and_its_measured_beat():
+    """max_sessions 0: the count whose measured beat (start rows, full context) fits the budget,
+    never above what memory holds, and the executor still equals the reference after the
+    probes scribbled on its slots. The bug it catches: a node that admits more callers than the
+    device serves on time, or that sizes itself from nothing it measured."""
+    from gpu.engine.graph_executor import GraphExecutor
+    b = GraphExecutor(ExecutorOptions(max_sessions=0, profile="fp32", config="tiny",
+                                      max_context=128))
+    slots, n = b.slots, b.max_sessions
+    assert 1 <= n <= slots["memory_ceiling"] and slots["sessions"] == n
+    probes = slots["beat_ms_at_context"]
+    assert probes and (probes[n] <= slots["budget_ms"] or n == 1), slots
+    assert all(t > slots["budget_ms"] for m, t in probes.items() if m > n), slots
+    assert b.describe()["max_sessions"] == n and max(k for k, _ in b._graphs) == n
+    assert parity(b, 8)["pcm_rel"] < 1e-3

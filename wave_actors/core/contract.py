@@ -93,7 +93,7 @@ class Handle:
 @dataclass(frozen=True, kw_only=True)
 class ExecutorOptions:
     """How an executor is built. Frozen: nothing changes after start."""
-    max_sessions: int = 8
+    max_sessions: int = 8               # slots; 0: a device executor sizes them itself
     profile: str = "reference"          # MODEL.md §4 precision profile
     config: str = "tiny"                # model size for the cpu executor: tiny | full
     max_context: int = 1500             # frames of context each slot is sized for
@@ -108,8 +108,9 @@ class ExecutorOptions:
     start_rows: int = 0                 # starting sessions a beat advances (0: the executor's)
 
     def __post_init__(self) -> None:
-        if self.max_sessions < 1:
-            raise ValueError("max_sessions must be at least 1")
+        if self.max_sessions < 0:
+            raise ValueError("max_sessions must be at least 1, or 0 for a device executor to "
+                             "size its slots")
         if self.start_rows < 0:
             raise ValueError("start_rows must be 0 (the executor's default) or more")
         if not 0 <= self.context_offset < self.max_context:
@@ -138,6 +139,14 @@ class ExecutorOptions:
             return self.context_roll
         eighth = self.frames_per_session // 8 // FRAMES_PER_BEAT * FRAMES_PER_BEAT
         return max(FRAMES_PER_BEAT, eighth)
+
+
+def need_slots(options: "ExecutorOptions", name: str) -> int:
+    """The slot count of an executor that does not size its own: options.max_sessions."""
+    if options.max_sessions < 1:
+        raise ValueError(f"the {name} executor needs a slot count (--max-sessions); only a "
+                         "device executor sizes its own")
+    return options.max_sessions
 
 
 @dataclass(frozen=True, kw_only=True)
