@@ -177,10 +177,36 @@ NOTES = (
      "last code commit) 108 reference callers dialled at once still opened after 2.4 s at p50, "
      "5.8 s at p99, and the run began 4 s behind. Its measured beats take 95–106 ms on the GPU "
      "(121 with a burst's rows, ~126 in the beats where a start group rolls) except two "
-     "consecutive beats of 1.12 s, seven beats after the burst, whose cause is not found; "
+     "consecutive beats of 1.12 s, seven beats after the burst (the cause, found at f22385f: the "
+     "next finding); "
      "every measured beat was late behind the backlog. The burst of 12 onto 108 itself opened "
      "within 129 ms (p99). At 84a125e (rows then judged by a miscounted budget, later fixed) "
      "the same burst opened within 1.04 s, with 2 late beats."),
+    ("graph", "Starts inside the beat at f22385f: the 1 s beats were the poll's own sleep",
+     ("graph-reference-n120-20261202T055421.json", "graph-dense-n220-20261202T060407.json",
+      "graph-reference-n108-20261202T054752.json", "graph-reference-n114-20261202T054927.json",
+      "graph-dense-n198-20261202T055516.json", "graph-dense-n198-20261202T060648.json",
+      "graph-dense-n209-20261202T055654.json", "graph-dense-n209-20261202T060604.json"),
+     "The ramp's slow beats, now recorded by the bench, showed every beat with start rows at "
+     "~970 ms whatever it carried, each 1.2 ms shorter than the one before. The executor slept "
+     "until the fastest recent beat of its graph would end, and learned that time from the "
+     "loop's wall clock: the first rows beat took 974 ms to launch (the talker's warm-up "
+     "template built on first use), and every later rows beat slept that long and learned it "
+     "again. It now learns from CUDA events on the device (f22385f), and the warm-up template "
+     "is built with the executor. Reference 120 x 3 x 500: 0 late, p99 99.3-100.4 ms, opens "
+     "1.0-1.2 s at p99 (5493 ms and 6.8 s before). Dense 220 x 3 x 500: 0 late, p99 119.4-132.0 "
+     "ms with the executor at 107-110 ms; the tail is the event loop waking 10-28 ms late for "
+     "the release, as in the earlier dense findings. Bursts: 12 onto 108 reference opened "
+     "within 0.11 s, 0 late; 22 onto 198 dense within 0.24 s with 1 late beat (eager), or "
+     "within 1.12 s and 0 late with the budgeted policy (6 beats held). Churn 60 s: 114 "
+     "reference callers 0 late, 0 refused, 111-114 live; 209 dense callers 81 late (eager) or 4 "
+     "(budgeted), 0 refused, 203-209 live. At 209 dense sessions a beat with any start rows "
+     "takes ~140 ms on the executor against ~101 without (16 rows are captured whether 1 or 16 "
+     "are used), and under churn nearly every other beat carries one: a smaller captured rows "
+     "variant for the common one- or two-row beat is the next step. The bench's JSON records "
+     "since 0582cf3 the executor's launch times and allocator counters: no allocator retries in "
+     "any run. Files from the warm run after f22385f's first call name d25d8c2 (the device "
+     "copy's stale .git) and were corrected to f22385f; the tree sent was f22385f, clean."),
     ("sim", "Starts inside the beat, predicted (the simulator fitted to the H200, dense)",
      ("sim-dense-n198-20261202T032735.json", "sim-dense-n220-20261202T032837.json",
       "sim-dense-n209-20261202T032944.json", "graph-dense-n220-20261202T032532.json"),
