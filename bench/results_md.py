@@ -207,6 +207,21 @@ NOTES = (
      "since 0582cf3 the executor's launch times and allocator counters: no allocator retries in "
      "any run. Files from the warm run after f22385f's first call name d25d8c2 (the device "
      "copy's stale .git) and were corrected to f22385f; the tree sent was f22385f, clean."),
+    ("sim", "The simulator against the H200, side by side (dense, same code)",
+     ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
+      "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
+      "graph-dense-n209-20261202T055654.json", "graph-dense-n220-20261202T060407.json"),
+     "The H200-fitted simulator at b560332 (f22385f's code) against the H200 at f22385f, the "
+     "same bench commands. 220 dialled onto an idle node: sim 0 late, p50 / p99 112.7 / 114.2 "
+     "ms, opens 1.1 / 2.2 s; H200 0 late, 113.4 / 119.4-132.0 ms, opens 1.0-1.1 / 2.0-2.3 s. "
+     "A burst of 22 onto 198: sim 0 late, p99 124.3 ms, burst opened within 0.32 s; H200 1 "
+     "late, p99 142.7 ms, within 0.24 s. Churn 60 s with 209 callers: sim 0 late, p50 / p99 "
+     "108.7 / 139.8 ms, opens p99 2.1 s, 206-209 live; H200 81 late, 137.9 / 218.9 ms, opens "
+     "p99 1.9 s, 206-209 live. The simulator predicts the starts (opens, live sessions) and "
+     "the steady beat; it misses what the host adds: no event-loop wake lateness (10-28 ms on "
+     "the H200's worst beats) and none of the host work a start brings, and on the H200 more "
+     "than half the churn beats carried start rows (p50 137.9 ms) against fewer than half in "
+     "the simulator (p50 108.7 ms)."),
     ("sim", "Starts inside the beat, predicted (the simulator fitted to the H200, dense)",
      ("sim-dense-n198-20261202T032735.json", "sim-dense-n220-20261202T032837.json",
       "sim-dense-n209-20261202T032944.json", "graph-dense-n220-20261202T032532.json"),
