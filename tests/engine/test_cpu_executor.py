@@ -81,6 +81,7 @@ def test_start_takes_several_beats_then_frames_come_out():
     assert not driver.ready(0)
 
 
+@pytest.mark.slow
 def test_beats_equal_the_reference_frames_with_forced_tokens_and_rolls_past_the_context():
     """Slot 1's beats equal VoiceChat.step frame by frame on a full (unwindowed) state, with a
     tool result forced over three frames; past max_context frames the session rolls (the
@@ -140,6 +141,7 @@ def test_beats_equal_the_reference_frames_with_forced_tokens_and_rolls_past_the_
     assert torch.allclose(mine.talker.v[1, :, :, :, :p], ref.talker.v[1, :, :, :, :p], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_long_call_keeps_talking_with_bounded_state():
     """The tiny model with a 64-frame context runs 1,000 frames: it rolls every few beats, its
     outputs keep flowing (no stretch of PAD-only text with silent audio, as a session had once

@@ -132,6 +132,7 @@ def test_a_sessions_outputs_do_not_depend_on_its_neighbours(name):
         np.testing.assert_allclose(p0, p1, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_a_session_at_the_end_of_its_context_rolls_and_runs_on(name):
     """Bug: a session that ran `max_context` frames was silenced (PAD and silence until it
     closed). Now it rolls: the plan names it with its sinks, it stays in every beat with real

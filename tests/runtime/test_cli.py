@@ -132,6 +132,7 @@ def test_bench_writes_json(tmp_path):
     assert 13.0 < res["p50_ms"] < 16.0
 
 
+@pytest.mark.slow
 def test_node_refuses_a_backend_it_cannot_run_with_a_clear_message():
     # Without a GPU the graph backend cannot start; with one, 100000 sessions do not fit.
     out = subprocess.run([PY, "-m", "wave_actors.node", "--backend", "graph", "--config", "full",

@@ -203,6 +203,7 @@ def test_duplicates_are_counted_in_frames_not_messages():
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_flood_limit_is_per_sender_not_per_chosen_identity():
     """Bug: the flood limit was keyed by the routing identity a client picks, so 36 fresh
     identities sent 7,366 messages unlimited. Here 30 identities from one address share one
@@ -242,6 +243,7 @@ def test_drain_refuses_opens_until_the_socket_closes_and_answers_those_in_flight
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_a_network_blip_detaches_and_resumes_every_session_of_the_connection():
     """Bug: a relay that reset the connection and refused reconnects for 0.5 s ended both
     sessions at once, with no `closed`. Now both resume by themselves and, at their close, get

@@ -250,6 +250,7 @@ def test_flood_is_shed_with_an_error_and_the_node_survives():
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_a_prompt_that_does_not_fit_is_refused_invalid_and_holds_no_slot():
     """Bug: instructions past the prompt positions, and tools past the model's five, were cut
     silently (the session ran with a prompt its caller never wrote)."""

@@ -142,10 +142,19 @@ def test_the_clock_gives_a_beat_its_time_left():
     # every beat the executor ran is recorded, but the drain may stop the last before its record
     assert len(seen) - 1 <= len(records) <= len(seen) and any(r.sessions for r in records)
     host = []                                        # the clock's share of beats with sessions
+    judged, prev = 0, None
     for t, r in zip(seen, records):
-        assert abs(t - (LATE_AFTER_S - r.begin_s - max(host[-16:], default=0.0))) < 1e-9
+        # a beat released while the one before still ran has no time of its own left: 0
+        prev_end = prev.release + prev.latency_s if prev is not None else -1.0
+        if prev_end > r.release + 1e-3:
+            assert t == 0.0, (t, r)
+        elif prev_end < r.release - 1e-3:
+            assert abs(t - (LATE_AFTER_S - r.begin_s - max(host[-16:], default=0.0))) < 1e-9
+            judged += 1
         if r.sessions:
             host.append(max(0.0, r.latency_s - r.begin_s - r.compute_s))
+        prev = r
+    assert judged >= len(records) // 2, (judged, len(records))
     assert max(host) > 0 and min(seen) < LATE_AFTER_S
 
 

@@ -380,6 +380,7 @@ def test_non_reading_client_is_bounded_then_disconnected(node):
 
 # ---- CURVE towards the node -------------------------------------------------------------
 
+@pytest.mark.slow
 def test_curve_keys_and_node_side_close(tmp_path):
     """With --curve-keys on the node, the bridge's keys (loaded the CLI's way) open a session;
     a bridge with an unknown key gets no session. A full node's refusal is an `error` and close

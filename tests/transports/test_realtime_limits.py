@@ -13,6 +13,7 @@ import asyncio
 import base64
 import json
 
+import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
@@ -50,6 +51,7 @@ def deltas(events: list) -> int:
     return sum(e["type"] == "response.output_audio.delta" for e in events)
 
 
+@pytest.mark.slow
 def test_big_g711_append_leaves_other_sessions_alive_and_arrives_whole(tmp_path):
     proc, endpoint = start_node(tmp_path)
 
