@@ -89,7 +89,7 @@ def main() -> int:
     live = asyncio.run(beats())
     res["start_beats_ms"] = start
     res["live_beats_ms"] = live
-    g = b._graphs[bucket_for(n, b.max_sessions), False]
+    g = b._graphs[bucket_for(n, b.max_sessions), 0]
     ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     reps = []
     for _ in range(5):

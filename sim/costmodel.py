@@ -26,6 +26,7 @@ class CostModel:
     tf32_flops_per_frame: float
     overhead_s_per_beat: float = 0.0
     start_rows_s: float = 0.0             # what a beat's start rows add to it
+    small_rows_s: float | None = None     # the same for the small row capture (None: as above)
     jitter_rel: float = 0.0
     usable_bytes: float = 148e9           # device memory the engine may use
     weights_bytes: float = 23.83e9

@@ -8,8 +8,9 @@ model's `beat_time(live sessions, mean context)`, slept on the node's clock (vir
 
 Session starts are the engine's: the clock's slot book plans them with the GPU executor's start
 shape (`slot_book.StartShape`) and the node's start policy, exactly as for the engine. A beat
-that carries start rows costs the cost model's `start_rows_s` more (the GPU's captured beat
-carries its rows whatever number of them is in use).
+that carries start rows costs the cost model's `start_rows_s` more, or `small_rows_s` when the
+start shape's small row capture holds them (the GPU replays the smallest capture that holds a
+beat's rows and pays for all of its rows, used or padded).
 """
 from __future__ import annotations
 
@@ -49,6 +50,15 @@ class SimExecutor:
     caps = REGISTRY["sim"].caps
     start_shape = StartShape()          # the GPU executor's: the sim's starts are the engine's
     on_launched = None
+
+    def _rows_s(self, rows: int) -> float:
+        """What `rows` start rows add to a beat: by the capture the GPU would replay."""
+        if not rows:
+            return 0.0
+        small = self.cost.small_rows_s
+        if small is not None and self.start_shape.capture_for(rows) < self.start_shape.start_rows:
+            return small
+        return self.cost.start_rows_s
 
     def __init__(self, options: ExecutorOptions, cost: CostModel | None = None,
                  clock: Clock | None = None, trace: bool = False):
@@ -98,7 +108,7 @@ class SimExecutor:
         live_s = self.cost.beat_time(len(plan.live), context)
         if self.cost.jitter_rel:
             live_s *= max(0.0, 1.0 + self.cost.jitter_rel * self._rng.gauss(0.0, 1.0))
-        rows_s = self.cost.start_rows_s if plan.rows else 0.0
+        rows_s = self._rows_s(len(plan.rows))
         if self.trace is not None:                 # what the executor was handed, at hand-over
             for slot in plan.live:
                 for f in range(FRAMES_PER_BEAT):

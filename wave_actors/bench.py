@@ -549,10 +549,10 @@ def main(argv=None, command: str | None = None) -> int:
                   f"{slots['budget_ms']} ms)", flush=True)
         rows = extra["engine"].get("start_rows")
         if rows:
-            print(f"start rows: {rows['rows']} × {rows['chunk']} prompt positions in every beat "
-                  f"that starts a session: {rows['beat_with_rows_ms']} ms against "
-                  f"{rows['beat_ms']} ms for {rows['at_sessions']} sessions (idle caches)",
-                  flush=True)
+            print(f"start rows: up to {rows['rows']} × {rows['chunk']} prompt positions in a beat "
+                  f"that starts sessions: {rows['beat_with_rows_ms']} ms against "
+                  f"{rows['beat_ms']} ms for {rows['at_sessions']} sessions (idle caches); ms "
+                  f"added by the rows a capture holds: {rows.get('added_ms_by_rows')}", flush=True)
     if args.find_max:
         n, seen = find_max(args, backend, ceiling)
         runs = seen.get(n) or measure(args, n, backend)

@@ -5,12 +5,13 @@ frames per beat as one CUDA-graph replay.
     start; the extra slot is a trash row that padded batch entries read from and write into;
   - the model's decode hooks routed to the Triton kernels (`decode_ops`), so per-session state is
     updated in place and attention reads only the context in use;
-  - one graph per batch-size bucket, and a second one per bucket that also carries the start
-    rows: `start_rows` starting sessions' next prompt chunks (padded rows go to the trash slot),
-    beside the live rows, so a session's start is part of a captured beat and no eager start
-    work runs while serving. The largest bucket's pair is captured when the executor is built,
-    and what the rows add to its beat is measured then (`describe()["start_rows"]`); the
-    others are captured by `prepare` between beats. The talker's warm-up is copied in with the
+  - one graph per batch-size bucket, and two more per bucket that also carry start rows:
+    `small_rows` or `start_rows` starting sessions' next prompt chunks (padded rows go to the
+    trash slot), beside the live rows, so a session's start is part of a captured beat and no
+    eager start work runs while serving; a beat replays the smallest capture that holds its
+    rows. The largest bucket's graphs are captured when the executor is built, and what the
+    rows add to its beat is measured then (`describe()["start_rows"]`); the others are
+    captured by `prepare` between beats. The talker's warm-up is copied in with the
     slot's reset;
   - one copy each way per beat: the clock packs frames straight into this executor's pinned
     input ring, which goes to the device as it is (the rows up to the highest live slot); the
@@ -184,7 +185,7 @@ class GraphExecutor:
                       "user": torch.full((s, FRAMES_PER_BEAT, MAX_USER_TOKENS), NO_TOKEN,
                                          dtype=torch.int32, device=dev)}
         self._pinned: dict[int, torch.Tensor] = {}        # a ring array's address → its tensor
-        self._graphs: dict[tuple[int, bool], _Captured] = {}   # (bucket, with start rows)
+        self._graphs: dict[tuple[int, int], _Captured] = {}   # (bucket, start rows it holds)
         self._pool = torch.cuda.graph_pool_handle()
         self.streamed = StreamedBeat(self.model, self.device) if streams else None
         self.poll = options.beat_wait == "poll"
@@ -220,9 +221,7 @@ class GraphExecutor:
             "beat_ms_at_context": {}}
         self.max_sessions = self.slots["sessions"]
         top = bucket_for(self.max_sessions, self.max_sessions)
-        self._capture(top, False)
-        if (top, True) not in self._graphs:
-            self._capture(top, True)
+        self.prepare(top)
         self.start_rows_cost = self._time_start_rows(top)
         if not sizing:
             self.slots["beat_ms_at_context"][top] = round(1e3 * self._beat_at_context(top), 2)
@@ -307,8 +306,8 @@ class GraphExecutor:
         if self.on_launched is not None:
             self.on_launched()
         if not synced:
-            g = self._graph_for(len(plan.live), bool(plan.rows))
-            recent = self._recent.setdefault((g.bucket, bool(plan.rows)),
+            g = self._graph_for(len(plan.live), len(plan.rows))
+            recent = self._recent.setdefault((g.bucket, g.start_rows),
                                              collections.deque(maxlen=8))
             await self._device_done(t0, min(recent, default=None))
             recent.append(1e-3 * self._beat_start.elapsed_time(self._beat_done))
@@ -368,7 +367,7 @@ class GraphExecutor:
         per-row values into the bucket's buffers, the replay, the output rows back into the
         output ring: all queued on the device, nothing waited for."""
         n, hi = len(plan.live), max(plan.live, default=-1) + 1
-        g = self._graph_for(n, bool(plan.rows))
+        g = self._graph_for(n, len(plan.rows))
         h = g.h_in
         h["slots"][:n] = torch.from_numpy(np.asarray(plan.live, np.int64))
         h["slots"][n:] = self.trash
@@ -405,16 +404,18 @@ class GraphExecutor:
         self.state.talker.position[idx] += n
 
     def prepare(self, sessions: int) -> None:
-        """Capture the bucket that `sessions` live sessions use, with and without start rows
+        """Capture the bucket that `sessions` live sessions use, with each row capture
         (outside any beat)."""
         b = bucket_for(sessions, self.max_sessions)
-        for rows in (False, True):
+        for rows in self.start_shape.row_captures:
             if (b, rows) not in self._graphs:
                 self._capture(b, rows)
 
-    def _graph_for(self, n: int, rows: bool) -> _Captured:
-        """The smallest captured bucket that holds n sessions (extra rows are padding)."""
-        return self._graphs[min(b for b, r in self._graphs if b >= n and r == rows), rows]
+    def _graph_for(self, n: int, rows: int) -> _Captured:
+        """The smallest captured bucket that holds n sessions, with the smallest row capture
+        that holds `rows` start rows (extra rows are padding)."""
+        cap = self.start_shape.capture_for(rows)
+        return self._graphs[min(b for b, r in self._graphs if b >= n and r == cap), cap]
 
     def _beat_body(self, g: _Captured) -> None:
         """What one replay does: gather the bucket's audio rows by slot, two frames, scatter the
@@ -444,10 +445,9 @@ class GraphExecutor:
             window = st.window(self._prompt_window, st.talker.max_positions)
             self.model.prefill_chunk(window, d["row_slots"], d["row_tokens"], d["row_valid"])
 
-    def _capture(self, bucket: int, rows: bool) -> _Captured:
+    def _capture(self, bucket: int, rows: int) -> _Captured:
         t0 = time.perf_counter()
-        g = _Captured(bucket, self.device, self.start_shape.start_rows if rows else 0,
-                      self.start_shape.prefill_chunk)
+        g = _Captured(bucket, self.device, rows, self.start_shape.prefill_chunk)
         g.d_in["slots"].fill_(self.trash)
         g.d_in["forced"].fill_(-1)
         if rows:
@@ -503,9 +503,10 @@ class GraphExecutor:
         """The device time of the n-session beat with start rows (padded, as at build) when
         every one of its sessions' caches is full: the fastest of a few replays. The rows it
         writes belong to no session (every open resets its slot)."""
-        if (n, True) not in self._graphs:
-            self._capture(n, True)
-        g = self._graphs[n, True]
+        full = self.start_shape.start_rows
+        if (n, full) not in self._graphs:
+            self._capture(n, full)
+        g = self._graphs[n, full]
         st = self.state
         g.d_in["slots"].copy_(torch.arange(n, device=self.device))
         best = math.inf
@@ -544,11 +545,14 @@ class GraphExecutor:
                 b.synchronize()
                 best = min(best, a.elapsed_time(b) / 1e3)
             return best
-        plain, rows = fastest(self._graphs[bucket, False]), fastest(self._graphs[bucket, True])
-        cost = {"rows": self.start_shape.start_rows, "chunk": self.start_shape.prefill_chunk,
+        shape = self.start_shape
+        plain = fastest(self._graphs[bucket, 0])
+        added = {c: round(1e3 * (fastest(self._graphs[bucket, c]) - plain), 2)
+                 for c in shape.row_captures if c}
+        cost = {"rows": shape.start_rows, "chunk": shape.prefill_chunk,
                 "at_sessions": bucket, "beat_ms": round(1e3 * plain, 2),
-                "beat_with_rows_ms": round(1e3 * rows, 2),
-                "added_ms": round(1e3 * (rows - plain), 2)}
+                "beat_with_rows_ms": round(1e3 * plain + added[shape.start_rows], 2),
+                "added_ms": added[shape.start_rows], "added_ms_by_rows": added}
         log.info("start rows: %d rows of %d prompt positions add %.1f ms to the %d-session beat "
                  "(%.1f ms without, idle caches)", cost["rows"], cost["chunk"], cost["added_ms"],
                  bucket, cost["beat_ms"])

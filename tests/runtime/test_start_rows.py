@@ -14,7 +14,7 @@ from transports.client import Refused
 from wave_actors.clock import LATE_AFTER_S
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.slot_book import SlotBook, StartShape
+from wave_actors.core.slot_book import SMALL_START_ROWS, START_ROWS, SlotBook, StartShape
 from wave_actors.core.start_policy import BudgetedStarts, EagerStarts
 
 
@@ -194,3 +194,26 @@ def test_a_burst_of_opens_is_answered_within_the_beats_its_rows_take(tmp_path):
     finally:
         vn.close()
     assert len(waits) == 20 and max(waits) <= 1.0
+
+
+def test_a_beat_replays_the_smallest_row_capture_that_holds_its_rows():
+    """The bug it catches: a beat with one start row paying for sixteen (the only capture), or
+    a beat with five rows handed a capture of four (a row silently dropped)."""
+    shape = StartShape()
+    assert shape.row_captures == (0, SMALL_START_ROWS, START_ROWS)
+    assert [shape.capture_for(k) for k in (0, 1, SMALL_START_ROWS, SMALL_START_ROWS + 1,
+                                           START_ROWS)] == [0, SMALL_START_ROWS, SMALL_START_ROWS,
+                                                            START_ROWS, START_ROWS]
+    assert StartShape(small_rows=0).row_captures == (0, START_ROWS)
+    assert StartShape(start_rows=4, small_rows=4).row_captures == (0, 4)
+    with pytest.raises(ValueError):
+        StartShape(small_rows=-1)
+
+
+def test_the_simulator_charges_a_beat_by_the_capture_it_would_replay():
+    from sim.costmodel import CostModel
+    from sim.executor import SimExecutor
+    sim = SimExecutor(ExecutorOptions(max_sessions=4), CostModel.load())
+    assert sim._rows_s(0) == 0.0
+    assert sim._rows_s(1) == sim._rows_s(SMALL_START_ROWS) == sim.cost.small_rows_s
+    assert sim._rows_s(SMALL_START_ROWS + 1) == sim._rows_s(START_ROWS) == sim.cost.start_rows_s
