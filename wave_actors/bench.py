@@ -505,6 +505,8 @@ def parse_args(argv=None):
     ap.add_argument("--release-hold-ms", type=float, default=1e3 * ClockPolicy().release_hold_s,
                     help="clock policy: session actors' output work waits this long before a "
                          "release until the beat is queued (0: off)")
+    ap.add_argument("--hold-inputs", action="store_true",
+                    help="clock policy: client audio waits through the same hold")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     if args.virtual and not entry(args.backend).caps.modelled_time:
@@ -512,7 +514,8 @@ def parse_args(argv=None):
                  f"takes real time")
     try:
         args.start_policy = make_policy(args.policy) if args.policy else None
-        args.clock_policy = ClockPolicy(release_hold_s=args.release_hold_ms / 1e3)
+        args.clock_policy = ClockPolicy(release_hold_s=args.release_hold_ms / 1e3,
+                                        hold_inputs=args.hold_inputs)
     except (PolicyError, ValueError) as exc:
         ap.error(str(exc))
     if args.sessions < 1 or args.beats < 1 or args.runs < 1:

@@ -343,10 +343,10 @@ class BeatClockActor(Actor):
 
     # -- the beat ---------------------------------------------------------------------------------
     async def output_turn(self) -> None:
-        """Session actors await this before a beat's output work (resampling, encoding, sending):
-        it returns at once except from `policy.release_hold_s` before a release until that
-        beat's device work is queued, so that work runs beside the device's instead of in front
-        of the release."""
+        """Session actors await this before a beat's output work (resampling, encoding, sending)
+        and, where the policy holds inputs, before a client's audio: it returns at once except
+        from `policy.release_hold_s` before a release until that beat's device work is queued,
+        so that work runs beside the device's instead of in front of the release."""
         if not self._outputs_free.is_set():
             await self._outputs_free.wait()
 

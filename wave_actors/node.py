@@ -572,7 +572,9 @@ class Node:
                             self.executor.text_codec, self.executor.user_codec, self.clock,
                             lambda actor, why: self._close_session(route, actor, why),
                             self._function_tokens,
-                            output_turn=lambda: self.clock_actor.output_turn())
+                            output_turn=lambda: self.clock_actor.output_turn(),
+                            input_turn=(lambda: self.clock_actor.output_turn())
+                            if self.cfg.clock_policy.hold_inputs else None)
 
     def _deliver(self, route: Route, out: BeatOut) -> bool:
         """The clock's route for a session's beat outputs: into its actor's mailbox."""

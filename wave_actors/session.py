@@ -110,13 +110,15 @@ class SessionActor(Actor):
                  text_codec: TextCodec, user_codec: TextCodec, clock: Clock,
                  on_close: Callable[["SessionActor", Close], Any],
                  on_function_tokens: Callable[["SessionActor", list[int]], None],
-                 output_turn: Callable[[], Awaitable[None]] | None = None):
+                 output_turn: Callable[[], Awaitable[None]] | None = None,
+                 input_turn: Callable[[], Awaitable[None]] | None = None):
         super().__init__(f"session:{cfg.session}")
         self.cfg, self.ctx, self.clock = cfg, ctx, clock
         self._send, self._on_close = send, on_close
         self._on_function_tokens = on_function_tokens
         self._handle = (cfg.handle.slot, cfg.handle.generation)
         self._output_turn = output_turn     # the clock's BeatClockActor.output_turn
+        self._input_turn = input_turn       # the same, where the clock policy holds inputs
         self._text_codec = text_codec
         self.counters = SessionCounters()
         self.mailbox.on_drop = self._count_mailbox_drop
@@ -175,6 +177,8 @@ class SessionActor(Actor):
     # -- messages ---------------------------------------------------------------------------------
     async def handle(self, msg: Any) -> Any:
         if isinstance(msg, AudioIn):
+            if self._input_turn is not None:     # not across a release either
+                await self._input_turn()
             self._on_audio(msg)
         elif isinstance(msg, BeatOut):
             if self._output_turn is not None:    # not across a release: the beat goes first

@@ -97,3 +97,38 @@ async def _audio(cs, n: int) -> list:
         if isinstance(ev, Audio):
             got.append(ev)
     return got
+
+
+def test_with_hold_inputs_client_audio_waits_out_the_hold_too():
+    """ClockPolicy(hold_inputs=True): audio that reaches a session inside a hold is taken in at
+    that beat's launch, not before (the bug it catches: a burst of input work run just before a
+    release, delaying it); outside a hold it is taken in at once, and none is lost."""
+    vn = VirtualNode(2, executor=LaunchingSim, clock_policy=ClockPolicy(hold_inputs=True))
+    try:
+        cs = vn.run(vn.client.open("a", sample_rate=16000, format="pcm_f32le"))
+        clock = vn.node.clock_actor
+        actor = next(iter(vn.node.bindings.routes.values())).actor
+        seen: list[tuple[float, int]] = []
+
+        async def send_at(at: float) -> None:
+            await vn.clock.sleep_until(at)
+            before = actor.counters.messages_in
+            await cs.send_audio(bytes(4 * 1280))
+            while actor.counters.messages_in == before:
+                await vn.clock.sleep(1e-4)
+            seen.append((at, vn.clock.now()))
+
+        async def body():
+            k = int((vn.clock.now() - clock.t0) / BEAT_S) + 2
+            inside = clock.t0 + k * BEAT_S - OUT_HOLD_S / 2
+            outside = clock.t0 + (k + 1) * BEAT_S + BEAT_S / 2
+            await send_at(inside)
+            await send_at(outside)
+        vn.run(body())
+        (asked_in, took_in), (asked_out, took_out) = seen
+        launch = next(t for t in vn.executor.launches if t > asked_in)
+        assert abs(took_in - launch) < 2e-4, (asked_in, took_in, launch)
+        assert took_out - asked_out < 2e-4
+        assert actor.counters.messages_in == 2
+    finally:
+        vn.close()

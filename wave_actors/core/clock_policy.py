@@ -17,6 +17,12 @@ class ClockPolicy:
     # work is queued: output work of the previous beat that wakes just before a release would
     # otherwise run first and delay it. 0 turns the hold off.
     release_hold_s: float = 3e-3
+    # With hold_inputs, their input work (a client's audio resampled, cut into frames, sent to
+    # the clock) waits through the same hold: a burst of frames from many callers just before a
+    # release would otherwise run first, and the release waits behind it. A frame held so misses
+    # this beat only if its session's buffer was empty. Off until measured on a GPU host: on a
+    # small CPU host it did not shorten the release's wake.
+    hold_inputs: bool = False
     # The release's last stretch is spun on the loop, not timed: a timer may fire up to a
     # millisecond late (uvloop's are whole milliseconds).
     release_spin_s: float = 1e-3
