@@ -36,6 +36,7 @@ from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.registry import NAMES, described, entry, make_executor
 from wave_actors.core.spread import spread_ms
 from wave_actors.node import Node, NodeConfig
+from wave_actors.node_cli import sized_slots
 from wave_actors.serving_process import serving_process
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
@@ -544,12 +545,8 @@ def main(argv=None, command: str | None = None) -> int:
         slots = min(args.max_find, ceiling) if args.find_max else args.sessions + args.burst
         backend = make_executor_for(args, slots)
         extra["engine"] = backend.describe()
-        slots = extra["engine"].get("slots")
-        if slots:
-            print(f"slots: {slots['sessions']} ({slots['decided_by']}); memory holds "
-                  f"{slots['memory_ceiling']}; the beat with start rows at full context takes "
-                  f"{slots['beat_ms_at_context']} ms by sessions (a node sizing itself allows "
-                  f"{slots['budget_ms']} ms)", flush=True)
+        if extra["engine"].get("slots"):
+            print(f"slots: {sized_slots(extra['engine']['slots'])}", flush=True)
         rows = extra["engine"].get("start_rows")
         if rows:
             print(f"start rows: up to {rows['rows']} × {rows['chunk']} prompt positions in a beat "

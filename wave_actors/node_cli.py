@@ -111,7 +111,13 @@ def slots_line(facts: dict, args) -> str:
     if not slots:
         how = "--max-sessions" if args.max_sessions is not None else "the default"
         return f"slots: {facts['max_sessions']} ({how})"
-    return (f"slots: {slots['sessions']}, by {slots['decided_by']}; device memory holds "
+    return f"slots: {sized_slots(slots)}"
+
+
+def sized_slots(slots: dict) -> str:
+    """A device executor's `describe()["slots"]` in words: the count, how it was decided and
+    the measured beats it rests on."""
+    return (f"{slots['sessions']}, by {slots['decided_by']}; device memory holds "
             f"{slots['memory_ceiling']}; beat with start rows at full context (ms by sessions): "
             f"{slots['beat_ms_at_context']}, budget {slots['budget_ms']} ms")
 

@@ -470,10 +470,11 @@ class GraphExecutor:
         return g
 
     def _size_slots(self, most: int, ceiling: int) -> dict:
-        """The most sessions, at most `most` (the memory `ceiling`, or the largest bucket), whose beat with start rows at full context the
-        device runs within ON_TIME_SHARE of a beat: measured at the ceiling and at half of it,
-        a line through the two (past the weight reads a beat's time grows with its rows) gives
-        a count, and the count is measured in turn until it fits. Graphs above it are dropped."""
+        """The most sessions, at most `most` (the memory `ceiling`, or the largest bucket), whose
+        beat with start rows at full context the device runs within ON_TIME_SHARE of a beat:
+        measured at `most` and at half of it, a line through the two (past the weight reads a
+        beat's time grows with its rows) gives a count, and the count is measured in turn until
+        it fits. Graphs above it are dropped."""
         budget = ON_TIME_SHARE * BEAT_S
         probes: dict[int, float] = {}
 
@@ -499,20 +500,13 @@ class GraphExecutor:
                 "memory_ceiling": ceiling, "budget_ms": round(1e3 * budget, 1),
                 "beat_ms_at_context": {k: round(1e3 * v, 2) for k, v in sorted(probes.items())}}
 
-    def _beat_at_context(self, n: int, replays: int = 3) -> float:
-        """The device time of the n-session beat with start rows (padded, as at build) when
-        every one of its sessions' caches is full: the fastest of a few replays. The rows it
-        writes belong to no session (every open resets its slot)."""
-        full = self.start_shape.start_rows
-        if (n, full) not in self._graphs:
-            self._capture(n, full)
-        g = self._graphs[n, full]
-        st = self.state
-        g.d_in["slots"].copy_(torch.arange(n, device=self.device))
+    def _fastest_replay(self, g: _Captured, replays: int, before=None) -> float:
+        """The device time of `g`'s beat, the fastest of `replays` replays (eagerly without a
+        graph); `before()` runs ahead of each, outside the timed part."""
         best = math.inf
         for _ in range(replays):
-            st.thinker.length[:n] = st.thinker.max_positions - FRAMES_PER_BEAT
-            st.talker.position[:n] = st.talker.max_positions - FRAMES_PER_BEAT
+            if before is not None:
+                before()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             if g.graph is not None:
@@ -523,6 +517,23 @@ class GraphExecutor:
             b.record()
             b.synchronize()
             best = min(best, a.elapsed_time(b) / 1e3)
+        return best
+
+    def _beat_at_context(self, n: int, replays: int = 3) -> float:
+        """The device time of the n-session beat with start rows (padded, as at build) when
+        every one of its sessions' caches is full: the fastest of a few replays. The rows it
+        writes belong to no session (every open resets its slot)."""
+        full = self.start_shape.start_rows
+        if (n, full) not in self._graphs:
+            self._capture(n, full)
+        g = self._graphs[n, full]
+        st = self.state
+
+        def full_caches() -> None:       # each replay advances them: set again before each
+            st.thinker.length[:n] = st.thinker.max_positions - FRAMES_PER_BEAT
+            st.talker.position[:n] = st.talker.max_positions - FRAMES_PER_BEAT
+        g.d_in["slots"].copy_(torch.arange(n, device=self.device))
+        best = self._fastest_replay(g, replays, full_caches)
         g.d_in["slots"].fill_(self.trash)
         st.thinker.length.zero_()
         st.talker.position.zero_()
@@ -532,19 +543,7 @@ class GraphExecutor:
         """What the start rows add to the `bucket`-session beat, replayed on the idle device
         (all rows padded: the same kernels as rows in use), the fastest of a few replays each."""
         def fastest(g: _Captured) -> float:
-            best = math.inf
-            for _ in range(replays):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                if g.graph is not None:
-                    g.graph.replay()
-                else:
-                    with torch.no_grad():
-                        self._beat_body(g)
-                b.record()
-                b.synchronize()
-                best = min(best, a.elapsed_time(b) / 1e3)
-            return best
+            return self._fastest_replay(g, replays)
         shape = self.start_shape
         plain = fastest(self._graphs[bucket, 0])
         added = {c: round(1e3 * (fastest(self._graphs[bucket, c]) - plain), 2)
