@@ -11,6 +11,9 @@ beat's latency. Two cheaper paths, used only from the loop's thread:
   - `batches`: a receive loop awaits one message, then takes what else is already queued
     synchronously (a beat's outputs arrive together), up to DRAIN_MAX before it lets the loop
     run other tasks.
+Both call the compiled socket's send and recv directly (`send_now`, `recv_now`): pyzmq's Python
+layer over them checks types and combines flag enums on every part, several µs a part, which at
+a few hundred sessions is milliseconds of every beat.
 ZMQ signals readiness on an edge-triggered descriptor, and any operation on the socket (a send
 included) may consume that edge. The asyncio socket re-checks its events after its own
 operations only, so after ours it is asked to (`kick`, once per loop iteration at most). Without
@@ -26,6 +29,27 @@ import zmq
 import zmq.asyncio
 
 DRAIN_MAX = 64       # a few ms of handling at most before other tasks (a finished beat) run
+
+_SEND, _RECV, _GET = zmq.backend.Socket.send, zmq.backend.Socket.recv, zmq.backend.Socket.get
+NOBLOCK, _SNDMORE, _RCVMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.RCVMORE)
+
+
+def send_now(sock: zmq.Socket, frames: list) -> None:
+    """A multipart message (bytes or buffers) on a synchronous socket, without waiting: raises
+    zmq.ZMQError (zmq.Again: no room) as pyzmq's send_multipart(flags=NOBLOCK) does. Only the
+    first part can fail for room or peer: ZMQ takes the rest of a message it has begun."""
+    last = len(frames) - 1
+    for i in range(last):
+        _SEND(sock, frames[i], NOBLOCK | _SNDMORE)
+    _SEND(sock, frames[last], NOBLOCK)
+
+
+def recv_now(sock: zmq.Socket, copy: bool = True) -> list:
+    """The next multipart message queued on a synchronous socket, or zmq.Again at once."""
+    parts = [_RECV(sock, NOBLOCK, copy)]
+    while _GET(sock, _RCVMORE):
+        parts.append(_RECV(sock, NOBLOCK, copy))
+    return parts
 
 
 def twin(sock: zmq.asyncio.Socket) -> zmq.Socket:
@@ -51,7 +75,7 @@ class Tx:
         if self.sock.closed:          # the twin would use the freed socket: refuse like pyzmq
             raise zmq.ZMQError(zmq.ENOTSOCK)
         try:
-            self.sync.send_multipart(frames, flags=zmq.NOBLOCK)
+            send_now(self.sync, frames)
         finally:
             if not self._kick_due:
                 self._kick_due = True
@@ -65,12 +89,20 @@ class Tx:
 
 async def batches(sock: zmq.asyncio.Socket, sync: zmq.Socket, copy: bool = True
                   ) -> AsyncIterator[list]:
-    """Lists of multipart messages in arrival order: one awaited, then the queued rest."""
+    """Lists of multipart messages in arrival order: the first (awaited if none is queued),
+    then the queued rest."""
     while True:
-        batch = [await sock.recv_multipart(copy=copy)]
+        # One turn of the loop between batches, so a busy socket lets other tasks run; then a
+        # message already queued is taken without pyzmq's futures, and only an empty socket is
+        # awaited.
+        await asyncio.sleep(0)
+        try:
+            batch = [recv_now(sync, copy)]
+        except zmq.Again:
+            batch = [await sock.recv_multipart(copy=copy)]
         while len(batch) < DRAIN_MAX:
             try:
-                batch.append(sync.recv_multipart(flags=zmq.NOBLOCK, copy=copy))
+                batch.append(recv_now(sync, copy))
             except zmq.Again:
                 break
         kick(sock)

@@ -508,6 +508,9 @@ def parse_args(argv=None):
                          "release until the beat is queued (0: off)")
     ap.add_argument("--hold-inputs", action="store_true",
                     help="clock policy: client audio waits through the same hold")
+    ap.add_argument("--output-slice", type=int, default=ClockPolicy().output_slice,
+                    help="clock policy: sessions that start their output work in one turn of "
+                         "the event loop (0: all at once)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     if args.virtual and not entry(args.backend).caps.modelled_time:
@@ -516,7 +519,8 @@ def parse_args(argv=None):
     try:
         args.start_policy = make_policy(args.policy) if args.policy else None
         args.clock_policy = ClockPolicy(release_hold_s=args.release_hold_ms / 1e3,
-                                        hold_inputs=args.hold_inputs)
+                                        hold_inputs=args.hold_inputs,
+                                        output_slice=args.output_slice)
     except (PolicyError, ValueError) as exc:
         ap.error(str(exc))
     if args.sessions < 1 or args.beats < 1 or args.runs < 1:

@@ -45,6 +45,7 @@ from wave_actors.core.timebase import Clock
 from wave_actors.gc_pauses import GcPauses, collect_between_beats
 from wave_actors.runtime import Actor
 from wave_actors.session import BeatOut
+from wave_actors.turns import OutputTurns
 
 LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
 
@@ -172,13 +173,12 @@ class BeatClockActor(Actor):
         self._sock: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self.t0: float | None = None
-        self._outputs_free = asyncio.Event()
-        self._outputs_free.set()
+        self.turns = OutputTurns(policy.output_slice)
         # The clock's own share of recent beats (latency less the executor's compute): what an
         # executor must leave of a beat's 160 ms (BeatInput.time_left_s).
         self._host_s: collections.deque = collections.deque(maxlen=16)
         if executor.caps.reports_launch:
-            executor.on_launched = self._outputs_free.set
+            executor.on_launched = self.turns.free
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -206,6 +206,7 @@ class BeatClockActor(Actor):
 
     async def on_stop(self) -> None:
         self.gc.uninstall()
+        self.turns.free()                    # no session waits on a stopped clock
         for task in [*self._tasks, self._inflight]:
             if task is not None:
                 task.cancel()
@@ -316,7 +317,7 @@ class BeatClockActor(Actor):
         sync = self._tx.sync
         while True:
             try:
-                self._frame_in(sync.recv_multipart(flags=zmq.NOBLOCK))
+                self._frame_in(zsock.recv_now(sync))
             except zmq.Again:
                 break
         zsock.kick(self._sock)           # the reads consumed the socket's edge: re-arm its reader
@@ -343,12 +344,13 @@ class BeatClockActor(Actor):
 
     # -- the beat ---------------------------------------------------------------------------------
     async def output_turn(self) -> None:
-        """Session actors await this before a beat's output work (resampling, encoding, sending)
-        and, where the policy holds inputs, before a client's audio: it returns at once except
-        from `policy.release_hold_s` before a release until that beat's device work is queued,
-        so that work runs beside the device's instead of in front of the release."""
-        if not self._outputs_free.is_set():
-            await self._outputs_free.wait()
+        """Returns when a session's work may run: at once, except from `policy.release_hold_s`
+        before a release until that beat's device work is queued (so that work runs beside the
+        device's instead of in front of the release), and a few pieces of work a turn of the
+        loop (`policy.output_slice`), so the release's timer fires between them. Session actors
+        queue their output work in `turns` instead; this is for a client's audio where the
+        policy holds inputs."""
+        await self.turns.turn()
 
     async def _beat_loop(self) -> None:
         self.t0 = self.clock.now()
@@ -358,14 +360,14 @@ class BeatClockActor(Actor):
                 await self._beat(k)
             finally:
                 if self._inflight is None or self._inflight.done():
-                    self._outputs_free.set()      # whatever happened, outputs are never held on
+                    self.turns.free()             # whatever happened, outputs are never held on
             k += 1
 
     async def _beat(self, k: int) -> None:
         release = self.t0 + k * BEAT_S
         if self.policy.release_hold_s:
             await self.clock.sleep_until(release - self.policy.release_hold_s)
-            self._outputs_free.clear()
+            self.turns.hold()
         await self.clock.sleep_until(release, spin=self.policy.release_spin_s)
         wake = self.clock.now() - release
         # Frames that arrived by now go into this beat. They are read here, synchronously:
@@ -398,11 +400,11 @@ class BeatClockActor(Actor):
                 handed.set_result(None)
         if not (plan.live or plan.rows or plan.resets):
             self.table.complete(packed, late=False)
-            self._outputs_free.set()
+            self.turns.free()
             collect_between_beats(k)
             return
         if not self.executor.caps.reports_launch:
-            self._outputs_free.set()
+            self.turns.free()
         self.executor.submit(plan, inp, out)
         self._inflight = asyncio.get_running_loop().create_task(
             self._finish(k, release, plan, packed, out, begin, wake, frames_read))
@@ -415,7 +417,7 @@ class BeatClockActor(Actor):
             await self.executor.wait()
             out.compute_s = self.executor.collect(plan, out)
         finally:
-            self._outputs_free.set()
+            self.turns.free()
         self.book.observe(plan, out.compute_s)
         returned = self.clock.now() - release
         in_beat = bool(packed.slots)

@@ -572,7 +572,7 @@ class Node:
                             self.executor.text_codec, self.executor.user_codec, self.clock,
                             lambda actor, why: self._close_session(route, actor, why),
                             self._function_tokens,
-                            output_turn=lambda: self.clock_actor.output_turn(),
+                            run_output=lambda work: self.clock_actor.turns.run(work),
                             input_turn=(lambda: self.clock_actor.output_turn())
                             if self.cfg.clock_policy.hold_inputs else None)
 
@@ -600,6 +600,7 @@ class Node:
 
     async def _finish(self, route: Route, actor: SessionActor, reason: str) -> None:
         actor.take_queued_audio()
+        actor.flush_outputs()
         stats = await self._release(actor)
         # A detached session's `closed` waits for its client's resume (which fetches it).
         self._send_route(route, P.pack("closed", route.session, stats=stats))

@@ -18,6 +18,7 @@ the node routes to the connection the session is bound to (or holds while it is 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -37,6 +38,7 @@ from wave_actors.core.session_table import END_OF_STREAM, FRAME_HEADER
 from wave_actors.core.text import TextStream
 from wave_actors.core.timebase import Clock
 from wave_actors.runtime import Actor, ActorStopped
+from wave_actors.turns import Turn
 
 log = logging.getLogger("wave.session")
 
@@ -68,6 +70,11 @@ class Close:
 class BeatOut:
     header: dict
     pcm: np.ndarray          # [frames, SAMPLES_OUT] float32, a row of the beat's output copy
+
+
+@dataclass
+class _OutputFailed:
+    exc: Exception
 
 
 @dataclass
@@ -110,14 +117,17 @@ class SessionActor(Actor):
                  text_codec: TextCodec, user_codec: TextCodec, clock: Clock,
                  on_close: Callable[["SessionActor", Close], Any],
                  on_function_tokens: Callable[["SessionActor", list[int]], None],
-                 output_turn: Callable[[], Awaitable[None]] | None = None,
+                 run_output: Callable[[Callable[[], None]], Turn | None] | None = None,
                  input_turn: Callable[[], Awaitable[None]] | None = None):
         super().__init__(f"session:{cfg.session}")
         self.cfg, self.ctx, self.clock = cfg, ctx, clock
         self._send, self._on_close = send, on_close
         self._on_function_tokens = on_function_tokens
         self._handle = (cfg.handle.slot, cfg.handle.generation)
-        self._output_turn = output_turn     # the clock's BeatClockActor.output_turn
+        # The clock's OutputTurns.run: a beat's output work runs in its turn, not across a
+        # release; what waits is kept in order, to be sent before `closed` (`flush_outputs`).
+        self._run_output = run_output
+        self._queued_out: collections.deque[Turn] = collections.deque()
         self._input_turn = input_turn       # the same, where the clock policy holds inputs
         self._text_codec = text_codec
         self.counters = SessionCounters()
@@ -169,6 +179,9 @@ class SessionActor(Actor):
         self._tx = zsock.Tx(self._sock)
 
     async def on_stop(self) -> None:
+        for turn in self._queued_out:         # nothing of a stopped session runs later
+            turn.cancel()
+        self._queued_out.clear()
         if self._gap_timer is not None:
             self._gap_timer.cancel()
         if self._sock is not None:
@@ -181,9 +194,12 @@ class SessionActor(Actor):
                 await self._input_turn()
             self._on_audio(msg)
         elif isinstance(msg, BeatOut):
-            if self._output_turn is not None:    # not across a release: the beat goes first
-                await self._output_turn()
-            self._on_beat(msg)
+            if self._run_output is None:
+                self._on_beat(msg)
+            elif (turn := self._run_output(lambda: self._beat_in_turn(msg))) is not None:
+                self._queued_out.append(turn)
+        elif isinstance(msg, _OutputFailed):
+            raise msg.exc
         elif isinstance(msg, GapDue):
             self._take(self._reorder.due(self.clock.now()))
         elif isinstance(msg, FunctionResult):
@@ -255,6 +271,22 @@ class SessionActor(Actor):
                 self.counters.engine_unavailable += 1     # the clock is restarting
             self._frame_no += 1
         self._pending = pending[n * SAMPLES_IN:].copy()
+
+    def _beat_in_turn(self, msg: BeatOut) -> None:
+        while self._queued_out and not self._queued_out[0].pending:
+            self._queued_out.popleft()
+        try:
+            self._on_beat(msg)
+        except Exception as exc:      # fails the actor, as a failure in `handle` does
+            try:
+                self.tell(_OutputFailed(exc))
+            except ActorStopped:
+                log.exception("output work of a stopped session failed")
+
+    def flush_outputs(self) -> None:
+        """At close: outputs still waiting for their turn are sent now, before `closed`."""
+        while self._queued_out:
+            self._queued_out.popleft().run_now()
 
     def _on_beat(self, msg: BeatOut) -> None:
         h = msg.header

@@ -12,7 +12,12 @@ from dataclasses import replace
 
 from sim.executor import SimExecutor
 from tests.nodekit import VirtualNode
-from transports.client import Audio
+import numpy as np
+
+from transports.client import Audio, Closed
+from wave_actors.core.contract import MAX_USER_TOKENS, NO_TOKEN
+from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_OUT
+from wave_actors.session import BeatOut
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.frames import BEAT_S
 
@@ -130,5 +135,52 @@ def test_with_hold_inputs_client_audio_waits_out_the_hold_too():
         assert abs(took_in - launch) < 2e-4, (asked_in, took_in, launch)
         assert took_out - asked_out < 2e-4
         assert actor.counters.messages_in == 2
+    finally:
+        vn.close()
+
+
+def _fake_beat(first_frame: int) -> BeatOut:
+    header = {"frame": first_frame, "text": [NO_TOKEN] * FRAMES_PER_BEAT,
+              "func": [NO_TOKEN] * FRAMES_PER_BEAT,
+              "user": [[NO_TOKEN] * MAX_USER_TOKENS] * FRAMES_PER_BEAT}
+    return BeatOut(header, np.zeros((FRAMES_PER_BEAT, SAMPLES_OUT), np.float32))
+
+
+def test_a_session_whose_outputs_wait_still_takes_its_audio_and_sends_them_before_closed():
+    """Output work waits out a hold in the clock's queue, not in the session's mailbox. The
+    bugs it catches: a client's audio stuck behind its session's waiting output until the
+    launch (its frame misses the beat: an underrun), and a close that loses or reorders what
+    still waited."""
+    vn = VirtualNode(2, executor=LaunchingSim)
+    try:
+        cs = vn.run(vn.client.open("a", sample_rate=16000, format="pcm_f32le"))
+        clock = vn.node.clock_actor
+        actor = next(iter(vn.node.bindings.routes.values())).actor
+        events: list = []
+
+        async def body():
+            k = int((vn.clock.now() - clock.t0) / BEAT_S) + 2
+            await vn.clock.sleep_until(clock.t0 + k * BEAT_S - OUT_HOLD_S / 2)   # a hold
+            assert clock.turns.held
+            sent = actor.out_seq
+            actor.tell(_fake_beat(10_000))
+            await vn.clock.sleep(1e-5)
+            assert actor.out_seq == sent                 # the output waits for its turn
+            before = actor.counters.messages_in
+            await cs.send_audio(bytes(4 * 1280))
+            await vn.clock.sleep(1e-4)
+            assert clock.turns.held
+            assert actor.counters.messages_in == before + 1     # audio taken inside the hold
+            actor.tell(_fake_beat(10_002))
+            await vn.clock.sleep(1e-5)
+            await cs.close()
+            while True:
+                ev = await cs.next_event(5.0)
+                events.append(ev)
+                if isinstance(ev, Closed):
+                    break
+        vn.run(body())
+        frames = [e.frame for e in events if isinstance(e, Audio) and e.frame >= 10_000]
+        assert frames == [10_000, 10_001, 10_002, 10_003]     # all sent, in order, before closed
     finally:
         vn.close()

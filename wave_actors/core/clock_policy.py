@@ -23,6 +23,11 @@ class ClockPolicy:
     # this beat only if its session's buffer was empty. Off until measured on a GPU host: on a
     # small CPU host it did not shorten the release's wake.
     hold_inputs: bool = False
+    # Session actors that start a beat's output work in one turn of the event loop; the rest
+    # wait for the next turns. asyncio runs every ready task before it fires a timer, so
+    # without slices all sessions' output work would run as one block, and a release falling
+    # inside it would wake late. 0: no slices.
+    output_slice: int = 16
     # The release's last stretch is spun on the loop, not timed: a timer may fire up to a
     # millisecond late (uvloop's are whole milliseconds).
     release_spin_s: float = 1e-3
@@ -37,8 +42,8 @@ class ClockPolicy:
     name: str = field(default="clock", init=False)
 
     def __post_init__(self) -> None:
-        if self.release_hold_s < 0 or self.release_spin_s < 0:
-            raise ValueError("release_hold_s and release_spin_s must be >= 0")
+        if self.release_hold_s < 0 or self.release_spin_s < 0 or self.output_slice < 0:
+            raise ValueError("release_hold_s, release_spin_s and output_slice must be >= 0")
         if self.prebuffer < 1 or self.max_queue < self.prebuffer + FRAMES_PER_BEAT:
             raise ValueError(f"prebuffer >= 1 and max_queue >= prebuffer + {FRAMES_PER_BEAT}")
         if self.jitter_window_s <= 0 or self.jitter_keep < 0 or self.jitter_shed_per_beat < 0:
