@@ -207,6 +207,28 @@ NOTES = (
      "since 0582cf3 the executor's launch times and allocator counters: no allocator retries in "
      "any run. Files from the warm run after f22385f's first call name d25d8c2 (the device "
      "copy's stale .git) and were corrected to f22385f; the tree sent was f22385f, clean."),
+    ("graph", "Output work in slices of the loop (13c6bcb): the host's tail gone",
+     ("graph-dense-n220-20261202T081851.json", "graph-dense-n220-20261202T083700-two-runs.log",
+      "graph-reference-n120-20261202T082432.json", "graph-reference-n108-20261202T083316.json",
+      "graph-reference-n114-20261202T083457.json", "graph-dense-n198-20261202T082733.json",
+      "graph-dense-n209-20261202T082628.json", "graph-dense-n209-20261202T083210.json"),
+     "asyncio runs every ready task before it fires a timer, and a finished beat woke every "
+     "session at once: 220 sessions' output work ran as one block of ~45 ms, and whenever it "
+     "reached past the next release the clock woke late, the next beat's outputs came later "
+     "still, and the lateness grew beat on beat (10, 19, 27 ms). The clock's OutputTurns now "
+     "runs at most 16 sessions' output work a loop turn, none in the release hold, queued "
+     "outside the sessions' mailboxes so their audio is still taken (13c6bcb, with the small "
+     "start-row capture of 9fb204f). The loop's wake for the release: p99 0.2-0.4 ms in steady "
+     "runs (10-28 ms before). Dense 220 x 3 x 500: p99 118.9 / 118.0 / 116.6 ms with one late "
+     "beat (160.4 ms) in run 1, where the loop woke 36 ms late once, alone between on-time "
+     "beats (gc 3.8 ms; cause not found). A second sample at the same commit (the call's "
+     "timeout ended its third run, so only the log exists): 0 late, p99 114.3 / 115.2 ms. "
+     "Reference 120 x 3 x 500: 0 late, p99 101.3-102.2 ms (99.3-100.4 at f22385f). Bursts: 12 onto 108 reference "
+     "opened within 0.16 s, 22 onto 198 dense within 0.31 s, both 0 late (eager). Churn 60 s: "
+     "114 reference callers 0 late, 0 refused, 111-114 live; 209 dense callers 0 late, 0 "
+     "refused, 205-209 live with the budgeted policy (500 beats; 10 beats held their rows), "
+     "and 0 late, 207-209 live with eager over 300 beats. A capture of 4 start rows adds 14.2 "
+     "ms to the beat against 30.2 ms for 16."),
     ("sim", "The simulator against the H200, side by side (dense, same code)",
      ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
       "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
