@@ -192,7 +192,7 @@ class GraphExecutor:
         self._beat_start = torch.cuda.Event(enable_timing=True)
         self._beat_done = torch.cuda.Event(enable_timing=True)
         # graph → its recent beats' device times (start event to done event)
-        self._recent: dict[tuple[int, bool], collections.deque] = {}
+        self._recent: dict[tuple[int, int], collections.deque] = {}
         self.polled_beats = 0
         # the worker's time to enqueue each beat (resets, replay, copies, rolls): a beat whose
         # launch blocks (a synchronising copy, the allocator short of memory) shows here first

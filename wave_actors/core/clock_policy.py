@@ -20,8 +20,8 @@ class ClockPolicy:
     # With hold_inputs, their input work (a client's audio resampled, cut into frames, sent to
     # the clock) waits through the same hold: a burst of frames from many callers just before a
     # release would otherwise run first, and the release waits behind it. A frame held so misses
-    # this beat only if its session's buffer was empty. Off until measured on a GPU host: on a
-    # small CPU host it did not shorten the release's wake.
+    # this beat only if its session's buffer was empty. Off by default: no measurement has
+    # shown it shortens the release's wake.
     hold_inputs: bool = False
     # Session actors that start a beat's output work in one turn of the event loop; the rest
     # wait for the next turns. asyncio runs every ready task before it fires a timer, so
