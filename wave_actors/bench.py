@@ -84,7 +84,8 @@ class RunResult:
     refusals_by_reason: dict = field(default_factory=dict)
     live: dict = field(default_factory=dict)
     # the host's share of the beat, ms at p50 / p99 / max: how late the loop woke for the
-    # release, release → the executor called, and the executor done → outputs routed
+    # release, release → the executor called, and the executor done → outputs routed; and
+    # `stalls`: each late wake in the measured beats with the loop's stacks sampled meanwhile
     host: dict = field(default_factory=dict)
     # --burst: the callers dialled at once onto the steady node (the measured beats begin
     # then): how many, how long they waited for `opened` (p50 / p99 / max ms), refusals
@@ -163,6 +164,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
             print(f"           errors the node answered, by code: {node.counters.errors}",
                   flush=True)
         refused_by = dict(node.counters.refusals)
+        stalls = (node.clock_actor.stalls.since(records[0].release - 1e-6) if records else [])
         first = records[0].beat if records else None
         ramp = _ramp([r for r in node.clock_actor.stats.records
                       if first is None or r.beat < first])
@@ -189,7 +191,8 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
                      _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0,
                      len(waits), float(open_p50), float(open_p99), policies,
-                     float(open_max), dict(refused_by), live_seen, _host(records), burst, ramp)
+                     float(open_max), dict(refused_by), live_seen, _host(records, stalls), burst,
+                     ramp)
 
 
 def _ramp(records: list, k: int = 8) -> dict:
@@ -214,10 +217,14 @@ def _worst(trace: dict, k: int = 3) -> str:
                      f"gc {trace['gc_ms'][i]:.1f}) @{i}" for i in top)
 
 
-def _host(records: list) -> dict:
+def _host(records: list, stalls: list) -> dict:
     return {"wake_ms": spread_ms(r.wake_s for r in records),
             "before_ms": spread_ms(r.begin_s for r in records),
-            "after_ms": spread_ms(r.latency_s - r.returned_s for r in records)}
+            "after_ms": spread_ms(r.latency_s - r.returned_s for r in records),
+            "stalls": [s.describe() for s in sorted(stalls, key=lambda s: -s.late_s)[:STALLS_KEPT]]}
+
+
+STALLS_KEPT = 8         # the longest late wakes of a run, with their stacks, in the result
 
 
 def _trace(records: list) -> dict:
@@ -367,6 +374,10 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
                   f"{h['wake_ms']['p99']:.1f} / {h['wake_ms']['max']:.1f} ms late (p50 / p99 / "
                   f"max); release to executor p99 {h['before_ms']['p99']:.1f} ms; executor done "
                   f"to outputs routed p99 {h['after_ms']['p99']:.1f} ms", flush=True)
+            for st in h.get("stalls", [])[:3]:
+                top = st["stacks"][0] if st["stacks"] else {"samples": 0, "frames": []}
+                print(f"           stall: woke {st['late_ms']:.1f} ms late; {top['samples']} of "
+                      f"{st['samples']} samples in " + " <- ".join(top["frames"][:3]), flush=True)
         if res.ramp:
             rp = res.ramp
             print(f"           ramp: {rp['beats']} beats before the measured ones, backend "

@@ -41,8 +41,9 @@ from wave_actors.core.session_table import (END_OF_STREAM, FRAME_HEADER, Capacit
                                             SessionTable)
 from wave_actors.core.slot_book import BookPlan, SlotBook
 from wave_actors.core.start_policy import StartPolicy
-from wave_actors.core.timebase import Clock
+from wave_actors.core.timebase import Clock, VirtualTimeLoop
 from wave_actors.gc_pauses import GcPauses, collect_between_beats
+from wave_actors.loop_stalls import StallWatch
 from wave_actors.runtime import Actor
 from wave_actors.session import BeatOut
 from wave_actors.turns import OutputTurns
@@ -156,6 +157,8 @@ class BeatClockActor(Actor):
         self._on_beat, self._keep_records = on_beat, keep_records
         self._frames_read = 0           # since the last release (BeatRecord.frames_read)
         self.gc = GcPauses()
+        self.stalls = StallWatch()         # started on a real loop only: virtual time never stalls
+        self._watching = False
         self._inputs = [executor.alloc_input(), executor.alloc_input()]     # ring of two slots
         self._outputs = [executor.alloc_output(), executor.alloc_output()]
         self._pcm_rows = RowPool()
@@ -192,6 +195,9 @@ class BeatClockActor(Actor):
         self._tx = zsock.Tx(self._sock)
         self.gc.install()
         loop = asyncio.get_running_loop()
+        self._watching = not isinstance(loop, VirtualTimeLoop)
+        if self._watching:
+            self.stalls.start()
         self._tasks = [loop.create_task(self._read_frames(), name="clock-frames"),
                        loop.create_task(self._beat_loop(), name="clock-beats")]
         for task in self._tasks:
@@ -206,6 +212,7 @@ class BeatClockActor(Actor):
 
     async def on_stop(self) -> None:
         self.gc.uninstall()
+        self.stalls.stop()
         self.turns.free()                    # no session waits on a stopped clock
         for task in [*self._tasks, self._inflight]:
             if task is not None:
@@ -365,11 +372,15 @@ class BeatClockActor(Actor):
 
     async def _beat(self, k: int) -> None:
         release = self.t0 + k * BEAT_S
+        if self._watching:
+            self.stalls.expect(release)
         if self.policy.release_hold_s:
             await self.clock.sleep_until(release - self.policy.release_hold_s)
             self.turns.hold()
         await self.clock.sleep_until(release, spin=self.policy.release_spin_s)
         wake = self.clock.now() - release
+        if self._watching:
+            self.stalls.woke()
         # Frames that arrived by now go into this beat. They are read here, synchronously:
         # yielding to the loop instead would first run every ready task (the session actors'
         # output work of the previous beat among them) before the executor is called.
