@@ -164,8 +164,8 @@ class Generators:
             stats += got
             refusals += refused
             waits += waited
-        for p in self._procs:
-            p.join(timeout=10)
+        for p in self._procs:        # off the loop: the node still beats for the calls ending
+            await loop.run_in_executor(None, p.join, 10)
         return stats, refusals, waits
 
     def kill(self) -> None:
