@@ -229,6 +229,25 @@ NOTES = (
      "refused, 205-209 live with the budgeted policy (500 beats; 10 beats held their rows), "
      "and 0 late, 207-209 live with eager over 300 beats. A capture of 4 start rows adds 14.2 "
      "ms to the beat against 30.2 ms for 16."),
+    ("graph", "Every target at 16607c7, with the loop's stalls sampled",
+     ("graph-dense-n220-20261202T105318.json", "graph-dense-n220-20261202T103720.json",
+      "graph-reference-n120-20261202T104334.json", "graph-reference-n108-20261202T104418.json",
+      "graph-reference-n114-20261202T104655.json", "graph-dense-n198-20261202T104515.json",
+      "graph-dense-n209-20261202T104837.json", "fidelity-reference-h200.json",
+      "fidelity-dense-h200.json"),
+     "The clock now arms a stall watch with each release (d9025e6): a thread that finds the "
+     "clock still asleep 4 ms past a release samples the loop thread's stack every 1 ms until "
+     "it wakes, and the bench's `host.stalls` keeps the longest with their stacks. Dense 220 x "
+     "3 x 500 at 16607c7: 0 late, p99 115.0 / 114.6 / 115.9 ms, executor 107.0-107.4 ms at "
+     "p50, the loop's wake at most 0.55 ms late; at d9025e6 (same serving code): 0 late, p99 "
+     "113.4 / 118.9 / 115.7 ms, wake at most 2.7 ms, no stall in the measured beats. The one "
+     "stall that run found was outside them: the bench joined its load-generator processes on "
+     "the loop (47.7 ms, `popen_fork.wait`), now done off it (16607c7). Reference 120 x 3 x "
+     "500: 0 late, p99 101.4-101.5 ms. Bursts: 12 onto 108 reference opened within 0.17 s, 22 "
+     "onto 198 dense within 0.18 s, both 0 late (one 13.5 ms stall in the node's `_on_audio` "
+     "while the burst's callers connected). Churn 60 s: 114 reference callers 0 late, 0 "
+     "refused, 111-114 live; 209 dense callers with `budgeted` 0 late, 0 refused, 205-209 "
+     "live. Fidelity re-run at 16607c7, both profiles."),
     ("sim", "The simulator against the H200, side by side (dense, same code)",
      ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
       "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
