@@ -218,9 +218,17 @@ def _worst(trace: dict, k: int = 3) -> str:
 
 
 def _host(records: list, stalls: list) -> dict:
+    """How late the loop woke for the release (and, for the longest late wakes, what the loop
+    was running: `stalls`), the host's time before the executor's call and after its return,
+    and the CPU of the loop's thread and of the node's process per beat (with the loop's per
+    live session: what grows with sessions)."""
     return {"wake_ms": spread_ms(r.wake_s for r in records),
             "before_ms": spread_ms(r.begin_s for r in records),
             "after_ms": spread_ms(r.latency_s - r.returned_s for r in records),
+            "loop_cpu_ms": spread_ms(r.loop_cpu_s for r in records),
+            "process_cpu_ms": spread_ms(r.process_cpu_s for r in records),
+            "loop_cpu_us_per_session": round(1e6 * sum(r.loop_cpu_s for r in records)
+                                             / max(1, sum(r.sessions for r in records)), 1),
             "stalls": [s.describe() for s in sorted(stalls, key=lambda s: -s.late_s)[:STALLS_KEPT]]}
 
 
@@ -234,6 +242,7 @@ def _trace(records: list) -> dict:
             "begin_ms": ms(r.begin_s for r in records),
             "wake_ms": ms(r.wake_s for r in records),
             "gc_ms": ms(r.gc_s for r in records),
+            "loop_cpu_ms": ms(r.loop_cpu_s for r in records),
             "returned_ms": ms(r.returned_s for r in records),
             "frames_read": [r.frames_read for r in records],
             "sessions": [r.sessions for r in records]}
@@ -374,6 +383,11 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
                   f"{h['wake_ms']['p99']:.1f} / {h['wake_ms']['max']:.1f} ms late (p50 / p99 / "
                   f"max); release to executor p99 {h['before_ms']['p99']:.1f} ms; executor done "
                   f"to outputs routed p99 {h['after_ms']['p99']:.1f} ms", flush=True)
+            print(f"           CPU a beat: the loop's thread {h['loop_cpu_ms']['p50']:.1f} / "
+                  f"{h['loop_cpu_ms']['p99']:.1f} ms (p50 / p99; "
+                  f"{h['loop_cpu_us_per_session']:.0f} µs a live session), the process "
+                  f"{h['process_cpu_ms']['p50']:.1f} / {h['process_cpu_ms']['p99']:.1f} ms",
+                  flush=True)
             for st in h.get("stalls", [])[:3]:
                 top = st["stacks"][0] if st["stacks"] else {"samples": 0, "frames": []}
                 print(f"           stall: woke {st['late_ms']:.1f} ms late; {top['samples']} of "

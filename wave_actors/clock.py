@@ -24,6 +24,7 @@ import asyncio
 import collections
 import logging
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -95,6 +96,12 @@ class BeatRecord:
     rows: int = 0            # start rows the beat carried
     resets: int = 0          # slots reset for sessions opened
     rolls: int = 0           # sessions whose context rolled after the beat
+    # CPU since the previous beat's record: of the loop's thread (everything that competes with
+    # the release: the clock, the front, every session actor) and of the whole process (its
+    # other threads too: the executor's worker, ZMQ's I/O). Over a beat's wall time, the share
+    # of the loop that is busy.
+    loop_cpu_s: float = 0.0
+    process_cpu_s: float = 0.0
 
 
 class RowPool:
@@ -180,6 +187,7 @@ class BeatClockActor(Actor):
         # The clock's own share of recent beats (latency less the executor's compute): what an
         # executor must leave of a beat's 160 ms (BeatInput.time_left_s).
         self._host_s: collections.deque = collections.deque(maxlen=16)
+        self._cpu_mark = (time.thread_time(), time.process_time())
         if executor.caps.reports_launch:
             executor.on_launched = self.turns.free
 
@@ -437,10 +445,12 @@ class BeatClockActor(Actor):
         latency = self.clock.now() - release
         if in_beat:
             self._host_s.append(max(0.0, latency - begin - out.compute_s))
+        cpu = (time.thread_time(), time.process_time())
+        (loop0, proc0), self._cpu_mark = self._cpu_mark, cpu
         self._record(BeatRecord(packed.beat, release, latency, out.compute_s, len(packed.slots),
                                 latency > LATE_AFTER_S and in_beat, begin, wake,
                                 frames_read, self.gc.take(), returned, len(plan.rows),
-                                len(plan.resets), len(plan.roll)))
+                                len(plan.resets), len(plan.roll), cpu[0] - loop0, cpu[1] - proc0))
         collect_between_beats(k)     # a no-op unless serving_process turned the collector off
 
     def _route(self, routed: dict, out) -> None:

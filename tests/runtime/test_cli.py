@@ -116,7 +116,11 @@ def test_bench_writes_json(tmp_path):
     trace = res["per_run"][0]["trace"]
     assert {len(v) for v in trace.values()} == {25}
     assert set(trace) == {"latency_ms", "compute_ms", "begin_ms", "wake_ms", "gc_ms",
-                          "returned_ms", "frames_read", "sessions"}
+                          "loop_cpu_ms", "returned_ms", "frames_read", "sessions"}
+    # the loop's CPU a beat is real work, part of the process's (virtual time runs it anyway)
+    host = res["per_run"][0]["host"]
+    assert 0 < host["loop_cpu_ms"]["p50"] <= host["process_cpu_ms"]["p50"] + 0.1
+    assert host["loop_cpu_us_per_session"] > 0
     assert set(trace["sessions"]) == {6}
     run = res["per_run"][0]
     assert run["opens"] == 6 and run["refusals"] == 0 and 0 < run["open_p50_ms"] <= run["open_p99_ms"]
