@@ -248,6 +248,20 @@ NOTES = (
      "while the burst's callers connected). Churn 60 s: 114 reference callers 0 late, 0 "
      "refused, 111-114 live; 209 dense callers with `budgeted` 0 late, 0 refused, 205-209 "
      "live. Fidelity re-run at 16607c7, both profiles."),
+    ("graph", "Dense 300 with output slices: the loop's own CPU is the ceiling (issue 17)",
+     ("graph-dense-n300-20261202T090344.json", "host-batching-cpu.json"),
+     "At 1d839e2 (13c6bcb's serving code plus the loop's CPU in each beat record), 300 dense "
+     "sessions x 250 beats: 12 late, p50 / p99 147.2 / 194.4 ms with the executor at 140.5 ms "
+     "(p99 142.0); the worst beats were the first measured ones, still draining the start-up "
+     "backlog, and 1417 underruns. The loop's thread used 119.7 ms of CPU in a 160 ms beat at "
+     "p50 and 154.5 ms at p99 (400 us a live session; the process 142.8 / 204.0 ms): slices keep "
+     "the release's wake short (p99 9.2 ms here, 0.2-0.4 ms at 220) only while the loop has "
+     "idle time, and at 300 it has almost none. One loop holds about 300 sessions' host work at "
+     "best; past that the work has to leave the clock's loop (issue 17's worker processes). "
+     "On this CPU, batching a beat's output work across sessions of one format "
+     "(host-batching-cpu.json) saves the encoding's share (u-law 24 to 8 us a session, 16-bit "
+     "PCM 16 to 11) but not the resampling's: a multi-channel soxr stream costs what N single "
+     "ones do (40-48 us a session at 16 and 24 kHz)."),
     ("sim", "The simulator against the H200, side by side (dense, same code)",
      ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
       "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
