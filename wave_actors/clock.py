@@ -38,11 +38,13 @@ from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.jitter import SlotStats
 from wave_actors.core.prompt import PromptRejected
-from wave_actors.core.session_table import (END_OF_STREAM, FRAME_HEADER, CapacityError,
+from wave_actors.core.session_table import (END_OF_STREAM, CapacityError,
                                             SessionTable)
 from wave_actors.core.slot_book import BookPlan, SlotBook
 from wave_actors.core.start_policy import StartPolicy
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
+from wave_actors import frame_batch
+from wave_actors.frame_batch import FrameBatcher
 from wave_actors.gc_pauses import GcPauses, collect_between_beats
 from wave_actors.loop_stalls import StallWatch
 from wave_actors.runtime import Actor
@@ -181,6 +183,8 @@ class BeatClockActor(Actor):
         self._handed_slots: frozenset[int] = frozenset()
         self._closing: set[int] = set()
         self._sock: zmq.asyncio.Socket | None = None
+        self._frames_sock: zmq.asyncio.Socket | None = None
+        self.frames: FrameBatcher | None = None      # the sessions' way in, once started
         self._tasks: list[asyncio.Task] = []
         self.t0: float | None = None
         self.turns = OutputTurns(policy.output_slice)
@@ -201,6 +205,10 @@ class BeatClockActor(Actor):
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(self.endpoint)
         self._tx = zsock.Tx(self._sock)
+        self._frames_sock = self.ctx.socket(zmq.DEALER)
+        self._frames_sock.setsockopt(zmq.LINGER, 0)
+        self._frames_sock.connect(self.endpoint)
+        self.frames = FrameBatcher(zsock.Tx(self._frames_sock))
         self.gc.install()
         loop = asyncio.get_running_loop()
         self._watching = not isinstance(loop, VirtualTimeLoop)
@@ -235,8 +243,10 @@ class BeatClockActor(Actor):
             if not fut.done():
                 fut.set_result(False)        # openers learn at once that their start is gone
         self._ready_waiters.clear()
-        if self._sock is not None:
-            self._sock.close(0)
+        self.frames = None
+        for sock in (self._frames_sock, self._sock):
+            if sock is not None:
+                sock.close(0)
 
     # -- control ----------------------------------------------------------------------------------
     async def handle(self, msg: Any) -> Any:
@@ -328,7 +338,10 @@ class BeatClockActor(Actor):
                 self._frame_in(frames)
 
     def _drain_frames(self) -> None:
-        """Every frame queued on the socket now, without yielding to the loop."""
+        """Every frame queued on the socket now, without yielding to the loop (the sessions'
+        batch of this turn sent first)."""
+        if self.frames is not None:
+            self.frames.flush()
         sync = self._tx.sync
         while True:
             try:
@@ -338,12 +351,22 @@ class BeatClockActor(Actor):
         zsock.kick(self._sock)           # the reads consumed the socket's edge: re-arm its reader
 
     def _frame_in(self, frames: list) -> None:
-        if len(frames) != 3 or len(frames[1]) != FRAME_HEADER.size:   # not a session actor's
+        if len(frames) != 4 or frames[1] != frame_batch.BATCH_TAG:   # not a FrameBatcher's
             self.stats.dropped_frames += 1
             return
-        _identity, header, pcm = frames
-        slot, generation, frame_no = FRAME_HEADER.unpack(header)
-        handle = Handle(slot, generation)
+        self._batch_in(frames[2], frames[3])
+
+    def _batch_in(self, headers: bytes, pcm: bytes) -> None:
+        batch = frame_batch.decode(headers, pcm)
+        if batch is None:
+            self.stats.dropped_frames += 1
+            return
+        head, rows = batch
+        for (slot, generation, frame_no), row in zip(head.tolist(), rows):
+            self._one_frame(Handle(slot, generation), frame_no, row)
+
+    def _one_frame(self, handle: Handle, frame_no: int, pcm: np.ndarray) -> None:
+        """A session's frame, or its end-of-stream marker."""
         if frame_no == END_OF_STREAM:
             ended = self._stream_ends.get(handle)
             if ended is None and handle.slot in self.table.entries:
@@ -351,8 +374,7 @@ class BeatClockActor(Actor):
             if ended is not None and not ended.done():
                 ended.set_result(True)
             return
-        if (len(pcm) != 4 * self._inputs[0].audio.shape[-1]
-                or not self.table.push(handle, frame_no, np.frombuffer(pcm, np.float32))):
+        if not self.table.push(handle, frame_no, pcm):
             self.stats.dropped_frames += 1
             return
         self._frames_read += 1

@@ -566,7 +566,8 @@ class Node:
                             f"{self.cfg.start_timeout_s:.0f} s (node overloaded)")
 
     def _make_session(self, cfg: SessionConfig, route: Route) -> SessionActor:
-        return SessionActor(cfg, self.ctx,
+        clock = self.clock_actor
+        return SessionActor(cfg, lambda: clock.frames,
                             lambda frames, droppable=False: self._send_route(route, frames,
                                                                              droppable),
                             self.executor.text_codec, self.executor.user_codec, self.clock,

@@ -24,20 +24,17 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import numpy as np
-import zmq
-import zmq.asyncio
 
 from transports import audio as A
 from transports import protocol as P
-from transports import zsock
 from wave_actors.core.contract import NO_TOKEN, Handle, TextCodec
 from wave_actors.core.frames import IN_RATE, OUT_RATE, SAMPLES_IN
 from wave_actors.core.function_calls import FunctionCallParser, result_tokens
 from wave_actors.core.reorder import Released, ReorderBuffer
-from wave_actors.core.session_table import END_OF_STREAM, FRAME_HEADER
 from wave_actors.core.text import TextStream
 from wave_actors.core.timebase import Clock
 from wave_actors.runtime import Actor, ActorStopped
+from wave_actors.frame_batch import FrameBatcher
 from wave_actors.turns import Turn
 
 log = logging.getLogger("wave.session")
@@ -112,7 +109,7 @@ class SessionConfig:
 class SessionActor(Actor):
     audio_cap = 256
 
-    def __init__(self, cfg: SessionConfig, ctx: zmq.asyncio.Context,
+    def __init__(self, cfg: SessionConfig, frames: Callable[[], FrameBatcher | None],
                  send: Callable[..., bool],
                  text_codec: TextCodec, user_codec: TextCodec, clock: Clock,
                  on_close: Callable[["SessionActor", Close], Any],
@@ -120,7 +117,10 @@ class SessionActor(Actor):
                  run_output: Callable[[Callable[[], None]], Turn | None] | None = None,
                  input_turn: Callable[[], Awaitable[None]] | None = None):
         super().__init__(f"session:{cfg.session}")
-        self.cfg, self.ctx, self.clock = cfg, ctx, clock
+        self.cfg, self.clock = cfg, clock
+        # The batcher of the clock this session was admitted to (None while it is not running):
+        # frames of a session whose clock went away are counted here, not sent to the next one.
+        self._frames = frames
         self._send, self._on_close = send, on_close
         self._on_function_tokens = on_function_tokens
         self._handle = (cfg.handle.slot, cfg.handle.generation)
@@ -145,7 +145,6 @@ class SessionActor(Actor):
         self._user_text = TextStream(user_codec)
         self._calls = FunctionCallParser(text_codec, cfg.session)
         self._bps = P.BYTES_PER_SAMPLE[cfg.format]
-        self._sock: zmq.asyncio.Socket | None = None
         self.closing = False
 
     def _count_mailbox_drop(self, msg: Any) -> None:
@@ -172,20 +171,12 @@ class SessionActor(Actor):
         return self._out_seq
 
     # -- lifecycle --------------------------------------------------------------------------------
-    async def on_start(self) -> None:
-        self._sock = self.ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(self.cfg.clock_endpoint)
-        self._tx = zsock.Tx(self._sock)
-
     async def on_stop(self) -> None:
         for turn in self._queued_out:         # nothing of a stopped session runs later
             turn.cancel()
         self._queued_out.clear()
         if self._gap_timer is not None:
             self._gap_timer.cancel()
-        if self._sock is not None:
-            self._sock.close(0)
 
     # -- messages ---------------------------------------------------------------------------------
     async def handle(self, msg: Any) -> Any:
@@ -263,12 +254,13 @@ class SessionActor(Actor):
         x = self._in_resampler(A.decode(payload, self.cfg.format))
         pending = np.concatenate([self._pending, x]) if len(self._pending) else x
         n = len(pending) // SAMPLES_IN
+        batcher = self._frames() if n else None
         for i in range(n):
-            frame = pending[i * SAMPLES_IN:(i + 1) * SAMPLES_IN]
-            try:
-                self._tx.send([FRAME_HEADER.pack(*self._handle, self._frame_no), frame.tobytes()])
-            except zmq.ZMQError:
+            if batcher is None:
                 self.counters.engine_unavailable += 1     # the clock is restarting
+            else:
+                batcher.add(*self._handle, self._frame_no,
+                            pending[i * SAMPLES_IN:(i + 1) * SAMPLES_IN], self._engine_lost)
             self._frame_no += 1
         self._pending = pending[n * SAMPLES_IN:].copy()
 
@@ -331,17 +323,15 @@ class SessionActor(Actor):
     def _error(self, code: str, message: str) -> None:
         self._send(P.error_frames(code, message, self.cfg.session))
 
+    def _engine_lost(self) -> None:
+        self.counters.engine_unavailable += 1
+
     def end_stream(self) -> bool:
-        """Mark the end of this session's frames on its socket to the clock: the clock counts
-        every frame sent before it (heard or dropped) before it frees the slot. False when the
-        marker could not be sent (the clock is restarting)."""
-        if self._sock is None:
-            return False
-        try:
-            self._tx.send([FRAME_HEADER.pack(*self._handle, END_OF_STREAM), b""])
-        except zmq.ZMQError:
-            return False
-        return True
+        """Mark the end of this session's frames to the clock, after them in the same batches:
+        the clock counts every frame sent before it (heard or dropped) before it frees the slot.
+        False when the marker could not be sent (the clock is restarting)."""
+        batcher = self._frames()
+        return batcher is not None and batcher.end_stream(*self._handle)
 
     def take_queued_audio(self) -> None:
         """At close: audio messages the front queued before the close was handled are taken

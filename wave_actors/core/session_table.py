@@ -13,7 +13,6 @@ whatever the node gave at admission to route the outputs to.
 """
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +22,11 @@ from wave_actors.core.contract import BeatInput, Handle
 from wave_actors.core.jitter import BeatPlan, BeatScheduler, CapacityError, Shedding, SlotStats
 
 EPOCH_SHIFT = 40            # 2^40 admissions per incarnation before generations could meet
-# A frame from a session actor to the clock: [header, float32 PCM of one 80 ms frame], the
-# header naming the session's handle and the frame's number.
-FRAME_HEADER = struct.Struct("<iqq")       # slot, generation, frame number
-END_OF_STREAM = -1          # frame number of the marker a closing session sends after its frames
+# Frames reach the clock in batches (wave_actors/frame_batch.py), each row naming the session's
+# handle and the frame's number; this number marks the end of a closing session's frames.
+END_OF_STREAM = -1
 
-__all__ = ["CapacityError", "Entry", "FRAME_HEADER", "END_OF_STREAM", "SessionTable"]
+__all__ = ["CapacityError", "Entry", "END_OF_STREAM", "SessionTable"]
 
 
 @dataclass
