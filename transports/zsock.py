@@ -91,15 +91,18 @@ async def batches(sock: zmq.asyncio.Socket, sync: zmq.Socket, copy: bool = True
                   ) -> AsyncIterator[list]:
     """Lists of multipart messages in arrival order: the first (awaited if none is queued),
     then the queued rest."""
+    waited = True
     while True:
-        # One turn of the loop between batches, so a busy socket lets other tasks run; then a
-        # message already queued is taken without pyzmq's futures, and only an empty socket is
-        # awaited.
-        await asyncio.sleep(0)
+        # A message already queued is taken without pyzmq's futures, and only an empty socket
+        # is awaited; a batch that did not wait is followed by one turn of the loop, so a busy
+        # socket still lets other tasks run (before the next read: a read held across the turn
+        # could be overtaken by the clock's synchronous drain at a release).
+        if not waited:
+            await asyncio.sleep(0)
         try:
-            batch = [recv_now(sync, copy)]
+            batch, waited = [recv_now(sync, copy)], False
         except zmq.Again:
-            batch = [await sock.recv_multipart(copy=copy)]
+            batch, waited = [await sock.recv_multipart(copy=copy)], True
         while len(batch) < DRAIN_MAX:
             try:
                 batch.append(recv_now(sync, copy))

@@ -56,7 +56,6 @@ class OutputTurns:
         self._left = per_turn             # of this turn's slice
         self._queue: collections.deque[Turn] = collections.deque()
         self._grant_due = False
-        self.queued = 0                   # work that waited (a hold or a full slice)
 
     @property
     def held(self) -> bool:
@@ -79,7 +78,6 @@ class OutputTurns:
                 self._schedule()          # next turn: a fresh slice
             work()
             return None
-        self.queued += 1
         turn = Turn(work)
         self._queue.append(turn)
         if self._free:
