@@ -152,7 +152,8 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
         backend.prepare(n + args.burst)   # capture the graph its beats use before any runs
     node = Node(NodeConfig(bind=bind, max_sessions=backend.max_sessions, idle_timeout_s=60.0,
                            start_timeout_s=OPEN_TIMEOUT_S, start_policy=args.start_policy,
-                           clock_policy=args.clock_policy),
+                           clock_policy=args.clock_policy,
+                           workers=0 if loop_virtual else args.workers),
                 backend, clock)
     await node.start()
     try:
@@ -522,6 +523,9 @@ def parse_args(argv=None):
                     help="starting sessions each beat advances (0: the backend's default)")
     ap.add_argument("--beat-wait", choices=("poll", "thread"), default="poll",
                     help="graph: the loop polls the beat's CUDA event, or a worker thread waits")
+    ap.add_argument("--workers", type=int, default=0,
+                    help="session worker processes of the node (real time only; 0: the "
+                         "sessions run on the node's own loop)")
     ap.add_argument("--client-procs", type=int, default=CLIENT_PROCS,
                     help="load-generator processes for the sessions (0: the callers share the "
                          "node's process; --virtual always does)")

@@ -48,6 +48,7 @@ from wave_actors.metrics import NodeMetrics
 from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
 from wave_actors.session import (AudioIn, BeatOut, Close, FunctionResult, SessionActor,
                                  SessionConfig)
+from wave_actors.worker_pool import PoolHandlers, RemoteSession, WorkerPool
 
 log = logging.getLogger("wave.node")
 SEND_TIMEOUT_S = 5.0
@@ -72,8 +73,14 @@ class NodeConfig:
     clock_endpoint: str = "inproc://wave-clock"
     flood: FloodPolicy = field(default_factory=FloodPolicy)
     keep_records: bool = True            # keep every beat's record (bench, tests)
+    # Session workers: 0 runs every session actor on this process's loop, beside the beat
+    # clock; N > 0 runs them in N worker processes (`worker_pool.py`), the clock's loop then
+    # only admits, routes and beats.
+    workers: int = 0
 
     def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ValueError("workers must be >= 0 (0: sessions on the node's own loop)")
         if min(self.idle_timeout_s, self.heartbeat_s, self.resume_grace_s) <= 0 \
                 or self.heartbeat_liveness < 1:
             raise ValueError("idle_timeout_s, heartbeat_s and resume_grace_s must be > 0 and "
@@ -83,6 +90,16 @@ class NodeConfig:
     def silence_limit_s(self) -> float:
         """A client heard from nothing for this long is taken to be gone."""
         return self.heartbeat_s * self.heartbeat_liveness
+
+
+def _close_stats(slot, worker_drops: int, frames_sent: int, dropped_out: int) -> dict:
+    """`closed.stats` from the clock's slot stats (None: a stale handle) and the session's
+    side: input frames lost before the clock, audio messages sent and not taken."""
+    dropped_in = (slot.dropped if slot else 0) + worker_drops
+    return {"frames_in": slot.frames_in if slot else 0, "frames_out": frames_sent,
+            "underruns": slot.underruns if slot else 0, "dropped": dropped_in + dropped_out,
+            "late_beats": slot.late_beats if slot else 0,
+            "dropped_in": dropped_in, "dropped_out": dropped_out}
 
 
 def _zero_stats() -> dict:
@@ -131,6 +148,9 @@ class Node:
         self._tasks: list[asyncio.Task] = []
         self._opens: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
+        self.pool: WorkerPool | None = None
+        self._remote: dict[int, Route] = {}     # a worker's session number → its route
+        self._clock_base = cfg.clock_endpoint
 
     @property
     def clock_actor(self) -> BeatClockActor:
@@ -177,6 +197,14 @@ class Node:
             self.sock.curve_server = True
         self.sock.bind(cfg.bind)
         self._tx = zsock.Tx(self.sock)
+        if cfg.workers:
+            self.pool = WorkerPool(cfg.workers, self.ctx,
+                                   (self.executor.text_codec, self.executor.user_codec),
+                                   PoolHandlers(self._worker_sends, self._worker_closing,
+                                                self._worker_crashed, self._worker_tokens,
+                                                self._worker_lost))
+            await self.pool.start()
+            self._clock_base = f"ipc://{self.pool.dir}/clock"    # workers' frames reach it
         self.supervisor.start_child(ChildSpec("clock", self._make_clock, Restart.PERMANENT,
                                               self._clock_crashed))
         if cfg.metrics_port:
@@ -198,7 +226,7 @@ class Node:
     def _make_clock(self) -> BeatClockActor:
         # A fresh inproc address per incarnation: a dead clock's socket may still hold its own.
         self._clock_incarnation += 1
-        endpoint = f"{self.cfg.clock_endpoint}-{id(self)}-{self._clock_incarnation}"
+        endpoint = f"{self._clock_base}-{id(self)}-{self._clock_incarnation}"
         return BeatClockActor(self.executor, self.ctx, endpoint, self.clock, self._deliver,
                               self.cfg.clock_policy, self.start_policy, self._clock_incarnation,
                               self._on_beat, self.cfg.keep_records)
@@ -243,6 +271,8 @@ class Node:
         if self._watcher is not None and self._watcher is not asyncio.current_task():
             self._watcher.cancel()
         await self.supervisor.stop_all()
+        if self.pool is not None:
+            await self.pool.stop()
         # The front reads (and refuses opens) until here: nothing below waits on the loop.
         for task in self._tasks:
             task.cancel()
@@ -437,7 +467,10 @@ class Node:
         if route is not None:
             seq = msg.header["seq"]
             route.next_seq = max(route.next_seq, seq + 1)
-            route.actor.tell(AudioIn(seq, msg.payload), MsgClass.AUDIO)
+            try:
+                route.actor.tell(AudioIn(seq, msg.payload), MsgClass.AUDIO)
+            except ActorStopped:            # its session is ending (its worker died)
+                self.metrics.drops.labels("session_gone").inc()
 
     def _on_function_result(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
         route = self._bound_route(identity, user_key, conn, msg)
@@ -537,9 +570,19 @@ class Node:
             return self._answer_failed_open(route, answered)
         cfg = SessionConfig(msg.session, handle, h["sample_rate"], h["format"],
                             h["output_sample_rate"], h["output_format"], clock.endpoint)
-        route.actor = self.supervisor.start_child(ChildSpec(
-            route.child, lambda: self._make_session(cfg, route), Restart.TEMPORARY,
-            lambda actor, exc: self._session_crashed(route, actor, exc)))
+        if self.pool is not None:
+            try:
+                route.actor = self.pool.open(cfg)
+            except ActorStopped as exc:
+                await self._free_slot(handle)
+                self.bindings.drop(route)
+                return self._refuse(route.identity, msg.session, "capacity",
+                                    f"node not ready: {exc}")
+            self._remote[route.actor.rid] = route
+        else:
+            route.actor = self.supervisor.start_child(ChildSpec(
+                route.child, lambda: self._make_session(cfg, route), Restart.TEMPORARY,
+                lambda actor, exc: self._session_crashed(route, actor, exc)))
         self.bindings.opened(route, self.clock.now())
         self.counters.opened += 1
         self.metrics.opened.inc()
@@ -599,10 +642,16 @@ class Node:
         await self._finish(route, actor, why.reason)
         asyncio.get_running_loop().create_task(self.supervisor.stop_child(route.child))
 
-    async def _finish(self, route: Route, actor: SessionActor, reason: str) -> None:
-        actor.take_queued_audio()
-        actor.flush_outputs()
-        stats = await self._release(actor)
+    async def _finish(self, route: Route, actor: SessionActor | RemoteSession,
+                      reason: str) -> None:
+        if isinstance(actor, RemoteSession):
+            stats = await self._release_remote(actor)
+            self.pool.forget(actor.rid)
+            self._remote.pop(actor.rid, None)
+        else:
+            actor.take_queued_audio()
+            actor.flush_outputs()
+            stats = await self._release(actor)
         # A detached session's `closed` waits for its client's resume (which fetches it).
         self._send_route(route, P.pack("closed", route.session, stats=stats))
         self.bindings.forget(route, stats)
@@ -627,15 +676,72 @@ class Node:
         heard (`dropped_in`) plus the output frames the client did not get (`dropped_out`)."""
         slot_stats = await self._free_slot(actor.cfg.handle, actor.end_stream())
         actor.flush_input()
-        s = slot_stats
-        dropped_in = (s.dropped if s else 0) + actor.input_drops()
-        dropped_out = actor.counters.dropped_out
-        return {"frames_in": s.frames_in if s else 0,
-                "frames_out": actor.counters.frames_sent,
-                "underruns": s.underruns if s else 0,
-                "dropped": dropped_in + dropped_out,
-                "late_beats": s.late_beats if s else 0,
-                "dropped_in": dropped_in, "dropped_out": dropped_out}
+        return _close_stats(slot_stats, actor.input_drops(), actor.counters.frames_sent,
+                            actor.counters.dropped_out)
+
+    async def _release_remote(self, actor: RemoteSession) -> dict:
+        """The same for a session in a worker. A worker that died lost what its session still
+        held (audio short of a frame, outputs not yet sent): its input frames the clock never
+        counted are unknown, so `dropped_in` is the clock's count alone."""
+        try:
+            ended = await actor.finish()
+        except (ActorStopped, asyncio.TimeoutError):
+            ended = False
+        slot_stats = await self._free_slot(actor.cfg.handle, ended)
+        try:
+            worker_drops = (await actor.drops()) if ended else 0
+        except (ActorStopped, asyncio.TimeoutError):
+            worker_drops = 0
+        return _close_stats(slot_stats, worker_drops, actor.frames_sent, actor.dropped_out)
+
+    # -- session workers --------------------------------------------------------------------------
+    def _worker_sends(self, rid: int, audio: bool, frames: list) -> None:
+        route = self._remote.get(rid)
+        if route is None:
+            return
+        ok = self._send_route(route, [f.bytes if hasattr(f, "bytes") else f for f in frames],
+                              audio)
+        if audio:
+            route.actor.sent(ok)
+
+    def _worker_closing(self, rid: int, reason: str) -> None:
+        route = self._remote.get(rid)
+        if route is not None and not route.actor.closing:
+            route.actor.closing = True
+            self._spawn(self._finish(route, route.actor, reason))
+
+    def _worker_crashed(self, rid: int, name: str) -> None:
+        route = self._remote.get(rid)
+        if route is None or route.actor.closing:
+            return
+        self.counters.crashed += 1
+        route.actor.closing = True
+        self._send_route(route, P.error_frames(P.INTERNAL, f"session failed: {name}",
+                                               route.session))
+        self._spawn(self._finish(route, route.actor, "crash"))
+
+    def _worker_tokens(self, rid: int, ids: list[int]) -> None:
+        route = self._remote.get(rid)
+        if route is not None and self.clock_actor is not None:
+            self.clock_actor.tell(FunctionTokens(route.handle, ids))
+
+    def _worker_lost(self, rids: list[int]) -> None:
+        """A worker died: each of its sessions' clients is told, and the session closes (its
+        slot freed through its handle, so nothing of it reaches the next session there)."""
+        for rid in rids:
+            route = self._remote.get(rid)
+            if route is None or route.actor.closing:
+                continue
+            self.counters.crashed += 1
+            route.actor.closing = True
+            self._send_route(route, P.error_frames(
+                P.INTERNAL, "the process serving this session failed", route.session))
+            self._spawn(self._finish(route, route.actor, "crash"))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
 
     async def _session_crashed(self, route: Route, actor: SessionActor,
                                exc: BaseException) -> None:

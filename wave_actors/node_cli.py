@@ -57,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="sim: model every session as already holding this many frames")
     ap.add_argument("--curve-keys", help="directory with server.key_secret and clients/*.key")
     ap.add_argument("--metrics-port", type=int)
+    ap.add_argument("--workers", type=int, default=0,
+                    help="session worker processes (0: sessions on the node's own loop)")
     d = NodeConfig()
     ap.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s,
                     help="s: a session that hears nothing of its own this long is closed")
@@ -87,7 +89,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.start_policy = make_policy(args.policy) if args.policy else None
         args.clock_policy = ClockPolicy(prebuffer=args.prebuffer)
         NodeConfig(idle_timeout_s=args.idle_timeout, heartbeat_s=args.heartbeat,
-                   resume_grace_s=args.resume_grace)
+                   resume_grace_s=args.resume_grace, workers=args.workers)
     except (PolicyError, ValueError) as exc:
         ap.error(str(exc))
     return args
@@ -134,7 +136,8 @@ def build(args) -> Node:
                      clock_policy=args.clock_policy, start_policy=args.start_policy,
                      idle_timeout_s=args.idle_timeout, heartbeat_s=args.heartbeat,
                      resume_grace_s=args.resume_grace, curve_keys=args.curve_keys,
-                     metrics_port=args.metrics_port, keep_records=False)
+                     metrics_port=args.metrics_port, keep_records=False,
+                     workers=args.workers)
     return Node(cfg, executor, clock)
 
 

@@ -1,0 +1,129 @@
+"""Sessions in worker processes (`NodeConfig.workers`), on real ipc and TCP sockets with real
+clients: sessions are sharded across the workers, audio goes through them to the clock and back
+out, `closed.stats` counts every frame, and a worker killed mid-call ends only its own sessions
+(each client told, its slot freed) while the other worker's sessions keep their beat and a new
+worker takes the dead one's place.
+
+Bugs these catch: outputs routed to the wrong worker or session (a session hears another's
+frames, checked by the frame codes); frames lost between a worker and the clock without a count
+(frames_in + dropped_in < frames sent); a dead worker's sessions left open or its slots held (no
+`closed`, free slots not back); a death that ends the other worker's sessions too; a pool that
+does not replace its worker (the next opens all land on one worker, or fail)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from sim.executor import SimExecutor, tone_hz
+from tests.nodekit import coded_frame, decode_code
+from tests.tcpkit import client_of, events_until, node_on_tcp
+from transports import audio as A
+from transports.client import Audio, Closed, Error
+from wave_actors.core.contract import ExecutorOptions
+from wave_actors.core.frames import BEAT_S
+from wave_actors.core.timebase import Clock
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def _stream(session, n_frames: int, session_no: int) -> None:
+    for f in range(n_frames):
+        await session.send_audio(coded_frame(session_no, f))
+        await asyncio.sleep(BEAT_S / 2)
+
+
+async def _audio_until(session, count: int, timeout: float = 15.0) -> list[Audio]:
+    got = await events_until(session, lambda ev, got: sum(isinstance(e, Audio) for e in got)
+                             >= count, timeout)
+    return [e for e in got if isinstance(e, Audio)]
+
+
+def _dominant_hz(audio: list[Audio], fmt: str, rate: int) -> float:
+    x = np.concatenate([A.decode(a.payload, fmt) for a in audio[-8:]])
+    spectrum = np.abs(np.fft.rfft(x * np.hanning(len(x))))
+    return float(np.argmax(spectrum) * rate / len(x))
+
+
+def test_sessions_are_sharded_and_every_frame_is_counted():
+    async def main():
+        clock = Clock()
+        sim = SimExecutor(ExecutorOptions(max_sessions=4), clock=clock, trace=True)
+        async with node_on_tcp(max_sessions=4, backend=sim, workers=2) as node:
+            async with client_of(node) as c:
+                sessions = [await c.open(f"s{i}") for i in range(4)]
+                per_worker = sorted(len(w.rids) for w in node.pool.workers.values())
+                await asyncio.gather(*(_stream(s, 20, i) for i, s in enumerate(sessions)))
+                heard = [await _audio_until(s, 12) for s in sessions]
+                closed = [await s.close() for s in sessions]
+        return sim.trace, per_worker, sessions, heard, closed
+
+    trace, per_worker, sessions, heard, closed = asyncio.run(main())
+    assert per_worker == [2, 2]
+    slot_of = {i: s.opened["slot"] for i, s in enumerate(sessions)}
+    handed = {i: [] for i in slot_of}
+    for _beat, slot, first, _last in trace:
+        if first != 0.0:
+            no, frame = decode_code(first)
+            assert slot_of[no] == slot, "a frame reached another session's slot"
+            handed[no].append(frame)
+    for no, frames in handed.items():
+        assert frames == sorted(set(frames)) and frames, f"session {no}: {frames}"
+    for s, audio in zip(sessions, heard):           # each hears its own slot's tone
+        hz = _dominant_hz(audio, s.opened["output_format"], s.opened["output_sample_rate"])
+        assert abs(hz - tone_hz(s.opened["slot"])) < 8.0, (hz, s.opened["slot"])
+    for c in closed:
+        st = c.stats
+        assert st["frames_in"] + st["dropped_in"] >= 20, st      # every frame heard or counted
+        assert st["frames_out"] >= 12
+
+
+def test_a_dead_worker_ends_only_its_sessions_and_is_replaced():
+    async def main():
+        async with node_on_tcp(max_sessions=4, workers=2) as node:
+            async with client_of(node) as c:
+                sessions = [await c.open(f"s{i}") for i in range(4)]
+                pool = node.pool
+                victim = pool.workers[0]
+                doomed = {r.actor.rid for r in node.routes.values() if r.actor.worker is victim}
+                doomed_ids = {r.session for r in node.routes.values() if r.actor.rid in doomed}
+                streams = [asyncio.create_task(_stream(s, 40, i)) for i, s in enumerate(sessions)]
+                await asyncio.sleep(1.0)
+                os.kill(victim.proc.pid, signal.SIGKILL)
+                ended = {}
+                for s in sessions:
+                    if s.id in doomed_ids:
+                        got = await events_until(s, lambda ev, got: isinstance(ev, Closed), 10)
+                        ended[s.id] = got
+                for t in streams:
+                    t.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+                survivors = [s for s in sessions if s.id not in doomed_ids]
+                for s in survivors:                     # what they heard before the death
+                    while not s.events.empty():
+                        s.events.get_nowait()
+                later = [await _audio_until(s, 5) for s in survivors]
+                for _ in range(100):                    # the replacement comes up
+                    if pool.workers[0].alive:
+                        break
+                    await asyncio.sleep(0.1)
+                free_after_death = node.clock_actor.free_slots
+                again = [await c.open(f"n{i}") for i in range(2)]
+                spread = sorted(len(w.rids) for w in pool.workers.values())
+                for s in [*survivors, *again]:
+                    await s.close()
+        return doomed_ids, ended, later, pool.restarts, free_after_death, spread
+
+    doomed_ids, ended, later, restarts, free_after_death, spread = asyncio.run(main())
+    assert len(doomed_ids) == 2
+    for sid, got in ended.items():
+        assert any(isinstance(e, Error) and e.code == "internal" for e in got), got
+        assert isinstance(got[-1], Closed)
+    for audio in later:                           # the other worker's sessions kept talking
+        assert len(audio) >= 5
+    assert restarts == 1
+    assert free_after_death == 2                  # the dead worker's slots are free again
+    assert spread == [2, 2]                       # the new opens went to the new worker

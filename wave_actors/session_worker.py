@@ -1,0 +1,214 @@
+"""A session worker: a process of the node that runs SessionActors, off the beat clock's loop.
+
+The front (`worker_pool.WorkerPool`) starts N of these and shards sessions across them. A worker
+runs the sessions' host work — reorder, decode, resample, cut frames; resample, encode, text and
+function-call parsing of their outputs — on its own asyncio loop and core. Its sessions' frames
+go to the beat clock over ipc, batched one message a loop turn (`FrameBatcher`), and what they
+send their clients goes back to the front batched the same way (`worker_wire.sends`), which
+routes it to the connection each session is bound to.
+
+A worker holds no slot and no client connection: the front admits, binds, frees slots and
+answers `closed`; the worker only asks (`closing`, `tokens`) and answers (`ended`, `drops`). If it dies, the front ends its sessions and starts another (`WorkerPool`).
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from transports import zsock
+from wave_actors import worker_wire as W
+from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_OUT
+from wave_actors.core.timebase import Clock, new_loop
+from wave_actors.frame_batch import FrameBatcher
+from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
+from wave_actors.session import AudioIn, BeatOut, Close, FunctionResult, SessionActor
+
+log = logging.getLogger("wave.worker")
+PARENT_CHECK_S = 0.5           # how often a worker looks for its front having gone
+
+
+class SessionWorker:
+    def __init__(self, index: int, front: str, codecs: tuple):
+        self.index, self.front = index, front
+        self.text_codec, self.user_codec = codecs
+        self.clock = Clock()
+        self.sessions: dict[int, SessionActor] = {}
+        self.unknown = 0                          # messages for sessions this worker has not
+        self._batchers: dict[str, FrameBatcher] = {}
+        self._out: list[tuple[int, bool, list[bytes]]] = []
+        self._out_due = False
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 0)       # the front's reads bound it; never drop here
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.connect(self.front)
+        self.tx = zsock.Tx(self.sock)
+        self.supervisor = Supervisor()
+        self._ctrl("ready", self.index, os.getpid())
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._recv()), loop.create_task(self._watch_parent())]
+        await self._stop.wait()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.supervisor.stop_all()
+        self._flush_out()
+        self.ctx.destroy(linger=200)
+
+    async def _watch_parent(self) -> None:
+        parent = os.getppid()
+        while os.getppid() == parent:
+            await asyncio.sleep(PARENT_CHECK_S)
+        self._stop.set()                          # the front is gone: nothing to serve
+
+    # -- to the front -----------------------------------------------------------------------------
+    def _ctrl(self, *msg) -> None:
+        self._flush_out()                         # in order with what the sessions sent before
+        self.tx.send(W.ctrl(*msg))
+
+    def _send_for(self, rid: int):
+        def send(frames: list[bytes], droppable: bool = False) -> bool:
+            self._out.append((rid, droppable, frames))
+            if not self._out_due:
+                self._out_due = True
+                asyncio.get_running_loop().call_soon(self._flush_out)
+            return True       # the front counts what its client could not take (`audio` rows)
+        return send
+
+    def _flush_out(self) -> None:
+        self._out_due = False
+        if self._out:
+            items, self._out = self._out, []
+            self.tx.send(W.sends(items))
+
+    def _batcher(self, endpoint: str) -> FrameBatcher:
+        batcher = self._batchers.get(endpoint)
+        if batcher is None:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint)
+            batcher = self._batchers[endpoint] = FrameBatcher(zsock.Tx(sock))
+        return batcher
+
+    # -- from the front ---------------------------------------------------------------------------
+    async def _recv(self) -> None:
+        async for batch in zsock.batches(self.sock, self.tx.sync):
+            for parts in batch:
+                try:
+                    self._on(parts)
+                except Exception:
+                    log.exception("worker %d: failed on a message from the front", self.index)
+
+    def _on(self, parts: list) -> None:
+        kind = parts[0]
+        if kind == W.AUDIO:
+            rid, seq = W.RID_SEQ.unpack(parts[1])
+            actor = self.sessions.get(rid)
+            if actor is None:
+                self.unknown += 1
+            else:
+                actor.tell(AudioIn(seq, parts[2]), MsgClass.AUDIO)
+        elif kind == W.BEAT:
+            rows, pcm = W.read_beat(parts[1], parts[2], FRAMES_PER_BEAT, SAMPLES_OUT)
+            for i, (rid, header) in enumerate(rows):
+                actor = self.sessions.get(rid)
+                if actor is None:
+                    self.unknown += 1
+                    continue
+                try:
+                    actor.tell(BeatOut(header, pcm[i]), MsgClass.AUDIO)
+                except ActorStopped:
+                    self.unknown += 1
+        elif kind == W.CTRL:
+            self._on_ctrl(*W.read_ctrl(parts[1]))
+
+    def _on_ctrl(self, op: str, *args: Any) -> None:
+        if op == "stop":
+            self._stop.set()
+            return
+        if op == "start":
+            rid, cfg, endpoint = args
+            self._start(rid, cfg, endpoint)
+            return
+        rid = args[0]
+        actor = self.sessions.get(rid)
+        if actor is None:
+            self.unknown += 1
+            if op in ("finish", "flush"):              # the front waits for an answer
+                self._ctrl("gone", rid, op)
+            return
+        if op == "close":
+            self._tell(actor, Close(args[1]))
+        elif op == "func":
+            self._tell(actor, FunctionResult(args[1], args[2]))
+        elif op == "flooded":
+            actor.count_flooded(b"\0" * args[1])
+        elif op == "finish":
+            actor.take_queued_audio()
+            actor.flush_outputs()
+            self._ctrl("ended", rid, actor.end_stream())
+        elif op == "flush":
+            actor.flush_input()
+            self._ctrl("drops", rid, actor.input_drops())
+            del self.sessions[rid]
+            asyncio.get_running_loop().create_task(self.supervisor.stop_child(f"s{rid}"))
+
+    @staticmethod
+    def _tell(actor: SessionActor, msg: Any) -> None:
+        try:
+            actor.tell(msg)
+        except (ActorStopped, MailboxFull):
+            pass
+
+    def _start(self, rid: int, cfg, endpoint: str) -> None:
+        batcher = self._batcher(endpoint)
+
+        def make() -> SessionActor:
+            return SessionActor(cfg, lambda: batcher, self._send_for(rid), self.text_codec,
+                                self.user_codec, self.clock, self._closing(rid),
+                                self._tokens(rid))
+        self.sessions[rid] = self.supervisor.start_child(ChildSpec(
+            f"s{rid}", make, Restart.TEMPORARY, self._crashed(rid)))
+
+    def _closing(self, rid: int):
+        async def on_close(actor: SessionActor, why: Close) -> None:
+            if actor.closing:
+                return
+            actor.closing = True
+            self._ctrl("closing", rid, why.reason)
+        return on_close
+
+    def _crashed(self, rid: int):
+        async def on_crash(actor: SessionActor, exc: BaseException) -> None:
+            if actor.closing:
+                return
+            actor.closing = True
+            self._ctrl("crashed", rid, type(exc).__name__)
+        return on_crash
+
+    def _tokens(self, rid: int):
+        return lambda actor, ids: self._ctrl("tokens", rid, list(ids))
+
+
+def worker_main(index: int, front: str, codecs: tuple) -> None:
+    """A worker process's entry point (spawned by `WorkerPool`)."""
+    logging.basicConfig(level=logging.WARNING)
+    loop = new_loop()
+    asyncio.set_event_loop(loop)
+    # The collector stays on here (no beat clock collects between beats in a worker); what
+    # exists at start is frozen out of its walks.
+    gc.freeze()
+    try:
+        loop.run_until_complete(SessionWorker(index, front, codecs).run())
+    finally:
+        loop.close()

@@ -1,0 +1,328 @@
+"""The front's side of the session workers: start them, shard sessions across them, carry each
+session's messages, and notice a worker's death.
+
+`RemoteSession` is what the node holds for a session that runs in a worker: it takes the same
+messages a SessionActor does (`tell` of audio, beat outputs, close, function results) and asks
+the worker for what the node's close needs (`finish`, `drops`). What a
+session sends its client comes back batched and is routed by the node (`on_sends`); the front
+counts the audio its clients took or could not take, so `closed.stats` stays exact even for a
+session whose worker died.
+
+A worker that dies takes only its sessions: the pool reports them (`on_lost`), fails every
+answer they wait for, and starts a new worker in its place (at most `max_restarts` in
+`window_s`, then the pool stays one worker short and says so in the log).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import multiprocessing as mp
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from transports import zsock
+from wave_actors import worker_wire as W
+from wave_actors.runtime import ActorStopped, MsgClass
+from wave_actors.session import AudioIn, BeatOut, Close, FunctionResult, SessionConfig
+from wave_actors.session_worker import worker_main
+
+log = logging.getLogger("wave.workers")
+READY_TIMEOUT_S = 60.0          # a spawned worker imports numpy, zmq and soxr before it is ready
+ASK_TIMEOUT_S = 5.0
+
+
+@dataclass
+class PoolHandlers:
+    on_sends: Callable[[int, bool, list], None]       # rid, is audio, frames for its client
+    on_closing: Callable[[int, str], None]            # rid, reason: the session asks to close
+    on_crashed: Callable[[int, str], None]            # rid, exception name
+    on_tokens: Callable[[int, list[int]], None]       # rid, function-result tokens
+    on_lost: Callable[[list[int]], None]              # rids of a worker that died
+
+
+@dataclass
+class _Worker:
+    index: int
+    proc: Any
+    ready: asyncio.Future
+    identity: bytes | None = None
+    rids: set[int] = field(default_factory=set)
+    beat: list = field(default_factory=list)          # (rid, header, pcm) routed this turn
+
+    @property
+    def alive(self) -> bool:
+        return self.identity is not None and self.proc.exitcode is None
+
+
+class RemoteSession:
+    """A session running in a worker, as the node sees it."""
+
+    def __init__(self, pool: "WorkerPool", worker: _Worker, rid: int, cfg: SessionConfig):
+        self.pool, self.worker, self.rid, self.cfg = pool, worker, rid, cfg
+        self.closing = False
+        self.frames_sent = 0          # audio messages its client took
+        self.dropped_out = 0          # audio messages its client could not take
+
+    def tell(self, msg: Any, cls: MsgClass = MsgClass.CONTROL) -> None:
+        if not self.worker.alive or self.rid not in self.worker.rids:
+            raise ActorStopped(f"session {self.cfg.session!r} has no worker")
+        if isinstance(msg, AudioIn):
+            self.pool.send(self.worker, W.audio(self.rid, msg.seq, msg.payload))
+        elif isinstance(msg, BeatOut):
+            self.pool.queue_beat(self.worker, self.rid, msg)
+        elif isinstance(msg, Close):
+            self.pool.send(self.worker, W.ctrl("close", self.rid, msg.reason))
+        elif isinstance(msg, FunctionResult):
+            self.pool.send(self.worker, W.ctrl("func", self.rid, msg.call_id, msg.output))
+        else:
+            raise TypeError(f"unexpected message {type(msg).__name__}")
+
+    def count_flooded(self, payload: bytes) -> None:
+        if self.worker.alive:
+            self.pool.send(self.worker, W.ctrl("flooded", self.rid, len(payload)))
+
+    def sent(self, ok: bool) -> None:
+        if ok:
+            self.frames_sent += 1
+        else:
+            self.dropped_out += 1
+
+    async def finish(self) -> bool:
+        """Audio queued before the close is taken, waiting outputs are sent, and the frames'
+        end is marked to the clock: whether the marker went out."""
+        return (await self.pool.ask(self.worker, self.rid, "finish"))[0]
+
+    async def drops(self) -> int:
+        """Input frames lost on the worker's side of the clock; the session stops there."""
+        return (await self.pool.ask(self.worker, self.rid, "flush"))[0]
+
+    # What a resume announces, from the front's own counts: every audio message the session
+    # sends passes the front, so the next one's seq is the count of those; and the front's
+    # next input seq (`Route.next_seq`) is never behind the session's.
+    expected_seq = 0
+
+    @property
+    def out_seq(self) -> int:
+        return self.frames_sent + self.dropped_out
+
+
+class WorkerPool:
+    REPLY = {"finish": "ended", "flush": "drops"}
+
+    def __init__(self, n: int, ctx: zmq.asyncio.Context, codecs: tuple, handlers: PoolHandlers,
+                 max_restarts: int = 5, window_s: float = 10.0):
+        if n < 1:
+            raise ValueError("a pool has at least one worker")
+        self.n, self.ctx, self.codecs, self.h = n, ctx, codecs, handlers
+        self.max_restarts, self.window_s = max_restarts, window_s
+        self.workers: dict[int, _Worker] = {}
+        self.sessions: dict[int, RemoteSession] = {}
+        self.restarts = 0
+        self.unknown = 0              # messages from a replaced worker or for a finished session
+        self._restart_times: collections.deque = collections.deque()
+        self._rids = itertools.count(1)
+        self._asks: dict[tuple[int, str], asyncio.Future] = {}
+        self._beat_due = False
+        self._stopping = False
+        self._task: asyncio.Task | None = None
+        self.dir = ""
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="wave-node-")        # mode 0700: this user's only
+        self.endpoint = f"ipc://{self.dir}/workers"
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.bind(self.endpoint)
+        self.tx = zsock.Tx(self.sock)
+        self._task = asyncio.get_running_loop().create_task(self._recv())
+        for i in range(self.n):
+            self._spawn(i)
+        await asyncio.wait_for(asyncio.gather(*(w.ready for w in self.workers.values())),
+                               READY_TIMEOUT_S)
+
+    def _spawn(self, index: int) -> None:
+        loop = asyncio.get_running_loop()
+        proc = mp.get_context("spawn").Process(
+            target=worker_main, args=(index, self.endpoint, self.codecs), daemon=True,
+            name=f"wave-worker-{index}")
+        proc.start()
+        worker = self.workers[index] = _Worker(index, proc, loop.create_future())
+        loop.add_reader(proc.sentinel, self._died, worker)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for w in self.workers.values():
+            if w.alive:
+                try:
+                    self.send(w, W.ctrl("stop"))
+                except zmq.ZMQError:
+                    pass
+        loop = asyncio.get_running_loop()
+        for w in self.workers.values():
+            loop.remove_reader(w.proc.sentinel)
+            await loop.run_in_executor(None, w.proc.join, 2.0)
+            if w.proc.exitcode is None:
+                w.proc.terminate()
+                await loop.run_in_executor(None, w.proc.join, 2.0)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.sock.close(0)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _died(self, worker: _Worker) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(worker.proc.sentinel)
+        worker.proc.join(0)
+        if not worker.ready.done():
+            worker.ready.set_exception(RuntimeError(
+                f"session worker {worker.index} exited with code {worker.proc.exitcode} "
+                "before it was ready"))
+        worker.identity = None
+        lost = sorted(worker.rids)
+        worker.rids.clear()
+        for key in [k for k in self._asks if k[0] in lost]:
+            fut = self._asks.pop(key)
+            if not fut.done():
+                fut.set_exception(ActorStopped("its worker died"))
+        for rid in lost:
+            self.sessions.pop(rid, None)
+        if self._stopping:
+            return
+        log.error("session worker %d (pid %s) exited with code %s; its %d sessions end",
+                  worker.index, worker.proc.pid, worker.proc.exitcode, len(lost))
+        if lost:
+            self.h.on_lost(lost)
+        now = time.monotonic()
+        while self._restart_times and now - self._restart_times[0] > self.window_s:
+            self._restart_times.popleft()
+        if len(self._restart_times) >= self.max_restarts:
+            log.error("session worker %d restarted %d times in %.0f s: left stopped",
+                      worker.index, len(self._restart_times), self.window_s)
+            return
+        self._restart_times.append(now)
+        self.restarts += 1
+        self._spawn(worker.index)
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def open(self, cfg: SessionConfig) -> RemoteSession:
+        """A session on the live worker with the fewest; ActorStopped when none is live."""
+        live = [w for w in self.workers.values() if w.alive]
+        if not live:
+            raise ActorStopped("no session worker is running")
+        worker = min(live, key=lambda w: (len(w.rids), w.index))
+        rid = next(self._rids)
+        worker.rids.add(rid)
+        session = self.sessions[rid] = RemoteSession(self, worker, rid, cfg)
+        self.send(worker, W.ctrl("start", rid, cfg, cfg.clock_endpoint))
+        return session
+
+    def forget(self, rid: int) -> None:
+        session = self.sessions.pop(rid, None)
+        if session is not None:
+            session.worker.rids.discard(rid)
+
+    def send(self, worker: _Worker, parts: list) -> None:
+        self.tx.send([worker.identity, *parts])
+
+    def queue_beat(self, worker: _Worker, rid: int, out: BeatOut) -> None:
+        worker.beat.append((rid, out.header, out.pcm))
+        if not self._beat_due:
+            self._beat_due = True
+            asyncio.get_running_loop().call_soon(self._flush_beats)
+
+    def _flush_beats(self) -> None:
+        """One message a worker for the rows routed this turn (a beat's, all at once)."""
+        self._beat_due = False
+        for w in self.workers.values():
+            if not w.beat:
+                continue
+            rows, w.beat = w.beat, []
+            if not w.alive:
+                continue
+            try:
+                self.send(w, W.beat([(rid, h) for rid, h, _ in rows], [p for *_, p in rows]))
+            except zmq.ZMQError as exc:
+                log.warning("beat outputs to worker %d lost: %r", w.index, exc)
+
+    async def ask(self, worker: _Worker, rid: int, op: str) -> tuple:
+        if not worker.alive or rid not in worker.rids:
+            raise ActorStopped("its worker is gone")
+        key = (rid, self.REPLY[op])
+        fut = self._asks[key] = asyncio.get_running_loop().create_future()
+        self.send(worker, W.ctrl(op, rid))
+        try:
+            return await asyncio.wait_for(fut, ASK_TIMEOUT_S)
+        finally:
+            self._asks.pop(key, None)
+
+    # -- from the workers -------------------------------------------------------------------------
+    async def _recv(self) -> None:
+        async for batch in zsock.batches(self.sock, self.tx.sync):
+            for parts in batch:
+                try:
+                    self._on(parts)
+                except Exception:
+                    log.exception("front: failed on a message from a session worker")
+
+    def _worker_of(self, identity: bytes) -> _Worker | None:
+        for w in self.workers.values():
+            if w.identity == identity:
+                return w
+        return None
+
+    def _on(self, parts: list) -> None:
+        identity, kind = parts[0], parts[1]
+        if kind == W.CTRL:
+            msg = W.read_ctrl(parts[2])
+            if msg[0] == "ready":
+                worker = self.workers.get(msg[1])
+                if worker is not None and not worker.ready.done() and worker.proc.pid == msg[2]:
+                    worker.identity = identity
+                    worker.ready.set_result(None)
+                return
+        worker = self._worker_of(identity)
+        if worker is None:
+            self.unknown += 1             # from a worker already replaced
+            return
+        if kind == W.SENDS:
+            for rid, audio_msg, frames in W.read_sends(parts[2:]):
+                if rid in worker.rids:
+                    self.h.on_sends(rid, audio_msg, frames)
+                else:
+                    self.unknown += 1
+            return
+        if kind != W.CTRL:
+            self.unknown += 1
+            return
+        op, rid, *args = msg
+        if rid not in worker.rids:
+            self.unknown += 1
+            return
+        if op in ("ended", "drops"):
+            fut = self._asks.get((rid, op))
+            if fut is not None and not fut.done():
+                fut.set_result(tuple(args))
+        elif op == "gone":
+            fut = self._asks.get((rid, self.REPLY[args[0]]))
+            if fut is not None and not fut.done():
+                fut.set_exception(ActorStopped("the worker no longer has the session"))
+        elif op == "closing":
+            self.h.on_closing(rid, args[0])
+        elif op == "crashed":
+            self.h.on_crashed(rid, args[0])
+        elif op == "tokens":
+            self.h.on_tokens(rid, args[0])

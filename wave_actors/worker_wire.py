@@ -1,0 +1,69 @@
+"""The node's front and its session workers: the messages between them, over one ipc socket pair
+per worker (the front's ROUTER, the worker's DEALER).
+
+Both ends are processes of one node, started by the front on a private ipc directory, so control
+messages are pickled tuples; the hot ones are flat:
+
+    front → worker   [AUDIO, rid+seq (RID_SEQ), payload]           a client's audio message
+                     [BEAT, pickle([(rid, header), ...]), pcm]     a beat's rows for the worker's
+                                                                   sessions, pcm (k, F, 1764) f32
+                     [CTRL, pickle(tuple)]                         start, close, func, flooded,
+                                                                   finish, flush, stop
+    worker → front   [SENDS, pickle([(rid, audio, parts), ...]), *frames]   what its sessions
+                                                                   sent their clients, one loop
+                                                                   turn's worth
+                     [CTRL, pickle(tuple)]                         ready, closing, crashed,
+                                                                   tokens, ended, drops, gone
+
+`rid` is the front's number for a session (its route); messages naming a rid the other side no
+longer knows are counted and dropped.
+"""
+from __future__ import annotations
+
+import pickle
+import struct
+
+import numpy as np
+
+AUDIO, BEAT, CTRL, SENDS = b"A", b"B", b"C", b"S"
+RID_SEQ = struct.Struct("<iq")
+
+
+def ctrl(*msg) -> list[bytes]:
+    return [CTRL, pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)]
+
+
+def audio(rid: int, seq: int, payload: bytes) -> list[bytes]:
+    return [AUDIO, RID_SEQ.pack(rid, seq), payload]
+
+
+def beat(rows: list[tuple[int, dict]], pcm: list[np.ndarray]) -> list[bytes]:
+    return [BEAT, pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL),
+            np.stack(pcm).astype(np.float32, copy=False).tobytes()]
+
+
+def read_beat(meta: bytes, pcm: bytes, frames: int, samples: int
+              ) -> tuple[list[tuple[int, dict]], np.ndarray]:
+    rows = pickle.loads(meta)
+    return rows, np.frombuffer(pcm, np.float32).reshape(len(rows), frames, samples)
+
+
+def sends(items: list[tuple[int, bool, list[bytes]]]) -> list[bytes]:
+    meta = [(rid, audio_msg, len(parts)) for rid, audio_msg, parts in items]
+    out = [SENDS, pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)]
+    for _rid, _a, parts in items:
+        out.extend(parts)
+    return out
+
+
+def read_sends(parts: list) -> list[tuple[int, bool, list]]:
+    meta = pickle.loads(parts[0])
+    items, i = [], 1
+    for rid, audio_msg, n in meta:
+        items.append((rid, audio_msg, parts[i:i + n]))
+        i += n
+    return items
+
+
+def read_ctrl(blob: bytes) -> tuple:
+    return pickle.loads(blob)
