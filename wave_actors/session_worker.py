@@ -112,12 +112,12 @@ class SessionWorker:
     def _on(self, parts: list) -> None:
         kind = parts[0]
         if kind == W.AUDIO:
-            rid, seq = W.RID_SEQ.unpack(parts[1])
-            actor = self.sessions.get(rid)
-            if actor is None:
-                self.unknown += 1
-            else:
-                actor.tell(AudioIn(seq, parts[2]), MsgClass.AUDIO)
+            for rid, seq, payload in W.read_audio(parts[1], parts[2]):
+                actor = self.sessions.get(rid)
+                if actor is None:
+                    self.unknown += 1
+                else:
+                    self._tell_audio(actor, AudioIn(seq, payload))
         elif kind == W.BEAT:
             rows, pcm = W.read_beat(parts[1], parts[2], FRAMES_PER_BEAT, SAMPLES_OUT)
             for i, (rid, header) in enumerate(rows):
@@ -125,10 +125,7 @@ class SessionWorker:
                 if actor is None:
                     self.unknown += 1
                     continue
-                try:
-                    actor.tell(BeatOut(header, pcm[i]), MsgClass.AUDIO)
-                except ActorStopped:
-                    self.unknown += 1
+                self._tell_audio(actor, BeatOut(header, pcm[i]))
         elif kind == W.CTRL:
             self._on_ctrl(*W.read_ctrl(parts[1]))
 
@@ -162,6 +159,12 @@ class SessionWorker:
             self._ctrl("drops", rid, actor.input_drops())
             del self.sessions[rid]
             asyncio.get_running_loop().create_task(self.supervisor.stop_child(f"s{rid}"))
+
+    def _tell_audio(self, actor: SessionActor, msg: Any) -> None:
+        try:
+            actor.tell(msg, MsgClass.AUDIO)
+        except ActorStopped:
+            self.unknown += 1
 
     @staticmethod
     def _tell(actor: SessionActor, msg: Any) -> None:

@@ -57,6 +57,7 @@ class _Worker:
     identity: bytes | None = None
     rids: set[int] = field(default_factory=set)
     beat: list = field(default_factory=list)          # (rid, header, pcm) routed this turn
+    audio: list = field(default_factory=list)         # (rid, seq, payload) read this turn
 
     @property
     def alive(self) -> bool:
@@ -76,7 +77,7 @@ class RemoteSession:
         if not self.worker.alive or self.rid not in self.worker.rids:
             raise ActorStopped(f"session {self.cfg.session!r} has no worker")
         if isinstance(msg, AudioIn):
-            self.pool.send(self.worker, W.audio(self.rid, msg.seq, msg.payload))
+            self.pool.queue_audio(self.worker, self.rid, msg)
         elif isinstance(msg, BeatOut):
             self.pool.queue_beat(self.worker, self.rid, msg)
         elif isinstance(msg, Close):
@@ -131,7 +132,8 @@ class WorkerPool:
         self._restart_times: collections.deque = collections.deque()
         self._rids = itertools.count(1)
         self._asks: dict[tuple[int, str], asyncio.Future] = {}
-        self._beat_due = False
+        self._flush_due = False
+        self.lost_to_dead = 0         # audio and beat rows queued for a worker that then died
         self._stopping = False
         self._task: asyncio.Task | None = None
         self.dir = ""
@@ -236,27 +238,47 @@ class WorkerPool:
             session.worker.rids.discard(rid)
 
     def send(self, worker: _Worker, parts: list) -> None:
+        """A message to a worker after the audio and outputs queued for it (in order)."""
+        if worker.audio or worker.beat:
+            self._flush(worker)
         self.tx.send([worker.identity, *parts])
+
+    # A send on an ipc socket costs a few µs of the loop (the I/O thread is woken); the clients'
+    # audio and a beat's outputs go to each worker as one message a loop turn instead.
+    def queue_audio(self, worker: _Worker, rid: int, msg: AudioIn) -> None:
+        worker.audio.append((rid, msg.seq, msg.payload))
+        self._flush_soon()
 
     def queue_beat(self, worker: _Worker, rid: int, out: BeatOut) -> None:
         worker.beat.append((rid, out.header, out.pcm))
-        if not self._beat_due:
-            self._beat_due = True
-            asyncio.get_running_loop().call_soon(self._flush_beats)
+        self._flush_soon()
 
-    def _flush_beats(self) -> None:
-        """One message a worker for the rows routed this turn (a beat's, all at once)."""
-        self._beat_due = False
+    def _flush_soon(self) -> None:
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush_all)
+
+    def _flush_all(self) -> None:
+        self._flush_due = False
         for w in self.workers.values():
-            if not w.beat:
-                continue
-            rows, w.beat = w.beat, []
-            if not w.alive:
-                continue
-            try:
-                self.send(w, W.beat([(rid, h) for rid, h, _ in rows], [p for *_, p in rows]))
-            except zmq.ZMQError as exc:
-                log.warning("beat outputs to worker %d lost: %r", w.index, exc)
+            if w.audio or w.beat:
+                self._flush(w)
+
+    def _flush(self, w: _Worker) -> None:
+        audio, w.audio = w.audio, []
+        rows, w.beat = w.beat, []
+        if not w.alive:
+            self.lost_to_dead += len(audio) + len(rows)
+            return
+        try:
+            if audio:
+                self.tx.send([w.identity, *W.audio(audio)])
+            if rows:
+                self.tx.send([w.identity, *W.beat([(rid, h) for rid, h, _ in rows],
+                                                  [p for *_, p in rows])])
+        except zmq.ZMQError as exc:     # the worker went away between the check and the send
+            self.lost_to_dead += len(audio) + len(rows)
+            log.warning("messages to session worker %d lost: %r", w.index, exc)
 
     async def ask(self, worker: _Worker, rid: int, op: str) -> tuple:
         if not worker.alive or rid not in worker.rids:

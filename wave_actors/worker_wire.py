@@ -4,7 +4,8 @@ per worker (the front's ROUTER, the worker's DEALER).
 Both ends are processes of one node, started by the front on a private ipc directory, so control
 messages are pickled tuples; the hot ones are flat:
 
-    front → worker   [AUDIO, rid+seq (RID_SEQ), payload]           a client's audio message
+    front → worker   [AUDIO, rows (AUDIO_ROW), payloads]           the clients' audio messages of
+                                                                   one loop turn, payloads joined
                      [BEAT, pickle([(rid, header), ...]), pcm]     a beat's rows for the worker's
                                                                    sessions, pcm (k, F, 1764) f32
                      [CTRL, pickle(tuple)]                         start, close, func, flooded,
@@ -21,20 +22,31 @@ longer knows are counted and dropped.
 from __future__ import annotations
 
 import pickle
-import struct
 
 import numpy as np
 
 AUDIO, BEAT, CTRL, SENDS = b"A", b"B", b"C", b"S"
-RID_SEQ = struct.Struct("<iq")
+AUDIO_ROW = np.dtype([("rid", "<i4"), ("seq", "<i8"), ("nbytes", "<i4")])
 
 
 def ctrl(*msg) -> list[bytes]:
     return [CTRL, pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)]
 
 
-def audio(rid: int, seq: int, payload: bytes) -> list[bytes]:
-    return [AUDIO, RID_SEQ.pack(rid, seq), payload]
+def audio(items: list[tuple[int, int, bytes]]) -> list[bytes]:
+    rows = np.array([(rid, seq, len(p)) for rid, seq, p in items], AUDIO_ROW)
+    return [AUDIO, rows.tobytes(), b"".join(p for *_, p in items)]
+
+
+def read_audio(rows: bytes, payloads: bytes) -> list[tuple[int, int, bytes]]:
+    """(rid, seq, payload) for each message, or ValueError when the parts disagree."""
+    head = np.frombuffer(rows, AUDIO_ROW)
+    if int(head["nbytes"].sum()) != len(payloads) or (head["nbytes"] < 0).any():
+        raise ValueError("audio rows and payload bytes disagree")
+    ends = np.cumsum(head["nbytes"])
+    starts = ends - head["nbytes"]
+    return [(int(r), int(q), payloads[a:b]) for r, q, a, b in
+            zip(head["rid"].tolist(), head["seq"].tolist(), starts.tolist(), ends.tolist())]
 
 
 def beat(rows: list[tuple[int, dict]], pcm: list[np.ndarray]) -> list[bytes]:
