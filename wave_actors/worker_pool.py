@@ -59,9 +59,12 @@ class _Worker:
     beat: list = field(default_factory=list)          # (rid, header, pcm) routed this turn
     audio: list = field(default_factory=list)         # (rid, seq, payload) read this turn
 
+    dead: bool = False                                # its process's sentinel fired
+
     @property
     def alive(self) -> bool:
-        return self.identity is not None and self.proc.exitcode is None
+        # Not `proc.exitcode`: that polls the process (a system call) on every message.
+        return self.identity is not None and not self.dead
 
 
 class RemoteSession:
@@ -188,6 +191,7 @@ class WorkerPool:
     def _died(self, worker: _Worker) -> None:
         loop = asyncio.get_running_loop()
         loop.remove_reader(worker.proc.sentinel)
+        worker.dead = True
         worker.proc.join(0)
         if not worker.ready.done():
             worker.ready.set_exception(RuntimeError(
