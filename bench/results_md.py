@@ -262,6 +262,18 @@ NOTES = (
      "(host-batching-cpu.json) saves the encoding's share (u-law 24 to 8 us a session, 16-bit "
      "PCM 16 to 11) but not the resampling's: a multi-channel soxr stream costs what N single "
      "ones do (40-48 us a session at 16 and 24 kHz)."),
+    ("graph", "Session actors in 4 worker processes: the clock's loop is no lighter (issue 17)",
+     ("graph-dense-n300-20261202T111553.json", "graph-dense-n300-20261202T090344.json"),
+     "At 2e9ecdf (the host-workers branch), 300 dense sessions x 150 beats with `--workers 4`: "
+     "5 late (the first measured beats, after a 74-beat ramp), p50 / p99 149.4 / 175.4 ms, "
+     "executor 140.9 ms. The thread of the front's and clock's loop used 119.8 / 134.9 ms of "
+     "CPU a beat at p50 / p99 (398 us a live session), against 119.7 / 154.5 ms with every "
+     "session on that loop (1d839e2, 250 beats); the process's CPU rose to 160 ms (pickling, "
+     "more sockets). So the session actors' own work was a small part of the loop's load: the "
+     "cost is the message path through the front (each client message received, parsed, "
+     "checked and forwarded; each message a session sends routed back out), and the pyzmq "
+     "event handling of its sockets. The stalls sampled sat in the front's sends and the "
+     "pool's receive. Next: the front out of the clock's process, so that process only beats."),
     ("sim", "The simulator against the H200, side by side (dense, same code)",
      ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
       "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
