@@ -110,10 +110,7 @@ class StallWatch:
             time.sleep(max(0.0, release + self.after_s - time.monotonic()))
             if self._armed != release:
                 continue                          # on time (or re-armed for a later release)
-            self._sample(release)
-            with self._cond:                      # wait for the next arming, not this one again
-                while self._armed == release and not self._stopped:
-                    self._cond.wait(self.every_s)
+            self._sample(release)                 # returns once the clock is awake
 
     def _sample(self, release: float) -> None:
         seen: collections.Counter = collections.Counter()

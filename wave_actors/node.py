@@ -699,8 +699,7 @@ class Node:
         route = self._remote.get(rid)
         if route is None:
             return
-        ok = self._send_route(route, [f.bytes if hasattr(f, "bytes") else f for f in frames],
-                              audio)
+        ok = self._send_route(route, frames, audio)
         if audio:
             route.actor.sent(ok)
 

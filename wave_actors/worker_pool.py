@@ -129,6 +129,7 @@ class WorkerPool:
         self.n, self.ctx, self.codecs, self.h = n, ctx, codecs, handlers
         self.max_restarts, self.window_s = max_restarts, window_s
         self.workers: dict[int, _Worker] = {}
+        self._by_identity: dict[bytes, _Worker] = {}      # the live workers, by socket identity
         self.sessions: dict[int, RemoteSession] = {}
         self.restarts = 0
         self.unknown = 0              # messages from a replaced worker or for a finished session
@@ -197,6 +198,7 @@ class WorkerPool:
             worker.ready.set_exception(RuntimeError(
                 f"session worker {worker.index} exited with code {worker.proc.exitcode} "
                 "before it was ready"))
+        self._by_identity.pop(worker.identity, None)
         worker.identity = None
         lost = sorted(worker.rids)
         worker.rids.clear()
@@ -304,12 +306,6 @@ class WorkerPool:
                 except Exception:
                     log.exception("front: failed on a message from a session worker")
 
-    def _worker_of(self, identity: bytes) -> _Worker | None:
-        for w in self.workers.values():
-            if w.identity == identity:
-                return w
-        return None
-
     def _on(self, parts: list) -> None:
         identity, kind = parts[0], parts[1]
         if kind == W.CTRL:
@@ -318,9 +314,10 @@ class WorkerPool:
                 worker = self.workers.get(msg[1])
                 if worker is not None and not worker.ready.done() and worker.proc.pid == msg[2]:
                     worker.identity = identity
+                    self._by_identity[identity] = worker
                     worker.ready.set_result(None)
                 return
-        worker = self._worker_of(identity)
+        worker = self._by_identity.get(identity)
         if worker is None:
             self.unknown += 1             # from a worker already replaced
             return
