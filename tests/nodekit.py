@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,20 @@ from transports.client import NodeClient
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
+from wave_actors.engine_process import ExecutorSpec
 from wave_actors.node import Node, NodeConfig
 
 _ids = itertools.count()
 SCALE = float(2 ** 24)          # frame codes are integers / 2^24: exact in float32
+
+
+@dataclass(frozen=True)
+class TracingSimSpec(ExecutorSpec):
+    """A sim executor that records what it was handed (`SimExecutor.trace`), built in an engine
+    process: read it there with `EngineHost.call("trace")`."""
+
+    def build(self):
+        return SimExecutor(self.options, trace=True)
 
 
 def frame_code(session_no: int, frame_no: int) -> float:

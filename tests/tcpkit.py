@@ -12,6 +12,7 @@ from sim.executor import SimExecutor
 from transports.client import NodeClient
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.timebase import Clock
+from wave_actors.engine_process import ExecutorSpec
 from wave_actors.node import Node, NodeConfig
 
 
@@ -19,9 +20,13 @@ from wave_actors.node import Node, NodeConfig
 async def node_on_tcp(max_sessions=2, backend=None, **cfg):
     cfg.setdefault("drain_grace_s", 0.0)
     clock = Clock()
+    if backend is None:
+        opts = ExecutorOptions(max_sessions=max_sessions)
+        # With session workers the executor lives in the engine process, built there.
+        backend = (ExecutorSpec("sim", opts) if cfg.get("workers")
+                   else SimExecutor(opts, clock=clock))
     node = Node(NodeConfig(bind="tcp://127.0.0.1:0", max_sessions=max_sessions, **cfg),
-                backend or SimExecutor(ExecutorOptions(max_sessions=max_sessions), clock=clock),
-                clock)
+                backend, clock)
     await node.start()
     try:
         yield node

@@ -35,6 +35,8 @@ from wave_actors.core.policy_spec import PolicyError, load_class, make_policy
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.registry import NAMES, described, entry, make_executor
 from wave_actors.core.spread import spread_ms
+from wave_actors.engine_host import EngineHost
+from wave_actors.engine_process import ExecutorSpec
 from wave_actors.node import Node, NodeConfig
 from wave_actors.node_cli import sized_slots
 from wave_actors.serving_process import serving_process
@@ -135,6 +137,8 @@ def make_executor_for(args, max_n: int, clock: Clock | None = None):
                            config=args.config, max_context=max_context, context_offset=offset,
                            cost_model=args.cost_model, seed=args.seed, context_roll=roll,
                            beat_wait=args.beat_wait, start_rows=args.start_rows)
+    if args.workers:      # built in the engine process, which serves every run's node
+        return EngineHost(ExecutorSpec(args.backend, opts)).start()
     return make_executor(args.backend, opts, clock)
 
 
@@ -150,6 +154,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     bind = f"inproc://bench-{id(clock)}" if loop_virtual else "tcp://127.0.0.1:0"
     if hasattr(backend, "prepare"):
         backend.prepare(n + args.burst)   # capture the graph its beats use before any runs
+    cpu: dict = {}                   # the node's processes' CPU over the measured beats
     node = Node(NodeConfig(bind=bind, max_sessions=backend.max_sessions, idle_timeout_s=60.0,
                            start_timeout_s=OPEN_TIMEOUT_S, start_policy=args.start_policy,
                            clock_policy=args.clock_policy,
@@ -159,7 +164,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     try:
         with serving_process():      # as `python -m wave_actors.node` serves
             records, stats, refusals, waits, burst = await _drive(args, node, n, clock,
-                                                                  loop_virtual)
+                                                                  loop_virtual, cpu)
         errors = sum(node.counters.errors.values())
         if errors:
             print(f"           errors the node answered, by code: {node.counters.errors}",
@@ -192,7 +197,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
                      _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0,
                      len(waits), float(open_p50), float(open_p99), policies,
-                     float(open_max), dict(refused_by), live_seen, _host(records, stalls), burst,
+                     float(open_max), dict(refused_by), live_seen, _host(records, stalls, cpu), burst,
                      ramp)
 
 
@@ -218,7 +223,7 @@ def _worst(trace: dict, k: int = 3) -> str:
                      f"gc {trace['gc_ms'][i]:.1f}) @{i}" for i in top)
 
 
-def _host(records: list, stalls: list) -> dict:
+def _host(records: list, stalls: list, cpu: dict) -> dict:
     """How late the loop woke for the release (and, for the longest late wakes, what the loop
     was running: `stalls`), the host's time before the executor's call and after its return,
     and the CPU of the loop's thread and of the node's process per beat (with the loop's per
@@ -226,11 +231,13 @@ def _host(records: list, stalls: list) -> dict:
     return {"wake_ms": spread_ms(r.wake_s for r in records),
             "before_ms": spread_ms(r.begin_s for r in records),
             "after_ms": spread_ms(r.latency_s - r.returned_s for r in records),
+            "before_after_ms": spread_ms(r.begin_s + r.latency_s - r.returned_s for r in records),
             "loop_cpu_ms": spread_ms(r.loop_cpu_s for r in records),
             "process_cpu_ms": spread_ms(r.process_cpu_s for r in records),
             "loop_cpu_us_per_session": round(1e6 * sum(r.loop_cpu_s for r in records)
                                              / max(1, sum(r.sessions for r in records)), 1),
-            "stalls": [s.describe() for s in sorted(stalls, key=lambda s: -s.late_s)[:STALLS_KEPT]]}
+            "stalls": [s.describe() for s in sorted(stalls, key=lambda s: -s.late_s)[:STALLS_KEPT]],
+            "processes": cpu}
 
 
 STALLS_KEPT = 8         # the longest late wakes of a run, with their stacks, in the result
@@ -249,7 +256,7 @@ def _trace(records: list) -> dict:
             "sessions": [r.sessions for r in records]}
 
 
-async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool):
+async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool, cpu: dict):
     """n caller lines through the node until the measured beats ran, and `--burst` more dialled
     at once when the n are steady: (records, caller stats, refusals, open waits, the burst's
     summary). Real time: callers in load-generator processes; virtual: in this loop."""
@@ -263,7 +270,7 @@ async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool):
             late = Generators(node.endpoint, k, procs, args.churn, first=n)
         try:
             records = await _while_alive(callers, _measure_beats(args, node, n, clock,
-                                                                 dial if k else None))
+                                                                 dial if k else None, cpu))
             stats, refusals, waits = await callers.finish()
             got = await late.finish() if late else ([], 0, [])
         finally:
@@ -280,7 +287,7 @@ async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool):
         def dial() -> None:
             bursting.append(loop.create_task(
                 drive_all(client, range(n, n + k), clock, stop, args.churn)))
-        records = await _measure_beats(args, node, n, clock, dial if k else None)
+        records = await _measure_beats(args, node, n, clock, dial if k else None, cpu)
         stop.set()
         stats, refusals, waits = await driving
         got = await bursting[0] if bursting else ([], 0, [])
@@ -297,16 +304,37 @@ def _burst(k: int, refusals: int, waits: list[float]) -> dict:
             "open_max_ms": round(float(most), 1)}
 
 
-async def _measure_beats(args, node: Node, n: int, clock: Clock, dial=None) -> list:
+async def _measure_beats(args, node: Node, n: int, clock: Clock, dial=None,
+                         cpu: dict | None = None) -> list:
     """Once all n sessions are live and a start-up backlog has drained, the next `--beats`
-    beat records; with `dial`, it is called then (the burst) and its opens wait out in them."""
+    beat records; with `dial`, it is called then (the burst) and its opens wait out in them.
+    `cpu` gets the node's processes' CPU over those beats (`Node.process_cpu`)."""
     await _wait_live(node, n, clock)
     await _wait_steady(node, clock, args.warmup_max)
     first = len(_live_records(node))
     if dial is not None:
         dial()
+    before = node.process_cpu()
     await _wait_beats(node, first, args.beats, clock, args.fail_fast)
+    if cpu is not None:
+        cpu.update(_cpu_spent(before, node.process_cpu(), args.beats, n, args.workers))
     return _live_records(node)[first:first + args.beats]
+
+
+def _cpu_spent(before: dict, after: dict, beats: int, n: int, workers: int) -> dict:
+    """ms a beat of the front's process and the engine's, and µs a session a beat of the
+    session workers (all workers together); None where a process's CPU is unknown."""
+    def spent(a, b):
+        return None if a is None or b is None else b - a
+    front, engine = spent(before["front"], after["front"]), spent(before["engine"], after["engine"])
+    pairs = list(zip(before["workers"], after["workers"]))
+    worker = (None if not pairs or any(spent(a, b) is None for a, b in pairs)
+              else sum(b - a for a, b in pairs))
+    return {"workers": workers,
+            "front_cpu_ms_per_beat": None if front is None else round(1e3 * front / beats, 2),
+            "engine_cpu_ms_per_beat": None if engine is None else round(1e3 * engine / beats, 2),
+            "worker_cpu_us_per_session_beat": None if worker is None
+            else round(1e6 * worker / (beats * max(1, n)), 1)}
 
 
 async def _while_alive(callers: Generators, work):
@@ -383,12 +411,19 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
             print(f"           host: the loop woke for the release {h['wake_ms']['p50']:.1f} / "
                   f"{h['wake_ms']['p99']:.1f} / {h['wake_ms']['max']:.1f} ms late (p50 / p99 / "
                   f"max); release to executor p99 {h['before_ms']['p99']:.1f} ms; executor done "
-                  f"to outputs routed p99 {h['after_ms']['p99']:.1f} ms", flush=True)
+                  f"to outputs routed p99 {h['after_ms']['p99']:.1f} ms; both p99 "
+                  f"{h['before_after_ms']['p99']:.1f} ms", flush=True)
             print(f"           CPU a beat: the loop's thread {h['loop_cpu_ms']['p50']:.1f} / "
                   f"{h['loop_cpu_ms']['p99']:.1f} ms (p50 / p99; "
                   f"{h['loop_cpu_us_per_session']:.0f} µs a live session), the process "
                   f"{h['process_cpu_ms']['p50']:.1f} / {h['process_cpu_ms']['p99']:.1f} ms",
                   flush=True)
+            pc = h.get("processes") or {}
+            if pc.get("workers"):
+                print(f"           processes: {pc['workers']} session workers "
+                      f"{pc['worker_cpu_us_per_session_beat']} µs a session a beat; the front "
+                      f"{pc['front_cpu_ms_per_beat']} ms a beat, the engine "
+                      f"{pc['engine_cpu_ms_per_beat']} ms a beat", flush=True)
             for st in h.get("stalls", [])[:3]:
                 top = st["stacks"][0] if st["stacks"] else {"samples": 0, "frames": []}
                 print(f"           stall: woke {st['late_ms']:.1f} ms late; {top['samples']} of "
@@ -552,6 +587,10 @@ def parse_args(argv=None):
                                         output_slice=args.output_slice)
     except (PolicyError, ValueError) as exc:
         ap.error(str(exc))
+    if args.workers and args.virtual:
+        ap.error("--workers runs the node in several processes: real time only (not --virtual)")
+    if args.workers < 0:
+        ap.error("--workers must be >= 0")
     if args.sessions < 1 or args.beats < 1 or args.runs < 1:
         ap.error("--sessions, --beats and --runs must be positive")
     if not args.churn >= 0:

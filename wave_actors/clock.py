@@ -316,6 +316,11 @@ class BeatClockActor(Actor):
     def free_slots(self) -> int:
         return self.table.free_slots
 
+    @property
+    def jitter_totals(self) -> SlotStats:
+        """Underruns and drops over every session this incarnation admitted."""
+        return self.table.jitter.totals
+
     def _apply_ops(self) -> None:
         """Slot changes since the last beat, in order. A close always applies (the slot was freed
         when it was asked); an open or tool tokens only while their handle is still current."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,12 @@ from wave_actors.core.jitter import CapacityError
 from wave_actors.core.prompt import PromptRejected
 from wave_actors.core.start_policy import EagerStarts, StartPolicy
 from wave_actors.core.timebase import Clock
+from wave_actors.engine_host import ClockProxy, EngineHost
+from wave_actors.engine_process import ExecutorSpec
 from wave_actors.flood import FloodGate, FloodPolicy
 from wave_actors.gatekeeper import CONN_PROPERTY, DOMAIN, Gatekeeper
 from wave_actors.metrics import NodeMetrics
+from wave_actors.proc_cpu import cpu_seconds
 from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
 from wave_actors.session import (AudioIn, BeatOut, Close, FunctionResult, SessionActor,
                                  SessionConfig)
@@ -126,9 +130,19 @@ def _older(conn: str, than: str) -> bool:
 
 
 class Node:
-    def __init__(self, cfg: NodeConfig, executor: Executor, clock: Clock | None = None,
-                 ctx: zmq.asyncio.Context | None = None):
+    def __init__(self, cfg: NodeConfig, executor: Executor | EngineHost | ExecutorSpec,
+                 clock: Clock | None = None, ctx: zmq.asyncio.Context | None = None):
+        """`executor`: one in this process (no workers), or with workers the engine process
+        that holds it: an `EngineHost` the caller started (and closes), or an `ExecutorSpec`
+        for the node to start and close."""
+        self._own_engine = isinstance(executor, ExecutorSpec)
+        if self._own_engine:
+            executor = EngineHost(executor)
+        if (cfg.workers > 0) != isinstance(executor, EngineHost):
+            raise ValueError("a node with session workers runs its executor in an engine process "
+                             "(pass an ExecutorSpec or EngineHost); one without runs it here")
         self.cfg, self.executor = cfg, executor
+        self.engine: EngineHost | None = executor if isinstance(executor, EngineHost) else None
         self.clock = clock or Clock()
         self.ctx = ctx or zmq.asyncio.Context()
         self.metrics = NodeMetrics()
@@ -173,6 +187,8 @@ class Node:
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.cfg
+        if self._own_engine and not self.engine.alive:
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.start)
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # No ROUTER_HANDOVER: a connection cannot take the routing identity of a live one.
@@ -227,6 +243,10 @@ class Node:
         # A fresh inproc address per incarnation: a dead clock's socket may still hold its own.
         self._clock_incarnation += 1
         endpoint = f"{self._clock_base}-{id(self)}-{self._clock_incarnation}"
+        if self.engine is not None:
+            return ClockProxy(self.engine, self._clock_incarnation, endpoint,
+                              self.cfg.clock_policy, self.start_policy, self.cfg.keep_records,
+                              self._on_beat)
         return BeatClockActor(self.executor, self.ctx, endpoint, self.clock, self._deliver,
                               self.cfg.clock_policy, self.start_policy, self._clock_incarnation,
                               self._on_beat, self.cfg.keep_records)
@@ -273,6 +293,8 @@ class Node:
         await self.supervisor.stop_all()
         if self.pool is not None:
             await self.pool.stop()
+        if self._own_engine:
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
         # The front reads (and refuses opens) until here: nothing below waits on the loop.
         for task in self._tasks:
             task.cancel()
@@ -579,6 +601,10 @@ class Node:
                 return self._refuse(route.identity, msg.session, "capacity",
                                     f"node not ready: {exc}")
             self._remote[route.actor.rid] = route
+            try:
+                clock.bind(handle, route.actor.worker.clock_identity, route.actor.rid)
+            except ActorStopped:        # the engine is restarting: the session ends with it
+                pass
         else:
             route.actor = self.supervisor.start_child(ChildSpec(
                 route.child, lambda: self._make_session(cfg, route), Restart.TEMPORARY,
@@ -761,7 +787,7 @@ class Node:
             m.late_beats.inc()
         clock = self.clock_actor
         if clock is not None:
-            total = clock.table.jitter.totals.underruns
+            total = clock.jitter_totals.underruns
             if total > self._underruns_reported:
                 m.underruns.inc(total - self._underruns_reported)
                 self._underruns_reported = total
@@ -771,11 +797,21 @@ class Node:
         self.metrics.sessions.set(live)
         self.metrics.free_slots.set(self.executor.max_sessions - live)
 
+    def process_cpu(self) -> dict:
+        """CPU seconds so far of this process (the front) and of the node's other processes
+        (None where unknown): a bench takes two of these around its measured beats."""
+        out = {"front": time.process_time(), "engine": None, "workers": []}
+        if self.engine is not None and self.engine.proc is not None:
+            out["engine"] = cpu_seconds(self.engine.proc.pid)
+        if self.pool is not None:
+            out["workers"] = [cpu_seconds(w.proc.pid) for w in self.pool.workers.values()]
+        return out
+
     def status(self) -> dict:
         clock = self.clock_actor
         lat = sorted(clock.stats.recent) if clock else []
         pct = (lambda q: 1000 * lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0)
-        totals = clock.table.jitter.totals if clock else None
+        totals = clock.jitter_totals if clock else None
         return {"sessions": len(self.sessions),
                 "beats": clock.stats.beats if clock else 0,
                 "p50_ms": pct(0.5), "p99_ms": pct(0.99),

@@ -23,6 +23,8 @@ from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.registry import NAMES, described, entry, make_executor
+from wave_actors.engine_host import EngineHost
+from wave_actors.engine_process import ExecutorSpec
 from wave_actors.node import Node, NodeConfig
 from wave_actors.serving_process import serving_process
 
@@ -131,7 +133,12 @@ def build(args) -> Node:
                            cost_model=args.cost_model, checkpoint=args.checkpoint,
                            tokenizer=args.tokenizer, seed=args.seed, start_rows=args.start_rows)
     clock = Clock()
-    executor = make_executor(args.backend, opts, clock)
+    if args.workers:
+        # The executor is built in the engine process (progress logged while a GPU model
+        # builds); the node drives it there and `serve` closes it.
+        executor = EngineHost(ExecutorSpec(args.backend, opts)).start()
+    else:
+        executor = make_executor(args.backend, opts, clock)
     cfg = NodeConfig(bind=args.bind, max_sessions=executor.max_sessions,
                      clock_policy=args.clock_policy, start_policy=args.start_policy,
                      idle_timeout_s=args.idle_timeout, heartbeat_s=args.heartbeat,
@@ -162,9 +169,13 @@ async def show_status(node: Node, every: float = 0.5) -> None:
 
 async def serve(args) -> int:
     node = build(args)
-    await node.start()
-    with serving_process():          # the model, its state and its graphs are built
-        return await _serve(node, args)
+    try:
+        await node.start()
+        with serving_process():          # the model, its state and its graphs are built
+            return await _serve(node, args)
+    finally:
+        if node.engine is not None:
+            await asyncio.get_running_loop().run_in_executor(None, node.engine.close)
 
 
 async def _serve(node: Node, args) -> int:

@@ -44,6 +44,7 @@ class SessionWorker:
         self._out: list[tuple[int, bool, list[bytes]]] = []
         self._out_due = False
         self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
 
     async def run(self) -> None:
         self.ctx = zmq.asyncio.Context()
@@ -56,8 +57,9 @@ class SessionWorker:
         self.supervisor = Supervisor()
         self._ctrl("ready", self.index, os.getpid())
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(self._recv()), loop.create_task(self._watch_parent())]
+        self._tasks += [loop.create_task(self._recv()), loop.create_task(self._watch_parent())]
         await self._stop.wait()
+        tasks = self._tasks
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -96,11 +98,25 @@ class SessionWorker:
         if batcher is None:
             sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)        # the beat's outputs: never dropped here
+            # Named, so the clock sends this worker its sessions' outputs on the same socket.
+            sock.setsockopt(zmq.IDENTITY, W.clock_identity(self.index, os.getpid()))
             sock.connect(endpoint)
-            batcher = self._batchers[endpoint] = FrameBatcher(zsock.Tx(sock))
+            tx = zsock.Tx(sock)
+            batcher = self._batchers[endpoint] = FrameBatcher(tx)
+            task = asyncio.get_running_loop().create_task(self._recv_outputs(sock, tx))
+            self._tasks.append(task)
         return batcher
 
-    # -- from the front ---------------------------------------------------------------------------
+    # -- from the clock and the front --------------------------------------------------------------
+    async def _recv_outputs(self, sock, tx) -> None:
+        async for batch in zsock.batches(sock, tx.sync):
+            for parts in batch:
+                try:
+                    self._on(parts)
+                except Exception:
+                    log.exception("worker %d: failed on a beat's outputs", self.index)
+
     async def _recv(self) -> None:
         async for batch in zsock.batches(self.sock, self.tx.sync):
             for parts in batch:

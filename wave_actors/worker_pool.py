@@ -2,7 +2,7 @@
 session's messages, and notice a worker's death.
 
 `RemoteSession` is what the node holds for a session that runs in a worker: it takes the same
-messages a SessionActor does (`tell` of audio, beat outputs, close, function results) and asks
+messages a SessionActor does (`tell` of audio, close, function results) and asks
 the worker for what the node's close needs (`finish`, `drops`). What a
 session sends its client comes back batched and is routed by the node (`on_sends`); the front
 counts the audio its clients took or could not take, so `closed.stats` stays exact even for a
@@ -32,7 +32,7 @@ import zmq.asyncio
 from transports import zsock
 from wave_actors import worker_wire as W
 from wave_actors.runtime import ActorStopped, MsgClass
-from wave_actors.session import AudioIn, BeatOut, Close, FunctionResult, SessionConfig
+from wave_actors.session import AudioIn, Close, FunctionResult, SessionConfig
 from wave_actors.session_worker import worker_main
 
 log = logging.getLogger("wave.workers")
@@ -56,10 +56,13 @@ class _Worker:
     ready: asyncio.Future
     identity: bytes | None = None
     rids: set[int] = field(default_factory=set)
-    beat: list = field(default_factory=list)          # (rid, header, pcm) routed this turn
     audio: list = field(default_factory=list)         # (rid, seq, payload) read this turn
-
     dead: bool = False                                # its process's sentinel fired
+
+    @property
+    def clock_identity(self) -> bytes:
+        """Its frames socket's identity on the beat clock's ROUTER, where its outputs go."""
+        return W.clock_identity(self.index, self.proc.pid)
 
     @property
     def alive(self) -> bool:
@@ -81,8 +84,6 @@ class RemoteSession:
             raise ActorStopped(f"session {self.cfg.session!r} has no worker")
         if isinstance(msg, AudioIn):
             self.pool.queue_audio(self.worker, self.rid, msg)
-        elif isinstance(msg, BeatOut):
-            self.pool.queue_beat(self.worker, self.rid, msg)
         elif isinstance(msg, Close):
             self.pool.send(self.worker, W.ctrl("close", self.rid, msg.reason))
         elif isinstance(msg, FunctionResult):
@@ -137,7 +138,7 @@ class WorkerPool:
         self._rids = itertools.count(1)
         self._asks: dict[tuple[int, str], asyncio.Future] = {}
         self._flush_due = False
-        self.lost_to_dead = 0         # audio and beat rows queued for a worker that then died
+        self.lost_to_dead = 0         # audio messages queued for a worker that then died
         self._stopping = False
         self._task: asyncio.Task | None = None
         self.dir = ""
@@ -245,18 +246,14 @@ class WorkerPool:
 
     def send(self, worker: _Worker, parts: list) -> None:
         """A message to a worker after the audio and outputs queued for it (in order)."""
-        if worker.audio or worker.beat:
+        if worker.audio:
             self._flush(worker)
         self.tx.send([worker.identity, *parts])
 
     # A send on an ipc socket costs a few µs of the loop (the I/O thread is woken); the clients'
-    # audio and a beat's outputs go to each worker as one message a loop turn instead.
+    # audio goes to each worker as one message a loop turn instead.
     def queue_audio(self, worker: _Worker, rid: int, msg: AudioIn) -> None:
         worker.audio.append((rid, msg.seq, msg.payload))
-        self._flush_soon()
-
-    def queue_beat(self, worker: _Worker, rid: int, out: BeatOut) -> None:
-        worker.beat.append((rid, out.header, out.pcm))
         self._flush_soon()
 
     def _flush_soon(self) -> None:
@@ -267,23 +264,18 @@ class WorkerPool:
     def _flush_all(self) -> None:
         self._flush_due = False
         for w in self.workers.values():
-            if w.audio or w.beat:
+            if w.audio:
                 self._flush(w)
 
     def _flush(self, w: _Worker) -> None:
         audio, w.audio = w.audio, []
-        rows, w.beat = w.beat, []
         if not w.alive:
-            self.lost_to_dead += len(audio) + len(rows)
+            self.lost_to_dead += len(audio)
             return
         try:
-            if audio:
-                self.tx.send([w.identity, *W.audio(audio)])
-            if rows:
-                self.tx.send([w.identity, *W.beat([(rid, h) for rid, h, _ in rows],
-                                                  [p for *_, p in rows])])
+            self.tx.send([w.identity, *W.audio(audio)])
         except zmq.ZMQError as exc:     # the worker went away between the check and the send
-            self.lost_to_dead += len(audio) + len(rows)
+            self.lost_to_dead += len(audio)
             log.warning("messages to session worker %d lost: %r", w.index, exc)
 
     async def ask(self, worker: _Worker, rid: int, op: str) -> tuple:

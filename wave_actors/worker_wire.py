@@ -4,10 +4,11 @@ per worker (the front's ROUTER, the worker's DEALER).
 Both ends are processes of one node, started by the front on a private ipc directory, so control
 messages are pickled tuples; the hot ones are flat:
 
+    clock → worker   [BEAT, pickle([(rid, header), ...]), pcm]     a beat's rows for the worker's
+                                                                   sessions, pcm (k, F, 1764) f32,
+                                                                   on the worker's frames socket
     front → worker   [AUDIO, rows (AUDIO_ROW), payloads]           the clients' audio messages of
                                                                    one loop turn, payloads joined
-                     [BEAT, pickle([(rid, header), ...]), pcm]     a beat's rows for the worker's
-                                                                   sessions, pcm (k, F, 1764) f32
                      [CTRL, pickle(tuple)]                         start, close, func, flooded,
                                                                    finish, flush, stop
     worker → front   [SENDS, pickle([(rid, audio, parts), ...]), *frames]   what its sessions
@@ -27,6 +28,12 @@ import numpy as np
 
 AUDIO, BEAT, CTRL, SENDS = b"A", b"B", b"C", b"S"
 AUDIO_ROW = np.dtype([("rid", "<i4"), ("seq", "<i8"), ("nbytes", "<i4")])
+
+
+def clock_identity(index: int, pid: int) -> bytes:
+    """A worker's frames socket's identity on the beat clock's ROUTER (outputs come back on it);
+    the pid makes a restarted worker's a new one."""
+    return b"w%d.%d" % (index, pid)
 
 
 def ctrl(*msg) -> list[bytes]:

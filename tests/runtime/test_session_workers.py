@@ -18,14 +18,14 @@ import signal
 import numpy as np
 import pytest
 
-from sim.executor import SimExecutor, tone_hz
-from tests.nodekit import coded_frame, decode_code
+from sim.executor import tone_hz
+from tests.nodekit import TracingSimSpec, coded_frame, decode_code
 from tests.tcpkit import client_of, events_until, node_on_tcp
 from transports import audio as A
 from transports.client import Audio, Closed, Error
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.timebase import Clock
+from wave_actors.engine_host import EngineHost
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,16 +50,18 @@ def _dominant_hz(audio: list[Audio], fmt: str, rate: int) -> float:
 
 def test_sessions_are_sharded_and_every_frame_is_counted():
     async def main():
-        clock = Clock()
-        sim = SimExecutor(ExecutorOptions(max_sessions=4), clock=clock, trace=True)
-        async with node_on_tcp(max_sessions=4, backend=sim, workers=2) as node:
+        host = EngineHost(TracingSimSpec("sim", ExecutorOptions(max_sessions=4)))
+        await asyncio.get_running_loop().run_in_executor(None, host.start)
+        async with node_on_tcp(max_sessions=4, backend=host, workers=2) as node:
             async with client_of(node) as c:
                 sessions = [await c.open(f"s{i}") for i in range(4)]
                 per_worker = sorted(len(w.rids) for w in node.pool.workers.values())
                 await asyncio.gather(*(_stream(s, 20, i) for i, s in enumerate(sessions)))
                 heard = [await _audio_until(s, 12) for s in sessions]
                 closed = [await s.close() for s in sessions]
-        return sim.trace, per_worker, sessions, heard, closed
+        trace = host.call("trace")
+        host.close()
+        return trace, per_worker, sessions, heard, closed
 
     trace, per_worker, sessions, heard, closed = asyncio.run(main())
     assert per_worker == [2, 2]
@@ -127,3 +129,44 @@ def test_a_dead_worker_ends_only_its_sessions_and_is_replaced():
     assert restarts == 1
     assert free_after_death == 2                  # the dead worker's slots are free again
     assert spread == [2, 2]                       # the new opens went to the new worker
+
+
+def test_a_dead_engine_ends_every_session_and_a_new_one_serves():
+    """The engine process (executor and beat clock) killed mid-call: every session's client
+    gets `error internal` and `closed`, the node starts a new engine process, and a new call is
+    served there. Catches: sessions left open on a clock that is gone; a node that keeps asking
+    the dead process (opens time out, or hang); a restart that reuses the dead incarnation's
+    slots (the new call's outputs never come)."""
+    async def main():
+        async with node_on_tcp(max_sessions=4, workers=2) as node:
+            host = node.engine
+            first_pid = host.proc.pid
+            async with client_of(node) as c:
+                sessions = [await c.open(f"s{i}") for i in range(3)]
+                streams = [asyncio.create_task(_stream(s, 60, i)) for i, s in enumerate(sessions)]
+                await _audio_until(sessions[0], 3)
+                os.kill(first_pid, signal.SIGKILL)
+                ended = [await events_until(s, lambda ev, got: isinstance(ev, Closed), 20)
+                         for s in sessions]
+                for t in streams:
+                    t.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+                for _ in range(200):                    # the new engine comes up
+                    if host.alive and node.clock_actor is not None \
+                            and node.clock_actor.stats.beats:
+                        break
+                    await asyncio.sleep(0.1)
+                fresh = await c.open("after")
+                streamer = asyncio.create_task(_stream(fresh, 30, 9))
+                heard = await _audio_until(fresh, 5)
+                streamer.cancel()
+                await asyncio.gather(streamer, return_exceptions=True)
+                await fresh.close()
+        return ended, heard, host.restarts
+
+    ended, heard, restarts = asyncio.run(main())
+    for got in ended:
+        assert any(isinstance(e, Error) and e.code == "internal" for e in got), got
+        assert isinstance(got[-1], Closed)
+    assert restarts == 1
+    assert len(heard) >= 5

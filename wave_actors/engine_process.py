@@ -1,0 +1,262 @@
+"""The engine process: the executor and the beat clock, alone on their loop.
+
+With session workers (`NodeConfig.workers` > 0) the node runs in three kinds of process: the
+front (client socket, admission, bindings, the workers' supervisor), N session workers, and this
+one. Here the loop does only the clock's work: read the workers' frame batches, release, pack,
+submit, collect, and send each worker its rows of the beat's outputs in one message. No client
+message and no session actor's work competes with the release.
+
+The front drives it over a pipe (`engine_host.EngineHost`): pickled tuples, a few a session's
+lifetime (admit, bind, tokens, release) and one a beat back (the beat's record and counters).
+Each clock incarnation is numbered (its epoch): a message naming an older one is ignored, so a
+restarted clock never acts on its predecessor's requests.
+
+    front → engine   ("call", req, name, args)          an executor method, no clock running
+                     ("clock_start", epoch, endpoint, policy, start_policy, keep_records)
+                     ("clock_stop", epoch)
+                     ("admit", epoch, req, key, spec)  → ("reply", req, ok, handle | exception)
+                     ("bind", epoch, handle, worker, rid)   where the session's outputs go
+                     ("release", epoch, req, handle, stream_ended)   → ("reply", ...)
+                     ("tokens", epoch, handle, ids)
+                     ("exit",)
+    engine → front   ("hello", facts) | ("failed", why)   once, after the executor is built
+                     ("started", epoch) | ("stopped", epoch, start_policy) | ("crashed", epoch, why)
+                     ("ready", epoch, handle, started)   an admitted session's start is planned in
+                     ("beat", epoch, record, totals, stalls)
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from wave_actors import worker_wire as W
+from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
+from wave_actors.core.contract import ExecutorOptions, Handle
+from wave_actors.core.registry import make_executor
+from wave_actors.core.timebase import Clock, new_loop
+from wave_actors.runtime import ActorStopped
+from wave_actors.session import BeatOut
+from wave_actors.serving_process import serving_process
+
+log = logging.getLogger("wave.engine")
+PARENT_CHECK_S = 0.5
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """What the engine process builds: an executor by registry name and its options."""
+    backend: str
+    options: ExecutorOptions
+
+    def build(self):
+        return make_executor(self.backend, self.options)
+
+
+@dataclass
+class EngineFacts:
+    """What the front needs of the executor without holding it."""
+    max_sessions: int
+    text_codec: Any
+    user_codec: Any
+    described: dict
+    pid: int
+
+
+class WorkerOwner:
+    """A session's outputs' destination in the engine: its worker's socket identity on the
+    clock's ROUTER and the front's number for it. Unset until the front binds it (after the
+    session's start): rows for an unbound session are unroutable, as for a session not yet
+    opened in one process."""
+    __slots__ = ("worker", "rid")
+
+    def __init__(self) -> None:
+        self.worker: bytes | None = None
+        self.rid = 0
+
+
+class EngineClock(BeatClockActor):
+    """The beat clock with its outputs sent to the session workers, one message a worker a beat,
+    and every beat's record sent to the front."""
+
+    def __init__(self, executor, ctx, endpoint: str, clock: Clock, policy, start_policy,
+                 epoch: int, keep_records: bool, report):
+        super().__init__(executor, ctx, endpoint, clock, self._collect, policy, start_policy,
+                         epoch, keep_records=keep_records)
+        self.epoch, self.start_policy, self._report = epoch, start_policy, report
+        self._rows: dict[bytes, list] = {}
+        self._stalls_sent = 0.0
+
+    def _collect(self, owner: WorkerOwner, out: BeatOut) -> bool:
+        if owner.worker is None:
+            return False
+        self._rows.setdefault(owner.worker, []).append((owner.rid, out.header, out.pcm))
+        return True
+
+    def _route(self, routed: dict, out) -> None:
+        super()._route(routed, out)
+        rows, self._rows = self._rows, {}
+        for worker, items in rows.items():
+            parts = W.beat([(rid, header) for rid, header, _ in items], [p for *_, p in items])
+            try:
+                self._tx.send([worker, *parts])
+            except zmq.ZMQError:               # the worker died: its sessions are ending
+                self.stats.unroutable += len(items)
+
+    def _record(self, rec: BeatRecord) -> None:
+        super()._record(rec)
+        new = [s for s in self.stalls.since(self._stalls_sent) if s.release >= self._stalls_sent]
+        if new:
+            self._stalls_sent = max(s.release for s in new) + 1e-9
+        t = self.table.jitter.totals
+        self._report(("beat", self.epoch, rec,
+                      {"underruns": t.underruns, "dropped": t.dropped,
+                       "dropped_frames": self.stats.dropped_frames,
+                       "unroutable": self.stats.unroutable, "free_slots": self.free_slots},
+                      new))
+
+
+class EngineServer:
+    def __init__(self, executor, conn):
+        self.executor, self.conn = executor, conn
+        self.ctx = zmq.asyncio.Context()
+        self.clock = Clock()
+        self.actor: EngineClock | None = None
+        self.epoch = -1
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+
+    def send(self, msg: tuple) -> None:
+        try:
+            self.conn.send(msg)
+        except (BrokenPipeError, OSError):
+            self._stop.set()                  # the front is gone
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self.conn.fileno(), self._readable)
+        watch = loop.create_task(self._watch_parent())
+        await self._stop.wait()
+        loop.remove_reader(self.conn.fileno())
+        watch.cancel()
+        await self._stop_clock()
+        self.ctx.destroy(linger=0)
+
+    async def _watch_parent(self) -> None:
+        parent = os.getppid()
+        while os.getppid() == parent:
+            await asyncio.sleep(PARENT_CHECK_S)
+        self._stop.set()
+
+    def _readable(self) -> None:
+        try:
+            while self.conn.poll():
+                self._on(self.conn.recv())
+        except (EOFError, OSError):
+            self._stop.set()
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on(self, msg: tuple) -> None:
+        op = msg[0]
+        if op == "exit":
+            self._stop.set()
+        elif op == "call":
+            _, req, name, args = msg
+            try:
+                attr = getattr(self.executor, name, None)       # None: it has none
+                self.send(("reply", req, True, attr(*args) if callable(attr) else attr))
+            except Exception as exc:
+                self.send(("reply", req, False, RuntimeError(f"{name}: {exc!r}")))
+        elif op == "clock_start":
+            self._spawn(self._start_clock(*msg[1:]))
+        elif op == "clock_stop":
+            if msg[1] == self.epoch:
+                self._spawn(self._stop_clock())
+        elif msg[1] != self.epoch or self.actor is None or self.actor.stopped.is_set():
+            if op in ("admit", "release"):
+                self.send(("reply", msg[2], False, ActorStopped("the clock is not running")))
+        elif op == "admit":
+            self._spawn(self._admit(*msg[2:]))
+        elif op == "release":
+            self._spawn(self._release(*msg[2:]))
+        elif op == "tokens":
+            self.actor.tell(FunctionTokens(msg[2], msg[3]))
+        elif op == "bind":
+            _, _, handle, worker, rid = msg
+            entry = self.actor.table.entries.get(handle.slot)
+            if entry is not None and entry.handle == handle:
+                entry.owner.worker, entry.owner.rid = worker, rid
+
+    async def _start_clock(self, epoch, endpoint, policy, start_policy, keep_records) -> None:
+        await self._stop_clock()
+        self.epoch = epoch
+        self.actor = EngineClock(self.executor, self.ctx, endpoint, self.clock, policy,
+                                 start_policy, epoch, keep_records, self.send)
+        task = self.actor.start()
+        task.add_done_callback(lambda t, e=epoch: self._clock_ended(t, e))
+        self.send(("started", epoch))
+
+    def _clock_ended(self, task: asyncio.Task, epoch: int) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.send(("crashed", epoch, "".join(traceback.format_exception_only(exc)).strip()))
+
+    async def _stop_clock(self) -> None:
+        actor, self.actor = self.actor, None
+        if actor is None:
+            return
+        await actor.stop()
+        self.send(("stopped", actor.epoch, actor.start_policy))
+
+    async def _admit(self, req, key, spec) -> None:
+        actor = self.actor
+        try:
+            handle = await actor.ask(Admit(key, WorkerOwner(), spec))
+        except Exception as exc:
+            self.send(("reply", req, False, exc))
+            return
+        self.send(("reply", req, True, handle))
+        started = await actor.when_ready(handle)
+        self.send(("ready", actor.epoch, handle, bool(started)))
+
+    async def _release(self, req, handle: Handle, stream_ended: bool) -> None:
+        try:
+            stats = await self.actor.ask(Release(handle, stream_ended))
+        except Exception as exc:
+            self.send(("reply", req, False, exc))
+            return
+        self.send(("reply", req, True, stats))
+
+
+def engine_main(spec: ExecutorSpec, conn) -> None:
+    """The engine process's entry point (spawned by `EngineHost`)."""
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        executor = spec.build()
+    except Exception as exc:
+        conn.send(("failed", "".join(traceback.format_exception_only(exc)).strip()))
+        return
+    conn.send(("hello", EngineFacts(executor.max_sessions, executor.text_codec,
+                                    executor.user_codec, executor.describe(), os.getpid())))
+    loop = new_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        with serving_process():
+            loop.run_until_complete(EngineServer(executor, conn).run())
+    finally:
+        loop.close()
+        executor.close()
+        gc.collect()
