@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import datetime as dt
+import functools
 import json
+import multiprocessing as mp
 import os
 import platform
 import subprocess
@@ -127,6 +130,18 @@ def held_context(args) -> tuple[int, int, int]:
     spread over the last two rolls below `--context`, cache rows moved by the rolls included."""
     roll = ExecutorOptions(max_context=args.context).roll_frames
     return max(0, args.context - 2 * roll), args.context, roll
+
+
+def memory_ceiling(args, max_context: int) -> int:
+    """Sessions the device's free memory holds at this context. With --workers it is asked in
+    a process of its own: this one never opens the device, which the engine process alone
+    uses (a context here would take memory the engine's slots need)."""
+    ask = functools.partial(load_class(entry(args.backend).target).memory_ceiling, args.config,
+                            args.profile, max_context)
+    if not args.workers:
+        return ask()
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(ask).result()
 
 
 def make_executor_for(args, max_n: int, clock: Clock | None = None):
@@ -611,8 +626,7 @@ def main(argv=None, command: str | None = None) -> int:
     backend, ceiling = None, None
     if entry(args.backend).caps.device:
         # One model on the GPU for every run, slots for the most sessions this run may ask for.
-        ceiling = load_class(entry(args.backend).target).memory_ceiling(
-            args.config, args.profile, max_context)
+        ceiling = memory_ceiling(args, max_context)
         print(f"memory ceiling at this context: {ceiling} sessions", flush=True)
         slots = min(args.max_find, ceiling) if args.find_max else args.sessions + args.burst
         backend = make_executor_for(args, slots)
