@@ -91,24 +91,37 @@ class EngineClock(BeatClockActor):
         super().__init__(executor, ctx, endpoint, clock, self._collect, policy, start_policy,
                          epoch, keep_records=keep_records)
         self.epoch, self.start_policy, self._report = epoch, start_policy, report
-        self._rows: dict[bytes, list] = {}
         self._stalls_sent = 0.0
 
-    def _collect(self, owner: WorkerOwner, out: BeatOut) -> bool:
-        if owner.worker is None:
-            return False
-        self._rows.setdefault(owner.worker, []).append((owner.rid, out.header, out.pcm))
-        return True
+    @staticmethod
+    def _collect(owner: WorkerOwner, out: BeatOut) -> bool:
+        raise AssertionError("the engine's clock routes by worker (_route)")
 
     def _route(self, routed: dict, out) -> None:
-        super()._route(routed, out)
-        rows, self._rows = self._rows, {}
-        for worker, items in rows.items():
-            parts = W.beat([(rid, header) for rid, header, _ in items], [p for *_, p in items])
+        # Once a beat: the token rows become lists in one tolist() each, each worker's PCM rows
+        # are gathered out of the ring in one copy (the ring slot is refilled two beats on) and
+        # sent with its rows' headers in one message.
+        if not routed:
+            return
+        slots = list(routed)
+        text, func, user = (a[slots].tolist() for a in (out.text, out.func, out.user))
+        by_worker: dict[bytes, tuple[list, list, list]] = {}
+        for i, (entry, first) in enumerate(routed.values()):
+            owner = entry.owner
+            if owner.worker is None:
+                self.stats.unroutable += 1
+                continue
+            rows = by_worker.get(owner.worker)
+            if rows is None:
+                rows = by_worker[owner.worker] = ([], [], [])
+            rows[0].append(slots[i])
+            rows[1].append(owner.rid)
+            rows[2].append((first, text[i], func[i], user[i]))
+        for worker, (rows, rids, heads) in by_worker.items():
             try:
-                self._tx.send([worker, *parts])
+                self._tx.send([worker, *W.beat(rids, heads, out.pcm[rows])])
             except zmq.ZMQError:               # the worker died: its sessions are ending
-                self.stats.unroutable += len(items)
+                self.stats.unroutable += len(rids)
 
     def _record(self, rec: BeatRecord) -> None:
         super()._record(rec)

@@ -56,14 +56,19 @@ def read_audio(rows: bytes, payloads: bytes) -> list[tuple[int, int, bytes]]:
             zip(head["rid"].tolist(), head["seq"].tolist(), starts.tolist(), ends.tolist())]
 
 
-def beat(rows: list[tuple[int, dict]], pcm: list[np.ndarray]) -> list[bytes]:
-    return [BEAT, pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL),
-            np.stack(pcm).astype(np.float32, copy=False).tobytes()]
+def beat(rids: list[int], heads: list[tuple], pcm: np.ndarray) -> list:
+    """A beat's rows for one worker: `heads` (first frame, text, func, user tokens) per rid, and
+    their PCM as one float32 array (k, F, samples), sent as it is (no copy made here)."""
+    return [BEAT, pickle.dumps((rids, heads), protocol=pickle.HIGHEST_PROTOCOL),
+            np.ascontiguousarray(pcm, np.float32)]
 
 
-def read_beat(meta: bytes, pcm: bytes, frames: int, samples: int
+def read_beat(meta: bytes, pcm, frames: int, samples: int
               ) -> tuple[list[tuple[int, dict]], np.ndarray]:
-    rows = pickle.loads(meta)
+    """(rid, the session's beat header) per row, and the rows' PCM (a view of the message)."""
+    rids, heads = pickle.loads(meta)
+    rows = [(rid, {"frame": first, "text": text, "func": func, "user": user})
+            for rid, (first, text, func, user) in zip(rids, heads)]
     return rows, np.frombuffer(pcm, np.float32).reshape(len(rows), frames, samples)
 
 
