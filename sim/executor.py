@@ -14,6 +14,7 @@ beat's rows and pays for all of its rows, used or padded).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -41,8 +42,19 @@ def tone_hz(slot: int) -> float:
 
 
 def tone(slot: int, frame: int) -> np.ndarray:
-    n = np.arange(frame * SAMPLES_OUT, (frame + 1) * SAMPLES_OUT, dtype=np.float64)
-    return (0.2 * np.sin(2 * math.pi * tone_hz(slot) * n / OUT_RATE)).astype(np.float32)
+    """Frame `frame` of slot's tone. Every slot's tone holds a whole number of cycles in a frame
+    (16 + 2·slot at 22.05 kHz), so every frame is the same: computed once a slot (shared, not
+    to be written to), which keeps the sim's output work small beside the clock's at 1,000
+    sessions."""
+    return _tone_frame(slot)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tone_frame(slot: int) -> np.ndarray:
+    n = np.arange(SAMPLES_OUT, dtype=np.float64)
+    frame = (0.2 * np.sin(2 * math.pi * tone_hz(slot) * n / OUT_RATE)).astype(np.float32)
+    frame.flags.writeable = False
+    return frame
 
 
 class SimExecutor:
@@ -76,6 +88,7 @@ class SimExecutor:
         self.user_codec = UserByteFallbackCodec()
         self._rng = random.Random(options.seed)
         self._func_queue: list[list[int]] = [[] for _ in range(self.max_sessions)]
+        self._phrases: dict[int, list[int]] = {}
         self._inflight: tuple[float, float] | None = None
         self.trace: list[tuple[int, int, float, float]] | None = [] if trace else None
 
@@ -114,8 +127,9 @@ class SimExecutor:
                 for f in range(FRAMES_PER_BEAT):
                     a = inp.audio[slot, f]
                     self.trace.append((inp.beat, int(slot), float(a[0]), float(a[-1])))
-        heard = [[float(np.sqrt(np.mean(inp.audio[slot, f] ** 2))) > 0.01
-                  for f in range(FRAMES_PER_BEAT)] for slot in plan.live]
+        live = list(plan.live)
+        heard = ((np.sqrt(np.mean(inp.audio[live] ** 2, axis=2)) > 0.01).tolist() if live
+                 else [])
         total = live_s + rows_s
         self._inflight = (self.clock.now() + total, total)
         self._heard = heard
@@ -152,7 +166,9 @@ class SimExecutor:
     def _text_token(self, slot: int, frame: int) -> int:
         if frame % SPEAK_PERIOD >= SPEAK_PERIOD // 2:
             return PAD
-        phrase = self.text_codec.encode(f"slot {slot} speaking. ")
+        phrase = self._phrases.get(slot)
+        if phrase is None:
+            phrase = self._phrases[slot] = self.text_codec.encode(f"slot {slot} speaking. ")
         return phrase[frame % len(phrase)]
 
     def describe(self) -> dict:

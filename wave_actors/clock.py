@@ -148,6 +148,9 @@ class ClockStats:
 
 class BeatClockActor(Actor):
     reply_errors = (CapacityError, PromptRejected)   # answered to the asker; the clock lives on
+    # Frames read only outside the hold before a release (a clock alone on its loop, whose
+    # turns hold nothing else); in one process with the sessions, tests hold the turns at will.
+    reads_wait_out_hold = False
 
     def __init__(self, executor: Executor, ctx: zmq.asyncio.Context, endpoint: str,
                  clock: Clock, deliver: Deliver, policy: ClockPolicy, start_policy: StartPolicy,
@@ -341,6 +344,11 @@ class BeatClockActor(Actor):
         async for batch in zsock.batches(self._sock, self._tx.sync):
             for frames in batch:
                 self._frame_in(frames)
+            if self.reads_wait_out_hold and self.turns.held:
+                # From just before a release until its beat is queued, frames wait on the
+                # socket: the release drains them itself, and reading them here would only
+                # stand between the loop and the release.
+                await self.turns.turn()
 
     def _drain_frames(self) -> None:
         """Every frame queued on the socket now, without yielding to the loop (the sessions'

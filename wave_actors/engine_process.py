@@ -85,6 +85,7 @@ class WorkerOwner:
 class EngineClock(BeatClockActor):
     """The beat clock with its outputs sent to the session workers, one message a worker a beat,
     and every beat's record sent to the front."""
+    reads_wait_out_hold = True
 
     def __init__(self, executor, ctx, endpoint: str, clock: Clock, policy, start_policy,
                  epoch: int, keep_records: bool, report):

@@ -49,8 +49,11 @@ class FrameBatcher:
     at `flush`). A batch that cannot be sent (the clock is gone or restarting) is reported row
     by row through each row's `lost` callback, so every frame is heard or counted."""
 
-    def __init__(self, tx: zsock.Tx):
+    def __init__(self, tx: zsock.Tx, interval_s: float = 0.0):
+        """`interval_s` > 0: a batch waits that long for more frames (a worker's, whose every
+        message is read on the clock's loop), instead of leaving at the loop turn's end."""
         self._tx = tx
+        self.interval_s = interval_s
         self._rows: list[tuple[int, int, int]] = []
         self._pcm: list[np.ndarray] = []
         self._lost: list[Callable[[], None] | None] = []
@@ -65,12 +68,20 @@ class FrameBatcher:
         self._lost.append(lost)
         if not self._due:
             self._due = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            loop = asyncio.get_running_loop()
+            if self.interval_s > 0:
+                loop.call_later(self.interval_s, self._flush_due)
+            else:
+                loop.call_soon(self._flush_due)
 
     def end_stream(self, slot: int, generation: int) -> bool:
         """The session's marker after its frames, sent now: False when it could not be."""
         self.add(slot, generation, END_OF_STREAM, None)
         return self.flush()
+
+    def _flush_due(self) -> None:
+        if self._due:
+            self.flush()
 
     def flush(self) -> bool:
         self._due = False

@@ -31,6 +31,10 @@ from wave_actors.session import AudioIn, BeatOut, Close, FunctionResult, Session
 
 log = logging.getLogger("wave.worker")
 PARENT_CHECK_S = 0.5           # how often a worker looks for its front having gone
+# A worker's frames wait this long to share one message to the clock: the clock's loop reads
+# each message, so fewer of them leave it more idle; a frame that then misses a beat's release
+# waits in the jitter buffer for the next.
+FRAMES_WAIT_S = 0.005
 
 
 class SessionWorker:
@@ -103,7 +107,7 @@ class SessionWorker:
             sock.setsockopt(zmq.IDENTITY, W.clock_identity(self.index, os.getpid()))
             sock.connect(endpoint)
             tx = zsock.Tx(sock)
-            batcher = self._batchers[endpoint] = FrameBatcher(tx)
+            batcher = self._batchers[endpoint] = FrameBatcher(tx, FRAMES_WAIT_S)
             task = asyncio.get_running_loop().create_task(self._recv_outputs(sock, tx))
             self._tasks.append(task)
         return batcher
