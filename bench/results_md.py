@@ -274,6 +274,28 @@ NOTES = (
      "checked and forwarded; each message a session sends routed back out), and the pyzmq "
      "event handling of its sockets. The stalls sampled sat in the front's sends and the "
      "pool's receive. Next: the front out of the clock's process, so that process only beats."),
+    ("graph", "The clock alone in an engine process: dense 300 on time (issue 17)",
+     ("graph-dense-n300-20261202T122007.json", "graph-reference-n120-20261202T122507.json",
+      "sim-reference-n1000-20261202T122559.json", "graph-reference-n120-20261202T123101.json",
+      "graph-dense-n220-20261202T123545.json", "graph-dense-n300-20261202T120529.json"),
+     "At 26ea0d0 (the JSON files name 3191842: the same tree, before its commit subject was "
+     "shortened) with `--workers 4` the node is three kinds of process: the front (client "
+     "socket, admission, the workers' supervisor), 4 session workers, and the engine process "
+     "(executor and beat clock, `engine_process.py`), whose loop only reads the workers' frame "
+     "batches, beats and sends each worker its rows. Dense 300 x 3 x 500: 0 late, p99 148.1 / "
+     "148.8 / 148.4 ms, executor 139.7 ms at p50; the release woke at most 0.69 ms late (p99 "
+     "0.02-0.36 ms); host time before plus after the GPU p99 4.2 / 4.9 / 4.4 ms (target 3: "
+     "missed, nearly all of it after: the beat's rows gathered and sent to the workers). CPU a "
+     "beat: the engine's loop 28-30 ms (97 us a session), its process 38-41 ms, the front 80-89 "
+     "ms, the workers 500-542 us a session. The same at d4eabd1 (1 x 150, the rows pickled as "
+     "dicts and copied three times): 1 late, after p99 12.4 ms. Reference 120 x 3 x 500 with "
+     "4 workers: 0 late, p99 99.9 / 100.2 / 100.8 ms. Sim with a flat 100 ms modelled beat "
+     "(`bench/costmodel_flat100.json`), 1,000 sessions, 8 workers, on the H200 host's 16 "
+     "cores: 0 late in 200 beats, p99 139.9 ms, but the engine's loop used 65 ms a beat (65 us "
+     "a session; target 5 ms: missed), after p99 11.3 ms, and the front 180 ms a beat: one "
+     "front process cannot carry 1,000 sessions (opens waited 9.7 s at p99). One process, same "
+     "commit: reference 120 x 3 x 500 0 late, p99 105.4 / 102.7 / 102.6 ms; dense 220 x 3 x "
+     "500 0 late, p99 114.0 / 114.4 / 115.7 ms."),
     ("sim", "The simulator against the H200, side by side (dense, same code)",
      ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
       "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
