@@ -177,3 +177,60 @@ def test_bench_says_when_its_measured_beats_began_behind_schedule(tmp_path):
     assert run["backlog_ms"] > 160 and run["late_beats"] == 6
     assert run["backlog_ms"] == run["trace"]["wake_ms"][0]
     assert "behind the release schedule" in out.stdout and "after 4 beats of warm-up" in out.stdout
+
+
+@pytest.mark.slow
+def test_demo_with_session_workers_and_an_engine_process(tmp_path):
+    """`--workers 1`: the calls' actors in a worker, the clock and executor in the engine
+    process; the demo's calls are heard and answered as in one process, and the node exits 0
+    (every process stopped)."""
+    port = free_port()
+    out = subprocess.run([PY, "-m", "wave_actors.node", "--demo", "--backend", "sim", "--workers",
+                          "1", "--demo-seconds", "4", "--demo-sessions", "2", "--bind",
+                          f"tcp://127.0.0.1:{port}", "--out", str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout[out.stdout.index("\n["):out.stdout.rindex("]") + 1])
+    for s in summary:
+        assert Path(s["reply"]).is_file() and s["seconds_out"] > 2 and s["frames_in"] > 20
+
+
+@pytest.mark.slow
+def test_node_with_workers_says_why_its_engine_could_not_start():
+    # The executor is built in the engine process: its failure reaches the operator as one line.
+    out = subprocess.run([PY, "-m", "wave_actors.node", "--backend", "graph", "--config", "full",
+                          "--workers", "1", "--max-sessions", "100000", "--bind",
+                          f"tcp://127.0.0.1:{free_port()}"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
+    assert out.returncode != 0
+    assert "engine" in out.stderr, out.stderr
+    assert ("needs a CUDA device" in out.stderr or "sessions fit" in out.stderr), out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_bench_with_workers_reports_each_process(tmp_path):
+    out = subprocess.run([PY, "-m", "wave_actors.bench", "--backend", "sim", "--sessions", "6",
+                          "--beats", "25", "--workers", "2", "--client-procs", "1", "--out",
+                          str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(next(tmp_path.glob("sim-reference-n6-*.json")).read_text())
+    run = res["per_run"][0]
+    assert run["opens"] == 6 and run["frames_in"] > 0 and res["beats"] == 25
+    procs = run["host"]["processes"]
+    assert procs["workers"] == 2
+    # each figure is measured, not left out: the engine beats, the workers and front serve
+    assert procs["engine_cpu_ms_per_beat"] > 0 and procs["front_cpu_ms_per_beat"] > 0
+    assert procs["worker_cpu_us_per_session_beat"] > 0
+    # the records are the engine's clock's: its loop's CPU, no more than its process's
+    host = run["host"]
+    assert 0 < host["loop_cpu_ms"]["p50"] <= host["process_cpu_ms"]["p50"] + 0.1
+    assert host["before_after_ms"]["p50"] >= 0
+
+
+def test_bench_refuses_workers_on_virtual_time(tmp_path):
+    out = subprocess.run([PY, "-m", "wave_actors.bench", "--backend", "sim", "--workers", "1",
+                          "--virtual", "--out", str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "real time only" in out.stderr, out.stderr
