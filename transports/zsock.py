@@ -23,7 +23,8 @@ jitter buffers.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+import logging
+from typing import AsyncIterator, Callable
 
 import zmq
 import zmq.asyncio
@@ -110,3 +111,15 @@ async def batches(sock: zmq.asyncio.Socket, sync: zmq.Socket, copy: bool = True
                 break
         kick(sock)
         yield batch
+
+
+async def serve(sock: zmq.asyncio.Socket, sync: zmq.Socket, handle: Callable[[list], None],
+                log: logging.Logger, what: str, copy: bool = True) -> None:
+    """`handle` every message in arrival order (`batches`). A message whose handling fails is
+    logged with `what` it was and skipped: a reader never ends on one bad message."""
+    async for batch in batches(sock, sync, copy):
+        for parts in batch:
+            try:
+                handle(parts)
+            except Exception:
+                log.exception("failed on %s", what)

@@ -145,6 +145,19 @@ class ClockStats:
     records: list[BeatRecord] = field(default_factory=list)        # every beat (bench, tests)
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=1000))
 
+    def add(self, rec: "BeatRecord", keep: bool) -> bool:
+        """Every beat the executor ran is recorded (with `keep`: its time delays the next); only
+        beats that carried sessions count in latency and lateness (a start-only beat has no
+        audio waiting on it): whether this one did."""
+        if keep:
+            self.records.append(rec)
+        if rec.sessions == 0:
+            return False
+        self.beats += 1
+        self.late_beats += int(rec.late)
+        self.recent.append(rec.latency_s)
+        return True
+
 
 class BeatClockActor(Actor):
     reply_errors = (CapacityError, PromptRejected)   # answered to the asker; the clock lives on
@@ -503,17 +516,7 @@ class BeatClockActor(Actor):
                 self.stats.unroutable += 1
 
     def _record(self, rec: BeatRecord) -> None:
-        """Every beat the executor ran is recorded (its time delays the next); only beats that
-        carried sessions count in latency and lateness: a start-only beat has no audio waiting
-        on it."""
-        if self._keep_records:
-            self.stats.records.append(rec)
-        if rec.sessions == 0:
-            return
-        self.stats.beats += 1
-        self.stats.late_beats += int(rec.late)
-        self.stats.recent.append(rec.latency_s)
-        if self._on_beat:
+        if self.stats.add(rec, self._keep_records) and self._on_beat:
             self._on_beat(rec)
 
 

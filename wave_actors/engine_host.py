@@ -365,12 +365,5 @@ class ClockProxy(Actor):
         self.stats.unroutable = totals["unroutable"]
         self.free_slots = totals["free_slots"]
         self.stalls.stalls.extend(stalls)
-        if self._keep_records:
-            self.stats.records.append(rec)
-        if rec.sessions == 0:
-            return
-        self.stats.beats += 1
-        self.stats.late_beats += int(rec.late)
-        self.stats.recent.append(rec.latency_s)
-        if self._on_beat:
+        if self.stats.add(rec, self._keep_records) and self._on_beat:
             self._on_beat(rec)

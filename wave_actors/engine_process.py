@@ -126,7 +126,7 @@ class EngineClock(BeatClockActor):
 
     def _record(self, rec: BeatRecord) -> None:
         super()._record(rec)
-        new = [s for s in self.stalls.since(self._stalls_sent) if s.release >= self._stalls_sent]
+        new = self.stalls.since(self._stalls_sent)
         if new:
             self._stalls_sent = max(s.release for s in new) + 1e-9
         t = self.table.jitter.totals

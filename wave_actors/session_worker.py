@@ -114,20 +114,11 @@ class SessionWorker:
 
     # -- from the clock and the front --------------------------------------------------------------
     async def _recv_outputs(self, sock, tx) -> None:
-        async for batch in zsock.batches(sock, tx.sync):
-            for parts in batch:
-                try:
-                    self._on(parts)
-                except Exception:
-                    log.exception("worker %d: failed on a beat's outputs", self.index)
+        await zsock.serve(sock, tx.sync, self._on, log, f"worker {self.index}: a beat's outputs")
 
     async def _recv(self) -> None:
-        async for batch in zsock.batches(self.sock, self.tx.sync):
-            for parts in batch:
-                try:
-                    self._on(parts)
-                except Exception:
-                    log.exception("worker %d: failed on a message from the front", self.index)
+        await zsock.serve(self.sock, self.tx.sync, self._on, log,
+                          f"worker {self.index}: a message from the front")
 
     def _on(self, parts: list) -> None:
         kind = parts[0]

@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -291,12 +290,8 @@ class WorkerPool:
 
     # -- from the workers -------------------------------------------------------------------------
     async def _recv(self) -> None:
-        async for batch in zsock.batches(self.sock, self.tx.sync):
-            for parts in batch:
-                try:
-                    self._on(parts)
-                except Exception:
-                    log.exception("front: failed on a message from a session worker")
+        await zsock.serve(self.sock, self.tx.sync, self._on, log,
+                          "front: a message from a session worker")
 
     def _on(self, parts: list) -> None:
         identity, kind = parts[0], parts[1]
