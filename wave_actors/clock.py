@@ -388,8 +388,16 @@ class BeatClockActor(Actor):
             self.stats.dropped_frames += 1
             return
         head, rows = batch
-        for (slot, generation, frame_no), row in zip(head.tolist(), rows):
-            self._one_frame(Handle(slot, generation), frame_no, row)
+        frame_nos = head["frame"]
+        ends = frame_nos == END_OF_STREAM
+        if ends.any():                        # a session's last frames: markers one by one
+            for (slot, generation, frame_no), row in zip(head[ends].tolist(), rows[ends]):
+                self._one_frame(Handle(slot, generation), frame_no, row)
+            keep = ~ends
+            head, rows, frame_nos = head[keep], rows[keep], frame_nos[keep]
+        refused = self.table.push_batch(head["slot"], head["generation"], frame_nos, rows)
+        self.stats.dropped_frames += refused
+        self._frames_read += len(head) - refused
 
     def _one_frame(self, handle: Handle, frame_no: int, pcm: np.ndarray) -> None:
         """A session's frame, or its end-of-stream marker."""

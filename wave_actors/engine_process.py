@@ -34,6 +34,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -70,18 +71,6 @@ class EngineFacts:
     pid: int
 
 
-class WorkerOwner:
-    """A session's outputs' destination in the engine: its worker's socket identity on the
-    clock's ROUTER and the front's number for it. Unset until the front binds it (after the
-    session's start): rows for an unbound session are unroutable, as for a session not yet
-    opened in one process."""
-    __slots__ = ("worker", "rid")
-
-    def __init__(self) -> None:
-        self.worker: bytes | None = None
-        self.rid = 0
-
-
 class EngineClock(BeatClockActor):
     """The beat clock with its outputs sent to the session workers, one message a worker a beat,
     and every beat's record sent to the front."""
@@ -93,36 +82,58 @@ class EngineClock(BeatClockActor):
                          epoch, keep_records=keep_records)
         self.epoch, self.start_policy, self._report = epoch, start_policy, report
         self._stalls_sent = 0.0
+        # Each slot's session's worker (an index into `_workers`, -1: not bound yet) and the
+        # front's number for it: a beat is routed by these arrays, not per session in Python.
+        self._owner_worker = np.full(executor.max_sessions, -1, np.int32)
+        self._owner_rid = np.zeros(executor.max_sessions, np.int64)
+        self._workers: list[bytes] = []            # socket identities, in order first seen
+        self._worker_index: dict[bytes, int] = {}
 
     @staticmethod
-    def _collect(owner: WorkerOwner, out: BeatOut) -> bool:
+    def _collect(owner, out: BeatOut) -> bool:
         raise AssertionError("the engine's clock routes by worker (_route)")
 
+    async def handle(self, msg):
+        result = await super().handle(msg)
+        if isinstance(msg, Admit):
+            self._owner_worker[result.slot] = -1   # a new session: unbound until the front says
+        return result
+
+    def bind(self, handle: Handle, worker: bytes, rid: int) -> None:
+        """Where a current session's outputs go: its worker's socket and the front's number for
+        it. Rows of a session not bound yet (or no longer current) are unroutable."""
+        entry = self.table.entries.get(handle.slot)
+        if entry is None or entry.handle != handle:
+            return
+        index = self._worker_index.get(worker)
+        if index is None:
+            index = self._worker_index[worker] = len(self._workers)
+            self._workers.append(worker)
+        self._owner_worker[handle.slot] = index
+        self._owner_rid[handle.slot] = rid
+
     def _route(self, routed: dict, out) -> None:
-        # Once a beat: the token rows become lists in one tolist() each, each worker's PCM rows
-        # are gathered out of the ring in one copy (the ring slot is refilled two beats on) and
-        # sent with its rows' headers in one message.
+        # Once a beat, as arrays: each worker's rows (headers as one record array, PCM gathered
+        # out of the ring in one copy: the ring slot is refilled two beats on) in one message.
         if not routed:
             return
-        slots = list(routed)
-        text, func, user = (a[slots].tolist() for a in (out.text, out.func, out.user))
-        by_worker: dict[bytes, tuple[list, list, list]] = {}
-        for i, (entry, first) in enumerate(routed.values()):
-            owner = entry.owner
-            if owner.worker is None:
-                self.stats.unroutable += 1
-                continue
-            rows = by_worker.get(owner.worker)
-            if rows is None:
-                rows = by_worker[owner.worker] = ([], [], [])
-            rows[0].append(slots[i])
-            rows[1].append(owner.rid)
-            rows[2].append((first, text[i], func[i], user[i]))
-        for worker, (rows, rids, heads) in by_worker.items():
+        n = len(routed)
+        slots = np.fromiter(routed, np.intp, n)
+        firsts = np.fromiter((first for _entry, first in routed.values()), np.int64, n)
+        workers = self._owner_worker[slots]
+        bound = workers >= 0
+        self.stats.unroutable += n - int(bound.sum())
+        for index in np.unique(workers[bound]).tolist():
+            mine = workers == index
+            rows = slots[mine]
+            head = np.empty(len(rows), W.BEAT_ROW)
+            head["rid"] = self._owner_rid[rows]
+            head["frame"] = firsts[mine]
+            head["text"], head["func"], head["user"] = out.text[rows], out.func[rows], out.user[rows]
             try:
-                self._tx.send([worker, *W.beat(rids, heads, out.pcm[rows])])
+                self._tx.send([self._workers[index], *W.beat(head, out.pcm[rows])])
             except zmq.ZMQError:               # the worker died: its sessions are ending
-                self.stats.unroutable += len(rids)
+                self.stats.unroutable += len(rows)
 
     def _record(self, rec: BeatRecord) -> None:
         super()._record(rec)
@@ -207,10 +218,7 @@ class EngineServer:
         elif op == "tokens":
             self.actor.tell(FunctionTokens(msg[2], msg[3]))
         elif op == "bind":
-            _, _, handle, worker, rid = msg
-            entry = self.actor.table.entries.get(handle.slot)
-            if entry is not None and entry.handle == handle:
-                entry.owner.worker, entry.owner.rid = worker, rid
+            self.actor.bind(*msg[2:])
 
     async def _start_clock(self, epoch, endpoint, policy, start_policy, keep_records) -> None:
         await self._stop_clock()
@@ -238,7 +246,7 @@ class EngineServer:
     async def _admit(self, req, key, spec) -> None:
         actor = self.actor
         try:
-            handle = await actor.ask(Admit(key, WorkerOwner(), spec))
+            handle = await actor.ask(Admit(key, None, spec))
         except Exception as exc:
             self.send(("reply", req, False, exc))
             return

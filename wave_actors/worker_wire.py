@@ -4,7 +4,7 @@ per worker (the front's ROUTER, the worker's DEALER).
 Both ends are processes of one node, started by the front on a private ipc directory, so control
 messages are pickled tuples; the hot ones are flat:
 
-    clock → worker   [BEAT, pickle([(rid, header), ...]), pcm]     a beat's rows for the worker's
+    clock → worker   [BEAT, rows (BEAT_ROW), pcm]                  a beat's rows for the worker's
                                                                    sessions, pcm (k, F, 1764) f32,
                                                                    on the worker's frames socket
     front → worker   [AUDIO, rows (AUDIO_ROW), payloads]           the clients' audio messages of
@@ -26,8 +26,16 @@ import pickle
 
 import numpy as np
 
+from wave_actors.core.contract import MAX_USER_TOKENS
+from wave_actors.core.frames import FRAMES_PER_BEAT
+
 AUDIO, BEAT, CTRL, SENDS = b"A", b"B", b"C", b"S"
 AUDIO_ROW = np.dtype([("rid", "<i4"), ("seq", "<i8"), ("nbytes", "<i4")])
+# A beat's header for one session: the front's number for it, its first output frame, and the
+# frames' text, function and user-transcript tokens.
+BEAT_ROW = np.dtype([("rid", "<i8"), ("frame", "<i8"), ("text", "<i4", (FRAMES_PER_BEAT,)),
+                     ("func", "<i4", (FRAMES_PER_BEAT,)),
+                     ("user", "<i4", (FRAMES_PER_BEAT, MAX_USER_TOKENS))])
 
 
 def clock_identity(index: int, pid: int) -> bytes:
@@ -56,19 +64,20 @@ def read_audio(rows: bytes, payloads: bytes) -> list[tuple[int, int, bytes]]:
             zip(head["rid"].tolist(), head["seq"].tolist(), starts.tolist(), ends.tolist())]
 
 
-def beat(rids: list[int], heads: list[tuple], pcm: np.ndarray) -> list:
-    """A beat's rows for one worker: `heads` (first frame, text, func, user tokens) per rid, and
-    their PCM as one float32 array (k, F, samples), sent as it is (no copy made here)."""
-    return [BEAT, pickle.dumps((rids, heads), protocol=pickle.HIGHEST_PROTOCOL),
-            np.ascontiguousarray(pcm, np.float32)]
+def beat(head: np.ndarray, pcm: np.ndarray) -> list:
+    """A beat's rows for one worker: `head` a BEAT_ROW record a row, their PCM one float32 array
+    (k, F, samples); both sent as they are."""
+    return [BEAT, head, np.ascontiguousarray(pcm, np.float32)]
 
 
-def read_beat(meta: bytes, pcm, frames: int, samples: int
+def read_beat(head, pcm, frames: int, samples: int
               ) -> tuple[list[tuple[int, dict]], np.ndarray]:
-    """(rid, the session's beat header) per row, and the rows' PCM (a view of the message)."""
-    rids, heads = pickle.loads(meta)
+    """(rid, the session's beat header) a row, and the rows' PCM (a view of the message)."""
+    head = np.frombuffer(head, BEAT_ROW)
     rows = [(rid, {"frame": first, "text": text, "func": func, "user": user})
-            for rid, (first, text, func, user) in zip(rids, heads)]
+            for rid, first, text, func, user in zip(
+                head["rid"].tolist(), head["frame"].tolist(), head["text"].tolist(),
+                head["func"].tolist(), head["user"].tolist())]
     return rows, np.frombuffer(pcm, np.float32).reshape(len(rows), frames, samples)
 
 

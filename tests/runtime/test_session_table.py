@@ -123,3 +123,25 @@ def test_a_supervisor_that_gives_up_drains_the_node_and_says_why():
         vn.run(scenario())
     finally:
         vn.close()
+
+
+def test_a_batch_of_frames_queues_only_current_handles_frames_in_order():
+    """`push_batch` checks handles as arrays. Catches: a released slot's (stale) frames queued
+    into its next session; a slot number off the table crashing the clock instead of being
+    counted; frames of one slot queued out of their order in the batch."""
+    table = SessionTable(4, prebuffer=1)
+    a, b, c = (table.admit(("k", i), None) for i in range(3))
+    table.release(b)
+    b2 = table.admit(("k", 9), None)                 # b's slot again, a new generation
+    assert b2.slot == b.slot and b2.generation != b.generation
+    rows = [(a, 0), (b, 0), (b2, 0), (a, 1), (c, 0), (b2, 1)]
+    slots = np.array([h.slot for h, _ in rows] + [7, -1], np.int32)
+    gens = np.array([h.generation for h, _ in rows] + [1, 1], np.int64)
+    nos = np.array([n for _, n in rows] + [0, 0], np.int64)
+    pcm = np.arange(len(slots), dtype=np.float32)[:, None] * np.ones((1, 1280), np.float32)
+    refused = table.push_batch(slots, gens, nos, pcm)
+    assert refused == 3 and table.stale == 3          # b's frame and the two off the table
+    queued = {h.slot: [(n, float(p[0])) for n, p in table.jitter.slots[h.slot].jitter]
+              for h in (a, b2, c)}
+    assert queued == {a.slot: [(0, 0.0), (1, 3.0)], b2.slot: [(0, 2.0), (1, 5.0)],
+                      c.slot: [(0, 4.0)]}

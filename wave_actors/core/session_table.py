@@ -41,6 +41,8 @@ class SessionTable:
                  shedding: Shedding | None = Shedding()):
         self.jitter = BeatScheduler(slots, prebuffer, max_queue, shedding)
         self.entries: dict[int, Entry] = {}         # slot → its session, admitted to released
+        # Each slot's current generation (-1: free), for checking a batch of frames at once.
+        self.generations = np.full(slots, -1, np.int64)
         self._next_generation = epoch << EPOCH_SHIFT
         self.stale = 0                              # messages naming a handle not current
 
@@ -57,6 +59,7 @@ class SessionTable:
         self._next_generation += 1
         handle = Handle(slot, self._next_generation)
         self.entries[slot] = Entry(handle, key, owner)
+        self.generations[slot] = handle.generation
         return handle
 
     def current(self, handle: Handle) -> Entry | None:
@@ -73,6 +76,7 @@ class SessionTable:
         if self.current(handle) is None:
             return None
         del self.entries[handle.slot]
+        self.generations[handle.slot] = -1
         return self.jitter.release(handle.slot)
 
     def push(self, handle: Handle, frame_no: int, pcm: np.ndarray) -> bool:
@@ -80,6 +84,21 @@ class SessionTable:
             return False
         self.jitter.push(handle.slot, frame_no, pcm)
         return True
+
+    def push_batch(self, slots: np.ndarray, generations: np.ndarray, frame_nos: np.ndarray,
+                   pcm: np.ndarray) -> int:
+        """`push` for a batch of frames, their handles checked as arrays: the frames of current
+        handles queue in their slots; returns how many were refused (stale, counted)."""
+        known = (slots >= 0) & (slots < len(self.generations))
+        current = known.copy()
+        current[known] = self.generations[slots[known]] == generations[known]
+        refused = len(current) - int(current.sum())
+        self.stale += refused
+        push = self.jitter.push
+        for slot, frame_no, row in zip(slots[current].tolist(), frame_nos[current].tolist(),
+                                       pcm[current]):
+            push(slot, frame_no, row)
+        return refused
 
     def pack(self, inp: BeatInput, in_beat: list[int]) -> BeatPlan:
         """Two frames of every slot in the beat into `inp` (the executor's ring slot)."""

@@ -1,0 +1,131 @@
+"""The engine's host work a beat at N sessions, piece by piece, on this CPU (no GPU, no sockets'
+I/O threads in the way): frames in, plan, pack, executor hand-over and collect (sim, flat cost),
+complete, route to the workers. What the clock's own time a beat is made of as sessions grow.
+
+    python bench/engine_beat_cpu.py --sessions 300 1000 [--workers 4] [--beats 30] [--out F]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import zmq
+
+from sim.costmodel import CostModel
+from sim.executor import SimExecutor
+from wave_actors import frame_batch
+from wave_actors.clock import Admit
+from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.contract import ExecutorOptions, SessionSpec
+from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
+from wave_actors.core.start_policy import EagerStarts
+from wave_actors.core.timebase import Clock
+from wave_actors.engine_process import EngineClock
+
+FLAT = "bench/costmodel_flat100.json"
+
+
+class _Tx:
+    """Sends into a real ROUTER whose peers (one DEALER a worker) drain between beats."""
+
+    def __init__(self, workers: int):
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.bind("inproc://engine-beat-cpu")
+        self.peers = []
+        for w in range(workers):
+            d = self.ctx.socket(zmq.DEALER)
+            d.setsockopt(zmq.IDENTITY, b"w%d" % w)
+            d.connect("inproc://engine-beat-cpu")
+            self.peers.append(d)
+
+    def send(self, frames: list) -> None:
+        self.router.send_multipart(frames)
+
+    def drain(self) -> None:
+        for d in self.peers:
+            while d.poll(0):
+                d.recv_multipart()
+
+
+async def measure(n: int, workers: int, beats: int) -> dict:
+    opts = ExecutorOptions(max_sessions=n, cost_model=FLAT)
+    sim = SimExecutor(opts, CostModel.load(FLAT, "reference"), Clock())
+    clock = EngineClock(sim, None, "inproc://unused", Clock(), ClockPolicy(), EagerStarts(), 0,
+                        False, lambda msg: None)
+    tx = _Tx(workers)
+    clock._tx = tx
+    handles = []
+    for i in range(n):
+        h = await clock.handle(Admit(("k", i), None, SessionSpec("", [])))
+        clock.bind(h, b"w%d" % (i % workers), i)
+        handles.append(h)
+    clock._apply_ops()
+    while clock._ready_waiters or clock.book.plan(1.0).rows:     # every start done
+        plan = clock.book.plan(1.0)
+        clock.book.observe(plan, 0.0)
+        clock._resolve_ready()
+    pcm = np.random.default_rng(0).standard_normal((2 * n, SAMPLES_IN)).astype(np.float32) * 0.1
+    parts = {k: [] for k in ("frames_in", "plan", "pack", "submit_collect", "complete", "route")}
+    frame = 0
+    for k in range(beats):
+        rows = [(h.slot, h.generation, frame + f) for h in handles for f in range(FRAMES_PER_BEAT)]
+        frame += FRAMES_PER_BEAT
+        per_worker = [frame_batch.encode(rows[w::workers], list(pcm[w::workers]))
+                      for w in range(workers)]
+        inp, out = clock._inputs[k % 2], clock._outputs[k % 2]
+        t0 = time.perf_counter()
+        for msg in per_worker:                     # as `_frame_in` gets them off the socket
+            clock._frame_in([b"w", *msg])
+        t1 = time.perf_counter()
+        clock._apply_ops()
+        plan = clock.book.plan(0.05)
+        t2 = time.perf_counter()
+        packed = clock.table.pack(inp, plan.live)
+        t3 = time.perf_counter()
+        sim.submit(plan, inp, out)
+        sim._inflight = (0.0, 0.1)
+        out.compute_s = sim.collect(plan, out)
+        clock.book.observe(plan, out.compute_s)
+        t4 = time.perf_counter()
+        routed = clock.table.complete(packed, late=False)
+        t5 = time.perf_counter()
+        clock._route(routed, out)
+        t6 = time.perf_counter()
+        tx.drain()
+        for name, a, b in (("frames_in", t0, t1), ("plan", t1, t2), ("pack", t2, t3),
+                           ("submit_collect", t3, t4), ("complete", t4, t5), ("route", t5, t6)):
+            parts[name].append(1e3 * (b - a))
+    skip = min(5, beats // 3)
+    ms = {name: round(float(np.median(v[skip:])), 2) for name, v in parts.items()}
+    clock_ms = sum(v for name, v in ms.items() if name != "submit_collect")
+    return {"sessions": n, "workers": workers, "ms_p50": ms, "clock_ms_p50": round(clock_ms, 2),
+            "clock_us_per_session": round(1e3 * clock_ms / n, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, nargs="+", default=[300, 1000])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--beats", type=int, default=30)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    results = []
+    for n in args.sessions:
+        r = asyncio.run(measure(n, args.workers, args.beats))
+        results.append(r)
+        print(f"{n:5d} sessions: clock {r['clock_ms_p50']:6.2f} ms a beat "
+              f"({r['clock_us_per_session']} us a session); {r['ms_p50']}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"command": "python bench/engine_beat_cpu.py " + " ".join(
+                f"--sessions {' '.join(map(str, args.sessions))} --workers {args.workers} "
+                f"--beats {args.beats}".split()), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
