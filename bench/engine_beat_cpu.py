@@ -9,6 +9,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import platform
+import subprocess
 import time
 from types import SimpleNamespace
 
@@ -43,8 +46,8 @@ class _Tx:
             d.connect("inproc://engine-beat-cpu")
             self.peers.append(d)
 
-    def send(self, frames: list) -> None:
-        self.router.send_multipart(frames)
+    def send(self, frames: list, copy: bool = True) -> None:
+        self.router.send_multipart(frames, copy=copy)
 
     def drain(self) -> None:
         for d in self.peers:
@@ -121,10 +124,14 @@ def main() -> None:
         print(f"{n:5d} sessions: clock {r['clock_ms_p50']:6.2f} ms a beat "
               f"({r['clock_us_per_session']} us a session); {r['ms_p50']}", flush=True)
     if args.out:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
         with open(args.out, "w") as f:
             json.dump({"command": "python bench/engine_beat_cpu.py " + " ".join(
                 f"--sessions {' '.join(map(str, args.sessions))} --workers {args.workers} "
-                f"--beats {args.beats}".split()), "results": results}, f, indent=1)
+                f"--beats {args.beats}".split()), "commit": os.environ.get("WAVE_COMMIT", commit),
+                "machine": f"{platform.machine()}, {os.cpu_count()} cores (no GPU: sim executor)",
+                "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

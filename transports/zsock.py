@@ -35,14 +35,16 @@ _SEND, _RECV, _GET = zmq.backend.Socket.send, zmq.backend.Socket.recv, zmq.backe
 NOBLOCK, _SNDMORE, _RCVMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.RCVMORE)
 
 
-def send_now(sock: zmq.Socket, frames: list) -> None:
+def send_now(sock: zmq.Socket, frames: list, copy: bool = True) -> None:
     """A multipart message (bytes or buffers) on a synchronous socket, without waiting: raises
     zmq.ZMQError (zmq.Again: no room) as pyzmq's send_multipart(flags=NOBLOCK) does. Only the
-    first part can fail for room or peer: ZMQ takes the rest of a message it has begun."""
+    first part can fail for room or peer: ZMQ takes the rest of a message it has begun.
+    `copy=False`: large parts are handed to ZMQ as they are (the caller never writes them
+    again)."""
     last = len(frames) - 1
     for i in range(last):
-        _SEND(sock, frames[i], NOBLOCK | _SNDMORE)
-    _SEND(sock, frames[last], NOBLOCK)
+        _SEND(sock, frames[i], NOBLOCK | _SNDMORE, copy)
+    _SEND(sock, frames[last], NOBLOCK, copy)
 
 
 def recv_now(sock: zmq.Socket, copy: bool = True) -> list:
@@ -71,12 +73,12 @@ class Tx:
         self.sync = twin(sock)
         self._kick_due = False
 
-    def send(self, frames: list) -> None:
+    def send(self, frames: list, copy: bool = True) -> None:
         """Queue a multipart message now or raise zmq.ZMQError (zmq.Again: no room)."""
         if self.sock.closed:          # the twin would use the freed socket: refuse like pyzmq
             raise zmq.ZMQError(zmq.ENOTSOCK)
         try:
-            send_now(self.sync, frames)
+            send_now(self.sync, frames, copy)
         finally:
             if not self._kick_due:
                 self._kick_due = True

@@ -131,7 +131,8 @@ class EngineClock(BeatClockActor):
             head["frame"] = firsts[mine]
             head["text"], head["func"], head["user"] = out.text[rows], out.func[rows], out.user[rows]
             try:
-                self._tx.send([self._workers[index], *W.beat(head, out.pcm[rows])])
+                # Both parts are fresh arrays nothing writes again: ZMQ takes them uncopied.
+                self._tx.send([self._workers[index], *W.beat(head, out.pcm[rows])], copy=False)
             except zmq.ZMQError:               # the worker died: its sessions are ending
                 self.stats.unroutable += len(rows)
 
