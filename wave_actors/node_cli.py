@@ -14,6 +14,7 @@ import asyncio
 import importlib.util
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -59,8 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="sim: model every session as already holding this many frames")
     ap.add_argument("--curve-keys", help="directory with server.key_secret and clients/*.key")
     ap.add_argument("--metrics-port", type=int)
-    ap.add_argument("--workers", type=int, default=0,
-                    help="session worker processes (0: sessions on the node's own loop)")
+    ap.add_argument("--workers", type=_workers, default="auto",
+                    help="session worker processes, the clock and executor then in a process "
+                         "of their own (0: every session on the node's own loop; default "
+                         f"auto: a worker for every {CORES_PER_WORKER} cores, at most "
+                         f"{MAX_AUTO_WORKERS}, none below {CORES_PER_WORKER * 2} cores)")
     d = NodeConfig()
     ap.add_argument("--idle-timeout", type=float, default=d.idle_timeout_s,
                     help="s: a session that hears nothing of its own this long is closed")
@@ -107,6 +111,31 @@ def slots_asked(args) -> int:
     if args.max_sessions is not None:
         return args.max_sessions
     return 0 if entry(args.backend).caps.device else CPU_SLOTS
+
+
+CORES_PER_WORKER = 4     # a worker, the front, the engine and callers' bridges share the cores
+MAX_AUTO_WORKERS = 4
+
+
+def auto_workers(cores: int | None) -> int:
+    """Workers for a machine of `cores`: none on a small one (a worker process there only
+    competes with the node's own), else a worker for every CORES_PER_WORKER cores."""
+    cores = cores or 1
+    if cores < 2 * CORES_PER_WORKER:
+        return 0
+    return min(MAX_AUTO_WORKERS, cores // CORES_PER_WORKER)
+
+
+def _workers(text: str) -> int:
+    if text == "auto":
+        return auto_workers(os.cpu_count())
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count or auto, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return n
 
 
 def slots_line(facts: dict, args) -> str:

@@ -234,3 +234,14 @@ def test_bench_refuses_workers_on_virtual_time(tmp_path):
                           "--virtual", "--out", str(tmp_path)],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "real time only" in out.stderr, out.stderr
+
+
+def test_workers_default_to_none_on_a_small_machine_and_scale_with_cores():
+    # A small machine keeps one process (the demo, CI); a big one gets a worker a 4 cores.
+    from wave_actors.node_cli import auto_workers, parse_args
+    assert [auto_workers(c) for c in (None, 1, 2, 4, 7)] == [0, 0, 0, 0, 0]
+    assert [auto_workers(c) for c in (8, 12, 16, 64)] == [2, 3, 4, 4]
+    assert parse_args(["--workers", "3"]).workers == 3
+    assert parse_args([]).workers == auto_workers(os.cpu_count())
+    with pytest.raises(SystemExit):
+        parse_args(["--workers", "-1"])
