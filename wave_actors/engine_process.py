@@ -30,6 +30,8 @@ import asyncio
 import gc
 import logging
 import os
+import pickle
+import select
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -158,12 +160,29 @@ class EngineServer:
         self.epoch = -1
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self.reports_lost = 0
+        self._writable = select.poll()
+        self._writable.register(conn.fileno(), select.POLLOUT)
 
     def send(self, msg: tuple) -> None:
         try:
             self.conn.send(msg)
         except (BrokenPipeError, OSError):
             self._stop.set()                  # the front is gone
+
+    def report(self, msg: tuple) -> None:
+        """A beat's report ("beat", epoch, record, totals, stalls): sent only when the pipe takes it at once. A front that stops reading
+        must not stop the clock, so a report that would wait is dropped and counted (the next
+        one carries the count: `reports_lost`)."""
+        msg[3]["reports_lost"] = self.reports_lost
+        blob = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(blob) + 4 > select.PIPE_BUF or not self._writable.poll(0):
+            self.reports_lost += 1
+            return
+        try:
+            self.conn.send_bytes(blob)
+        except (BrokenPipeError, OSError):
+            self._stop.set()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -225,7 +244,7 @@ class EngineServer:
         await self._stop_clock()
         self.epoch = epoch
         self.actor = EngineClock(self.executor, self.ctx, endpoint, self.clock, policy,
-                                 start_policy, epoch, keep_records, self.send)
+                                 start_policy, epoch, keep_records, self.report)
         task = self.actor.start()
         task.add_done_callback(lambda t, e=epoch: self._clock_ended(t, e))
         self.send(("started", epoch))

@@ -170,3 +170,27 @@ def test_a_dead_engine_ends_every_session_and_a_new_one_serves():
         assert isinstance(got[-1], Closed)
     assert restarts == 1
     assert len(heard) >= 5
+
+
+def test_a_front_that_stops_reading_never_blocks_the_engines_clock():
+    """The engine reports each beat over a pipe to the front. Catches a report that waits for
+    a front whose loop has stopped reading (the clock would stop with it): past what the pipe
+    holds, reports are dropped and counted, and the next one read carries the count."""
+    import multiprocessing as mp
+    import time
+    from types import SimpleNamespace
+    from wave_actors.engine_process import EngineServer
+    front, engine = mp.Pipe()
+    server = EngineServer(SimpleNamespace(), engine)
+    rec = SimpleNamespace(beat=0, pad=b"x" * 300)
+    began = time.monotonic()
+    for k in range(2000):                        # ~0.7 MB of reports, far past a pipe's 64 KB
+        server.report(("beat", 0, rec, {"underruns": 0}, []))
+    assert time.monotonic() - began < 5.0
+    assert server.reports_lost > 0
+    got = []
+    while front.poll():
+        got.append(front.recv())
+    assert 0 < len(got) == 2000 - server.reports_lost
+    server.report(("beat", 0, rec, {"underruns": 0}, []))
+    assert front.recv()[3]["reports_lost"] == server.reports_lost
