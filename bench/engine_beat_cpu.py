@@ -13,7 +13,6 @@ import os
 import platform
 import subprocess
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import zmq
