@@ -2,7 +2,8 @@
 I/O threads in the way): frames in, plan, pack, executor hand-over and collect (sim, flat cost),
 complete, route to the workers. What the clock's own time a beat is made of as sessions grow.
 
-    python bench/engine_beat_cpu.py --sessions 300 1000 [--workers 4] [--beats 30] [--out F]
+    python bench/engine_beat_cpu.py --sessions 300 1000 [--workers 4] [--beats 30]
+                                    [--batches 32] [--out F]
 """
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from wave_actors import frame_batch
 from wave_actors.clock import Admit
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions, SessionSpec
-from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
+from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
 from wave_actors.engine_process import EngineClock
+from wave_actors.session_worker import FRAMES_WAIT_S
 
 FLAT = "bench/costmodel_flat100.json"
 
@@ -54,7 +56,7 @@ class _Tx:
                 d.recv_multipart()
 
 
-async def measure(n: int, workers: int, beats: int) -> dict:
+async def measure(n: int, workers: int, beats: int, batches: int) -> dict:
     opts = ExecutorOptions(max_sessions=n, cost_model=FLAT)
     sim = SimExecutor(opts, CostModel.load(FLAT, "reference"), Clock())
     clock = EngineClock(sim, None, "inproc://unused", Clock(), ClockPolicy(), EagerStarts(), 0,
@@ -77,12 +79,17 @@ async def measure(n: int, workers: int, beats: int) -> dict:
     for k in range(beats):
         rows = [(h.slot, h.generation, frame + f) for h in handles for f in range(FRAMES_PER_BEAT)]
         frame += FRAMES_PER_BEAT
-        per_worker = [frame_batch.encode(rows[w::workers], list(pcm[w::workers]))
-                      for w in range(workers)]
+        # A worker's batch leaves at most every FRAMES_WAIT_S: a beat's frames arrive in
+        # about BEAT_S / FRAMES_WAIT_S batches a worker.
+        messages = []
+        for w in range(workers):
+            mine = list(range(w, len(rows), workers))
+            for part in np.array_split(np.array(mine), min(batches, len(mine))):
+                messages.append(frame_batch.encode([rows[i] for i in part], list(pcm[part])))
         inp, out = clock._inputs[k % 2], clock._outputs[k % 2]
         t0 = time.perf_counter()
-        for msg in per_worker:                     # as `_frame_in` gets them off the socket
-            clock._frame_in([b"w", *msg])
+        for msg in messages:                       # each read alone, as on an idle loop
+            clock._frames_in([[b"w", *msg]])
         t1 = time.perf_counter()
         clock._apply_ops()
         plan = clock.book.plan(0.05)
@@ -105,7 +112,8 @@ async def measure(n: int, workers: int, beats: int) -> dict:
     skip = min(5, beats // 3)
     ms = {name: round(float(np.median(v[skip:])), 2) for name, v in parts.items()}
     clock_ms = sum(v for name, v in ms.items() if name != "submit_collect")
-    return {"sessions": n, "workers": workers, "ms_p50": ms, "clock_ms_p50": round(clock_ms, 2),
+    return {"sessions": n, "workers": workers, "batches_a_worker": batches, "ms_p50": ms,
+            "clock_ms_p50": round(clock_ms, 2),
             "clock_us_per_session": round(1e3 * clock_ms / n, 1)}
 
 
@@ -114,11 +122,13 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, nargs="+", default=[300, 1000])
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--beats", type=int, default=30)
+    ap.add_argument("--batches", type=int, default=round(BEAT_S / FRAMES_WAIT_S),
+                    help="frame batches a worker a beat")
     ap.add_argument("--out")
     args = ap.parse_args()
     results = []
     for n in args.sessions:
-        r = asyncio.run(measure(n, args.workers, args.beats))
+        r = asyncio.run(measure(n, args.workers, args.beats, args.batches))
         results.append(r)
         print(f"{n:5d} sessions: clock {r['clock_ms_p50']:6.2f} ms a beat "
               f"({r['clock_us_per_session']} us a session); {r['ms_p50']}", flush=True)
@@ -128,7 +138,8 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"command": "python bench/engine_beat_cpu.py " + " ".join(
                 f"--sessions {' '.join(map(str, args.sessions))} --workers {args.workers} "
-                f"--beats {args.beats}".split()), "commit": os.environ.get("WAVE_COMMIT", commit),
+                f"--beats {args.beats} --batches {args.batches}".split()),
+                "commit": os.environ.get("WAVE_COMMIT", commit),
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores (no GPU: sim executor)",
                 "results": results}, f, indent=1)
 

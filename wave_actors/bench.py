@@ -244,9 +244,10 @@ def _host(records: list, stalls: list, cpu: dict) -> dict:
     and the CPU of the loop's thread and of the node's process per beat (with the loop's per
     live session: what grows with sessions)."""
     return {"wake_ms": spread_ms(r.wake_s for r in records),
-            "before_ms": spread_ms(r.begin_s for r in records),
+            "before_ms": spread_ms(r.begin_s + r.pack_s for r in records),
             "after_ms": spread_ms(r.latency_s - r.returned_s for r in records),
-            "before_after_ms": spread_ms(r.begin_s + r.latency_s - r.returned_s for r in records),
+            "before_after_ms": spread_ms(r.begin_s + r.pack_s + r.latency_s - r.returned_s
+                                         for r in records),
             "loop_cpu_ms": spread_ms(r.loop_cpu_s for r in records),
             "process_cpu_ms": spread_ms(r.process_cpu_s for r in records),
             "loop_cpu_us_per_session": round(1e6 * sum(r.loop_cpu_s for r in records)

@@ -38,8 +38,7 @@ from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.jitter import SlotStats
 from wave_actors.core.prompt import PromptRejected
-from wave_actors.core.session_table import (END_OF_STREAM, CapacityError,
-                                            SessionTable)
+from wave_actors.core.session_table import END_OF_STREAM, CapacityError, Routed, SessionTable
 from wave_actors.core.slot_book import BookPlan, SlotBook
 from wave_actors.core.start_policy import StartPolicy
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
@@ -104,6 +103,7 @@ class BeatRecord:
     # of the loop that is busy.
     loop_cpu_s: float = 0.0
     process_cpu_s: float = 0.0
+    pack_s: float = 0.0      # the beat planned → packed: host time before the executor's call
 
 
 class RowPool:
@@ -118,7 +118,7 @@ class RowPool:
         self.keep = keep
         self._bufs: list[np.ndarray] = []
 
-    def take(self, src: np.ndarray, rows: list[int]) -> np.ndarray:
+    def take(self, src: np.ndarray, rows: np.ndarray) -> np.ndarray:
         n = len(rows)
         for i in range(len(self._bufs)):
             # references: the list's, `buf` here, getrefcount's argument
@@ -355,8 +355,7 @@ class BeatClockActor(Actor):
     # -- frames in --------------------------------------------------------------------------------
     async def _read_frames(self) -> None:
         async for batch in zsock.batches(self._sock, self._tx.sync):
-            for frames in batch:
-                self._frame_in(frames)
+            self._frames_in(batch)
             if self.reads_wait_out_hold and self.turns.held:
                 # From just before a release until its beat is queued, frames wait on the
                 # socket: the release drains them itself, and reading them here would only
@@ -368,26 +367,34 @@ class BeatClockActor(Actor):
         batch of this turn sent first)."""
         if self.frames is not None:
             self.frames.flush()
-        sync = self._tx.sync
+        sync, messages = self._tx.sync, []
         while True:
             try:
-                self._frame_in(zsock.recv_now(sync))
+                messages.append(zsock.recv_now(sync))
             except zmq.Again:
                 break
+        self._frames_in(messages)
         zsock.kick(self._sock)           # the reads consumed the socket's edge: re-arm its reader
 
-    def _frame_in(self, frames: list) -> None:
-        if len(frames) != 4 or frames[1] != frame_batch.BATCH_TAG:   # not a FrameBatcher's
-            self.stats.dropped_frames += 1
-            return
-        self._batch_in(frames[2], frames[3])
+    def _frames_in(self, messages: list[list]) -> None:
+        """Frame batches read off the socket together, queued as one (a batch's queueing costs
+        about the same whatever its size)."""
+        heads, pcms = [], []
+        for frames in messages:
+            batch = None
+            if len(frames) == 4 and frames[1] == frame_batch.BATCH_TAG:
+                batch = frame_batch.decode(frames[2], frames[3])
+            if batch is None:                 # not a FrameBatcher's message
+                self.stats.dropped_frames += 1
+                continue
+            heads.append(batch[0])
+            pcms.append(batch[1])
+        if len(heads) == 1:
+            self._batch_in(heads[0], pcms[0])
+        elif heads:
+            self._batch_in(np.concatenate(heads), np.concatenate(pcms))
 
-    def _batch_in(self, headers: bytes, pcm: bytes) -> None:
-        batch = frame_batch.decode(headers, pcm)
-        if batch is None:
-            self.stats.dropped_frames += 1
-            return
-        head, rows = batch
+    def _batch_in(self, head: np.ndarray, rows: np.ndarray) -> None:
         frame_nos = head["frame"]
         ends = frame_nos == END_OF_STREAM
         if ends.any():                        # a session's last frames: markers one by one
@@ -464,6 +471,7 @@ class BeatClockActor(Actor):
                 inp.audio[slot] = 0.0                  # its session is leaving: it hears nothing
             in_beat = [s for s in in_beat if s not in self._closing]
         packed = self.table.pack(inp, in_beat)
+        pack_s = self.clock.now() - release - begin
         if behind:
             self._handed_slots = frozenset(in_beat)
             handed = self._handed = asyncio.get_running_loop().create_future()
@@ -482,11 +490,11 @@ class BeatClockActor(Actor):
             self.turns.free()
         self.executor.submit(plan, inp, out)
         self._inflight = asyncio.get_running_loop().create_task(
-            self._finish(k, release, plan, packed, out, begin, wake, frames_read))
+            self._finish(k, release, plan, packed, out, begin, wake, frames_read, pack_s))
         self._inflight.add_done_callback(self._task_died)
 
     async def _finish(self, k: int, release: float, plan: BookPlan, packed, out,
-                      begin: float, wake: float, frames_read: int) -> None:
+                      begin: float, wake: float, frames_read: int, pack_s: float) -> None:
         """Beat k's end: wait for the executor, account, route, record."""
         try:
             await self.executor.wait()
@@ -495,7 +503,7 @@ class BeatClockActor(Actor):
             self.turns.free()
         self.book.observe(plan, out.compute_s)
         returned = self.clock.now() - release
-        in_beat = bool(packed.slots)
+        in_beat = len(packed.slot_idx) > 0
         routed = self.table.complete(packed, late=returned > LATE_AFTER_S and in_beat)
         self._route(routed, out)
         latency = self.clock.now() - release
@@ -503,22 +511,23 @@ class BeatClockActor(Actor):
             self._host_s.append(max(0.0, latency - begin - out.compute_s))
         cpu = (time.thread_time(), time.process_time())
         (loop0, proc0), self._cpu_mark = self._cpu_mark, cpu
-        self._record(BeatRecord(packed.beat, release, latency, out.compute_s, len(packed.slots),
+        self._record(BeatRecord(packed.beat, release, latency, out.compute_s, len(packed.slot_idx),
                                 latency > LATE_AFTER_S and in_beat, begin, wake,
                                 frames_read, self.gc.take(), returned, len(plan.rows),
-                                len(plan.resets), len(plan.roll), cpu[0] - loop0, cpu[1] - proc0))
+                                len(plan.resets), len(plan.roll), cpu[0] - loop0, cpu[1] - proc0,
+                                pack_s))
         collect_between_beats(k)     # a no-op unless serving_process turned the collector off
 
-    def _route(self, routed: dict, out) -> None:
+    def _route(self, routed: Routed, out) -> None:
         # Once a beat, not per session, and only the routed rows: the token rows become lists
         # in one tolist() each, and the PCM rows are copied out in one piece into a reused
         # buffer (the ring slot is refilled two beats on; sessions read their rows later).
         if not routed:
             return
-        rows = list(routed)
+        rows = routed.slots
         text, func, user = (a[rows].tolist() for a in (out.text, out.func, out.user))
         pcm = self._pcm_rows.take(out.pcm, rows)
-        for i, (entry, first_frame) in enumerate(routed.values()):
+        for i, (entry, first_frame) in enumerate(self.table.entries_of(routed)):
             header = {"frame": first_frame, "text": text[i], "func": func[i], "user": user[i]}
             if not self._deliver(entry.owner, BeatOut(header, pcm[i])):
                 self.stats.unroutable += 1

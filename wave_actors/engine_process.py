@@ -44,6 +44,7 @@ from wave_actors import worker_wire as W
 from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
 from wave_actors.core.contract import ExecutorOptions, Handle
 from wave_actors.core.registry import make_executor
+from wave_actors.core.session_table import Routed
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.runtime import ActorStopped
 from wave_actors.session import BeatOut
@@ -114,14 +115,13 @@ class EngineClock(BeatClockActor):
         self._owner_worker[handle.slot] = index
         self._owner_rid[handle.slot] = rid
 
-    def _route(self, routed: dict, out) -> None:
+    def _route(self, routed: Routed, out) -> None:
         # Once a beat, as arrays: each worker's rows (headers as one record array, PCM gathered
         # out of the ring in one copy: the ring slot is refilled two beats on) in one message.
         if not routed:
             return
         n = len(routed)
-        slots = np.fromiter(routed, np.intp, n)
-        firsts = np.fromiter((first for _entry, first in routed.values()), np.int64, n)
+        slots, firsts = routed.slots, routed.firsts
         workers = self._owner_worker[slots]
         bound = workers >= 0
         self.stats.unroutable += n - int(bound.sum())
@@ -131,7 +131,8 @@ class EngineClock(BeatClockActor):
             head = np.empty(len(rows), W.BEAT_ROW)
             head["rid"] = self._owner_rid[rows]
             head["frame"] = firsts[mine]
-            head["text"], head["func"], head["user"] = out.text[rows], out.func[rows], out.user[rows]
+            for name in ("text", "func", "user"):
+                head[name] = getattr(out, name)[rows]
             try:
                 # Both parts are fresh arrays nothing writes again: ZMQ takes them uncopied.
                 self._tx.send([self._workers[index], *W.beat(head, out.pcm[rows])], copy=False)
@@ -171,9 +172,9 @@ class EngineServer:
             self._stop.set()                  # the front is gone
 
     def report(self, msg: tuple) -> None:
-        """A beat's report ("beat", epoch, record, totals, stalls): sent only when the pipe takes it at once. A front that stops reading
-        must not stop the clock, so a report that would wait is dropped and counted (the next
-        one carries the count: `reports_lost`)."""
+        """A beat's report ("beat", epoch, record, totals, stalls), sent only when the pipe
+        takes it at once: a front that stops reading must not stop the clock, so a report that
+        would wait is dropped and counted (the next one carries the count: `reports_lost`)."""
         msg[3]["reports_lost"] = self.reports_lost
         blob = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         if len(blob) + 4 > select.PIPE_BUF or not self._writable.poll(0):

@@ -211,10 +211,10 @@ def test_frames_are_conserved_and_outputs_reach_only_the_current_handle(name):
                 table.push(h, n, audio(n)[h.slot, 0])
                 pushed[h] = pushed.get(h, 0) + 1
         plan, routed, _ = await beat()
-        assert {e.handle for e, _ in routed.values()} == {a, b}
+        assert {e.handle for e, _ in table.entries_of(routed)} == {a, b}
         plan, routed, fresh = await beat(release_mid=a)
         assert fresh.slot == a.slot and fresh != a
-        assert {e.handle for e, _ in routed.values()} == {b}        # nothing of it to `fresh`
+        assert {e.handle for e, _ in table.entries_of(routed)} == {b}        # nothing of it to `fresh`
         stats_b = table.release(b)
         assert stats_b.frames_in + stats_b.dropped == pushed[b]
         assert table.release(a) is None and table.stale == 1

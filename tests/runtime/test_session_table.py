@@ -141,7 +141,8 @@ def test_a_batch_of_frames_queues_only_current_handles_frames_in_order():
     pcm = np.arange(len(slots), dtype=np.float32)[:, None] * np.ones((1, 1280), np.float32)
     refused = table.push_batch(slots, gens, nos, pcm)
     assert refused == 3 and table.stale == 3          # b's frame and the two off the table
-    queued = {h.slot: [(n, float(p[0])) for n, p in table.jitter.slots[h.slot].jitter]
+    queued = {h.slot: list(zip(table.jitter.queued(h.slot),
+                               table.jitter.queued_pcm(h.slot)[:, 0].tolist()))
               for h in (a, b2, c)}
     assert queued == {a.slot: [(0, 0.0), (1, 3.0)], b2.slot: [(0, 2.0), (1, 5.0)],
                       c.slot: [(0, 4.0)]}

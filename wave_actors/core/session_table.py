@@ -7,9 +7,10 @@ one incarnation can reach. A message naming a handle whose generation is not its
 one (a release, frames or tool tokens of a session that is gone, or of an earlier incarnation)
 is rejected and counted in `stale`, so nothing stale can touch the slot's next session.
 
-Each entry also carries the session's jitter buffer and counts (`jitter.BeatScheduler`, keyed
-by slot, shedding its standing excess by `shedding`; None keeps a fixed buffer) and its `owner`:
-whatever the node gave at admission to route the outputs to.
+Each slot also has the session's jitter buffer and counts (`jitter_arrays.ArrayScheduler`: the
+rules of `jitter.BeatScheduler` as array operations, shedding its standing excess by `shedding`;
+None keeps a fixed buffer), and each entry its `owner`: whatever the node gave at admission to
+route the outputs to.
 """
 from __future__ import annotations
 
@@ -19,14 +20,15 @@ from typing import Any
 import numpy as np
 
 from wave_actors.core.contract import BeatInput, Handle
-from wave_actors.core.jitter import BeatPlan, BeatScheduler, CapacityError, Shedding, SlotStats
+from wave_actors.core.jitter import CapacityError, Shedding, SlotStats
+from wave_actors.core.jitter_arrays import ArrayPlan, ArrayScheduler
 
 EPOCH_SHIFT = 40            # 2^40 admissions per incarnation before generations could meet
 # Frames reach the clock in batches (wave_actors/frame_batch.py), each row naming the session's
 # handle and the frame's number; this number marks the end of a closing session's frames.
 END_OF_STREAM = -1
 
-__all__ = ["CapacityError", "Entry", "END_OF_STREAM", "SessionTable"]
+__all__ = ["CapacityError", "Entry", "END_OF_STREAM", "Routed", "SessionTable"]
 
 
 @dataclass
@@ -36,10 +38,21 @@ class Entry:
     owner: Any              # where its outputs go (the node's route of the session)
 
 
+@dataclass
+class Routed:
+    """A finished beat's outputs that have a session to go to: the slots still held by the
+    session they were packed for, and each one's first output frame."""
+    slots: np.ndarray
+    firsts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+
 class SessionTable:
     def __init__(self, slots: int, epoch: int = 0, prebuffer: int = 3, max_queue: int = 50,
                  shedding: Shedding | None = Shedding()):
-        self.jitter = BeatScheduler(slots, prebuffer, max_queue, shedding)
+        self.jitter = ArrayScheduler(slots, prebuffer, max_queue, shedding)
         self.entries: dict[int, Entry] = {}         # slot → its session, admitted to released
         # Each slot's current generation (-1: free), for checking a batch of frames at once.
         self.generations = np.full(slots, -1, np.int64)
@@ -89,23 +102,29 @@ class SessionTable:
                    pcm: np.ndarray) -> int:
         """`push` for a batch of frames, their handles checked as arrays: the frames of current
         handles queue in their slots; returns how many were refused (stale, counted)."""
+        if len(slots) and 0 <= slots.min() and slots.max() < len(self.generations):
+            current = self.generations[slots] == generations
+            if current.all():                       # the usual batch: nothing stale
+                self.jitter.push_batch(slots, frame_nos, pcm)
+                return 0
         known = (slots >= 0) & (slots < len(self.generations))
         current = known.copy()
         current[known] = self.generations[slots[known]] == generations[known]
         refused = len(current) - int(current.sum())
         self.stale += refused
-        push = self.jitter.push
-        for slot, frame_no, row in zip(slots[current].tolist(), frame_nos[current].tolist(),
-                                       pcm[current]):
-            push(slot, frame_no, row)
+        self.jitter.push_batch(slots[current], frame_nos[current], pcm[current])
         return refused
 
-    def pack(self, inp: BeatInput, in_beat: list[int]) -> BeatPlan:
+    def pack(self, inp: BeatInput, in_beat: list[int]) -> ArrayPlan:
         """Two frames of every slot in the beat into `inp` (the executor's ring slot)."""
-        return self.jitter.pack(inp, set(in_beat))
+        return self.jitter.pack(inp, in_beat)
 
-    def complete(self, plan: BeatPlan, late: bool) -> dict[int, tuple[Entry, int]]:
-        """slot → (entry, first output frame) for the slots still held by the session they were
-        packed for (a slot released, or released and re-admitted, mid-beat gets nothing)."""
-        routed = self.jitter.complete(plan, late)
-        return {slot: (self.entries[slot], first) for slot, (_key, first) in routed.items()}
+    def complete(self, plan: ArrayPlan, late: bool) -> Routed:
+        """The slots still held by the session they were packed for, with each one's first
+        output frame (a slot released, or released and re-admitted, mid-beat gets nothing)."""
+        return Routed(*self.jitter.complete(plan, late))
+
+    def entries_of(self, routed: Routed) -> list[tuple[Entry, int]]:
+        """(entry, first output frame) of each routed slot."""
+        return [(self.entries[slot], first)
+                for slot, first in zip(routed.slots.tolist(), routed.firsts.tolist())]

@@ -1,0 +1,351 @@
+"""The beat scheduler on arrays: `jitter.BeatScheduler`'s rules, a beat's work as numpy
+operations over all slots instead of Python per slot.
+
+The clock packs every live session each beat; at a few hundred sessions a Python loop per slot
+(queue pops, a copy per frame, counters, the shedding window) is most of the host's time before
+the device can start. Here each slot's jitter buffer is a ring of places (`place`, `nums`:
+where each queued frame's samples are and its number, `head`/`count` per slot), the counters are
+columns of one table, and the shedding window's spares are a ring per slot whose minimum is one
+reduction. A batch of frames from a session worker is queued with one scatter.
+
+The samples live in one `FrameStore` whose free places are reused last-freed first: the frames a
+beat packs free the places the next batch fills, so the memory a beat touches is about the
+frames queued, not every slot's whole buffer.
+
+`BeatScheduler` stays the plain reference: `tests/runtime/test_jitter_arrays.py` drives both
+with the same random pushes, beats and releases and requires the same frames, silences,
+counters and shedding, step by step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Iterable
+
+import numpy as np
+
+from wave_actors.core.contract import BeatInput
+from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
+from wave_actors.core.jitter import SILENCE, CapacityError, Shedding, SlotStats
+
+assert FRAMES_PER_BEAT == 2, "pack() takes a beat's two frames as two array steps"
+
+_STAT = {f.name: i for i, f in enumerate(fields(SlotStats))}
+_IN, _OUT, _UNDER, _IDLE, _DROP, _SHED, _LATE = (
+    _STAT[n] for n in ("frames_in", "frames_out", "underruns", "idle_frames", "dropped", "shed",
+                       "late_beats"))
+
+
+class FrameStore:
+    """Frames' samples in one growing array; `take` hands out free places (the last freed
+    first, still in cache), `give` takes them back."""
+
+    def __init__(self, places: int, limit: int):
+        self.limit = limit                            # never more places than this in use
+        self.pcm = np.empty((places, SAMPLES_IN), np.float32)
+        self._free = np.arange(places - 1, -1, -1, dtype=np.int64)   # a stack: top at the end
+        self._top = places
+
+    def take(self, k: int) -> np.ndarray:
+        if k > self._top:
+            self._grow(k - self._top)
+        self._top -= k
+        return self._free[self._top:self._top + k].copy()
+
+    def give(self, places: np.ndarray) -> None:
+        k = len(places)
+        self._free[self._top:self._top + k] = places
+        self._top += k
+
+    def _grow(self, short: int) -> None:
+        old = len(self.pcm)
+        new = min(self.limit, max(2 * old, old + short))
+        assert new - old >= short, "more frames queued than the buffers hold"
+        pcm = np.empty((new, SAMPLES_IN), np.float32)
+        pcm[:old] = self.pcm
+        free = np.empty(new, np.int64)
+        free[:new - old] = np.arange(new - 1, old - 1, -1)    # the new places at the bottom
+        free[new - old:new - old + self._top] = self._free[:self._top]
+        self.pcm, self._free, self._top = pcm, free, self._top + new - old
+
+
+@dataclass
+class ArrayPlan:
+    """What one `pack` put where: the slots packed (ascending), each one's two frame numbers
+    (SILENCE for silence) and its admission count, so `complete` can tell whether the session
+    packed still holds the slot."""
+    beat: int
+    slot_idx: np.ndarray        # [k] int
+    nums: np.ndarray            # [k, 2] int
+    admissions: np.ndarray      # [k] int
+
+    @property
+    def slots(self) -> list[int]:
+        return self.slot_idx.tolist()
+
+    @property
+    def frames(self) -> dict[int, tuple[int, int]]:
+        return {s: (a, b) for s, (a, b) in zip(self.slot_idx.tolist(), self.nums.tolist())}
+
+
+class ArrayScheduler:
+    def __init__(self, max_sessions: int, prebuffer: int = 3, max_queue: int = 50,
+                 shedding: Shedding | None = Shedding()):
+        """`shedding=None` keeps the delay a slot grows to for the rest of its call."""
+        assert prebuffer >= 1 and max_queue >= prebuffer + FRAMES_PER_BEAT
+        n, q = max_sessions, max_queue
+        self.max_sessions, self.prebuffer, self.max_queue = n, prebuffer, q
+        self.shedding = shedding
+        # Room to start with for every slot's prebuffer and a beat; grows to what is queued.
+        self.store = FrameStore(n * (prebuffer + FRAMES_PER_BEAT), n * q)
+        self.place = np.zeros((n, q), np.int64)      # each queued frame's place in the store
+        self.nums = np.zeros((n, q), np.int64)
+        self.head = np.zeros(n, np.int64)            # ring index of a slot's oldest frame
+        self.count = np.zeros(n, np.int64)           # frames queued
+        self.held = np.zeros(n, bool)
+        self.started = np.zeros(n, bool)
+        self.admissions = np.zeros(n, np.int64)      # bumped at every admit of the slot
+        self.out_frame = np.zeros(n, np.int64)
+        self.stats = np.zeros((n, len(_STAT)), np.int64)
+        self.keys: list[object] = [None] * n
+        # The shedding window: each started slot's last `window` spares (plus the frames shed
+        # before each, so shedding never rewrites the window), and how many it has recorded.
+        w = shedding.window_beats if shedding else 1
+        self.window = np.zeros((n, w), np.int64)
+        self.window_beats = np.zeros(n, np.int64)
+        self.shed_total = np.zeros(n, np.int64)
+        self._free = list(range(n - 1, -1, -1))      # pop() gives the lowest slot
+        self._ready = np.zeros(n, bool)
+        self._mark = np.zeros(n, np.int64)           # scratch: is a batch a row a slot?
+        self._rows = np.arange(n, dtype=np.int64)
+        self.beat = 0
+        self.totals = SlotStats()       # over every session ever admitted, closed ones included
+
+    # -- admission ------------------------------------------------------------------------------
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def __len__(self) -> int:
+        return self.max_sessions - len(self._free)
+
+    def admit(self, key: object) -> int:
+        if not self._free:
+            raise CapacityError(f"all {self.max_sessions} slots are busy")
+        slot = self._free.pop()
+        for a in (self.head, self.count, self.out_frame, self.window_beats, self.shed_total):
+            a[slot] = 0
+        self.stats[slot] = 0
+        self.started[slot] = False
+        self.held[slot] = True
+        self.admissions[slot] += 1
+        self.keys[slot] = key
+        return slot
+
+    def release(self, slot: int) -> SlotStats:
+        self._check(slot)
+        queue = self._queue(slot)
+        self.store.give(self.place[slot, queue])
+        self.stats[slot, _DROP] += len(queue)     # queued but never heard: counted, not lost
+        self.totals.dropped += len(queue)
+        self.held[slot] = False
+        self.count[slot] = 0
+        self.keys[slot] = None
+        self._free.append(slot)
+        self._free.sort(reverse=True)
+        return self.slot_stats(slot)
+
+    def _check(self, slot: int) -> None:
+        if not (0 <= slot < self.max_sessions and self.held[slot]):
+            raise KeyError(slot)
+
+    def slot_stats(self, slot: int) -> SlotStats:
+        return SlotStats(*self.stats[slot].tolist())
+
+    def queued(self, slot: int) -> list[int]:
+        """The frame numbers in the slot's buffer, oldest first."""
+        return self.nums[slot, self._queue(slot)].tolist()
+
+    def queued_pcm(self, slot: int) -> np.ndarray:
+        """The frames in the slot's buffer, oldest first: [queued, SAMPLES_IN]."""
+        return self.store.pcm[self.place[slot, self._queue(slot)]]
+
+    def _queue(self, slot: int) -> np.ndarray:
+        self._check(slot)
+        return (self.head[slot] + np.arange(self.count[slot])) % self.max_queue
+
+    # -- frames in ------------------------------------------------------------------------------
+    def push(self, slot: int, frame_no: int, pcm: np.ndarray) -> None:
+        self._check(slot)
+        q = self.max_queue
+        if self.count[slot] >= q:             # full: the oldest frame makes room
+            self.store.give(self.place[slot, self.head[slot]:self.head[slot] + 1])
+            self.head[slot] = (self.head[slot] + 1) % q
+            self.count[slot] -= 1
+            self.stats[slot, _DROP] += 1
+            self.totals.dropped += 1
+        pos = (self.head[slot] + self.count[slot]) % q
+        place = self.store.take(1)[0]
+        self.store.pcm[place] = pcm
+        self.place[slot, pos] = place
+        self.nums[slot, pos] = frame_no
+        self.count[slot] += 1
+
+    def push_batch(self, slots: np.ndarray, frame_nos: np.ndarray, pcm: np.ndarray) -> None:
+        """`push` of each row in order, as one scatter: rows of held slots only."""
+        k = len(slots)
+        if not k:
+            return
+        if not self.held[slots].all():
+            raise KeyError(slots[~self.held[slots]][0])
+        q = self.max_queue
+        if k <= self.max_sessions:
+            rows = self._rows[:k]
+            self._mark[slots] = rows
+            if (self._mark[slots] == rows).all():   # a row a slot, as most batches are
+                self._push_distinct(slots, frame_nos, pcm)
+                return
+        slots = slots.astype(np.int64)
+        order = np.argsort(slots, kind="stable")     # a slot's rows together, in batch order
+        s = slots[order]
+        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+        sizes = np.diff(np.r_[starts, k])
+        mine = s[starts]
+        # Pushing one by one keeps a slot's last `q` frames: of a batch larger than that, only
+        # its last `q` rows are queued, and the slot's queued frames make room oldest first.
+        drop = np.maximum(0, self.count[mine] + sizes - q)
+        drop_batch = np.maximum(0, sizes - q)
+        for slot, n in zip(mine.tolist(), (drop - drop_batch).tolist()):
+            if n:                                        # rare: a backlog overflows a buffer
+                h = self.head[slot]
+                self.store.give(self.place[slot, (h + np.arange(n)) % q])
+                self.head[slot] = (h + n) % q
+                self.count[slot] -= n
+        rank = np.arange(k) - np.repeat(starts, sizes) - np.repeat(drop_batch, sizes)
+        keep = rank >= 0
+        s, rank, rows = s[keep], rank[keep], order[keep]
+        pos = (self.head[s] + self.count[s] + rank) % q
+        places = self.store.take(len(s))
+        self.store.pcm[places] = pcm[rows]
+        self.place[s, pos] = places
+        self.nums[s, pos] = frame_nos[rows]
+        self.count[mine] += sizes - drop_batch
+        self.stats[mine, _DROP] += drop
+        self.totals.dropped += int(drop.sum())
+
+    def _push_distinct(self, slots: np.ndarray, frame_nos: np.ndarray, pcm: np.ndarray) -> None:
+        q = self.max_queue
+        count = self.count[slots]
+        if count.max() >= q:                  # the oldest frame of each full one makes room
+            full = slots[count >= q]
+            self.store.give(self.place[full, self.head[full]])
+            self.head[full] = (self.head[full] + 1) % q
+            self.count[full] -= 1
+            self.stats[full, _DROP] += 1
+            self.totals.dropped += len(full)
+            count = self.count[slots]
+        pos = (self.head[slots] + count) % q
+        places = self.store.take(len(slots))
+        self.store.pcm[places] = pcm
+        self.place[slots, pos] = places
+        self.nums[slots, pos] = frame_nos
+        self.count[slots] = count + 1
+
+    def target(self, slot: int) -> int | None:
+        """The queue length, in frames, the slot's shedding is heading for (None: not yet known,
+        or no shedding)."""
+        self._check(slot)
+        if not self.shedding or self.window_beats[slot] < self.window.shape[1]:
+            return None
+        lowest = int(self.window[slot].min() - self.shed_total[slot])
+        return int(self.count[slot]) - max(0, lowest - self.shedding.keep)
+
+    # -- one beat -------------------------------------------------------------------------------
+    def pack(self, inp: BeatInput, ready: Iterable[int] | None = None) -> ArrayPlan:
+        """Fill `inp` for every held slot that is ready; returns what went where."""
+        inp.live[:] = False
+        if ready is None:
+            chosen = self.held
+        else:
+            self._ready[:] = False
+            idx = np.fromiter(ready, np.int64)
+            self._ready[idx[(idx >= 0) & (idx < self.max_sessions)]] = True
+            chosen = self.held & self._ready
+        slots = np.flatnonzero(chosen)
+        inp.live[slots] = True
+        q = self.max_queue
+        count, head = self.count[slots], self.head[slots]
+        started = self.started[slots] | (count >= self.prebuffer)
+        self.started[slots] = started
+        nums = np.full((len(slots), FRAMES_PER_BEAT), SILENCE, np.int64)
+        taken = np.zeros(len(slots), np.int64)
+        for f in range(FRAMES_PER_BEAT):
+            have = started & (count > f)
+            pos = (head + f) % q
+            src, dst = slots[have], slots[~have]
+            places = self.place[src, pos[have]]
+            inp.audio[src, f] = self.store.pcm[places]
+            inp.audio[dst, f] = 0.0
+            self.store.give(places)
+            nums[have, f] = self.nums[src, pos[have]]
+            taken += have
+        self.head[slots] = (head + taken) % q
+        left = count - taken
+        self.count[slots] = left
+        missing = FRAMES_PER_BEAT - taken
+        self.stats[slots, _IN] += taken
+        self.stats[slots, _UNDER] += np.where(started, missing, 0)
+        self.stats[slots, _IDLE] += np.where(started, 0, FRAMES_PER_BEAT)
+        self.totals.frames_in += int(taken.sum())
+        self.totals.underruns += int(missing[started].sum())
+        self.totals.idle_frames += FRAMES_PER_BEAT * int((~started).sum())
+        if self.shedding:
+            self._shed(slots[started], left[started] - missing[started])
+        plan = ArrayPlan(self.beat, slots, nums, self.admissions[slots])
+        inp.beat = self.beat
+        self.beat += 1
+        return plan
+
+    def _shed(self, slots: np.ndarray, spare: np.ndarray) -> None:
+        """Record this beat's spare of each started slot; drop the oldest frames its window shows
+        were never needed."""
+        w = self.window.shape[1]
+        beats = self.window_beats[slots]
+        self.window[slots, beats % w] = spare + self.shed_total[slots]
+        self.window_beats[slots] = beats + 1
+        full = beats + 1 >= w
+        slots = slots[full]
+        if not len(slots):
+            return
+        keep = self.shedding.keep
+        lowest = self.window[slots].min(axis=1) - self.shed_total[slots]
+        n = np.where(lowest > keep,
+                     np.minimum(np.minimum(lowest - keep, self.shedding.per_beat),
+                                self.count[slots]), 0)
+        if not n.any():
+            return
+        head, q = self.head[slots], self.max_queue
+        for f in range(int(n.max())):
+            shed = n > f
+            self.store.give(self.place[slots[shed], (head[shed] + f) % q])
+        self.head[slots] = (head + n) % q
+        self.count[slots] -= n
+        self.shed_total[slots] += n
+        self.stats[slots, _SHED] += n
+        self.stats[slots, _DROP] += n
+        shed = int(n.sum())
+        self.totals.shed += shed
+        self.totals.dropped += shed
+
+    def complete(self, plan: ArrayPlan, late: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Account for a finished beat. Returns (slots, first output frame index of each) for
+        the slots still held by the session packed (a slot released, or released and
+        re-admitted, mid-beat gets nothing: its outputs belong to nobody alive)."""
+        s = plan.slot_idx
+        s = s[self.held[s] & (self.admissions[s] == plan.admissions)]
+        if late:
+            self.stats[s, _LATE] += 1
+        firsts = self.out_frame[s].copy()
+        self.out_frame[s] += FRAMES_PER_BEAT
+        self.stats[s, _OUT] += FRAMES_PER_BEAT
+        self.totals.frames_out += FRAMES_PER_BEAT * len(s)
+        return s, firsts
