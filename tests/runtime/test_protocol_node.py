@@ -15,6 +15,7 @@ from sim.executor import SimExecutor
 from transports import protocol as P
 from transports.client import Audio, Closed, Error, FunctionCall, NodeClient, Refused, Text
 from wave_actors.core.contract import ExecutorOptions
+from wave_actors.core.session_table import Routed
 from wave_actors.core.timebase import Clock
 from wave_actors.flood import FloodPolicy
 from wave_actors.node import Node, NodeConfig
@@ -55,9 +56,12 @@ def test_outputs_without_a_session_actor_are_counted_unroutable():
             out = node.executor.alloc_output()
             gone = SimpleNamespace(actor=None)               # a route whose actor is gone
             assert not node._deliver(gone, None)
-            entry = SimpleNamespace(owner=gone)
-            clock._route({0: (entry, 0), 1: (entry, 0)}, out)    # sessions nobody serves
+            handles = [clock.table.admit(("nobody", i), gone) for i in range(2)]
+            slots = np.array([h.slot for h in handles])
+            clock._route(Routed(slots, np.zeros(2, np.int64)), out)   # nobody serves them
             assert clock.stats.unroutable == 2
+            for h in handles:
+                clock.table.release(h)
     asyncio.run(body())
 
 
