@@ -2,8 +2,8 @@
 I/O threads in the way): frames in, plan, pack, executor hand-over and collect (sim, flat cost),
 complete, route to the workers. What the clock's own time a beat is made of as sessions grow.
 
-    python bench/engine_beat_cpu.py --sessions 300 1000 [--workers 4] [--beats 30]
-                                    [--batches 32] [--out F]
+    python -m bench.engine_beat_cpu --sessions 300 1000 [--workers 4] [--beats 30]
+                                       [--batches 32] [--out F]
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def main() -> None:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
         with open(args.out, "w") as f:
-            json.dump({"command": "python bench/engine_beat_cpu.py " + " ".join(
+            json.dump({"command": "python -m bench.engine_beat_cpu " + " ".join(
                 f"--sessions {' '.join(map(str, args.sessions))} --workers {args.workers} "
                 f"--beats {args.beats} --batches {args.batches}".split()),
                 "commit": os.environ.get("WAVE_COMMIT", commit),

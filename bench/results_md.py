@@ -296,6 +296,26 @@ NOTES = (
      "front process cannot carry 1,000 sessions (opens waited 9.7 s at p99). One process, same "
      "commit: reference 120 x 3 x 500 0 late, p99 105.4 / 102.7 / 102.6 ms; dense 220 x 3 x "
      "500 0 late, p99 114.0 / 114.4 / 115.7 ms."),
+    ("graph", "Jitter buffers and routing as arrays; the pack counted as host time (issue 17)",
+     ("graph-dense-n300-20261202T144833.json", "graph-reference-n120-20261202T145417.json",
+      "graph-reference-n120-20261202T145948.json", "sim-reference-n1000-20261202T145509.json",
+      "sim-reference-n300-20261202T144919.json"),
+     "At 28802d5: the jitter buffers as arrays (`jitter_arrays.ArrayScheduler`, checked in "
+     "lockstep against `jitter.BeatScheduler`), a beat's rows routed to the workers as arrays "
+     "and handed to ZMQ uncopied, frame batches read together queued as one. The bench's host "
+     "time before the GPU now includes the plan and the pack (before: release to the beat "
+     "planned only, so the earlier 4.2-4.9 ms left the pack out). Dense 300 x 3 x 500 with "
+     "`--workers 4`: 0 late, p99 149.4 / 147.0 / 145.3 ms; release wake p99 0.69 / 0.23 / 0.14 "
+     "ms (max 2.1); before + after p99 8.2 / 6.1 / 4.5 ms (target 3: missed), of which after "
+     "the GPU 3.5 / 2.2 / 1.5 ms (was 4.1-4.5) and before 5.8 / 4.5 / 3.1 ms, the plan and "
+     "pack 2.6 ms at p50 (about 9 us a session, which this CPU's bench of the same code does "
+     "not show: `bench/engine_beat_cpu.py` gives 1.7 ms at 300 on a 2-core machine); the "
+     "engine's loop 34-37 ms of CPU a beat. Reference 120 x 3 x 500, 4 workers: 0 late, p99 "
+     "98.7 / 99.0 / 99.3 ms, before + after p99 2.4-2.7 ms; one process: 0 late, p99 102.5 / "
+     "102.2 / 104.2 ms. Sim, flat 100 ms beat, H200 host: 300 sessions 4 workers 0 late, p99 "
+     "110.1 ms, engine loop 35 ms a beat; 1,000 sessions 8 workers 0 late, p99 125.1 ms (was "
+     "139.9), after p99 5.0 ms (was 11.3), engine loop 54 ms a beat (was 65; target 5: "
+     "missed), the front 180 ms a beat, opens p99 9.6 s."),
     ("sim", "The simulator against the H200, side by side (dense, same code)",
      ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
       "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
