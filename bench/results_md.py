@@ -299,7 +299,7 @@ NOTES = (
     ("graph", "Jitter buffers and routing as arrays; the pack counted as host time (issue 17)",
      ("graph-dense-n300-20261202T144833.json", "graph-reference-n120-20261202T145417.json",
       "graph-reference-n120-20261202T145948.json", "sim-reference-n1000-20261202T145509.json",
-      "sim-reference-n300-20261202T144919.json"),
+      "sim-reference-n300-20261202T144919.json", "engine-beat-cpu-h200host.json"),
      "At 28802d5: the jitter buffers as arrays (`jitter_arrays.ArrayScheduler`, checked in "
      "lockstep against `jitter.BeatScheduler`), a beat's rows routed to the workers as arrays "
      "and handed to ZMQ uncopied, frame batches read together queued as one. The bench's host "
@@ -308,9 +308,10 @@ NOTES = (
      "`--workers 4`: 0 late, p99 149.4 / 147.0 / 145.3 ms; release wake p99 0.69 / 0.23 / 0.14 "
      "ms (max 2.1); before + after p99 8.2 / 6.1 / 4.5 ms (target 3: missed), of which after "
      "the GPU 3.5 / 2.2 / 1.5 ms (was 4.1-4.5) and before 5.8 / 4.5 / 3.1 ms, the plan and "
-     "pack 2.6 ms at p50 (about 9 us a session, which this CPU's bench of the same code does "
-     "not show: `bench/engine_beat_cpu.py` gives 1.7 ms at 300 on a 2-core machine); the "
-     "engine's loop 34-37 ms of CPU a beat. Reference 120 x 3 x 500, 4 workers: 0 late, p99 "
+     "pack 2.6 ms at p50; `python -m bench.engine_beat_cpu` on the H200 host's CPU alone "
+     "(engine-beat-cpu-h200host.json, at 318148f, the same serving code) gives 2.1 ms at 300 "
+     "and 53 us a frame batch, slower than on the 2-core machine here; the engine's loop "
+     "34-37 ms of CPU a beat. Reference 120 x 3 x 500, 4 workers: 0 late, p99 "
      "98.7 / 99.0 / 99.3 ms, before + after p99 2.4-2.7 ms; one process: 0 late, p99 102.5 / "
      "102.2 / 104.2 ms. Sim, flat 100 ms beat, H200 host: 300 sessions 4 workers 0 late, p99 "
      "110.1 ms, engine loop 35 ms a beat; 1,000 sessions 8 workers 0 late, p99 125.1 ms (was "
