@@ -1,7 +1,9 @@
 """The beat scheduler: slots, per-slot jitter buffers, packing a beat and accounting for it.
 
-Pure and synchronous (no asyncio, no torch, no sockets) so the clock, the simulator and the
-property tests run this exact code. Per live slot and beat:
+Pure and synchronous (no asyncio, no torch, no sockets), written plainly, a slot at a time: the
+reference for the clock's `jitter_arrays.ArrayScheduler`, which applies these rules as array
+operations and is checked against this one step by step (`tests/runtime/test_jitter_arrays.py`);
+the property tests of the rules themselves run here. Per live slot and beat:
 
   - frames arrive numbered 0, 1, 2 … from the slot's SessionActor and queue in a bounded jitter
     buffer (overflow drops the oldest frame, counted as `dropped`);
