@@ -3,7 +3,7 @@ I/O threads in the way): frames in, plan, pack, executor hand-over and collect (
 complete, route to the workers. What the clock's own time a beat is made of as sessions grow.
 
     python -m bench.engine_beat_cpu --sessions 300 1000 [--workers 4] [--beats 30]
-                                       [--batches 32] [--out F]
+                                       [--batches 32] [--reads 16] [--out F]
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ class _Tx:
                 d.recv_multipart()
 
 
-async def measure(n: int, workers: int, beats: int, batches: int) -> dict:
+async def measure(n: int, workers: int, beats: int, batches: int, reads: int) -> dict:
     opts = ExecutorOptions(max_sessions=n, cost_model=FLAT)
     sim = SimExecutor(opts, CostModel.load(FLAT, "reference"), Clock())
     clock = EngineClock(sim, None, "inproc://unused", Clock(), ClockPolicy(), EagerStarts(), 0,
@@ -81,15 +81,21 @@ async def measure(n: int, workers: int, beats: int, batches: int) -> dict:
         frame += FRAMES_PER_BEAT
         # A worker's batch leaves at most every FRAMES_WAIT_S: a beat's frames arrive in
         # about BEAT_S / FRAMES_WAIT_S batches a worker.
-        messages = []
+        sent = []                                  # (when in the beat, message)
         for w in range(workers):
             mine = list(range(w, len(rows), workers))
-            for part in np.array_split(np.array(mine), min(batches, len(mine))):
-                messages.append(frame_batch.encode([rows[i] for i in part], list(pcm[part])))
+            for j, part in enumerate(np.array_split(np.array(mine), min(batches, len(mine)))):
+                sent.append((j / batches, [b"w", *frame_batch.encode([rows[i] for i in part],
+                                                                    list(pcm[part]))]))
+        sent.sort(key=lambda m: m[0])
+        # The clock reads every `frames_every_s` all that waits: `reads` reads a beat.
+        groups = [[m for when, m in sent if r / reads <= when < (r + 1) / reads]
+                  for r in range(reads)]
         inp, out = clock._inputs[k % 2], clock._outputs[k % 2]
         t0 = time.perf_counter()
-        for msg in messages:                       # each read alone, as on an idle loop
-            clock._frames_in([[b"w", *msg]])
+        for group in groups:
+            if group:
+                clock._frames_in(group)
         t1 = time.perf_counter()
         clock._apply_ops()
         plan = clock.book.plan(0.05)
@@ -112,7 +118,8 @@ async def measure(n: int, workers: int, beats: int, batches: int) -> dict:
     skip = min(5, beats // 3)
     ms = {name: round(float(np.median(v[skip:])), 2) for name, v in parts.items()}
     clock_ms = sum(v for name, v in ms.items() if name != "submit_collect")
-    return {"sessions": n, "workers": workers, "batches_a_worker": batches, "ms_p50": ms,
+    return {"sessions": n, "workers": workers, "batches_a_worker": batches, "reads": reads,
+            "ms_p50": ms,
             "clock_ms_p50": round(clock_ms, 2),
             "clock_us_per_session": round(1e3 * clock_ms / n, 1)}
 
@@ -124,11 +131,14 @@ def main() -> None:
     ap.add_argument("--beats", type=int, default=30)
     ap.add_argument("--batches", type=int, default=round(BEAT_S / FRAMES_WAIT_S),
                     help="frame batches a worker a beat")
+    ap.add_argument("--reads", type=int, default=round(BEAT_S / ClockPolicy().frames_every_s),
+                    help="the clock's frame reads a beat (0: every batch read alone)")
     ap.add_argument("--out")
     args = ap.parse_args()
     results = []
     for n in args.sessions:
-        r = asyncio.run(measure(n, args.workers, args.beats, args.batches))
+        r = asyncio.run(measure(n, args.workers, args.beats, args.batches,
+                                args.reads or args.workers * args.batches))
         results.append(r)
         print(f"{n:5d} sessions: clock {r['clock_ms_p50']:6.2f} ms a beat "
               f"({r['clock_us_per_session']} us a session); {r['ms_p50']}", flush=True)
@@ -138,7 +148,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"command": "python -m bench.engine_beat_cpu " + " ".join(
                 f"--sessions {' '.join(map(str, args.sessions))} --workers {args.workers} "
-                f"--beats {args.beats} --batches {args.batches}".split()),
+                f"--beats {args.beats} --batches {args.batches} --reads {args.reads}".split()),
                 "commit": os.environ.get("WAVE_COMMIT", commit),
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores (no GPU: sim executor)",
                 "results": results}, f, indent=1)

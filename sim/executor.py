@@ -87,10 +87,18 @@ class SimExecutor:
         self.text_codec = ByteFallbackCodec()
         self.user_codec = UserByteFallbackCodec()
         self._rng = random.Random(options.seed)
-        self._func_queue: list[list[int]] = [[] for _ in range(self.max_sessions)]
-        self._phrases: dict[int, list[int]] = {}
+        self._func_queue: dict[int, list[int]] = {}     # slots with function tokens to say
         self._tones = np.stack([tone(slot, 0) for slot in range(self.max_sessions)]) \
             if self.max_sessions else np.zeros((0, SAMPLES_OUT), np.float32)
+        # Every slot's phrase as a row of token ids (and its length): a beat's text tokens are
+        # then one gather, not a Python call per slot and frame.
+        phrases = [self.text_codec.encode(f"slot {slot} speaking. ")
+                   for slot in range(self.max_sessions)]
+        self._phrase_len = np.array([len(p) for p in phrases] or [1], np.int64)
+        self._phrases = np.full((max(1, len(phrases)), int(self._phrase_len.max())), PAD,
+                                np.int32)
+        for slot, phrase in enumerate(phrases):
+            self._phrases[slot, :len(phrase)] = phrase
         self._inflight: tuple[float, float] | None = None
         self.trace: list[tuple[int, int, float, float]] | None = [] if trace else None
 
@@ -102,14 +110,17 @@ class SimExecutor:
         return BeatInput.alloc(self.max_sessions)
 
     def alloc_output(self) -> BeatOutput:
-        return BeatOutput.alloc(self.max_sessions)
+        # A slot's audio is its tone whatever the frame: written once here, not every beat.
+        out = BeatOutput.alloc(self.max_sessions)
+        out.pcm[:] = self._tones[:, None, :]
+        return out
 
     def prompt_tokens(self, spec: SessionSpec) -> list[int]:
         return fitted_prompt_tokens(self.text_codec, spec.instructions, spec.tools,
                                     self.start_shape.max_prompt)
 
     def reset(self) -> None:
-        self._func_queue = [[] for _ in range(self.max_sessions)]
+        self._func_queue = {}
 
     # -- the beat -------------------------------------------------------------------------------
     def _context(self, plan: BookPlan) -> float:
@@ -118,7 +129,11 @@ class SimExecutor:
 
     def submit(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
         for slot, spec in plan.opened.items():
-            self._func_queue[slot] = self._call_of(spec)
+            call = self._call_of(spec)
+            if call:
+                self._func_queue[slot] = call
+            else:
+                self._func_queue.pop(slot, None)
         context = self._context(plan)
         live_s = self.cost.beat_time(len(plan.live), context)
         if self.cost.jitter_rel:
@@ -144,20 +159,33 @@ class SimExecutor:
     def collect(self, plan: BookPlan, out: BeatOutput) -> float:
         _end, total = self._inflight
         self._inflight = None
-        live = list(plan.live)
-        if live:
-            # Audio and the user channel as arrays (the sim's output work stays small beside the
-            # clock's at 1,000 sessions); tokens a slot, as the model would emit them.
-            out.pcm[live] = self._tones[live][:, None, :]
-            out.user[live] = NO_TOKEN
-            heard = np.array(self._heard, bool)
+        if plan.live:
+            # The model's outputs as arrays: a GPU writes them without the host's help, so the
+            # sim's share of the clock's loop stays small beside the clock's own at 1,000
+            # sessions. The audio rows hold each slot's tone already (alloc_output).
+            live = np.asarray(plan.live, np.int64)
             frames = np.asarray(plan.frame0[:len(live)], np.int64)[:, None] \
                 + np.arange(FRAMES_PER_BEAT)
-            rows, cols = np.nonzero(heard)
-            out.user[np.asarray(live)[rows], cols, 0] = ord("a") + frames[rows, cols] % 26
-        for r, slot in enumerate(live):
-            self._fill(slot, int(plan.frame0[r]), out)
+            out.user[live] = NO_TOKEN
+            rows, cols = np.nonzero(np.array(self._heard, bool))
+            out.user[live[rows], cols, 0] = ord("a") + frames[rows, cols] % 26
+            said = self._phrases[live[:, None], frames % self._phrase_len[live][:, None]]
+            out.text[live] = np.where(frames % SPEAK_PERIOD >= SPEAK_PERIOD // 2, PAD, said)
+            out.func[live] = PAD
+            if self._func_queue:
+                row = {slot: r for r, slot in enumerate(plan.live)}
+                for slot in [s for s in self._func_queue if s in row]:
+                    self._say_call(slot, int(frames[row[slot], 0]), out)
         return total
+
+    def _say_call(self, slot: int, frame0: int, out: BeatOutput) -> None:
+        """The slot's next function-channel tokens, one a frame from CALL_AT_FRAME on."""
+        queue = self._func_queue[slot]
+        for f in range(FRAMES_PER_BEAT):
+            if queue and frame0 + f >= CALL_AT_FRAME:
+                out.func[slot, f] = queue.pop(0)
+        if not queue:
+            del self._func_queue[slot]
 
     def _call_of(self, spec: SessionSpec | None) -> list[int]:
         if spec is None or not spec.tools:
@@ -172,14 +200,6 @@ class SimExecutor:
             frame = frame0 + f
             out.text[slot, f] = self._text_token(slot, frame)
             out.func[slot, f] = queue.pop(0) if queue and frame >= CALL_AT_FRAME else PAD
-
-    def _text_token(self, slot: int, frame: int) -> int:
-        if frame % SPEAK_PERIOD >= SPEAK_PERIOD // 2:
-            return PAD
-        phrase = self._phrases.get(slot)
-        if phrase is None:
-            phrase = self._phrases[slot] = self.text_codec.encode(f"slot {slot} speaking. ")
-        return phrase[frame % len(phrase)]
 
     def describe(self) -> dict:
         return {"backend": self.name, "max_sessions": self.max_sessions,

@@ -90,10 +90,10 @@ class Tx:
             kick(self.sock)
 
 
-async def batches(sock: zmq.asyncio.Socket, sync: zmq.Socket, copy: bool = True
-                  ) -> AsyncIterator[list]:
+async def batches(sock: zmq.asyncio.Socket, sync: zmq.Socket, copy: bool = True,
+                  drain_max: int | None = DRAIN_MAX) -> AsyncIterator[list]:
     """Lists of multipart messages in arrival order: the first (awaited if none is queued),
-    then the queued rest."""
+    then the queued rest, up to `drain_max` messages (None: all of them)."""
     waited = True
     while True:
         # A message already queued is taken without pyzmq's futures, and only an empty socket
@@ -106,7 +106,7 @@ async def batches(sock: zmq.asyncio.Socket, sync: zmq.Socket, copy: bool = True
             batch, waited = [recv_now(sync, copy)], False
         except zmq.Again:
             batch, waited = [await sock.recv_multipart(copy=copy)], True
-        while len(batch) < DRAIN_MAX:
+        while drain_max is None or len(batch) < drain_max:
             try:
                 batch.append(recv_now(sync, copy))
             except zmq.Again:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -71,6 +72,10 @@ class Release:
     handle: Handle
     stream_ended: bool = False   # its session sent END_OF_STREAM: count its frames in flight first
 
+
+# The frame reads' last before a hold ends this long before it: a read due at the hold's very
+# start could run inside it.
+READ_BEFORE_HOLD_S = 0.5e-3
 
 STREAM_END_WAIT_S = 0.5         # a marker lost with a restarting socket cannot hold a release
 
@@ -354,13 +359,29 @@ class BeatClockActor(Actor):
 
     # -- frames in --------------------------------------------------------------------------------
     async def _read_frames(self) -> None:
-        async for batch in zsock.batches(self._sock, self._tx.sync):
+        every = self.policy.frames_every_s
+        # Reading at intervals, a read takes all that waits (however many messages).
+        async for batch in zsock.batches(self._sock, self._tx.sync,
+                                         drain_max=None if every else zsock.DRAIN_MAX):
             self._frames_in(batch)
+            if every:
+                await self.clock.sleep_until(self._next_read(every))
             if self.reads_wait_out_hold and self.turns.held:
                 # From just before a release until its beat is queued, frames wait on the
                 # socket: the release drains them itself, and reading them here would only
                 # stand between the loop and the release.
                 await self.turns.turn()
+
+    def _next_read(self, every: float) -> float:
+        """`every` from now, or just before the next release's hold if that comes first: the
+        release then drains only what arrived during its hold."""
+        now = self.clock.now()
+        hold = self.policy.release_hold_s
+        if self.t0 is None or not (self.reads_wait_out_hold and hold):
+            return now + every
+        hold_start = self.t0 + math.floor((now + hold - self.t0) / BEAT_S + 1) * BEAT_S - hold
+        before = hold_start - READ_BEFORE_HOLD_S
+        return before if now < before < now + every else now + every
 
     def _drain_frames(self) -> None:
         """Every frame queued on the socket now, without yielding to the loop (the sessions'
@@ -391,13 +412,15 @@ class BeatClockActor(Actor):
             pcms.append(batch[1])
         if len(heads) == 1:
             self._batch_in(heads[0], pcms[0])
-        elif heads:
-            self._batch_in(np.concatenate(heads), np.concatenate(pcms))
+        elif heads:                           # the samples stay in their messages' buffers
+            self._batch_in(np.concatenate(heads), pcms)
 
-    def _batch_in(self, head: np.ndarray, rows: np.ndarray) -> None:
+    def _batch_in(self, head: np.ndarray, rows: np.ndarray | list[np.ndarray]) -> None:
         frame_nos = head["frame"]
         ends = frame_nos == END_OF_STREAM
         if ends.any():                        # a session's last frames: markers one by one
+            if isinstance(rows, list):
+                rows = np.concatenate(rows)
             for (slot, generation, frame_no), row in zip(head[ends].tolist(), rows[ends]):
                 self._one_frame(Handle(slot, generation), frame_no, row)
             keep = ~ends

@@ -6,7 +6,8 @@ silences, counters, queues, shedding targets and routed outputs.
 
 Catches, among others: a batch scatter that keeps the wrong frames when a batch overflows a
 slot, a ring index that forgets to wrap, underruns counted
-before a slot started, the shedding window's minimum taken over the wrong beats, a released and
+before a slot started, the shedding window's minimum taken over the wrong beats, a batch's samples read in pieces
+written to the wrong places, a released and
 re-admitted slot given its predecessor's outputs, counters carried over to a slot's next session.
 """
 import numpy as np
@@ -17,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import SAMPLES_IN
 from wave_actors.core.jitter import BeatScheduler, CapacityError, Shedding
-from wave_actors.core.jitter_arrays import ArrayScheduler
+from wave_actors.core.jitter_arrays import ArrayScheduler, FrameStore
 
 SLOTS = 4
 
@@ -75,7 +76,10 @@ class Lockstep(RuleBasedStateMachine):
             slots.append(slot)
             nos.append(self.sent[slot])
             self.sent[slot] += 1
-        self.arr.push_batch(np.array(slots), np.array(nos), np.stack(pcm))
+        # Read as one message, or as several (the samples in pieces, as the clock reads them).
+        cuts = data.draw(st.lists(st.integers(0, len(pcm)), max_size=3))
+        pieces = np.split(np.stack(pcm), sorted(cuts))
+        self.arr.push_batch(np.array(slots), np.array(nos), pieces if cuts else pieces[0])
 
     @precondition(lambda self: len(self.pending) < 2)
     @rule(data=st.data())
@@ -122,11 +126,12 @@ class Lockstep(RuleBasedStateMachine):
     @invariant()
     def every_queued_frame_has_its_own_place(self):
         """Catches a place freed twice (two frames would share samples) or never (the store
-        grows without bound)."""
+        grows without bound), and the silent place handed out or written."""
         a = self.arr
         used = [p for slot in self.ref.slots
                 for p in a.place[slot, (a.head[slot] + np.arange(a.count[slot])) % a.max_queue]]
-        assert len(set(used)) == len(used) == len(a.store.pcm) - a.store._top
+        assert len(set(used)) == len(used) == a.store.in_use
+        assert FrameStore.SILENT not in used and not a.store.pcm[FrameStore.SILENT].any()
 
 
 class LockstepShedding(Lockstep):

@@ -37,13 +37,21 @@ _IN, _OUT, _UNDER, _IDLE, _DROP, _SHED, _LATE = (
 
 class FrameStore:
     """Frames' samples in one growing array; `take` hands out free places (the last freed
-    first, still in cache), `give` takes them back."""
+    first, still in cache), `give` takes them back. Place `SILENT` is never handed out and
+    always holds zeros: a beat's silences are gathered from it like frames, so a beat is
+    packed with one gather."""
+    SILENT = 0
 
     def __init__(self, places: int, limit: int):
-        self.limit = limit                            # never more places than this in use
-        self.pcm = np.empty((places, SAMPLES_IN), np.float32)
-        self._free = np.arange(places - 1, -1, -1, dtype=np.int64)   # a stack: top at the end
+        self.limit = limit + 1                        # never more places than this in use
+        self.pcm = np.zeros((places + 1, SAMPLES_IN), np.float32)
+        self._free = np.arange(places, 0, -1, dtype=np.int64)   # a stack: top at the end
         self._top = places
+
+    @property
+    def in_use(self) -> int:
+        """Places holding a queued frame."""
+        return len(self.pcm) - 1 - self._top
 
     def take(self, k: int) -> np.ndarray:
         if k > self._top:
@@ -62,7 +70,7 @@ class FrameStore:
         assert new - old >= short, "more frames queued than the buffers hold"
         pcm = np.empty((new, SAMPLES_IN), np.float32)
         pcm[:old] = self.pcm
-        free = np.empty(new, np.int64)
+        free = np.empty(new - 1, np.int64)              # every place but the silent one
         free[:new - old] = np.arange(new - 1, old - 1, -1)    # the new places at the bottom
         free[new - old:new - old + self._top] = self._free[:self._top]
         self.pcm, self._free, self._top = pcm, free, self._top + new - old
@@ -190,8 +198,11 @@ class ArrayScheduler:
         self.nums[slot, pos] = frame_no
         self.count[slot] += 1
 
-    def push_batch(self, slots: np.ndarray, frame_nos: np.ndarray, pcm: np.ndarray) -> None:
-        """`push` of each row in order, as one scatter: rows of held slots only."""
+    def push_batch(self, slots: np.ndarray, frame_nos: np.ndarray,
+                   pcm: np.ndarray | list[np.ndarray]) -> None:
+        """`push` of each row in order, as one scatter: rows of held slots only. `pcm` is the
+        rows' samples, or pieces of them in row order (the messages a batch was read in): each
+        frame's samples are copied once, straight into its place."""
         k = len(slots)
         if not k:
             return
@@ -225,7 +236,9 @@ class ArrayScheduler:
         s, rank, rows = s[keep], rank[keep], order[keep]
         pos = (self.head[s] + self.count[s] + rank) % q
         places = self.store.take(len(s))
-        self.store.pcm[places] = pcm[rows]
+        dest = np.full(k, -1, np.int64)
+        dest[rows] = places
+        self._write(dest, pcm)
         self.place[s, pos] = places
         self.nums[s, pos] = frame_nos[rows]
         self.count[mine] += sizes - drop_batch
@@ -245,10 +258,25 @@ class ArrayScheduler:
             count = self.count[slots]
         pos = (self.head[slots] + count) % q
         places = self.store.take(len(slots))
-        self.store.pcm[places] = pcm
+        self._write(places, pcm)
         self.place[slots, pos] = places
         self.nums[slots, pos] = frame_nos
         self.count[slots] = count + 1
+
+    def _write(self, dest: np.ndarray, pcm: np.ndarray | list[np.ndarray]) -> None:
+        """Row i of `pcm` (one array or its pieces in order) into place dest[i] (-1: the row
+        is not kept)."""
+        a = 0
+        for piece in pcm if isinstance(pcm, list) else [pcm]:
+            b = a + len(piece)
+            d = dest[a:b]
+            if d.min(initial=0) >= 0:
+                self.store.pcm[d] = piece
+            else:
+                keep = d >= 0
+                self.store.pcm[d[keep]] = piece[keep]
+            a = b
+        assert a == len(dest), "the samples' rows are not the batch's"
 
     def target(self, slot: int) -> int | None:
         """The queue length, in frames, the slot's shedding is heading for (None: not yet known,
@@ -278,16 +306,21 @@ class ArrayScheduler:
         self.started[slots] = started
         nums = np.full((len(slots), FRAMES_PER_BEAT), SILENCE, np.int64)
         taken = np.zeros(len(slots), np.int64)
+        # Each packed row's two places (the silent one where it has no frame), over the span
+        # of rows from the lowest packed slot to the highest (rows in it not packed hear
+        # silence): the span is contiguous in `inp.audio`, so one gather fills it.
+        lo = int(slots[0]) if len(slots) else 0
+        span = np.full((int(slots[-1]) + 1 - lo if len(slots) else 0, FRAMES_PER_BEAT),
+                       FrameStore.SILENT, np.int64)
         for f in range(FRAMES_PER_BEAT):
             have = started & (count > f)
             pos = (head + f) % q
-            src, dst = slots[have], slots[~have]
-            places = self.place[src, pos[have]]
-            inp.audio[src, f] = self.store.pcm[places]
-            inp.audio[dst, f] = 0.0
-            self.store.give(places)
-            nums[have, f] = self.nums[src, pos[have]]
+            places = self.place[slots[have], pos[have]]
+            span[slots[have] - lo, f] = places
+            nums[have, f] = self.nums[slots[have], pos[have]]
             taken += have
+        np.take(self.store.pcm, span, axis=0, out=inp.audio[lo:lo + len(span)], mode="clip")
+        self.store.give(span[span != FrameStore.SILENT])
         self.head[slots] = (head + taken) % q
         left = count - taken
         self.count[slots] = left

@@ -99,9 +99,10 @@ class SessionTable:
         return True
 
     def push_batch(self, slots: np.ndarray, generations: np.ndarray, frame_nos: np.ndarray,
-                   pcm: np.ndarray) -> int:
+                   pcm: np.ndarray | list[np.ndarray]) -> int:
         """`push` for a batch of frames, their handles checked as arrays: the frames of current
-        handles queue in their slots; returns how many were refused (stale, counted)."""
+        handles queue in their slots; returns how many were refused (stale, counted). `pcm`:
+        the rows' samples, or their pieces in row order."""
         if len(slots) and 0 <= slots.min() and slots.max() < len(self.generations):
             current = self.generations[slots] == generations
             if current.all():                       # the usual batch: nothing stale
@@ -112,6 +113,8 @@ class SessionTable:
         current[known] = self.generations[slots[known]] == generations[known]
         refused = len(current) - int(current.sum())
         self.stale += refused
+        if isinstance(pcm, list):
+            pcm = np.concatenate(pcm)
         self.jitter.push_batch(slots[current], frame_nos[current], pcm[current])
         return refused
 

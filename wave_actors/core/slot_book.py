@@ -70,20 +70,13 @@ class StartShape:
 
 @dataclass
 class SlotState:
-    """One slot's bookkeeping; phase: closed → starting → live."""
+    """One slot's bookkeeping that only its start or its forced tokens read; phase: closed →
+    starting → live. (Its frame counters are the book's arrays.)"""
     phase: str = "closed"
-    session: int = 0                    # incarnation number: the noise key of this session
     prompt: list[int] = field(default_factory=list)
     prompt_done: int = 0                # thinker positions prefilled
-    frames: int = 0                     # frames run since it went live
-    rolled: int = 0                     # frames that left its caches by rolls
     forced: deque = field(default_factory=deque)    # function-result tokens still to force
-    reset: bool = False                 # state rows to reset before anything else runs
     spec: Any = None                    # the SessionSpec it opened with (handed over at reset)
-
-    @property
-    def context(self) -> int:           # frames its caches hold past the prompt and warm-up
-        return self.frames - self.rolled
 
 
 @dataclass
@@ -108,12 +101,24 @@ class BookPlan:
 
 
 class SlotBook:
+    """The slots' bookkeeping. What every beat reads of every slot (live or not, frames run,
+    frames rolled, prompt length, reset due) is kept in arrays, so a plan costs a few array
+    operations rather than Python per slot; the rest (prompt, forced tokens, spec) stays in
+    each slot's `SlotState`, read only for the few slots starting or forcing."""
+
     def __init__(self, slots: int, shape: StartShape, policy: StartPolicy,
                  frames_per_session: int, roll_frames: int):
         """`frames_per_session` and `roll_frames` come from ExecutorOptions, which checks them."""
         self.shape, self.policy = shape, policy
         self.frames_per_session, self.roll_frames = frames_per_session, roll_frames
         self.slots = [SlotState() for _ in range(slots)]
+        self._live = np.zeros(slots, bool)
+        self._reset = np.zeros(slots, bool)
+        self._session = np.zeros(slots, np.int64)
+        self._frames = np.zeros(slots, np.int64)
+        self._rolled = np.zeros(slots, np.int64)
+        self._prompt_len = np.zeros(slots, np.int64)
+        self._forcing: set[int] = set()          # slots with tool tokens still to force
         self.starts = StartQueue()
         self._sessions = 0
         self._beat = 0
@@ -122,52 +127,72 @@ class SlotBook:
     def open(self, slot: int, tokens: list[int], spec: Any = None) -> int:
         """The slot starts a new session with this prompt; returns its session number."""
         self._sessions += 1
-        self.slots[slot] = SlotState("starting", self._sessions, list(tokens), reset=True,
-                                     spec=spec)
+        self.slots[slot] = SlotState("starting", list(tokens), spec=spec)
+        self._set(slot, live=False, reset=True, session=self._sessions, prompt_len=len(tokens))
+        self._forcing.discard(slot)
         self.starts.open(slot)
         return self._sessions
 
     def close(self, slot: int) -> None:
         self.slots[slot] = SlotState()
+        self._set(slot, live=False, reset=False, session=0, prompt_len=0)
+        self._forcing.discard(slot)
         self.starts.close(slot)
+
+    def _set(self, slot: int, live: bool, reset: bool, session: int, prompt_len: int) -> None:
+        self._live[slot], self._reset[slot] = live, reset
+        self._session[slot], self._prompt_len[slot] = session, prompt_len
+        self._frames[slot] = self._rolled[slot] = 0
 
     def force(self, slot: int, ids: list[int]) -> None:
         """Tool-result tokens to force into the slot's function channel, one per frame."""
-        if self.slots[slot].phase != "closed":
+        if self.slots[slot].phase != "closed" and ids:
             self.slots[slot].forced.extend(ids)
+            self._forcing.add(slot)
 
     def phase(self, slot: int) -> str:
         return self.slots[slot].phase
 
     def ready(self, slot: int) -> bool:
-        return self.slots[slot].phase == "live"
+        return bool(self._live[slot])
+
+    def context(self, slot: int) -> int:
+        """Frames the slot's caches hold past its prompt and warm-up."""
+        return int(self._frames[slot] - self._rolled[slot])
 
     # -- one beat -----------------------------------------------------------------------------------
     def plan(self, time_left_s: float) -> BookPlan:
-        resets = [i for i, s in enumerate(self.slots) if s.reset]
-        for i in resets:
-            self.slots[i].reset = False
-        live = [i for i, s in enumerate(self.slots) if s.phase == "live"]
-        roll = [(i, len(self.slots[i].prompt)) for i in self._rolling(live)]
-        rows = [self.slots[i] for i in live]
+        resets: list[int] = []
+        if self._reset.any():
+            resets = np.flatnonzero(self._reset).tolist()
+            self._reset[resets] = False
+        idx = np.flatnonzero(self._live)
+        live = idx.tolist()
+        frame0 = self._frames[idx]
+        context = frame0 - self._rolled[idx]
+        rolling = self._rolling(idx, context)
+        roll = list(zip(rolling.tolist(), self._prompt_len[rolling].tolist()))
         forced = np.full((len(live), FRAMES_PER_BEAT), -1, np.int64)
-        for r, s in enumerate(rows):
-            for f in range(min(FRAMES_PER_BEAT, len(s.forced))):
-                forced[r, f] = s.forced.popleft()
+        if self._forcing:
+            rows = np.searchsorted(idx, sorted(self._forcing)).tolist()
+            for r, i in zip(rows, sorted(self._forcing)):
+                if r < len(live) and live[r] == i:
+                    q = self.slots[i].forced
+                    for f in range(min(FRAMES_PER_BEAT, len(q))):
+                        forced[r, f] = q.popleft()
+                    if not q:
+                        self._forcing.discard(i)
+        empty = not live
         plan = BookPlan(
-            self._beat, resets, live, forced,
-            np.array([s.session for s in rows], np.int64),
-            np.array([s.frames for s in rows], np.int64),
-            max((len(s.prompt) + s.context for s in rows), default=0) + FRAMES_PER_BEAT,
-            max((s.context for s in rows), default=0) + self.shape.warmup_positions
+            self._beat, resets, live, forced, self._session[idx], frame0,
+            (0 if empty else int((self._prompt_len[idx] + context).max())) + FRAMES_PER_BEAT,
+            (0 if empty else int(context.max())) + self.shape.warmup_positions
             + FRAMES_PER_BEAT,
-            np.array([s.context for s in rows], np.int64), roll,
-            self.roll_frames if roll else 0, opened={i: self.slots[i].spec for i in resets})
+            context, roll, self.roll_frames if roll else 0,
+            opened={i: self.slots[i].spec for i in resets})
         self._beat += 1
-        for s in rows:
-            s.frames += FRAMES_PER_BEAT
-        for i, _ in roll:
-            self.slots[i].rolled += self.roll_frames
+        self._frames[idx] += FRAMES_PER_BEAT
+        self._rolled[rolling] += self.roll_frames
         if self.starts.running and self.policy.carry_rows(len(live), time_left_s):
             for i in self.starts.plan(self.shape.start_rows):
                 s = self.slots[i]
@@ -179,23 +204,29 @@ class SlotBook:
                     plan.started.append(i)
         for i in self.starts.going_live():
             self.slots[i].phase = "live"          # in the beats from the next one on
+            self._live[i] = True
         return plan
 
-    def _rolling(self, live: list[int]) -> list[int]:
+    def _rolling(self, live: np.ndarray, context: np.ndarray) -> np.ndarray:
         """The live slots that roll after this beat's frames (the executor queues the roll
         behind the beat's device work), for the next beat's: every slot whose next beat would
         pass `frames_per_session`, and, spread over the beats before, a few that are within
-        `roll_frames` of it (the fullest first), as many a beat as the live slots need on
-        average. Sessions that started together would otherwise all roll in the same beat, and
-        one beat would move every session's cache rows."""
+        `roll_frames` of it (the fullest first, the higher slot first among equals), as many a
+        beat as the live slots need on average. Sessions that started together would
+        otherwise all roll in the same beat, and one beat would move every session's cache
+        rows. Ascending slots."""
         fps, drop = self.frames_per_session, self.roll_frames
-        ahead = [(self.slots[i].context, i) for i in live]
-        must = [i for c, i in ahead if c + 2 * FRAMES_PER_BEAT > fps]
-        early = sorted(((c, i) for c, i in ahead
-                        if fps - drop < c + 2 * FRAMES_PER_BEAT <= fps and c >= drop),
-                       reverse=True)
+        ahead = context + 2 * FRAMES_PER_BEAT
+        must = live[ahead > fps]
         spread = -(-FRAMES_PER_BEAT * len(live) // drop) if drop else 0
-        return sorted(must + [i for _, i in early[:max(0, spread - len(must))]])
+        room = max(0, spread - len(must))
+        if room:
+            near = (fps - drop < ahead) & (ahead <= fps) & (context >= drop)
+            if near.any():
+                slots, c = live[near], context[near]
+                order = np.lexsort((slots, c))[::-1][:room]      # (context, slot) descending
+                must = np.concatenate([must, slots[order]])
+        return np.sort(must)
 
     def observe(self, plan: BookPlan, seconds: float | None) -> None:
         """What the executor measured for the plan: the whole beat, start rows included."""
