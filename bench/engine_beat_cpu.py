@@ -77,13 +77,15 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int) ->
     parts = {k: [] for k in ("frames_in", "plan", "pack", "submit_collect", "complete", "route")}
     frame = 0
     for k in range(beats):
-        rows = [(h.slot, h.generation, frame + f) for h in handles for f in range(FRAMES_PER_BEAT)]
+        # In arrival order: every session's first frame of the beat, then every second one
+        # (a session sends one each 80 ms).
+        rows = [(h.slot, h.generation, frame + f) for f in range(FRAMES_PER_BEAT) for h in handles]
         frame += FRAMES_PER_BEAT
         # A worker's batch leaves at most every FRAMES_WAIT_S: a beat's frames arrive in
         # about BEAT_S / FRAMES_WAIT_S batches a worker.
         sent = []                                  # (when in the beat, message)
         for w in range(workers):
-            mine = list(range(w, len(rows), workers))
+            mine = [i for i in range(len(rows)) if i % n % workers == w]   # its sessions'
             for j, part in enumerate(np.array_split(np.array(mine), min(batches, len(mine)))):
                 sent.append((j / batches, [b"w", *frame_batch.encode([rows[i] for i in part],
                                                                     list(pcm[part]))]))

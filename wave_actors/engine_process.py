@@ -116,28 +116,35 @@ class EngineClock(BeatClockActor):
         self._owner_rid[handle.slot] = rid
 
     def _route(self, routed: Routed, out) -> None:
-        # Once a beat, as arrays: each worker's rows (headers as one record array, PCM gathered
-        # out of the ring in one copy: the ring slot is refilled two beats on) in one message.
+        # Once a beat, as arrays: the routed rows ordered by worker, every field gathered once
+        # (PCM out of the ring in one copy: the ring slot is refilled two beats on), then each
+        # worker's rows sent as contiguous slices of those arrays, in one message.
         if not routed:
             return
         n = len(routed)
-        slots, firsts = routed.slots, routed.firsts
-        workers = self._owner_worker[slots]
-        bound = workers >= 0
-        self.stats.unroutable += n - int(bound.sum())
-        for index in np.unique(workers[bound]).tolist():
-            mine = workers == index
-            rows = slots[mine]
-            head = np.empty(len(rows), W.BEAT_ROW)
-            head["rid"] = self._owner_rid[rows]
-            head["frame"] = firsts[mine]
-            for name in ("text", "func", "user"):
-                head[name] = getattr(out, name)[rows]
+        workers = self._owner_worker[routed.slots]
+        order = np.argsort(workers, kind="stable")
+        workers = workers[order]
+        unbound = int(np.searchsorted(workers, 0))     # -1 sorts first: rows of no worker
+        self.stats.unroutable += unbound
+        if unbound == n:
+            return
+        rows = routed.slots[order[unbound:]]
+        workers = workers[unbound:]
+        head = np.empty(len(rows), W.BEAT_ROW)
+        head["rid"] = self._owner_rid[rows]
+        head["frame"] = routed.firsts[order[unbound:]]
+        for name in ("text", "func", "user"):
+            head[name] = getattr(out, name)[rows]
+        pcm = out.pcm[rows]
+        cuts = np.flatnonzero(workers[1:] != workers[:-1]) + 1
+        starts, ends = np.r_[0, cuts].tolist(), np.r_[cuts, len(rows)].tolist()
+        for a, b, index in zip(starts, ends, workers[starts].tolist()):
             try:
-                # Both parts are fresh arrays nothing writes again: ZMQ takes them uncopied.
-                self._tx.send([self._workers[index], *W.beat(head, out.pcm[rows])], copy=False)
+                # Slices of fresh arrays nothing writes again: ZMQ takes them uncopied.
+                self._tx.send([self._workers[index], *W.beat(head[a:b], pcm[a:b])], copy=False)
             except zmq.ZMQError:               # the worker died: its sessions are ending
-                self.stats.unroutable += len(rows)
+                self.stats.unroutable += b - a
 
     def _record(self, rec: BeatRecord) -> None:
         super()._record(rec)
