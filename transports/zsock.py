@@ -60,18 +60,21 @@ def twin(sock: zmq.asyncio.Socket) -> zmq.Socket:
     return zmq.Socket.shadow(sock.underlying)
 
 
-def kick(sock: zmq.asyncio.Socket) -> None:
-    """Make the asyncio socket look at its events again (pyzmq's own hook for this)."""
-    sock._schedule_remaining_events()
+def kick(sock: zmq.Socket) -> None:
+    """Make an asyncio socket look at its events again (pyzmq's own hook for this); a plain
+    socket has no reader to re-arm."""
+    if isinstance(sock, zmq.asyncio.Socket):
+        sock._schedule_remaining_events()
 
 
 class Tx:
-    """Non-blocking sends on an asyncio socket's synchronous twin."""
+    """Non-blocking sends on an asyncio socket's synchronous twin (or on a plain socket)."""
 
     def __init__(self, sock: zmq.asyncio.Socket):
         self.sock = sock
         self.sync = twin(sock)
-        self._kick_due = False
+        # A plain socket has no reader to re-arm after a send: as if a kick were always due.
+        self._kick_due = not isinstance(sock, zmq.asyncio.Socket)
 
     def send(self, frames: list, copy: bool = True) -> None:
         """Queue a multipart message now or raise zmq.ZMQError (zmq.Again: no room)."""
@@ -90,10 +93,10 @@ class Tx:
             kick(self.sock)
 
 
-async def batches(sock: zmq.asyncio.Socket, sync: zmq.Socket, copy: bool = True,
-                  drain_max: int | None = DRAIN_MAX) -> AsyncIterator[list]:
+async def batches(sock: zmq.asyncio.Socket, sync: zmq.Socket, copy: bool = True
+                  ) -> AsyncIterator[list]:
     """Lists of multipart messages in arrival order: the first (awaited if none is queued),
-    then the queued rest, up to `drain_max` messages (None: all of them)."""
+    then the queued rest."""
     waited = True
     while True:
         # A message already queued is taken without pyzmq's futures, and only an empty socket
@@ -106,7 +109,7 @@ async def batches(sock: zmq.asyncio.Socket, sync: zmq.Socket, copy: bool = True,
             batch, waited = [recv_now(sync, copy)], False
         except zmq.Again:
             batch, waited = [await sock.recv_multipart(copy=copy)], True
-        while drain_max is None or len(batch) < drain_max:
+        while len(batch) < DRAIN_MAX:
             try:
                 batch.append(recv_now(sync, copy))
             except zmq.Again:

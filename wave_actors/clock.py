@@ -221,7 +221,12 @@ class BeatClockActor(Actor):
         # A new incarnation starts from an empty table and book: the executor forgets every
         # slot's state too, so nothing of a crashed clock's sessions runs on.
         self.executor.reset()
-        self._sock = self.ctx.socket(zmq.ROUTER)
+        if self.policy.frames_every_s:
+            # Read on a timer only: a plain socket, which the loop does not watch. An asyncio
+            # one would wake the loop for every batch that arrives, read or not.
+            self._sock = zmq.Socket(self.ctx, zmq.ROUTER)
+        else:
+            self._sock = self.ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(self.endpoint)
@@ -360,17 +365,27 @@ class BeatClockActor(Actor):
     # -- frames in --------------------------------------------------------------------------------
     async def _read_frames(self) -> None:
         every = self.policy.frames_every_s
-        # Reading at intervals, a read takes all that waits (however many messages).
-        async for batch in zsock.batches(self._sock, self._tx.sync,
-                                         drain_max=None if every else zsock.DRAIN_MAX):
-            self._frames_in(batch)
-            if every:
+        if every:
+            while True:                       # all that waits, every `every`
                 await self.clock.sleep_until(self._next_read(every))
+                if self.reads_wait_out_hold and self.turns.held:
+                    # From just before a release until its beat is queued, frames wait on the
+                    # socket: the release drains them itself, and reading them here would only
+                    # stand between the loop and the release.
+                    await self.turns.turn()
+                self._frames_in(self._recv_all())
+        async for batch in zsock.batches(self._sock, self._tx.sync):    # on arrival
+            self._frames_in(batch)
             if self.reads_wait_out_hold and self.turns.held:
-                # From just before a release until its beat is queued, frames wait on the
-                # socket: the release drains them itself, and reading them here would only
-                # stand between the loop and the release.
                 await self.turns.turn()
+
+    def _recv_all(self) -> list[list]:
+        sync, messages = self._tx.sync, []
+        while True:
+            try:
+                messages.append(zsock.recv_now(sync))
+            except zmq.Again:
+                return messages
 
     def _next_read(self, every: float) -> float:
         """`every` from now, or just before the next release's hold if that comes first: the
@@ -388,13 +403,7 @@ class BeatClockActor(Actor):
         batch of this turn sent first)."""
         if self.frames is not None:
             self.frames.flush()
-        sync, messages = self._tx.sync, []
-        while True:
-            try:
-                messages.append(zsock.recv_now(sync))
-            except zmq.Again:
-                break
-        self._frames_in(messages)
+        self._frames_in(self._recv_all())
         zsock.kick(self._sock)           # the reads consumed the socket's edge: re-arm its reader
 
     def _frames_in(self, messages: list[list]) -> None:
