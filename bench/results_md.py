@@ -317,6 +317,31 @@ NOTES = (
      "110.1 ms, engine loop 35 ms a beat; 1,000 sessions 8 workers 0 late, p99 125.1 ms (was "
      "139.9), after p99 5.0 ms (was 11.3), engine loop 54 ms a beat (was 65; target 5: "
      "missed), the front 180 ms a beat, opens p99 9.6 s."),
+    ("graph", "The clock reads frames on a timer; a beat packed in one gather (issue 17)",
+     ("graph-dense-n300-20261202T171444.json", "graph-reference-n120-20261202T172030.json",
+      "graph-reference-n120-20261202T172603.json", "sim-reference-n1000-20261202T171537.json",
+      "sim-reference-n300-20261202T172116.json", "engine-beat-cpu-h200host-e61419d.json",
+      "engine-beat-cpu-e61419d.json"),
+     "At e61419d: the clock reads its frame batches every 10 ms from a socket the loop does "
+     "not watch (the last read just before each hold; `ClockPolicy.frames_every_s`), a frame's "
+     "samples are copied once (message to store), a beat is packed with one gather (silences "
+     "from a store place that stays zero), the slot book's plan is array operations (checked "
+     "in lockstep against the plain book), the rows are routed ordered by worker, and the sim "
+     "writes its outputs as arrays. Dense 300 x 3 x 500 with `--workers 4`: 0 late, p99 143.4 "
+     "/ 143.0 / 143.0 ms (was 149.4 / 147.0 / 145.3); release wake p99 0.02 / 0.01 / 0.01 ms; "
+     "before + after the GPU p99 3.08 / 3.01 / 2.95 ms (target 3: missed by 0.08 and 0.01 ms "
+     "in two runs of three; was 8.2 / 6.1 / 4.5), before p99 1.8-1.9, after 1.3-1.4; the "
+     "engine's loop 14.2-14.4 ms of CPU a beat (was 34-37). Reference 120 x 3 x 500, 4 "
+     "workers: 0 late, p99 98.6 / 98.6 / 98.6 ms, before + after p99 1.96-2.01 ms; one "
+     "process: 0 late, p99 99.9 / 100.1 / 100.4 ms (was 102.5 / 102.2 / 104.2). Sim, flat "
+     "100 ms beat, H200 host: 300 sessions 4 workers 0 late, p99 104.7 ms, engine loop 13.6 ms "
+     "a beat (was 35); 1,000 sessions 8 workers 0 late, p99 111.2 ms (was 125.1), before + "
+     "after p99 7.8 ms, engine loop 21.9 ms a beat, process 30.3 (was 54 / 64; target 5: "
+     "missed), the front 167 ms a beat, opens p99 9.7 s. `python -m bench.engine_beat_cpu` on "
+     "the H200 host: 5.4 ms of clock work a beat at 300, 9.7 at 1,000 (frames in 3.9, pack "
+     "2.5, sim 2.1, route 3.0). The loop's CPU has a floor of about 10 ms a beat whatever the "
+     "sessions (12.9 ms at reference 120): each of the 16 timed reads a beat costs a few dozen "
+     "small numpy calls, and the release's spin 1 ms."),
     ("sim", "The simulator against the H200, side by side (dense, same code)",
      ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
       "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
