@@ -194,13 +194,6 @@ class SimExecutor:
         text = "<TOOLCALL>" + json.dumps(call) + "</TOOLCALL>"
         return [CALL_START] + self.text_codec.encode(text) + [CALL_END]
 
-    def _fill(self, slot: int, frame0: int, out: BeatOutput) -> None:
-        queue = self._func_queue[slot]
-        for f in range(FRAMES_PER_BEAT):
-            frame = frame0 + f
-            out.text[slot, f] = self._text_token(slot, frame)
-            out.func[slot, f] = queue.pop(0) if queue and frame >= CALL_AT_FRAME else PAD
-
     def describe(self) -> dict:
         return {"backend": self.name, "max_sessions": self.max_sessions,
                 "start_shape": asdict(self.start_shape),

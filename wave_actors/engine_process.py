@@ -129,11 +129,11 @@ class EngineClock(BeatClockActor):
         self.stats.unroutable += unbound
         if unbound == n:
             return
-        rows = routed.slots[order[unbound:]]
-        workers = workers[unbound:]
+        order, workers = order[unbound:], workers[unbound:]
+        rows = routed.slots[order]
         head = np.empty(len(rows), W.BEAT_ROW)
         head["rid"] = self._owner_rid[rows]
-        head["frame"] = routed.firsts[order[unbound:]]
+        head["frame"] = routed.firsts[order]
         for name in ("text", "func", "user"):
             head[name] = getattr(out, name)[rows]
         pcm = out.pcm[rows]

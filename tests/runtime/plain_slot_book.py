@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from wave_actors.core.frames import FRAMES_PER_BEAT
-from wave_actors.core.slot_book import BookPlan, StartShape
+from wave_actors.core.slot_book import BookPlan, StartShape, carry_start_rows
 from wave_actors.core.start_policy import StartPolicy, StartQueue
 
 
@@ -95,14 +95,8 @@ class PlainSlotBook:
         for i, _ in roll:
             self.slots[i].rolled += self.roll_frames
         if self.starts.running and self.policy.carry_rows(len(live), time_left_s):
-            for i in self.starts.plan(self.shape.start_rows):
-                s = self.slots[i]
-                chunk = s.prompt[s.prompt_done:s.prompt_done + self.shape.prefill_chunk]
-                plan.rows.append((i, chunk, s.prompt_done))
-                s.prompt_done += len(chunk)
-                if s.prompt_done >= len(s.prompt):
-                    self.starts.finished(i)
-                    plan.started.append(i)
+            # The start rows were never rewritten as arrays: both books share them.
+            carry_start_rows(self.slots, self.starts, self.shape, plan)
         for i in self.starts.going_live():
             self.slots[i].phase = "live"          # in the beats from the next one on
         return plan

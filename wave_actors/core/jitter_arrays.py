@@ -315,9 +315,9 @@ class ArrayScheduler:
         for f in range(FRAMES_PER_BEAT):
             have = started & (count > f)
             pos = (head + f) % q
-            places = self.place[slots[have], pos[have]]
-            span[slots[have] - lo, f] = places
-            nums[have, f] = self.nums[slots[have], pos[have]]
+            src, at = slots[have], pos[have]
+            span[src - lo, f] = self.place[src, at]
+            nums[have, f] = self.nums[src, at]
             taken += have
         np.take(self.store.pcm, span, axis=0, out=inp.audio[lo:lo + len(span)], mode="clip")
         self.store.give(span[span != FrameStore.SILENT])

@@ -100,6 +100,19 @@ class BookPlan:
     opened: dict[int, Any] = field(default_factory=dict)  # resets: slot → its SessionSpec
 
 
+def carry_start_rows(slots: list, starts: StartQueue, shape: StartShape, plan: BookPlan) -> None:
+    """The beat's start rows into `plan`: the next prompt chunk of each starting slot the queue
+    picks (`slots`: each slot's `prompt` and `prompt_done`); a prompt finished is `started`."""
+    for i in starts.plan(shape.start_rows):
+        s = slots[i]
+        chunk = s.prompt[s.prompt_done:s.prompt_done + shape.prefill_chunk]
+        plan.rows.append((i, chunk, s.prompt_done))
+        s.prompt_done += len(chunk)
+        if s.prompt_done >= len(s.prompt):
+            starts.finished(i)
+            plan.started.append(i)
+
+
 class SlotBook:
     """The slots' bookkeeping. What every beat reads of every slot (live or not, frames run,
     frames rolled, prompt length, reset due) is kept in arrays, so a plan costs a few array
@@ -174,8 +187,8 @@ class SlotBook:
         roll = list(zip(rolling.tolist(), self._prompt_len[rolling].tolist()))
         forced = np.full((len(live), FRAMES_PER_BEAT), -1, np.int64)
         if self._forcing:
-            rows = np.searchsorted(idx, sorted(self._forcing)).tolist()
-            for r, i in zip(rows, sorted(self._forcing)):
+            forcing = sorted(self._forcing)
+            for r, i in zip(np.searchsorted(idx, forcing).tolist(), forcing):
                 if r < len(live) and live[r] == i:
                     q = self.slots[i].forced
                     for f in range(min(FRAMES_PER_BEAT, len(q))):
@@ -194,14 +207,7 @@ class SlotBook:
         self._frames[idx] += FRAMES_PER_BEAT
         self._rolled[rolling] += self.roll_frames
         if self.starts.running and self.policy.carry_rows(len(live), time_left_s):
-            for i in self.starts.plan(self.shape.start_rows):
-                s = self.slots[i]
-                chunk = s.prompt[s.prompt_done:s.prompt_done + self.shape.prefill_chunk]
-                plan.rows.append((i, chunk, s.prompt_done))
-                s.prompt_done += len(chunk)
-                if s.prompt_done >= len(s.prompt):
-                    self.starts.finished(i)
-                    plan.started.append(i)
+            carry_start_rows(self.slots, self.starts, self.shape, plan)
         for i in self.starts.going_live():
             self.slots[i].phase = "live"          # in the beats from the next one on
             self._live[i] = True
