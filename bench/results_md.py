@@ -342,6 +342,17 @@ NOTES = (
      "2.5, sim 2.1, route 3.0). The loop's CPU has a floor of about 10 ms a beat whatever the "
      "sessions (12.9 ms at reference 120): each of the 16 timed reads a beat costs a few dozen "
      "small numpy calls, and the release's spin 1 ms."),
+    ("graph", "The final commit of issue 17's session: one run each (issue 17)",
+     ("graph-dense-n300-20261202T182114.json", "graph-reference-n120-20261202T182404.json",
+      "sim-reference-n1000-20261202T182205.json"),
+     "At de9b84d (e61419d with the start rows shared by both slot books, a dead sim method "
+     "removed and rows indexed once; the lockstep tests unchanged), one run of each, the device "
+     "time left holding no more. Dense 300 x 1 x 500, `--workers 4`: 0 late, p99 142.4 ms, "
+     "release wake p99 0.01 ms, before + after p99 3.21 ms (target 3: missed), engine loop 13.1 "
+     "ms a beat. Reference 120 x 1 x 500, 4 workers: 0 late, p99 97.3 ms, before + after p99 "
+     "1.95 ms. Sim 1,000, 8 workers: 0 late, p99 111.7 ms, engine loop 20.3 ms a beat, process "
+     "28.2 (target 5: missed). Not run at this commit: the three-run protocol, and reference "
+     "120 in one process."),
     ("sim", "The simulator against the H200, side by side (dense, same code)",
      ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
       "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
