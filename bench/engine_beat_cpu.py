@@ -3,7 +3,7 @@ I/O threads in the way): frames in, plan, pack, executor hand-over and collect (
 complete, route to the workers. What the clock's own time a beat is made of as sessions grow.
 
     python -m bench.engine_beat_cpu --sessions 300 1000 [--workers 4] [--beats 30]
-                                       [--batches 32] [--reads 16] [--out F]
+                                       [--batches 32] [--reads 16] [--copy-route] [--out F]
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import zmq
 from sim.costmodel import CostModel
 from sim.executor import SimExecutor
 from wave_actors import frame_batch
+from wave_actors import worker_wire as W
 from wave_actors.clock import Admit
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions, SessionSpec
@@ -29,6 +30,7 @@ from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
 from wave_actors.engine_process import EngineClock
 from wave_actors.session_worker import FRAMES_WAIT_S
+from wave_actors.shared_outputs import OutputsView, SharedOutputs
 
 FLAT = "bench/costmodel_flat100.json"
 
@@ -50,17 +52,30 @@ class _Tx:
     def send(self, frames: list, copy: bool = True) -> None:
         self.router.send_multipart(frames, copy=copy)
 
-    def drain(self) -> None:
-        for d in self.peers:
+    def drain(self, views: list) -> None:
+        """Each worker's messages read; with shared outputs, its rows copied out as a worker
+        does (`session_worker`), returning that copy's time (the workers', not the clock's)."""
+        spent = 0.0
+        for d, view in zip(self.peers, views or [None] * len(self.peers)):
             while d.poll(0):
-                d.recv_multipart()
+                parts = d.recv_multipart(copy=False)
+                if view is not None and bytes(parts[0]) == W.BEAT_AT:
+                    t = time.perf_counter()
+                    _rows, slots, at = W.read_beat_at(*(p.buffer for p in parts[1:5]))
+                    assert view.take(at["index"], at["fill"], slots) is not None
+                    spent += time.perf_counter() - t
+        return spent
 
 
-async def measure(n: int, workers: int, beats: int, batches: int, reads: int) -> dict:
+async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
+                  copy_route: bool = False) -> dict:
     opts = ExecutorOptions(max_sessions=n, cost_model=FLAT)
     sim = SimExecutor(opts, CostModel.load(FLAT, "reference"), Clock())
+    shared = None if copy_route else SharedOutputs(n)
     clock = EngineClock(sim, None, "inproc://unused", Clock(), ClockPolicy(), EagerStarts(), 0,
-                        False, lambda msg: None)
+                        False, lambda msg: None, shared)
+    views = [] if copy_route else [OutputsView(shared.name, n, shared.depth)
+                                   for _ in range(workers)]
     tx = _Tx(workers)
     clock._tx = tx
     handles = []
@@ -75,7 +90,7 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int) ->
         clock._resolve_ready()
     pcm = np.random.default_rng(0).standard_normal((2 * n, SAMPLES_IN)).astype(np.float32) * 0.1
     parts = {k: [] for k in ("frames_in", "plan", "pack", "submit_collect", "complete", "route")}
-    frame = 0
+    frame, worker_copy = 0, []
     for k in range(beats):
         # In arrival order: every session's first frame of the beat, then every second one
         # (a session sends one each 80 ms).
@@ -104,24 +119,35 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int) ->
         t2 = time.perf_counter()
         packed = clock.table.pack(inp, plan.live)
         t3 = time.perf_counter()
+        clock._refilling(k % 2)
         sim.submit(plan, inp, out)
         sim._inflight = (0.0, 0.1)
         out.compute_s = sim.collect(plan, out)
+        clock._filled(k % 2)
         clock.book.observe(plan, out.compute_s)
         t4 = time.perf_counter()
         routed = clock.table.complete(packed, late=False)
         t5 = time.perf_counter()
         clock._route(routed, out)
         t6 = time.perf_counter()
-        tx.drain()
+        worker_copy.append(1e3 * tx.drain(views))
         for name, a, b in (("frames_in", t0, t1), ("plan", t1, t2), ("pack", t2, t3),
                            ("submit_collect", t3, t4), ("complete", t4, t5), ("route", t5, t6)):
             parts[name].append(1e3 * (b - a))
     skip = min(5, beats // 3)
     ms = {name: round(float(np.median(v[skip:])), 2) for name, v in parts.items()}
     clock_ms = sum(v for name, v in ms.items() if name != "submit_collect")
+    for view in views:
+        view.close()
+    if shared is not None:
+        clock._outputs = out = None
+        shared.close()
     return {"sessions": n, "workers": workers, "batches_a_worker": batches, "reads": reads,
+            "route": "copied into messages" if copy_route else "headers; PCM shared",
             "ms_p50": ms,
+            # The workers' copy of their rows out of the shared outputs, all workers together
+            # (their own cores, not the clock's).
+            "workers_copy_ms_p50": round(float(np.median(worker_copy[skip:])), 2),
             "clock_ms_p50": round(clock_ms, 2),
             "clock_us_per_session": round(1e3 * clock_ms / n, 1)}
 
@@ -135,12 +161,14 @@ def main() -> None:
                     help="frame batches a worker a beat")
     ap.add_argument("--reads", type=int, default=round(BEAT_S / ClockPolicy().frames_every_s),
                     help="the clock's frame reads a beat (0: every batch read alone)")
+    ap.add_argument("--copy-route", action="store_true",
+                    help="PCM copied into each worker's message (no shared outputs)")
     ap.add_argument("--out")
     args = ap.parse_args()
     results = []
     for n in args.sessions:
         r = asyncio.run(measure(n, args.workers, args.beats, args.batches,
-                                args.reads or args.workers * args.batches))
+                                args.reads or args.workers * args.batches, args.copy_route))
         results.append(r)
         print(f"{n:5d} sessions: clock {r['clock_ms_p50']:6.2f} ms a beat "
               f"({r['clock_us_per_session']} us a session); {r['ms_p50']}", flush=True)
@@ -150,7 +178,8 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"command": "python -m bench.engine_beat_cpu " + " ".join(
                 f"--sessions {' '.join(map(str, args.sessions))} --workers {args.workers} "
-                f"--beats {args.beats} --batches {args.batches} --reads {args.reads}".split()),
+                f"--beats {args.beats} --batches {args.batches} --reads {args.reads}"
+                f"{' --copy-route' if args.copy_route else ''}".split()),
                 "commit": os.environ.get("WAVE_COMMIT", commit),
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores (no GPU: sim executor)",
                 "results": results}, f, indent=1)

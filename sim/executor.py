@@ -109,9 +109,9 @@ class SimExecutor:
     def alloc_input(self) -> BeatInput:
         return BeatInput.alloc(self.max_sessions)
 
-    def alloc_output(self) -> BeatOutput:
+    def alloc_output(self, into: BeatOutput | None = None) -> BeatOutput:
         # A slot's audio is its tone whatever the frame: written once here, not every beat.
-        out = BeatOutput.alloc(self.max_sessions)
+        out = into if into is not None else BeatOutput.alloc(self.max_sessions)
         out.pcm[:] = self._tones[:, None, :]
         return out
 

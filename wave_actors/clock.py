@@ -190,7 +190,7 @@ class BeatClockActor(Actor):
         self.stalls = StallWatch()         # started on a real loop only: virtual time never stalls
         self._watching = False
         self._inputs = [executor.alloc_input(), executor.alloc_input()]     # ring of two slots
-        self._outputs = [executor.alloc_output(), executor.alloc_output()]
+        self._outputs = self._alloc_outputs(executor)
         self._pcm_rows = RowPool()
         self._ops: list[tuple] = []              # slot changes for the next beat boundary
         self._ready_waiters: dict[Handle, asyncio.Future] = {}   # admitted, start not done yet
@@ -520,6 +520,7 @@ class BeatClockActor(Actor):
             return
         if not self.executor.caps.reports_launch:
             self.turns.free()
+        self._refilling(k % 2)
         self.executor.submit(plan, inp, out)
         self._inflight = asyncio.get_running_loop().create_task(
             self._finish(k, release, plan, packed, out, begin, wake, frames_read, pack_s))
@@ -533,6 +534,7 @@ class BeatClockActor(Actor):
             out.compute_s = self.executor.collect(plan, out)
         finally:
             self.turns.free()
+        self._filled(k % 2)
         self.book.observe(plan, out.compute_s)
         returned = self.clock.now() - release
         in_beat = len(packed.slot_idx) > 0
@@ -549,6 +551,16 @@ class BeatClockActor(Actor):
                                 len(plan.resets), len(plan.roll), cpu[0] - loop0, cpu[1] - proc0,
                                 pack_s))
         collect_between_beats(k)     # a no-op unless serving_process turned the collector off
+
+    def _alloc_outputs(self, executor) -> list:
+        """The ring of two output buffers: beat k's outputs land in buffer k % 2."""
+        return [executor.alloc_output(), executor.alloc_output()]
+
+    def _refilling(self, index: int) -> None:
+        """Output buffer `index` is handed to the executor (its last beat's rows are routed)."""
+
+    def _filled(self, index: int) -> None:
+        """Output buffer `index` holds the beat just collected."""
 
     def _route(self, routed: Routed, out) -> None:
         # Once a beat, not per session, and only the routed rows: the token rows become lists

@@ -253,6 +253,7 @@ class ClockProxy(Actor):
         self.jitter_totals = SimpleNamespace(underruns=0, dropped=0)
         self.free_slots = host.max_sessions
         self.reports_lost = 0          # beat reports the engine dropped: this loop was not reading
+        self.outputs_shared = False    # the engine's outputs lie in memory the workers map
         self._ready: dict[Handle, asyncio.Future] = {}
         # Created here (a supervisor starts its children from the running loop): asks made
         # before the engine's clock has started wait for it.
@@ -365,6 +366,7 @@ class ClockProxy(Actor):
         self.stats.dropped_frames = totals["dropped_frames"]
         self.stats.unroutable = totals["unroutable"]
         self.free_slots = totals["free_slots"]
+        self.outputs_shared = totals["outputs_shared"]
         if totals["reports_lost"] > self.reports_lost:
             log.warning("engine: %d beat reports dropped while this process did not read them "
                         "(its records and metrics miss those beats)",

@@ -49,6 +49,7 @@ from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.runtime import ActorStopped
 from wave_actors.session import BeatOut
 from wave_actors.serving_process import serving_process
+from wave_actors.shared_outputs import SharedOutputs
 
 log = logging.getLogger("wave.engine")
 PARENT_CHECK_S = 0.5
@@ -59,6 +60,8 @@ class ExecutorSpec:
     """What the engine process builds: an executor by registry name and its options."""
     backend: str
     options: ExecutorOptions
+    # The beat's outputs in shared memory the workers read (else copied into each message).
+    share_outputs: bool = True
 
     def build(self):
         return make_executor(self.backend, self.options)
@@ -80,7 +83,11 @@ class EngineClock(BeatClockActor):
     reads_wait_out_hold = True
 
     def __init__(self, executor, ctx, endpoint: str, clock: Clock, policy, start_policy,
-                 epoch: int, keep_records: bool, report):
+                 epoch: int, keep_records: bool, report, shared: SharedOutputs | None = None):
+        # With `shared`, the executor writes into memory the workers map, and a beat's message
+        # to a worker carries its rows' headers only (`_route`).
+        self._shared = shared
+        self._shared_name = shared.name.encode() if shared is not None else b""
         super().__init__(executor, ctx, endpoint, clock, self._collect, policy, start_policy,
                          epoch, keep_records=keep_records)
         self.epoch, self.start_policy, self._report = epoch, start_policy, report
@@ -91,6 +98,21 @@ class EngineClock(BeatClockActor):
         self._owner_rid = np.zeros(executor.max_sessions, np.int64)
         self._workers: list[bytes] = []            # socket identities, in order first seen
         self._worker_index: dict[bytes, int] = {}
+
+    def _alloc_outputs(self, executor) -> list:
+        if self._shared is None:
+            return super()._alloc_outputs(executor)
+        self._shared.clear()
+        self._fills = [0] * self._shared.depth
+        return [executor.alloc_output(out) for out in self._shared.outputs]
+
+    def _refilling(self, index: int) -> None:
+        if self._shared is not None:
+            self._shared.refilling(index)
+
+    def _filled(self, index: int) -> None:
+        if self._shared is not None:
+            self._fills[index] = self._shared.filled(index)
 
     @staticmethod
     def _collect(owner, out: BeatOut) -> bool:
@@ -116,9 +138,10 @@ class EngineClock(BeatClockActor):
         self._owner_rid[handle.slot] = rid
 
     def _route(self, routed: Routed, out) -> None:
-        # Once a beat, as arrays: the routed rows ordered by worker, every field gathered once
-        # (PCM out of the ring in one copy: the ring slot is refilled two beats on), then each
-        # worker's rows sent as contiguous slices of those arrays, in one message.
+        # Once a beat, as arrays: the routed rows ordered by worker, every field gathered once,
+        # then each worker's rows sent as contiguous slices of those arrays, in one message.
+        # The PCM stays in the shared output buffer, for each worker to copy its own rows out;
+        # without one it is gathered here, in one copy (the buffer is refilled two beats on).
         if not routed:
             return
         n = len(routed)
@@ -136,13 +159,21 @@ class EngineClock(BeatClockActor):
         head["frame"] = routed.firsts[order]
         for name in ("text", "func", "user"):
             head[name] = getattr(out, name)[rows]
-        pcm = out.pcm[rows]
+        if self._shared is not None:
+            index = next(i for i, o in enumerate(self._outputs) if o is out)
+            where = np.array([(self._shared.slots, self._shared.depth, index,
+                               self._fills[index])], W.SHARED_AT)
+            slots = rows.astype(np.int32)
+            message = lambda a, b: W.beat_at(head[a:b], slots[a:b], where, self._shared_name)
+        else:
+            pcm = out.pcm[rows]
+            message = lambda a, b: W.beat(head[a:b], pcm[a:b])
         cuts = np.flatnonzero(workers[1:] != workers[:-1]) + 1
         starts, ends = np.r_[0, cuts].tolist(), np.r_[cuts, len(rows)].tolist()
         for a, b, index in zip(starts, ends, workers[starts].tolist()):
             try:
                 # Slices of fresh arrays nothing writes again: ZMQ takes them uncopied.
-                self._tx.send([self._workers[index], *W.beat(head[a:b], pcm[a:b])], copy=False)
+                self._tx.send([self._workers[index], *message(a, b)], copy=False)
             except zmq.ZMQError:               # the worker died: its sessions are ending
                 self.stats.unroutable += b - a
 
@@ -155,12 +186,13 @@ class EngineClock(BeatClockActor):
         self._report(("beat", self.epoch, rec,
                       {"underruns": t.underruns, "dropped": t.dropped,
                        "dropped_frames": self.stats.dropped_frames,
-                       "unroutable": self.stats.unroutable, "free_slots": self.free_slots},
+                       "unroutable": self.stats.unroutable, "free_slots": self.free_slots,
+                       "outputs_shared": self._shared is not None},
                       new))
 
 
 class EngineServer:
-    def __init__(self, executor, conn):
+    def __init__(self, executor, conn, share_outputs: bool = True):
         self.executor, self.conn = executor, conn
         self.ctx = zmq.asyncio.Context()
         self.clock = Clock()
@@ -169,6 +201,10 @@ class EngineServer:
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self.reports_lost = 0
+        # The output buffers every clock of this process fills, mapped by the workers (None:
+        # not made yet, or no shared memory here: the clocks then copy rows into messages).
+        self.shared: SharedOutputs | None = None
+        self._shared_tried = not share_outputs
         self._writable = select.poll()
         self._writable.register(conn.fileno(), select.POLLOUT)
 
@@ -251,8 +287,11 @@ class EngineServer:
     async def _start_clock(self, epoch, endpoint, policy, start_policy, keep_records) -> None:
         await self._stop_clock()
         self.epoch = epoch
+        if not self._shared_tried:
+            self._shared_tried = True
+            self.shared = SharedOutputs.create(self.executor.max_sessions)
         self.actor = EngineClock(self.executor, self.ctx, endpoint, self.clock, policy,
-                                 start_policy, epoch, keep_records, self.report)
+                                 start_policy, epoch, keep_records, self.report, self.shared)
         task = self.actor.start()
         task.add_done_callback(lambda t, e=epoch: self._clock_ended(t, e))
         self.send(("started", epoch))
@@ -303,10 +342,15 @@ def engine_main(spec: ExecutorSpec, conn) -> None:
                                     executor.user_codec, executor.describe(), os.getpid())))
     loop = new_loop()
     asyncio.set_event_loop(loop)
+    server = None
     try:
         with serving_process():
-            loop.run_until_complete(EngineServer(executor, conn).run())
+            server = EngineServer(executor, conn, spec.share_outputs)
+            loop.run_until_complete(server.run())
     finally:
         loop.close()
         executor.close()
+        if server is not None and server.shared is not None:
+            server.actor = None
+            server.shared.close()
         gc.collect()

@@ -122,6 +122,7 @@ class NodeCounters:
     crashed: int = 0
     superseded: int = 0                 # messages read from a connection already replaced
     held_lost: int = 0                  # messages for detached sessions past HELD_MAX
+    stale_rows: int = 0                 # beat outputs a worker read after they were refilled
 
 
 def _older(conn: str, than: str) -> bool:
@@ -218,7 +219,7 @@ class Node:
                                    (self.executor.text_codec, self.executor.user_codec),
                                    PoolHandlers(self._worker_sends, self._worker_closing,
                                                 self._worker_crashed, self._worker_tokens,
-                                                self._worker_lost))
+                                                self._worker_lost, self._worker_stale))
             await self.pool.start()
             self._clock_base = f"ipc://{self.pool.dir}/clock"    # workers' frames reach it
         self.supervisor.start_child(ChildSpec("clock", self._make_clock, Restart.PERMANENT,
@@ -749,6 +750,12 @@ class Node:
         route = self._remote.get(rid)
         if route is not None and self.clock_actor is not None:
             self.clock_actor.tell(FunctionTokens(route.handle, ids))
+
+    def _worker_stale(self, rows: int) -> None:
+        """A worker read a beat's outputs only after the engine refilled them: those sessions
+        miss that beat's audio (counted; the next beat comes as usual)."""
+        self.counters.stale_rows += rows
+        self.metrics.drops.labels("output_overwritten").inc(rows)
 
     def _worker_lost(self, rids: list[int]) -> None:
         """A worker died: each of its sessions' clients is told, and the session closes (its

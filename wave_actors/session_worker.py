@@ -28,6 +28,7 @@ from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.frame_batch import FrameBatcher
 from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
 from wave_actors.session import AudioIn, BeatOut, Close, FunctionResult, SessionActor
+from wave_actors.shared_outputs import OutputsView
 
 log = logging.getLogger("wave.worker")
 PARENT_CHECK_S = 0.5           # how often a worker looks for its front having gone
@@ -44,6 +45,8 @@ class SessionWorker:
         self.clock = Clock()
         self.sessions: dict[int, SessionActor] = {}
         self.unknown = 0                          # messages for sessions this worker has not
+        self.stale_rows = 0                       # beat rows refilled before they were copied
+        self._views: dict[str, OutputsView] = {}  # the engine's shared outputs, mapped
         self._batchers: dict[str, FrameBatcher] = {}
         self._out: list[tuple[int, bool, list[bytes]]] = []
         self._out_due = False
@@ -129,8 +132,13 @@ class SessionWorker:
                     self.unknown += 1
                 else:
                     self._tell_audio(actor, AudioIn(seq, payload))
-        elif kind == W.BEAT:
-            rows, pcm = W.read_beat(parts[1], parts[2], FRAMES_PER_BEAT, SAMPLES_OUT)
+        elif kind in (W.BEAT, W.BEAT_AT):
+            if kind == W.BEAT:
+                rows, pcm = W.read_beat(parts[1], parts[2], FRAMES_PER_BEAT, SAMPLES_OUT)
+            else:
+                rows, pcm = self._shared_rows(*parts[1:5])
+                if pcm is None:
+                    return
             for i, (rid, header) in enumerate(rows):
                 actor = self.sessions.get(rid)
                 if actor is None:
@@ -139,6 +147,22 @@ class SessionWorker:
                 self._tell_audio(actor, BeatOut(header, pcm[i]))
         elif kind == W.CTRL:
             self._on_ctrl(*W.read_ctrl(parts[1]))
+
+    def _shared_rows(self, head, slots, where, name):
+        """A beat's rows whose PCM lies in the engine's shared outputs: copied out now, before
+        the buffer is refilled. Rows the engine already refilled are counted, never delivered."""
+        rows, slots, at = W.read_beat_at(head, slots, where, name)
+        view = self._views.get(at["name"])
+        if view is None or (view.slots, view.depth) != (at["slots"], at["depth"]):
+            for old in self._views.values():     # an engine restarted: its old segment is gone
+                old.close()
+            self._views = {at["name"]: (view := OutputsView(at["name"], at["slots"],
+                                                            at["depth"]))}
+        pcm = view.take(at["index"], at["fill"], slots)
+        if pcm is None:
+            self.stale_rows += len(rows)
+            self._ctrl("stale", len(rows))
+        return rows, pcm
 
     def _on_ctrl(self, op: str, *args: Any) -> None:
         if op == "stop":

@@ -46,6 +46,7 @@ class PoolHandlers:
     on_crashed: Callable[[int, str], None]            # rid, exception name
     on_tokens: Callable[[int, list[int]], None]       # rid, function-result tokens
     on_lost: Callable[[list[int]], None]              # rids of a worker that died
+    on_stale: Callable[[int], None] = lambda n: None  # beat rows a worker read too late
 
 
 @dataclass
@@ -138,6 +139,7 @@ class WorkerPool:
         self._asks: dict[tuple[int, str], asyncio.Future] = {}
         self._flush_due = False
         self.lost_to_dead = 0         # audio messages queued for a worker that then died
+        self.stale_rows = 0           # beat rows the engine refilled before a worker read them
         self._stopping = False
         self._task: asyncio.Task | None = None
         self.dir = ""
@@ -317,6 +319,10 @@ class WorkerPool:
             return
         if kind != W.CTRL:
             self.unknown += 1
+            return
+        if msg[0] == "stale":            # rows refilled before the worker copied them
+            self.stale_rows += msg[1]
+            self.h.on_stale(msg[1])
             return
         op, rid, *args = msg
         if rid not in worker.rids:

@@ -7,6 +7,10 @@ messages are pickled tuples; the hot ones are flat:
     clock → worker   [BEAT, rows (BEAT_ROW), pcm]                  a beat's rows for the worker's
                                                                    sessions, pcm (k, F, 1764) f32,
                                                                    on the worker's frames socket
+                     [BEAT_AT, rows (BEAT_ROW), slots (i4),        the same, its PCM left in the
+                      where (SHARED_AT), segment name]             engine's shared output buffer
+                                                                   (`shared_outputs`): the rows'
+                                                                   slots in it, and which fill
     front → worker   [AUDIO, rows (AUDIO_ROW), payloads]           the clients' audio messages of
                                                                    one loop turn, payloads joined
                      [CTRL, pickle(tuple)]                         start, close, func, flooded,
@@ -29,7 +33,7 @@ import numpy as np
 from wave_actors.core.contract import MAX_USER_TOKENS
 from wave_actors.core.frames import FRAMES_PER_BEAT
 
-AUDIO, BEAT, CTRL, SENDS = b"A", b"B", b"C", b"S"
+AUDIO, BEAT, BEAT_AT, CTRL, SENDS = b"A", b"B", b"R", b"C", b"S"
 AUDIO_ROW = np.dtype([("rid", "<i4"), ("seq", "<i8"), ("nbytes", "<i4")])
 # A beat's header for one session: the front's number for it, its first output frame, and the
 # frames' text, function and user-transcript tokens.
@@ -70,14 +74,40 @@ def beat(head: np.ndarray, pcm: np.ndarray) -> list:
     return [BEAT, head, np.ascontiguousarray(pcm, np.float32)]
 
 
-def read_beat(head, pcm, frames: int, samples: int
-              ) -> tuple[list[tuple[int, dict]], np.ndarray]:
-    """(rid, the session's beat header) a row, and the rows' PCM (a view of the message)."""
+# Where a beat's PCM lies in the engine's shared outputs: the segment's shape (slots, buffers),
+# the buffer, and the fill it must still hold when the worker has copied its rows.
+SHARED_AT = np.dtype([("slots", "<i4"), ("depth", "<i4"), ("index", "<i4"), ("fill", "<i8")])
+
+
+def beat_at(head: np.ndarray, slots: np.ndarray, where: np.ndarray, name: bytes) -> list:
+    """A beat's rows for one worker whose PCM stays in the shared buffer `where` names."""
+    return [BEAT_AT, head, np.ascontiguousarray(slots, np.int32), where, name]
+
+
+def read_beat_at(head, slots, where, name) -> tuple[list[tuple[int, dict]], np.ndarray, dict]:
+    """(rid, header) a row, the rows' slots in the shared buffer, and where it lies."""
+    rows = _headers(head)
+    slots = np.frombuffer(slots, np.int32)
+    where = np.frombuffer(where, SHARED_AT)
+    if len(slots) != len(rows) or len(where) != 1:
+        raise ValueError("a shared beat's rows, slots and place disagree")
+    at = {k: int(where[k][0]) for k in SHARED_AT.names}
+    at["name"] = bytes(name).decode()
+    return rows, slots, at
+
+
+def _headers(head) -> list[tuple[int, dict]]:
     head = np.frombuffer(head, BEAT_ROW)
-    rows = [(rid, {"frame": first, "text": text, "func": func, "user": user})
+    return [(rid, {"frame": first, "text": text, "func": func, "user": user})
             for rid, first, text, func, user in zip(
                 head["rid"].tolist(), head["frame"].tolist(), head["text"].tolist(),
                 head["func"].tolist(), head["user"].tolist())]
+
+
+def read_beat(head, pcm, frames: int, samples: int
+              ) -> tuple[list[tuple[int, dict]], np.ndarray]:
+    """(rid, the session's beat header) a row, and the rows' PCM (a view of the message)."""
+    rows = _headers(head)
     return rows, np.frombuffer(pcm, np.float32).reshape(len(rows), frames, samples)
 
 

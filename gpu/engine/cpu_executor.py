@@ -64,8 +64,8 @@ class CpuExecutor:
     def alloc_input(self) -> BeatInput:
         return BeatInput.alloc(self.max_sessions)
 
-    def alloc_output(self) -> BeatOutput:
-        return BeatOutput.alloc(self.max_sessions)
+    def alloc_output(self, into: BeatOutput | None = None) -> BeatOutput:
+        return into if into is not None else BeatOutput.alloc(self.max_sessions)
 
     def prompt_tokens(self, spec: SessionSpec) -> list[int]:
         return self.runner.prompt_tokens(self.text_codec, spec)

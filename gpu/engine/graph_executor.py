@@ -185,6 +185,7 @@ class GraphExecutor:
                       "user": torch.full((s, FRAMES_PER_BEAT, MAX_USER_TOKENS), NO_TOKEN,
                                          dtype=torch.int32, device=dev)}
         self._pinned: dict[int, torch.Tensor] = {}        # a ring array's address → its tensor
+        self._registered: list[int] = []                  # host memory we page-locked
         self._graphs: dict[tuple[int, int], _Captured] = {}   # (bucket, start rows it holds)
         self._pool = torch.cuda.graph_pool_handle()
         self.streamed = StreamedBeat(self.model, self.device) if streams else None
@@ -280,11 +281,29 @@ class GraphExecutor:
         return BeatInput(self._pin((self.max_sessions, FRAMES_PER_BEAT, SAMPLES_IN), torch.float32),
                          np.zeros(self.max_sessions, bool))
 
-    def alloc_output(self) -> BeatOutput:
+    def alloc_output(self, into: BeatOutput | None = None) -> BeatOutput:
+        if into is not None:
+            for name in OUTPUTS:
+                self._register(getattr(into, name))
+            return into
         s, f = self.max_sessions, FRAMES_PER_BEAT
         return BeatOutput(self._pin((s, f, SAMPLES_OUT), torch.float32),
                           self._pin((s, f), torch.int32), self._pin((s, f), torch.int32),
                           self._pin((s, f, MAX_USER_TOKENS), torch.int32, NO_TOKEN))
+
+    def _register(self, arr: np.ndarray) -> None:
+        """Host memory the caller owns (shared with the workers) page-locked for the driver,
+        so the beat's copies into it are DMA as into our own pinned rings. Where the driver
+        refuses, the copies still land, only synchronously."""
+        if arr.ctypes.data in self._registered:          # a later clock's, same buffers
+            return
+        err = int(torch.cuda.cudart().cudaHostRegister(arr.ctypes.data, arr.nbytes, 0))
+        if err:
+            log.warning("cudaHostRegister of %d bytes failed (cudaError %d): outputs are "
+                        "copied through pageable memory", arr.nbytes, err)
+        else:
+            self._registered.append(arr.ctypes.data)
+        self._pinned[arr.ctypes.data] = torch.from_numpy(arr)
 
     def _tensor(self, arr: np.ndarray) -> torch.Tensor:
         """The pinned tensor behind a ring array (a plain view if it is not one of ours)."""
@@ -576,3 +595,8 @@ class GraphExecutor:
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)
+        torch.cuda.synchronize()
+        for ptr in self._registered:
+            torch.cuda.cudart().cudaHostUnregister(ptr)
+            self._pinned.pop(ptr, None)
+        self._registered.clear()

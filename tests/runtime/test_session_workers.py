@@ -48,9 +48,13 @@ def _dominant_hz(audio: list[Audio], fmt: str, rate: int) -> float:
     return float(np.argmax(spectrum) * rate / len(x))
 
 
-def test_sessions_are_sharded_and_every_frame_is_counted():
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-outputs", "copied-outputs"])
+def test_sessions_are_sharded_and_every_frame_is_counted(shared):
+    # Both ways a beat's PCM reaches a worker: read out of the engine's shared output buffers,
+    # or copied into the message (where shared memory is missing).
     async def main():
-        host = EngineHost(TracingSimSpec("sim", ExecutorOptions(max_sessions=4)))
+        host = EngineHost(TracingSimSpec("sim", ExecutorOptions(max_sessions=4),
+                                         share_outputs=shared))
         await asyncio.get_running_loop().run_in_executor(None, host.start)
         async with node_on_tcp(max_sessions=4, backend=host, workers=2) as node:
             async with client_of(node) as c:
@@ -59,11 +63,13 @@ def test_sessions_are_sharded_and_every_frame_is_counted():
                 await asyncio.gather(*(_stream(s, 20, i) for i, s in enumerate(sessions)))
                 heard = [await _audio_until(s, 12) for s in sessions]
                 closed = [await s.close() for s in sessions]
+            path = node.clock_actor.outputs_shared, node.pool.stale_rows
         trace = host.call("trace")
         host.close()
-        return trace, per_worker, sessions, heard, closed
+        return trace, per_worker, sessions, heard, closed, path
 
-    trace, per_worker, sessions, heard, closed = asyncio.run(main())
+    trace, per_worker, sessions, heard, closed, path = asyncio.run(main())
+    assert path == (shared, 0)
     assert per_worker == [2, 2]
     slot_of = {i: s.opened["slot"] for i, s in enumerate(sessions)}
     handed = {i: [] for i in slot_of}
