@@ -29,7 +29,7 @@ from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
 from wave_actors.engine_process import EngineClock
-from wave_actors.session_worker import FRAMES_WAIT_S
+from wave_actors.session_worker import frames_wait_s
 from wave_actors.shared_outputs import OutputsView, SharedOutputs
 
 FLAT = "bench/costmodel_flat100.json"
@@ -96,8 +96,8 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
         # (a session sends one each 80 ms).
         rows = [(h.slot, h.generation, frame + f) for f in range(FRAMES_PER_BEAT) for h in handles]
         frame += FRAMES_PER_BEAT
-        # A worker's batch leaves at most every FRAMES_WAIT_S: a beat's frames arrive in
-        # about BEAT_S / FRAMES_WAIT_S batches a worker.
+        # A worker's batch leaves at most every `frames_wait_s`: a beat's frames arrive in
+        # about BEAT_S / frames_wait_s batches a worker.
         sent = []                                  # (when in the beat, message)
         for w in range(workers):
             mine = [i for i in range(len(rows)) if i % n % workers == w]   # its sessions'
@@ -157,7 +157,7 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, nargs="+", default=[300, 1000])
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--beats", type=int, default=30)
-    ap.add_argument("--batches", type=int, default=round(BEAT_S / FRAMES_WAIT_S),
+    ap.add_argument("--batches", type=int, default=round(BEAT_S / frames_wait_s(ClockPolicy())),
                     help="frame batches a worker a beat")
     ap.add_argument("--reads", type=int, default=round(BEAT_S / ClockPolicy().frames_every_s),
                     help="the clock's frame reads a beat (0: every batch read alone)")

@@ -591,6 +591,10 @@ def parse_args(argv=None):
     ap.add_argument("--output-slice", type=int, default=ClockPolicy().output_slice,
                     help="clock policy: sessions that start their output work in one turn of "
                          "the event loop (0: all at once)")
+    ap.add_argument("--frames-every-ms", type=float,
+                    default=1e3 * ClockPolicy().frames_every_s,
+                    help="clock policy: how often the clock reads the workers' frame batches "
+                         "(0: as they arrive)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     if args.virtual and not entry(args.backend).caps.modelled_time:
@@ -600,7 +604,8 @@ def parse_args(argv=None):
         args.start_policy = make_policy(args.policy) if args.policy else None
         args.clock_policy = ClockPolicy(release_hold_s=args.release_hold_ms / 1e3,
                                         hold_inputs=args.hold_inputs,
-                                        output_slice=args.output_slice)
+                                        output_slice=args.output_slice,
+                                        frames_every_s=args.frames_every_ms / 1e3)
     except (PolicyError, ValueError) as exc:
         ap.error(str(exc))
     if args.workers and args.virtual:

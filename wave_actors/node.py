@@ -52,6 +52,7 @@ from wave_actors.proc_cpu import cpu_seconds
 from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
 from wave_actors.session import (AudioIn, BeatOut, Close, FunctionResult, SessionActor,
                                  SessionConfig)
+from wave_actors.session_worker import frames_wait_s
 from wave_actors.worker_pool import PoolHandlers, RemoteSession, WorkerPool
 
 log = logging.getLogger("wave.node")
@@ -219,7 +220,8 @@ class Node:
                                    (self.executor.text_codec, self.executor.user_codec),
                                    PoolHandlers(self._worker_sends, self._worker_closing,
                                                 self._worker_crashed, self._worker_tokens,
-                                                self._worker_lost, self._worker_stale))
+                                                self._worker_lost, self._worker_stale),
+                                   frames_wait_s=frames_wait_s(cfg.clock_policy))
             await self.pool.start()
             self._clock_base = f"ipc://{self.pool.dir}/clock"    # workers' frames reach it
         self.supervisor.start_child(ChildSpec("clock", self._make_clock, Restart.PERMANENT,

@@ -23,6 +23,7 @@ import zmq.asyncio
 
 from transports import zsock
 from wave_actors import worker_wire as W
+from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_OUT
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.frame_batch import FrameBatcher
@@ -38,9 +39,16 @@ PARENT_CHECK_S = 0.5           # how often a worker looks for its front having g
 FRAMES_WAIT_S = 0.005
 
 
+def frames_wait_s(policy: ClockPolicy) -> float:
+    """How long a worker's frames wait to share a message: as long as the clock waits between
+    its reads (a batch sent more often is read with the next one anyway, at the price of one
+    more message), or FRAMES_WAIT_S where the clock reads each batch as it arrives."""
+    return policy.frames_every_s or FRAMES_WAIT_S
+
+
 class SessionWorker:
-    def __init__(self, index: int, front: str, codecs: tuple):
-        self.index, self.front = index, front
+    def __init__(self, index: int, front: str, codecs: tuple, frames_wait: float = FRAMES_WAIT_S):
+        self.index, self.front, self.frames_wait = index, front, frames_wait
         self.text_codec, self.user_codec = codecs
         self.clock = Clock()
         self.sessions: dict[int, SessionActor] = {}
@@ -110,7 +118,7 @@ class SessionWorker:
             sock.setsockopt(zmq.IDENTITY, W.clock_identity(self.index, os.getpid()))
             sock.connect(endpoint)
             tx = zsock.Tx(sock)
-            batcher = self._batchers[endpoint] = FrameBatcher(tx, FRAMES_WAIT_S)
+            batcher = self._batchers[endpoint] = FrameBatcher(tx, self.frames_wait)
             task = asyncio.get_running_loop().create_task(self._recv_outputs(sock, tx))
             self._tasks.append(task)
         return batcher
@@ -153,12 +161,16 @@ class SessionWorker:
         the buffer is refilled. Rows the engine already refilled are counted, never delivered."""
         rows, slots, at = W.read_beat_at(head, slots, where, name)
         view = self._views.get(at["name"])
-        if view is None or (view.slots, view.depth) != (at["slots"], at["depth"]):
-            for old in self._views.values():     # an engine restarted: its old segment is gone
-                old.close()
-            self._views = {at["name"]: (view := OutputsView(at["name"], at["slots"],
-                                                            at["depth"]))}
-        pcm = view.take(at["index"], at["fill"], slots)
+        pcm = None
+        try:
+            if view is None or (view.slots, view.depth) != (at["slots"], at["depth"]):
+                for old in self._views.values():  # an engine restarted: its old segment is gone
+                    old.close()
+                self._views = {}
+                view = self._views[at["name"]] = OutputsView(at["name"], at["slots"], at["depth"])
+            pcm = view.take(at["index"], at["fill"], slots)
+        except (OSError, ValueError) as exc:     # the engine that sent it is gone, its segment too
+            log.warning("worker %d: a beat's outputs could not be read: %r", self.index, exc)
         if pcm is None:
             self.stale_rows += len(rows)
             self._ctrl("stale", len(rows))
@@ -238,7 +250,8 @@ class SessionWorker:
         return lambda actor, ids: self._ctrl("tokens", rid, list(ids))
 
 
-def worker_main(index: int, front: str, codecs: tuple) -> None:
+def worker_main(index: int, front: str, codecs: tuple, frames_wait: float = FRAMES_WAIT_S
+                ) -> None:
     """A worker process's entry point (spawned by `WorkerPool`)."""
     logging.basicConfig(level=logging.WARNING)
     loop = new_loop()
@@ -247,6 +260,6 @@ def worker_main(index: int, front: str, codecs: tuple) -> None:
     # exists at start is frozen out of its walks.
     gc.freeze()
     try:
-        loop.run_until_complete(SessionWorker(index, front, codecs).run())
+        loop.run_until_complete(SessionWorker(index, front, codecs, frames_wait).run())
     finally:
         loop.close()

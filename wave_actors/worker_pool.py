@@ -32,7 +32,7 @@ from transports import zsock
 from wave_actors import worker_wire as W
 from wave_actors.runtime import ActorStopped, MsgClass
 from wave_actors.session import AudioIn, Close, FunctionResult, SessionConfig
-from wave_actors.session_worker import worker_main
+from wave_actors.session_worker import FRAMES_WAIT_S, worker_main
 
 log = logging.getLogger("wave.workers")
 READY_TIMEOUT_S = 60.0          # a spawned worker imports numpy, zmq and soxr before it is ready
@@ -124,11 +124,13 @@ class WorkerPool:
     REPLY = {"finish": "ended", "flush": "drops"}
 
     def __init__(self, n: int, ctx: zmq.asyncio.Context, codecs: tuple, handlers: PoolHandlers,
-                 max_restarts: int = 5, window_s: float = 10.0):
+                 max_restarts: int = 5, window_s: float = 10.0,
+                 frames_wait_s: float = FRAMES_WAIT_S):
         if n < 1:
             raise ValueError("a pool has at least one worker")
         self.n, self.ctx, self.codecs, self.h = n, ctx, codecs, handlers
         self.max_restarts, self.window_s = max_restarts, window_s
+        self.frames_wait_s = frames_wait_s     # how long a worker's frames wait to share a message
         self.workers: dict[int, _Worker] = {}
         self._by_identity: dict[bytes, _Worker] = {}      # the live workers, by socket identity
         self.sessions: dict[int, RemoteSession] = {}
@@ -164,7 +166,7 @@ class WorkerPool:
     def _spawn(self, index: int) -> None:
         loop = asyncio.get_running_loop()
         proc = mp.get_context("spawn").Process(
-            target=worker_main, args=(index, self.endpoint, self.codecs), daemon=True,
+            target=worker_main, args=(index, self.endpoint, self.codecs, self.frames_wait_s), daemon=True,
             name=f"wave-worker-{index}")
         proc.start()
         worker = self.workers[index] = _Worker(index, proc, loop.create_future())

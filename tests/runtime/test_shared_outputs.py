@@ -7,16 +7,21 @@ delivered); arrays of the layout overlapping (one field's writes landing in anot
 registrations with the GPU driver on one page); a worker's map that unlinks the segment when
 the worker exits (Python's resource tracker does that to an attached SharedMemory), so the next
 worker cannot map it; an executor that ignores the buffers it is handed (`alloc_output(into)`)
-and fills its own, so workers read zeros."""
+and fills its own, so workers read zeros; a worker that delivers rows it read too late, or
+does not count them, or dies on a beat whose engine (and segment) is gone."""
 from __future__ import annotations
 
 import mmap
 import multiprocessing as mp
 
 import numpy as np
+import zmq
 
 from sim.executor import SimExecutor
+from transports import zsock
+from wave_actors import worker_wire as W
 from wave_actors.core.contract import ExecutorOptions
+from wave_actors.session_worker import SessionWorker
 from wave_actors.shared_outputs import FIELDS, OutputsView, SharedOutputs, layout
 
 
@@ -128,4 +133,48 @@ def test_the_sim_fills_the_buffers_it_is_handed():
         np.testing.assert_array_equal(got, own.pcm)
     finally:
         view.close()
+        shared.close()
+
+
+def _worker_reading():
+    """A session worker whose messages to the front land on a real socket we read."""
+    ctx = zmq.Context()
+    front = ctx.socket(zmq.PAIR)
+    front.bind("inproc://front")
+    sock = ctx.socket(zmq.PAIR)
+    sock.connect("inproc://front")
+    worker = SessionWorker(0, "inproc://front", (None, None))
+    worker.tx = zsock.Tx(sock)
+    return ctx, front, worker
+
+
+def _beat_message(shared: SharedOutputs | None, index: int, fill: int, slots: list[int],
+                  name: str | None = None):
+    head = np.zeros(len(slots), W.BEAT_ROW)
+    head["rid"] = np.arange(len(slots))
+    where = np.array([(shared.slots if shared else 4, shared.depth if shared else 2, index,
+                       fill)], W.SHARED_AT)
+    return W.beat_at(head, np.array(slots), where, (name or shared.name).encode())[1:]
+
+
+def test_a_worker_counts_rows_it_read_too_late_and_tells_the_front():
+    shared = SharedOutputs(slots=4)
+    ctx, front, worker = _worker_reading()
+    try:
+        shared.outputs[0].pcm[2] = 0.5
+        fill = shared.filled(0)
+        rows, pcm = worker._shared_rows(*_beat_message(shared, 0, fill, [2]))
+        assert pcm is not None and (pcm == 0.5).all() and worker.stale_rows == 0
+        shared.refilling(0)                               # the beat after next took the buffer
+        shared.filled(0)
+        rows, pcm = worker._shared_rows(*_beat_message(shared, 0, fill, [2, 3]))
+        assert pcm is None and worker.stale_rows == 2
+        assert W.read_ctrl(front.recv_multipart()[1]) == ("stale", 2)
+        # An engine gone with its segment: counted the same, the worker lives on.
+        rows, pcm = worker._shared_rows(*_beat_message(None, 0, 1, [1], name="wave-out-gone"))
+        assert pcm is None and worker.stale_rows == 3
+    finally:
+        for view in worker._views.values():
+            view.close()
+        ctx.destroy(linger=0)
         shared.close()
