@@ -153,12 +153,15 @@ def main() -> None:
     if args.out:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
+        command = (f"python -m bench.engine_loop --sessions {' '.join(map(str, args.sessions))}"
+                   f" --workers {args.workers} --beats {args.beats} --frames-every-ms "
+                   f"{args.frames_every_ms:g}")
+        if args.frames_wait_ms is not None:
+            command += f" --frames-wait-ms {args.frames_wait_ms:g}"
+        if args.copy_route:
+            command += " --copy-route"
         with open(args.out, "w") as f:
-            json.dump({"command": "python -m bench.engine_loop --sessions "
-                       f"{' '.join(map(str, args.sessions))} --workers {args.workers} --beats "
-                       f"{args.beats} --frames-every-ms {args.frames_every_ms}"
-                       f"{'' if args.frames_wait_ms is None else ' --frames-wait-ms %g' % args.frames_wait_ms}"
-                       f"{' --copy-route' if args.copy_route else ''}",
+            json.dump({"command": command,
                        "commit": os.environ.get("WAVE_COMMIT", commit),
                        "machine": f"{platform.machine()}, {os.cpu_count()} cores (sim executor)",
                        "results": results}, f, indent=1)

@@ -645,34 +645,38 @@ def main(argv=None, command: str | None = None) -> int:
                   f"that starts sessions: {rows['beat_with_rows_ms']} ms against "
                   f"{rows['beat_ms']} ms for {rows['at_sessions']} sessions (idle caches); ms "
                   f"added by the rows a capture holds: {rows.get('added_ms_by_rows')}", flush=True)
-    if args.find_max:
-        n, seen = find_max(args, backend, ceiling)
-        runs = seen.get(n) or measure(args, n, backend)
-        extra["find_max"] = {str(k): [asdict(r) for r in v] for k, v in sorted(seen.items())}
-    else:
-        n, runs = args.sessions, measure(args, args.sessions, backend)
-    if backend is not None:
-        base = backend.baseline(args.context)
-        extra["baseline"] = base
-        # The stock stack is credited with one session even when its beat misses the deadline.
-        extra["sessions_ratio"] = n / max(1, base["sessions_on_time"])
-        facts = backend.describe()
-        extra["engine_after"] = facts
-        starts = runs[-1].policies.get("start", {}) if runs else {}
-        rows = facts.get("start_rows") or {}
-        print(f"session starts ({starts.get('name')} policy): {rows.get('rows')} start rows of "
-              f"{rows.get('chunk')} prompt positions add {rows.get('added_ms')} ms to the "
-              f"{rows.get('at_sessions')}-session beat (measured at build); "
-              f"{starts.get('held_back')} beats held their start rows back", flush=True)
-        if "launch_ms" in facts:
-            print(f"executor: the worker launched a beat in {facts['launch_ms']} ms; allocator "
-                  f"{facts.get('allocator')}", flush=True)
-        for b in facts.get("slow_beats", [])[-8:]:
-            print(f"           slow beat {b['beat']}: {b['done_ms']} ms ({b['launch_ms']} ms to "
-                  f"launch), {b['live']} live, {b['rows']} rows, {b['resets']} resets, "
-                  f"{b['rolls']} rolls; allocator {b['allocator']}", flush=True)
-        extra["memory_used_bytes"] = facts["memory_used_bytes"]
-        extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
+    try:
+        if args.find_max:
+            n, seen = find_max(args, backend, ceiling)
+            runs = seen.get(n) or measure(args, n, backend)
+            extra["find_max"] = {str(k): [asdict(r) for r in v] for k, v in sorted(seen.items())}
+        else:
+            n, runs = args.sessions, measure(args, args.sessions, backend)
+        if backend is not None:
+            base = backend.baseline(args.context)
+            extra["baseline"] = base
+            # The stock stack is credited with one session even when its beat misses the deadline.
+            extra["sessions_ratio"] = n / max(1, base["sessions_on_time"])
+            facts = backend.describe()
+            extra["engine_after"] = facts
+            starts = runs[-1].policies.get("start", {}) if runs else {}
+            rows = facts.get("start_rows") or {}
+            print(f"session starts ({starts.get('name')} policy): {rows.get('rows')} start rows of "
+                  f"{rows.get('chunk')} prompt positions add {rows.get('added_ms')} ms to the "
+                  f"{rows.get('at_sessions')}-session beat (measured at build); "
+                  f"{starts.get('held_back')} beats held their start rows back", flush=True)
+            if "launch_ms" in facts:
+                print(f"executor: the worker launched a beat in {facts['launch_ms']} ms; allocator "
+                      f"{facts.get('allocator')}", flush=True)
+            for b in facts.get("slow_beats", [])[-8:]:
+                print(f"           slow beat {b['beat']}: {b['done_ms']} ms ({b['launch_ms']} ms "
+                      f"to launch), {b['live']} live, {b['rows']} rows, {b['resets']} resets, "
+                      f"{b['rolls']} rolls; allocator {b['allocator']}", flush=True)
+            extra["memory_used_bytes"] = facts["memory_used_bytes"]
+            extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
+    finally:
+        if backend is not None:
+            backend.close()      # its engine process unlinks what it shared
     result = summarize(args, n, runs, extra)
     path = write(result, Path(args.out))
     print(f"\n{'backend':8} {'profile':10} {'context':>7} {'sessions':>8} {'runs':>4} "

@@ -349,8 +349,11 @@ def engine_main(spec: ExecutorSpec, conn) -> None:
             loop.run_until_complete(server.run())
     finally:
         loop.close()
-        executor.close()
+        try:
+            executor.close()
+        except Exception:
+            log.exception("engine: closing the executor failed")
         if server is not None and server.shared is not None:
-            server.actor = None
+            server.actor = None            # its arrays are views of the segment
             server.shared.close()
         gc.collect()

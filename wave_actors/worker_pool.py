@@ -166,7 +166,8 @@ class WorkerPool:
     def _spawn(self, index: int) -> None:
         loop = asyncio.get_running_loop()
         proc = mp.get_context("spawn").Process(
-            target=worker_main, args=(index, self.endpoint, self.codecs, self.frames_wait_s), daemon=True,
+            target=worker_main, args=(index, self.endpoint, self.codecs, self.frames_wait_s),
+            daemon=True,
             name=f"wave-worker-{index}")
         proc.start()
         worker = self.workers[index] = _Worker(index, proc, loop.create_future())

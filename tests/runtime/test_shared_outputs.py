@@ -123,7 +123,8 @@ def test_the_sim_fills_the_buffers_it_is_handed():
     shared = SharedOutputs(slots=3)
     view = OutputsView(shared.name, 3, shared.depth)
     try:
-        sim = SimExecutor(ExecutorOptions(max_sessions=3, cost_model="bench/costmodel_flat100.json"))
+        sim = SimExecutor(ExecutorOptions(max_sessions=3,
+                                          cost_model="bench/costmodel_flat100.json"))
         own = sim.alloc_output()
         out = sim.alloc_output(shared.outputs[0])
         assert out is shared.outputs[0]
