@@ -353,6 +353,34 @@ NOTES = (
      "1.95 ms. Sim 1,000, 8 workers: 0 late, p99 111.7 ms, engine loop 20.3 ms a beat, process "
      "28.2 (target 5: missed). Not run at this commit: the three-run protocol, and reference "
      "120 in one process."),
+    ("graph", "Outputs shared with the workers; the three-run protocol at 8c952d0 (issue 17)",
+     ("graph-dense-n300-20261202T201944.json", "graph-reference-n120-20261202T202557.json",
+      "graph-reference-n120-20261202T203214.json", "sim-reference-n1000-20261202T202648.json",
+      "graph-dense-n300-20261202T203413.json", "graph-dense-n300-20261202T200707.json",
+      "engine-loop-h200host-8c952d0.json", "engine-loop-h200host-reads20-8c952d0.json",
+      "engine-beat-cpu-h200host-8c952d0.json", "engine-beat-cpu-h200host-60b90ec.json",
+      "engine-beat-cpu-h200host-copyroute-60b90ec.json", "shared-outputs-h200.json"),
+     "At 8c952d0: the beat's output buffers live in shared memory the workers map "
+     "(`wave_actors/shared_outputs.py`; page-locked with cudaHostRegister, whose D2H copy "
+     "measured 0.087 ms for 300 sessions' PCM against 0.086 into torch's pinned memory, bit "
+     "equal), so the clock sends each worker its rows' headers and the worker copies its own "
+     "PCM out; a worker's frames wait as long as the clock between reads (10 ms, was 5). "
+     "Dense 300 x 3 x 500 with `--workers 4`: 0 late, p99 142.3 / 142.3 / 142.6 ms; release "
+     "wake p99 0.02 / 0.02 / 0.01 ms; before + after the GPU p99 2.18 / 2.36 / 2.45 ms (target "
+     "3: met; was 3.08 / 3.01 / 2.95), after 0.54-0.58 (was 1.3-1.5); the engine's loop "
+     "12.0-12.8 ms of CPU a beat. Reference 120 x 3 x 500, 4 workers: 0 late, p99 98.3 / 97.9 "
+     "/ 97.9 ms; one process: 0 late, p99 99.4 / 99.2 / 100.0 ms. Sim 1,000, 8 workers, flat "
+     "100 ms beat: 0 late, p99 108.6 ms, before + after p99 5.7 ms (was 7.8), engine loop 19.4 "
+     "ms a beat, process 24.6 (target 5: missed), the front 153 ms a beat, opens p99 9.9 s. "
+     "`python -m bench.engine_loop` (the engine process alone with stand-in workers on real "
+     "ipc sockets) on the H200 host: loop 12.0 ms a beat at 300 sessions, 16.1 at 1,000; with "
+     "reads every 20 ms 15.4 at 1,000, and dense 300 x 1 with `--frames-every-ms 20`: 0 late, "
+     "p99 143.1 ms, before + after p99 2.44 ms, loop 10.2 ms. `python -m "
+     "bench.engine_beat_cpu` (the clock's work without the loop): route 0.67 -> 0.29 ms at "
+     "300 and 2.76 -> 0.35 ms at 1,000 with the outputs shared (60b90ec, copy route against "
+     "shared); 4.6 ms of work a beat at 1,000 (frames in 2.4, pack 1.7, the sim 1.4). "
+     "graph-dense-n300-20261202T200707 is one run at fa6819e (the same serving code but the "
+     "bench not closing its engine): 0 late, before + after p99 2.3 ms."),
     ("sim", "The simulator against the H200, side by side (dense, same code)",
      ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
       "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
