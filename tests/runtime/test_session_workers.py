@@ -8,7 +8,8 @@ Bugs these catch: outputs routed to the wrong worker or session (a session hears
 frames, checked by the frame codes); frames lost between a worker and the clock without a count
 (frames_in + dropped_in < frames sent); a dead worker's sessions left open or its slots held (no
 `closed`, free slots not back); a death that ends the other worker's sessions too; a pool that
-does not replace its worker (the next opens all land on one worker, or fail)."""
+does not replace its worker (the next opens all land on one worker, or fail); a stalled worker
+handed rows the engine had already refilled (delivered instead of dropped and counted)."""
 from __future__ import annotations
 
 import asyncio
@@ -135,6 +136,46 @@ def test_a_dead_worker_ends_only_its_sessions_and_is_replaced():
     assert restarts == 1
     assert free_after_death == 2                  # the dead worker's slots are free again
     assert spread == [2, 2]                       # the new opens went to the new worker
+
+
+def test_a_worker_stalled_past_its_outputs_counts_them_and_its_sessions_go_on():
+    # A worker stopped for longer than a beat finds the engine's output buffers refilled when it
+    # reads its beat messages: those rows are dropped and counted (never delivered torn), its
+    # sessions hear the next beats again, and the other worker's session loses nothing.
+    async def main():
+        async with node_on_tcp(max_sessions=2, workers=2) as node:
+            async with client_of(node) as c:
+                sessions = [await c.open(f"s{i}") for i in range(2)]
+                streams = [asyncio.create_task(_stream(s, 60, i)) for i, s in enumerate(sessions)]
+                await _audio_until(sessions[0], 4)
+                victim = next(r.actor.worker for r in node.routes.values()
+                              if r.session == sessions[0].id)
+                os.kill(victim.proc.pid, signal.SIGSTOP)
+                await asyncio.sleep(4 * BEAT_S)                  # the engine refills both buffers
+                os.kill(victim.proc.pid, signal.SIGCONT)
+                stale_seen = 0
+                for _ in range(50):
+                    if (stale_seen := node.pool.stale_rows):
+                        break
+                    await asyncio.sleep(0.1)
+                for s in sessions:
+                    while not s.events.empty():
+                        s.events.get_nowait()
+                later = [await _audio_until(s, 5) for s in sessions]
+                for t in streams:
+                    t.cancel()
+                await asyncio.gather(*streams, return_exceptions=True)
+                closed = [await s.close() for s in sessions]
+            counted = node.counters.stale_rows
+            metric = node.metrics.registry.get_sample_value(
+                "wave_dropped_total", {"reason": "output_overwritten"})
+        return stale_seen, counted, metric, later, closed
+
+    stale_seen, counted, metric, later, closed = asyncio.run(main())
+    assert stale_seen > 0
+    assert counted == stale_seen and metric == counted
+    assert all(len(audio) >= 5 for audio in later)
+    assert all(c.stats is not None for c in closed)
 
 
 def test_a_dead_engine_ends_every_session_and_a_new_one_serves():
