@@ -353,14 +353,15 @@ NOTES = (
      "1.95 ms. Sim 1,000, 8 workers: 0 late, p99 111.7 ms, engine loop 20.3 ms a beat, process "
      "28.2 (target 5: missed). Not run at this commit: the three-run protocol, and reference "
      "120 in one process."),
-    ("graph", "Outputs shared with the workers; the three-run protocol at 8c952d0 (issue 17)",
+    ("graph", "Outputs shared with the workers; the three-run protocol at e512013 (issue 17)",
      ("graph-dense-n300-20261202T201944.json", "graph-reference-n120-20261202T202557.json",
       "graph-reference-n120-20261202T203214.json", "sim-reference-n1000-20261202T202648.json",
       "graph-dense-n300-20261202T203413.json", "graph-dense-n300-20261202T200707.json",
-      "engine-loop-h200host-8c952d0.json", "engine-loop-h200host-reads20-8c952d0.json",
-      "engine-beat-cpu-h200host-8c952d0.json", "engine-beat-cpu-h200host-60b90ec.json",
+      "engine-loop-h200host-e512013.json", "engine-loop-h200host-reads20-e512013.json",
+      "engine-beat-cpu-h200host-e512013.json", "engine-beat-cpu-h200host-60b90ec.json",
       "engine-beat-cpu-h200host-copyroute-60b90ec.json", "shared-outputs-h200.json"),
-     "At 8c952d0: the beat's output buffers live in shared memory the workers map "
+     "At e512013 (run as 8c952d0, whose commit message was reworded afterwards: the same "
+     "tree): the beat's output buffers live in shared memory the workers map "
      "(`wave_actors/shared_outputs.py`; page-locked with cudaHostRegister, whose D2H copy "
      "measured 0.087 ms for 300 sessions' PCM against 0.086 into torch's pinned memory, bit "
      "equal), so the clock sends each worker its rows' headers and the worker copies its own "
