@@ -14,6 +14,7 @@ beat's rows and pays for all of its rows, used or padded).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import math
@@ -55,6 +56,18 @@ def _tone_frame(slot: int) -> np.ndarray:
     frame = (0.2 * np.sin(2 * math.pi * tone_hz(slot) * n / OUT_RATE)).astype(np.float32)
     frame.flags.writeable = False
     return frame
+
+
+def _heard(audio: np.ndarray, live: np.ndarray) -> np.ndarray:
+    """[live, FRAMES_PER_BEAT] bool: each live slot's frames with an RMS over 0.01 (a sum of
+    squares, without squaring into a copy of the audio; numpy lets go of the GIL for it).
+    With most slots live every row is read in place; with few, only theirs are copied out."""
+    if 2 * len(live) >= len(audio):
+        energy = np.einsum("sfk,sfk->sf", audio, audio)[live]
+    else:
+        rows = audio[live]
+        energy = np.einsum("sfk,sfk->sf", rows, rows)
+    return energy > 0.01 ** 2 * audio.shape[2]
 
 
 class SimExecutor:
@@ -100,6 +113,8 @@ class SimExecutor:
         for slot, phrase in enumerate(phrases):
             self._phrases[slot, :len(phrase)] = phrase
         self._inflight: tuple[float, float] | None = None
+        self._hearer: concurrent.futures.ThreadPoolExecutor | None = None
+        self._heard: concurrent.futures.Future | None = None
         self.trace: list[tuple[int, int, float, float]] | None = [] if trace else None
 
     @classmethod
@@ -144,13 +159,18 @@ class SimExecutor:
                 for f in range(FRAMES_PER_BEAT):
                     a = inp.audio[slot, f]
                     self.trace.append((inp.beat, int(slot), float(a[0]), float(a[-1])))
-        live = list(plan.live)
-        # Heard: RMS over 0.01 (a sum of squares, without squaring into a copy of the audio).
-        energy = np.einsum("sfk,sfk->sf", inp.audio, inp.audio)
-        heard = (energy[live] > 0.01 ** 2 * inp.audio.shape[2]).tolist() if live else []
+        # What the user said is heard while the beat "runs", on a thread of the executor's, as
+        # a GPU hears it beside the host: the clock's loop does not read every frame again.
+        # The input buffer is not packed again before this beat is collected.
+        live = np.asarray(plan.live, np.int64)
+        self._heard = self._hearing().submit(_heard, inp.audio, live)
         total = live_s + rows_s
         self._inflight = (self.clock.now() + total, total)
-        self._heard = heard
+
+    def _hearing(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._hearer is None:
+            self._hearer = concurrent.futures.ThreadPoolExecutor(1, "sim-hearing")
+        return self._hearer
 
     async def wait(self) -> None:
         if self._inflight is not None:
@@ -167,7 +187,7 @@ class SimExecutor:
             frames = np.asarray(plan.frame0[:len(live)], np.int64)[:, None] \
                 + np.arange(FRAMES_PER_BEAT)
             out.user[live] = NO_TOKEN
-            rows, cols = np.nonzero(np.array(self._heard, bool))
+            rows, cols = np.nonzero(self._heard.result())
             out.user[live[rows], cols, 0] = ord("a") + frames[rows, cols] % 26
             said = self._phrases[live[:, None], frames % self._phrase_len[live][:, None]]
             out.text[live] = np.where(frames % SPEAK_PERIOD >= SPEAK_PERIOD // 2, PAD, said)
@@ -202,4 +222,6 @@ class SimExecutor:
                                                                             1500)}}
 
     def close(self) -> None:
-        pass
+        if self._hearer is not None:
+            self._hearer.shutdown(wait=True)
+            self._hearer = None

@@ -13,6 +13,10 @@ import asyncio
 import selectors
 import time
 
+# The busy end of a blocking spin: a thread's sleep may overrun by the kernel's timer slack
+# (50 µs by default), so the last stretch is a busy wait on the clock.
+BLOCK_SPIN_S = 150e-6
+
 
 class Clock:
     """Time as the running loop sees it (virtual on a VirtualTimeLoop), at full resolution.
@@ -34,15 +38,23 @@ class Clock:
         loop = self.loop
         return loop.time() if isinstance(loop, VirtualTimeLoop) else time.monotonic()
 
-    async def sleep_until(self, t: float, spin: float = 0.0) -> None:
+    async def sleep_until(self, t: float, spin: float = 0.0, block: bool = False) -> None:
         """Return at t or just after. The last `spin` seconds pass yielding to the loop once per
         iteration instead of on a timer (a real loop only: virtual time stands still while any
         task is ready): the beat clock's release is then late by one iteration, not by up to a
-        timer's rounding."""
+        timer's rounding. With `block` they pass without yielding: asleep in the thread, then
+        busy for the last `BLOCK_SPIN_S`, for a loop on which nothing else should run then
+        (each yield of a spin costs a turn of the loop, and the turns add up to the spin)."""
         if isinstance(self.loop, VirtualTimeLoop):
             spin = 0.0
         while (delay := t - self.now()) > spin:
             await asyncio.sleep(delay - spin)
+        if block:
+            if (delay := t - time.monotonic() - BLOCK_SPIN_S) > 0:
+                time.sleep(delay)
+            while time.monotonic() < t:
+                pass
+            return
         while self.now() < t:
             await asyncio.sleep(0)
 
