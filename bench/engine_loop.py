@@ -1,12 +1,14 @@
 """The engine process's own CPU a beat at N sessions, on real sockets and the real loop: the
 engine process (sim executor, flat 100 ms beat) with its clock started as the node starts it,
 N sessions admitted and bound, and W stand-in workers in one other process that send every
-session's frames in batches as real workers do (one message a worker each `frames_wait_s`) and
+session's frames in batches as real workers do (one message a worker each `frames_wait_s`; the
+frames written into the engine's shared ring instead once the clock says where it lies) and
 read, or copy out of the shared outputs, each beat's rows. No front, no session actors, no
 clients: what is left is what the engine's clock costs, timers, sockets and all.
 
     python -m bench.engine_loop --sessions 300 1000 [--workers 8] [--beats 100]
                                 [--frames-every-ms 10] [--frames-wait-ms W] [--copy-route]
+                                [--copy-frames]
                                 [--out F]
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ from wave_actors.core.start_policy import EagerStarts
 from wave_actors.engine_host import ClockProxy, EngineHost
 from wave_actors.engine_process import ExecutorSpec
 from wave_actors.session_worker import frames_wait_s
+from wave_actors.shared_frames import FramesView
 from wave_actors.shared_outputs import OutputsView
 
 FLAT = "bench/costmodel_flat100.json"
@@ -56,6 +59,7 @@ def stand_in_workers(endpoint: str, handles: list[list[tuple[int, int]]], wait_s
     ready.send([W.clock_identity(w, os.getpid()) for w in range(len(handles))])
     pcm = (np.random.default_rng(0).standard_normal(SAMPLES_IN) * 0.1).astype(np.float32)
     views: dict[str, OutputsView] = {}
+    rings: list[FramesView | None] = [None] * len(handles)
     t0 = time.monotonic()
     sent = [[0] * len(h) for h in handles]      # frames sent, per session
     next_send = t0
@@ -68,13 +72,19 @@ def stand_in_workers(endpoint: str, handles: list[list[tuple[int, int]]], wait_s
                     while sent[w][i] < due:
                         rows.append((slot, gen, sent[w][i]))
                         sent[w][i] += 1
-                if rows:
+                if rows and rings[w] is not None:     # the clock finds them there
+                    for slot, gen, number in rows:
+                        rings[w].write(slot, gen, number, pcm)
+                elif rows:
                     socks[w].send_multipart(frame_batch.encode(rows, [pcm] * len(rows)))
             next_send += wait_s
-        for s in socks:
+        for w, s in enumerate(socks):
             while s.poll(0):
                 parts = s.recv_multipart()
-                if parts[0] == W.BEAT_AT:
+                if parts[0] == W.FRAMES_AT:
+                    slots, ring, name = W.read_frames_at(*parts[1:3])
+                    rings[w] = FramesView(name, slots, ring) if name else None
+                elif parts[0] == W.BEAT_AT:
                     _rows, slots, at = W.read_beat_at(*parts[1:5])
                     view = views.get(at["name"])
                     if view is None:
@@ -111,7 +121,8 @@ async def measure(host: EngineHost, n: int, workers: int, beats: int, policy: Cl
     proc_ms = np.array([1e3 * r.process_cpu_s for r in records])
     return {"sessions": n, "workers": workers, "beats": len(records),
             "frames_every_ms": 1e3 * policy.frames_every_s, "frames_wait_ms": 1e3 * wait_s,
-            "outputs_shared": proxy.outputs_shared,
+            "outputs_shared": proxy.outputs_shared, "frames_shared": proxy.frames_shared,
+            "frames_overwritten": proxy.frames_overwritten,
             "late": sum(r.late for r in records),
             "loop_cpu_ms": {"p50": round(float(np.median(loop_ms)), 2),
                             "p99": round(float(np.percentile(loop_ms, 99)), 2)},
@@ -133,6 +144,8 @@ def main() -> None:
                          "(default: as a worker does, `frames_wait_s` of the clock policy)")
     ap.add_argument("--copy-route", action="store_true",
                     help="PCM copied into each worker's message (no shared outputs)")
+    ap.add_argument("--copy-frames", action="store_true",
+                    help="frames' samples in the workers' messages (no shared ring)")
     ap.add_argument("--out")
     args = ap.parse_args()
     policy = ClockPolicy(frames_every_s=args.frames_every_ms / 1e3)
@@ -140,7 +153,8 @@ def main() -> None:
     results = []
     for n in args.sessions:
         host = EngineHost(ExecutorSpec("sim", ExecutorOptions(max_sessions=n, cost_model=FLAT),
-                                       share_outputs=not args.copy_route)).start()
+                                       share_outputs=not args.copy_route,
+                                       share_frames=not args.copy_frames)).start()
         try:
             r = asyncio.run(measure(host, n, args.workers, args.beats, policy, wait))
         finally:
@@ -148,7 +162,8 @@ def main() -> None:
         results.append(r)
         print(f"{n:5d} sessions, {args.workers} workers: engine loop {r['loop_cpu_ms']['p50']} "
               f"ms a beat (p99 {r['loop_cpu_ms']['p99']}), process {r['process_cpu_ms']['p50']} "
-              f"(p99 {r['process_cpu_ms']['p99']}); late {r['late']}, shared {r['outputs_shared']}",
+              f"(p99 {r['process_cpu_ms']['p99']}); late {r['late']}, outputs shared {r['outputs_shared']}, frames shared "
+              f"{r['frames_shared']} (dropped {r['dropped_frames']}, underruns {r['underruns']})",
               flush=True)
     if args.out:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -160,6 +175,8 @@ def main() -> None:
             command += f" --frames-wait-ms {args.frames_wait_ms:g}"
         if args.copy_route:
             command += " --copy-route"
+        if args.copy_frames:
+            command += " --copy-frames"
         with open(args.out, "w") as f:
             json.dump({"command": command,
                        "commit": os.environ.get("WAVE_COMMIT", commit),

@@ -169,18 +169,24 @@ class BeatClockActor(Actor):
     # Frames read only outside the hold before a release (a clock alone on its loop, whose
     # turns hold nothing else); in one process with the sessions, tests hold the turns at will.
     reads_wait_out_hold = False
+    # The release's spin blocks the loop (`Clock.sleep_until(block=True)`) instead of yielding
+    # to it: for a clock alone on its loop, whose turns hold nothing that may not wait a spin.
+    release_blocks = False
 
     def __init__(self, executor: Executor, ctx: zmq.asyncio.Context, endpoint: str,
                  clock: Clock, deliver: Deliver, policy: ClockPolicy, start_policy: StartPolicy,
                  epoch: int = 0, on_beat: Callable[[BeatRecord], None] | None = None,
-                 keep_records: bool = True):
+                 keep_records: bool = True, frames_ring=None):
+        """`frames_ring`: a `shared_frames.FrameRing` the frames' samples lie in (the session
+        workers write them there and send headers only)."""
         super().__init__("clock")
+        self._ring = frames_ring
         self.executor, self.ctx, self.endpoint, self.clock = executor, ctx, endpoint, clock
         self.policy = policy
         self._deliver = deliver
         opts = executor.options
         self.table = SessionTable(executor.max_sessions, epoch, policy.prebuffer, policy.max_queue,
-                                  policy.shedding)
+                                  policy.shedding, frames_ring)
         self.book = SlotBook(executor.max_sessions, executor.start_shape, start_policy,
                              opts.frames_per_session, opts.roll_frames)
         self.stats = ClockStats()
@@ -404,53 +410,80 @@ class BeatClockActor(Actor):
         if self.frames is not None:
             self.frames.flush()
         self._frames_in(self._recv_all())
+        self._pull_ring()
         zsock.kick(self._sock)           # the reads consumed the socket's edge: re-arm its reader
 
     def _frames_in(self, messages: list[list]) -> None:
         """Frame batches read off the socket together, queued as one (a batch's queueing costs
-        about the same whatever its size)."""
-        heads, pcms = [], []
+        about the same whatever its size): each run of messages of one kind (samples in the
+        message, or headers of frames in the shared ring) as one, in the order they came."""
+        heads, pcms, ringed = [], [], False
         for frames in messages:
-            batch = None
+            batch, in_ring = None, False
             if len(frames) == 4 and frames[1] == frame_batch.BATCH_TAG:
                 batch = frame_batch.decode(frames[2], frames[3])
+            elif len(frames) == 3 and frames[1] == frame_batch.HEADS_TAG:
+                head = frame_batch.decode_heads(frames[2])
+                if head is not None and self._ring is None:
+                    # Frames in a ring this clock has none of (its sender was told of another
+                    # engine's): lost, counted; told to send the samples from now on.
+                    self.stats.dropped_frames += len(head)
+                    self._tell_ring(frames[0], force=True)
+                    continue
+                batch, in_ring = (None if head is None else (head, None)), True
             if batch is None:                 # not a FrameBatcher's message
                 self.stats.dropped_frames += 1
                 continue
+            self._tell_ring(frames[0])
+            if heads and in_ring != ringed:
+                self._queue_run(heads, pcms, ringed)
+                heads, pcms = [], []
+            ringed = in_ring
             heads.append(batch[0])
             pcms.append(batch[1])
-        if len(heads) == 1:
+        if heads:
+            self._queue_run(heads, pcms, ringed)
+
+    def _queue_run(self, heads: list[np.ndarray], pcms: list, ringed: bool) -> None:
+        if ringed:
+            self._batch_in(heads[0] if len(heads) == 1 else np.concatenate(heads), None)
+        elif len(heads) == 1:
             self._batch_in(heads[0], pcms[0])
-        elif heads:                           # the samples stay in their messages' buffers
+        else:                                 # the samples stay in their messages' buffers
             self._batch_in(np.concatenate(heads), pcms)
 
-    def _batch_in(self, head: np.ndarray, rows: np.ndarray | list[np.ndarray]) -> None:
+    def _pull_ring(self) -> None:
+        """Frames the session workers wrote into the shared ring, queued."""
+        if self._ring is not None:
+            self._frames_read += self.table.pull_ring()
+
+    def _tell_ring(self, sender: bytes, force: bool = False) -> None:
+        """Tell a sender of frames where the shared ring lies (the engine's clock)."""
+
+    def _batch_in(self, head: np.ndarray, rows: np.ndarray | list[np.ndarray] | None) -> None:
+        """`rows`: the frames' samples (or their pieces in order); None: in the shared ring."""
         frame_nos = head["frame"]
         ends = frame_nos == END_OF_STREAM
         if ends.any():                        # a session's last frames: markers one by one
+            self._pull_ring()                 # (its frames in the ring came before its marker)
+            for slot, generation, _end in head[ends].tolist():
+                self._ended(Handle(slot, generation))
+            keep = ~ends
             if isinstance(rows, list):
                 rows = np.concatenate(rows)
-            for (slot, generation, frame_no), row in zip(head[ends].tolist(), rows[ends]):
-                self._one_frame(Handle(slot, generation), frame_no, row)
-            keep = ~ends
-            head, rows, frame_nos = head[keep], rows[keep], frame_nos[keep]
+            head, frame_nos = head[keep], frame_nos[keep]
+            rows = None if rows is None else rows[keep]
         refused = self.table.push_batch(head["slot"], head["generation"], frame_nos, rows)
         self.stats.dropped_frames += refused
         self._frames_read += len(head) - refused
 
-    def _one_frame(self, handle: Handle, frame_no: int, pcm: np.ndarray) -> None:
-        """A session's frame, or its end-of-stream marker."""
-        if frame_no == END_OF_STREAM:
-            ended = self._stream_ends.get(handle)
-            if ended is None and handle.slot in self.table.entries:
-                ended = self._stream_end(handle)
-            if ended is not None and not ended.done():
-                ended.set_result(True)
-            return
-        if not self.table.push(handle, frame_no, pcm):
-            self.stats.dropped_frames += 1
-            return
-        self._frames_read += 1
+    def _ended(self, handle: Handle) -> None:
+        """A session's end-of-stream marker: its last frame is in."""
+        ended = self._stream_ends.get(handle)
+        if ended is None and handle.slot in self.table.entries:
+            ended = self._stream_end(handle)
+        if ended is not None and not ended.done():
+            ended.set_result(True)
 
     # -- the beat ---------------------------------------------------------------------------------
     async def output_turn(self) -> None:
@@ -480,7 +513,8 @@ class BeatClockActor(Actor):
         if self.policy.release_hold_s:
             await self.clock.sleep_until(release - self.policy.release_hold_s)
             self.turns.hold()
-        await self.clock.sleep_until(release, spin=self.policy.release_spin_s)
+        await self.clock.sleep_until(release, spin=self.policy.release_spin_s,
+                                     block=self.release_blocks)
         wake = self.clock.now() - release
         if self._watching:
             self.stalls.woke()

@@ -254,6 +254,8 @@ class ClockProxy(Actor):
         self.free_slots = host.max_sessions
         self.reports_lost = 0          # beat reports the engine dropped: this loop was not reading
         self.outputs_shared = False    # the engine's outputs lie in memory the workers map
+        self.frames_shared = False     # the workers' frames lie in memory the engine maps
+        self.frames_overwritten = 0    # of those, rewritten before their beat (heard silent)
         self._ready: dict[Handle, asyncio.Future] = {}
         # Created here (a supervisor starts its children from the running loop): asks made
         # before the engine's clock has started wait for it.
@@ -367,6 +369,8 @@ class ClockProxy(Actor):
         self.stats.unroutable = totals["unroutable"]
         self.free_slots = totals["free_slots"]
         self.outputs_shared = totals["outputs_shared"]
+        self.frames_shared = totals["frames_shared"]
+        self.frames_overwritten = totals["frames_overwritten"]
         if totals["reports_lost"] > self.reports_lost:
             log.warning("engine: %d beat reports dropped while this process did not read them "
                         "(its records and metrics miss those beats)",

@@ -49,6 +49,7 @@ from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.runtime import ActorStopped
 from wave_actors.session import BeatOut
 from wave_actors.serving_process import serving_process
+from wave_actors.shared_frames import SharedFrames, ring_for
 from wave_actors.shared_outputs import SharedOutputs
 
 log = logging.getLogger("wave.engine")
@@ -62,6 +63,8 @@ class ExecutorSpec:
     options: ExecutorOptions
     # The beat's outputs in shared memory the workers read (else copied into each message).
     share_outputs: bool = True
+    # The frames' samples in shared memory the workers write (else sent in their messages).
+    share_frames: bool = True
 
     def build(self):
         return make_executor(self.backend, self.options)
@@ -81,15 +84,20 @@ class EngineClock(BeatClockActor):
     """The beat clock with its outputs sent to the session workers, one message a worker a beat,
     and every beat's record sent to the front."""
     reads_wait_out_hold = True
+    release_blocks = True
 
     def __init__(self, executor, ctx, endpoint: str, clock: Clock, policy, start_policy,
-                 epoch: int, keep_records: bool, report, shared: SharedOutputs | None = None):
+                 epoch: int, keep_records: bool, report, shared: SharedOutputs | None = None,
+                 frames: SharedFrames | None = None):
         # With `shared`, the executor writes into memory the workers map, and a beat's message
-        # to a worker carries its rows' headers only (`_route`).
+        # to a worker carries its rows' headers only (`_route`). With `frames`, the workers
+        # write their frames' samples into memory this clock packs from, and send headers.
         self._shared = shared
         self._shared_name = shared.name.encode() if shared is not None else b""
+        self._frames = frames
+        self._told: set[bytes] = set()         # senders told where the frames' ring lies
         super().__init__(executor, ctx, endpoint, clock, self._collect, policy, start_policy,
-                         epoch, keep_records=keep_records)
+                         epoch, keep_records=keep_records, frames_ring=frames)
         self.epoch, self.start_policy, self._report = epoch, start_policy, report
         self._stalls_sent = 0.0
         # Each slot's session's worker (an index into `_workers`, -1: not bound yet) and the
@@ -113,6 +121,17 @@ class EngineClock(BeatClockActor):
     def _filled(self, index: int) -> None:
         if self._shared is not None:
             self._fills[index] = self._shared.filled(index)
+
+    def _tell_ring(self, sender: bytes, force: bool = False) -> None:
+        if sender in self._told and not force:
+            return
+        self._told.add(sender)
+        ring = self._frames
+        where = (ring.slots, ring.ring, ring.name.encode()) if ring is not None else (0, 0, b"")
+        try:
+            self._tx.send([sender, *W.frames_at(*where)])
+        except zmq.ZMQError:                   # the sender is gone
+            pass
 
     @staticmethod
     def _collect(owner, out: BeatOut) -> bool:
@@ -187,12 +206,14 @@ class EngineClock(BeatClockActor):
                       {"underruns": t.underruns, "dropped": t.dropped,
                        "dropped_frames": self.stats.dropped_frames,
                        "unroutable": self.stats.unroutable, "free_slots": self.free_slots,
-                       "outputs_shared": self._shared is not None},
+                       "outputs_shared": self._shared is not None,
+                       "frames_shared": self._frames is not None,
+                       "frames_overwritten": self.table.jitter.overwritten},
                       new))
 
 
 class EngineServer:
-    def __init__(self, executor, conn, share_outputs: bool = True):
+    def __init__(self, executor, conn, share_outputs: bool = True, share_frames: bool = True):
         self.executor, self.conn = executor, conn
         self.ctx = zmq.asyncio.Context()
         self.clock = Clock()
@@ -205,6 +226,10 @@ class EngineServer:
         # not made yet, or no shared memory here: the clocks then copy rows into messages).
         self.shared: SharedOutputs | None = None
         self._shared_tried = not share_outputs
+        # The frames' ring, made at the first clock start (its size follows the clock's jitter
+        # buffer bound) and again for a clock whose bound differs.
+        self.frames: SharedFrames | None = None
+        self._share_frames = share_frames
         self._writable = select.poll()
         self._writable.register(conn.fileno(), select.POLLOUT)
 
@@ -290,8 +315,15 @@ class EngineServer:
         if not self._shared_tried:
             self._shared_tried = True
             self.shared = SharedOutputs.create(self.executor.max_sessions)
+        ring = ring_for(policy.max_queue)
+        if self._share_frames and (self.frames is None or self.frames.ring != ring):
+            if self.frames is not None:
+                self.frames.close()
+            self.frames = SharedFrames.create(self.executor.max_sessions, ring)
+            self._share_frames = self.frames is not None    # none to be had here: not again
         self.actor = EngineClock(self.executor, self.ctx, endpoint, self.clock, policy,
-                                 start_policy, epoch, keep_records, self.report, self.shared)
+                                 start_policy, epoch, keep_records, self.report, self.shared,
+                                 self.frames)
         task = self.actor.start()
         task.add_done_callback(lambda t, e=epoch: self._clock_ended(t, e))
         self.send(("started", epoch))
@@ -345,7 +377,7 @@ def engine_main(spec: ExecutorSpec, conn) -> None:
     server = None
     try:
         with serving_process():
-            server = EngineServer(executor, conn, spec.share_outputs)
+            server = EngineServer(executor, conn, spec.share_outputs, spec.share_frames)
             loop.run_until_complete(server.run())
     finally:
         loop.close()
@@ -353,7 +385,9 @@ def engine_main(spec: ExecutorSpec, conn) -> None:
             executor.close()
         except Exception:
             log.exception("engine: closing the executor failed")
-        if server is not None and server.shared is not None:
-            server.actor = None            # its arrays are views of the segment
-            server.shared.close()
+        if server is not None:
+            server.actor = None            # its arrays are views of the segments
+            for segment in (server.shared, server.frames):
+                if segment is not None:
+                    segment.close()
         gc.collect()

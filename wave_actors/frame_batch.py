@@ -7,7 +7,13 @@ gathers the frames its sessions cut during one turn of the loop and sends them a
     [BATCH_TAG, headers (k records of HEADER: slot, generation, frame number), pcm (k × 1280 f32)]
 
 which the clock reads with two `np.frombuffer` calls. The same message is what a worker process
-sends the clock over ipc (docs/WORKERS.md). A session's end-of-stream marker is a row with frame
+sends the clock over ipc (docs/WORKERS.md), until the clock tells it where the engine's shared
+ring of frames lies (`shared_frames`): from then on the batcher writes each frame, stamped,
+straight into the ring as it is added, where the clock finds it at its next release (no message
+at all), and only end-of-stream markers travel, as headers:
+
+    [HEADS_TAG, headers]
+ A session's end-of-stream marker is a row with frame
 number END_OF_STREAM and no samples after its frames, in the same batch order, so the clock still
 sees every frame of a closing session before its marker.
 """
@@ -24,6 +30,7 @@ from wave_actors.core.frames import SAMPLES_IN
 from wave_actors.core.session_table import END_OF_STREAM
 
 BATCH_TAG = b"frames"
+HEADS_TAG = b"heads"
 HEADER = np.dtype([("slot", "<i4"), ("generation", "<i8"), ("frame", "<i8")])   # packed
 _SILENT = np.zeros(SAMPLES_IN, np.float32)
 
@@ -31,6 +38,16 @@ _SILENT = np.zeros(SAMPLES_IN, np.float32)
 def encode(rows: list[tuple[int, int, int]], pcm: list[np.ndarray]) -> list[bytes]:
     return [BATCH_TAG, np.array(rows, HEADER).tobytes(),
             np.concatenate(pcm).astype(np.float32, copy=False).tobytes()]
+
+
+def encode_heads(rows: list[tuple[int, int, int]]) -> list[bytes]:
+    return [HEADS_TAG, np.array(rows, HEADER).tobytes()]
+
+
+def decode_heads(headers: bytes) -> np.ndarray | None:
+    if len(headers) % HEADER.itemsize:
+        return None
+    return np.frombuffer(headers, HEADER)
 
 
 def decode(headers: bytes, pcm: bytes) -> tuple[np.ndarray, np.ndarray] | None:
@@ -59,12 +76,23 @@ class FrameBatcher:
         self._lost: list[Callable[[], None] | None] = []
         self._due = False
         self.batches = 0
+        self.ring = None            # a shared_frames.FramesView: samples go there, not here
+
+    def use_ring(self, ring) -> None:
+        """From now on write the samples into `ring` (None: send them in the messages again);
+        what was added before goes first, as it was."""
+        self.flush()
+        self.ring = ring
 
     def add(self, slot: int, generation: int, frame_no: int, pcm: np.ndarray | None,
             lost: Callable[[], None] | None = None) -> None:
         """A frame (pcm: SAMPLES_IN float32), or with pcm None an end-of-stream marker."""
+        if self.ring is not None and pcm is not None:
+            self.ring.write(slot, generation, frame_no, pcm)
+            return
         self._rows.append((slot, generation, frame_no))
-        self._pcm.append(_SILENT if pcm is None else pcm)
+        if self.ring is None:
+            self._pcm.append(_SILENT if pcm is None else pcm)
         self._lost.append(lost)
         if not self._due:
             self._due = True
@@ -90,7 +118,7 @@ class FrameBatcher:
         rows, pcm, lost = self._rows, self._pcm, self._lost
         self._rows, self._pcm, self._lost = [], [], []
         try:
-            self._tx.send(encode(rows, pcm))
+            self._tx.send(encode(rows, pcm) if self.ring is None else encode_heads(rows))
         except zmq.ZMQError:
             for count in lost:
                 if count is not None:

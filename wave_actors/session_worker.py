@@ -3,7 +3,8 @@
 The front (`worker_pool.WorkerPool`) starts N of these and shards sessions across them. A worker
 runs the sessions' host work — reorder, decode, resample, cut frames; resample, encode, text and
 function-call parsing of their outputs — on its own asyncio loop and core. Its sessions' frames
-go to the beat clock over ipc, batched one message a loop turn (`FrameBatcher`), and what they
+go to the beat clock over ipc, batched (`FrameBatcher`; their samples written into the engine's
+shared ring of frames once the clock has said where it lies, `shared_frames`), and what they
 send their clients goes back to the front batched the same way (`worker_wire.sends`), which
 routes it to the connection each session is bound to.
 
@@ -29,6 +30,7 @@ from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.frame_batch import FrameBatcher
 from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
 from wave_actors.session import AudioIn, BeatOut, Close, FunctionResult, SessionActor
+from wave_actors.shared_frames import FramesView
 from wave_actors.shared_outputs import OutputsView
 
 log = logging.getLogger("wave.worker")
@@ -55,6 +57,7 @@ class SessionWorker:
         self.unknown = 0                          # messages for sessions this worker has not
         self.stale_rows = 0                       # beat rows refilled before they were copied
         self._views: dict[str, OutputsView] = {}  # the engine's shared outputs, mapped
+        self._rings: dict[str, FramesView] = {}   # the engine's rings of frames, by endpoint
         self._batchers: dict[str, FrameBatcher] = {}
         self._out: list[tuple[int, bool, list[bytes]]] = []
         self._out_due = False
@@ -119,13 +122,41 @@ class SessionWorker:
             sock.connect(endpoint)
             tx = zsock.Tx(sock)
             batcher = self._batchers[endpoint] = FrameBatcher(tx, self.frames_wait)
-            task = asyncio.get_running_loop().create_task(self._recv_outputs(sock, tx))
+            task = asyncio.get_running_loop().create_task(self._recv_outputs(sock, tx, endpoint))
             self._tasks.append(task)
         return batcher
 
     # -- from the clock and the front --------------------------------------------------------------
-    async def _recv_outputs(self, sock, tx) -> None:
-        await zsock.serve(sock, tx.sync, self._on, log, f"worker {self.index}: a beat's outputs")
+    async def _recv_outputs(self, sock, tx, endpoint: str) -> None:
+        def on(parts: list) -> None:
+            if parts[0] == W.FRAMES_AT:
+                self._frames_at(endpoint, *parts[1:3])
+            else:
+                self._on(parts)
+        await zsock.serve(sock, tx.sync, on, log, f"worker {self.index}: a beat's outputs")
+
+    def _frames_at(self, endpoint: str, where, name) -> None:
+        """The clock at `endpoint` says where its ring of frames lies (or that it has none): this
+        worker's frames to it are written there from now on. A ring that cannot be mapped
+        leaves the samples in the messages, as before."""
+        slots, ring, name = W.read_frames_at(where, name)
+        old = self._rings.get(endpoint)
+        if old is not None and (old.name, old.slots, old.ring) == (name, slots, ring):
+            return
+        view = None
+        if name:
+            try:
+                view = FramesView(name, slots, ring)
+            except (OSError, ValueError) as exc:
+                log.warning("worker %d: the clock's ring of frames could not be mapped (%r): "
+                            "frames go with their samples", self.index, exc)
+        self._batchers[endpoint].use_ring(view)
+        if view is not None:
+            self._rings[endpoint] = view
+        else:
+            self._rings.pop(endpoint, None)
+        if old is not None:
+            old.close()
 
     async def _recv(self) -> None:
         await zsock.serve(self.sock, self.tx.sync, self._on, log,

@@ -10,23 +10,17 @@ then reads the stamp again, and a stamp that changed means the copy may be torn:
 dropped and counted, never delivered. (Stores and loads are ordered as x86 orders them: the
 stamp's store precedes the executor's writes, a reader's data loads precede its stamp load.)
 
-The segment is a POSIX shared-memory object the engine process creates and unlinks when it ends
-(its resource tracker unlinks it if the process dies first); workers map it read-only by name,
-without `multiprocessing.shared_memory`, whose tracker would unlink it when a worker exits.
+The segment (`shm_segment`) is the engine process's; workers map it read-only by name.
 """
 from __future__ import annotations
 
 import logging
-import mmap
-import os
-import secrets
-from multiprocessing import resource_tracker
 
-import _posixshmem
 import numpy as np
 
 from wave_actors.core.contract import MAX_USER_TOKENS, NO_TOKEN, BeatOutput
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_OUT
+from wave_actors.shm_segment import Segment, close_map, open_map, page_up
 
 log = logging.getLogger(__name__)
 
@@ -39,22 +33,18 @@ FIELDS = (("pcm", (FRAMES_PER_BEAT, SAMPLES_OUT), np.float32, 0.0),
           ("user", (FRAMES_PER_BEAT, MAX_USER_TOKENS), np.int32, NO_TOKEN))
 
 
-def _page_up(n: int) -> int:
-    return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
-
-
 def layout(slots: int, depth: int) -> tuple[int, list[dict[str, tuple[int, tuple, type]]]]:
     """The segment's size and, per buffer, each array's (offset, shape, dtype). Every array
     starts on a page of its own, so each can be registered with the GPU driver on its own; the
     stamps (int64 [depth]) lie at offset 0."""
-    at = _page_up(8 * depth)
+    at = page_up(8 * depth)
     buffers = []
     for _ in range(depth):
         arrays = {}
         for name, shape, dtype, _fill in FIELDS:
             shape = (slots, *shape)
             arrays[name] = (at, shape, dtype)
-            at = _page_up(at + int(np.prod(shape)) * np.dtype(dtype).itemsize)
+            at = page_up(at + int(np.prod(shape)) * np.dtype(dtype).itemsize)
         buffers.append(arrays)
     return at, buffers
 
@@ -74,22 +64,9 @@ class SharedOutputs:
     def __init__(self, slots: int, depth: int = DEPTH):
         self.slots, self.depth = slots, depth
         size, _ = layout(slots, depth)
-        free = _shm_free()
-        if free is not None and free < size:
-            raise OSError(f"shared memory: {size} bytes needed, {free} free")
-        self.name = f"wave-out-{os.getpid()}-{secrets.token_hex(4)}"
-        fd = _posixshmem.shm_open("/" + self.name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
-        try:
-            os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
-        except OSError:
-            _posixshmem.shm_unlink("/" + self.name)
-            raise
-        finally:
-            os.close(fd)
-        # Unlinked by the tracker if this process dies without closing it.
-        resource_tracker.register("/" + self.name, "shared_memory")
-        self.stamps, self.outputs = _arrays(self._map, slots, depth)
+        self._segment = Segment.create("wave-out", size)
+        self.name = self._segment.name
+        self.stamps, self.outputs = _arrays(self._segment.map, slots, depth)
         for out in self.outputs:             # every page written now: none faults in a beat
             for name, _shape, _dtype, fill in FIELDS:
                 getattr(out, name)[:] = fill
@@ -124,15 +101,7 @@ class SharedOutputs:
         if self.outputs is None:
             return
         self.stamps = self.outputs = None
-        try:
-            self._map.close()
-        except BufferError:                   # a view still held: the map goes with the views
-            pass
-        try:
-            _posixshmem.shm_unlink("/" + self.name)
-        except FileNotFoundError:
-            pass
-        resource_tracker.unregister("/" + self.name, "shared_memory")
+        self._segment.close()
 
 
 class OutputsView:
@@ -140,14 +109,7 @@ class OutputsView:
 
     def __init__(self, name: str, slots: int, depth: int):
         self.name, self.slots, self.depth = name, slots, depth
-        size, _ = layout(slots, depth)
-        fd = _posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600)
-        try:
-            if os.fstat(fd).st_size < size:
-                raise ValueError(f"shared outputs {name}: smaller than {slots} slots")
-            self._map = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-        finally:
-            os.close(fd)
+        self._map = open_map(name, layout(slots, depth)[0])
         self._stamps, outs = _arrays(self._map, slots, depth)
         self._pcm = [o.pcm for o in outs]
 
@@ -160,15 +122,4 @@ class OutputsView:
 
     def close(self) -> None:
         self._stamps = self._pcm = None
-        try:
-            self._map.close()
-        except BufferError:
-            pass
-
-
-def _shm_free() -> int | None:
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
-        return None                           # no /dev/shm (not Linux): nothing to ask
-    return st.f_bavail * st.f_frsize
+        close_map(self._map)

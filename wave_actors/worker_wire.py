@@ -11,6 +11,9 @@ messages are pickled tuples; the hot ones are flat:
                       where (SHARED_AT), segment name]             engine's shared output buffer
                                                                    (`shared_outputs`): the rows'
                                                                    slots in it, and which fill
+                     [FRAMES_AT, where (RING_AT), segment name]    where to write its frames'
+                                                                   samples (`shared_frames`);
+                                                                   no name: in the messages
     front → worker   [AUDIO, rows (AUDIO_ROW), payloads]           the clients' audio messages of
                                                                    one loop turn, payloads joined
                      [CTRL, pickle(tuple)]                         start, close, func, flooded,
@@ -33,7 +36,7 @@ import numpy as np
 from wave_actors.core.contract import MAX_USER_TOKENS
 from wave_actors.core.frames import FRAMES_PER_BEAT
 
-AUDIO, BEAT, BEAT_AT, CTRL, SENDS = b"A", b"B", b"R", b"C", b"S"
+AUDIO, BEAT, BEAT_AT, CTRL, FRAMES_AT, SENDS = b"A", b"B", b"R", b"C", b"F", b"S"
 AUDIO_ROW = np.dtype([("rid", "<i4"), ("seq", "<i8"), ("nbytes", "<i4")])
 # A beat's header for one session: the front's number for it, its first output frame, and the
 # frames' text, function and user-transcript tokens.
@@ -82,6 +85,22 @@ SHARED_AT = np.dtype([("slots", "<i4"), ("depth", "<i4"), ("index", "<i4"), ("fi
 def beat_at(head: np.ndarray, slots: np.ndarray, where: np.ndarray, name: bytes) -> list:
     """A beat's rows for one worker whose PCM stays in the shared buffer `where` names."""
     return [BEAT_AT, head, np.ascontiguousarray(slots, np.int32), where, name]
+
+
+# The engine's shared ring of frames: its slots and places a slot (`shared_frames.layout`).
+RING_AT = np.dtype([("slots", "<i4"), ("ring", "<i4")])
+
+
+def frames_at(slots: int, ring: int, name: bytes) -> list:
+    return [FRAMES_AT, np.array([(slots, ring)], RING_AT).tobytes(), name]
+
+
+def read_frames_at(where, name) -> tuple[int, int, str]:
+    """(slots, ring, segment name: "" for none), or ValueError."""
+    where = np.frombuffer(where, RING_AT)
+    if len(where) != 1:
+        raise ValueError("a ring's place is one record")
+    return int(where["slots"][0]), int(where["ring"][0]), bytes(name).decode()
 
 
 def read_beat_at(head, slots, where, name) -> tuple[list[tuple[int, dict]], np.ndarray, dict]:

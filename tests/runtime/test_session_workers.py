@@ -49,13 +49,16 @@ def _dominant_hz(audio: list[Audio], fmt: str, rate: int) -> float:
     return float(np.argmax(spectrum) * rate / len(x))
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["shared-outputs", "copied-outputs"])
-def test_sessions_are_sharded_and_every_frame_is_counted(shared):
-    # Both ways a beat's PCM reaches a worker: read out of the engine's shared output buffers,
-    # or copied into the message (where shared memory is missing).
+@pytest.mark.parametrize("outputs,frames", [(True, True), (True, False), (False, False)],
+                         ids=["shared", "copied-frames", "copied"])
+def test_sessions_are_sharded_and_every_frame_is_counted(outputs, frames):
+    # Every way audio crosses the processes: the frames written into the engine's shared ring
+    # (found there at each release) or sent with their samples; a beat's PCM read out of the
+    # engine's shared output buffers, or copied into the message (where shared memory is
+    # missing).
     async def main():
         host = EngineHost(TracingSimSpec("sim", ExecutorOptions(max_sessions=4),
-                                         share_outputs=shared))
+                                         share_outputs=outputs, share_frames=frames))
         await asyncio.get_running_loop().run_in_executor(None, host.start)
         async with node_on_tcp(max_sessions=4, backend=host, workers=2) as node:
             async with client_of(node) as c:
@@ -64,13 +67,15 @@ def test_sessions_are_sharded_and_every_frame_is_counted(shared):
                 await asyncio.gather(*(_stream(s, 20, i) for i, s in enumerate(sessions)))
                 heard = [await _audio_until(s, 12) for s in sessions]
                 closed = [await s.close() for s in sessions]
-            path = node.clock_actor.outputs_shared, node.pool.stale_rows
+            clock = node.clock_actor
+            path = (clock.outputs_shared, clock.frames_shared, clock.frames_overwritten,
+                    node.pool.stale_rows)
         trace = host.call("trace")
         host.close()
         return trace, per_worker, sessions, heard, closed, path
 
     trace, per_worker, sessions, heard, closed, path = asyncio.run(main())
-    assert path == (shared, 0)
+    assert path == (outputs, frames, 0, 0)
     assert per_worker == [2, 2]
     slot_of = {i: s.opened["slot"] for i, s in enumerate(sessions)}
     handed = {i: [] for i in slot_of}

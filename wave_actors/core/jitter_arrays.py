@@ -10,7 +10,10 @@ reduction. A batch of frames from a session worker is queued with one scatter.
 
 The samples live in one `FrameStore` whose free places are reused last-freed first: the frames a
 beat packs free the places the next batch fills, so the memory a beat touches is about the
-frames queued, not every slot's whole buffer.
+frames queued, not every slot's whole buffer. Or they live where the session workers wrote them
+(`RingPlaces`: a place fixed by slot and frame number in a shared ring, `shared_frames`): a
+batch then brings only headers, and a frame whose place was written again before its beat is
+heard as silence and counted as dropped.
 
 `BeatScheduler` stays the plain reference: `tests/runtime/test_jitter_arrays.py` drives both
 with the same random pushes, beats and releases and requires the same frames, silences,
@@ -76,6 +79,21 @@ class FrameStore:
         self.pcm, self._free, self._top = pcm, free, self._top + new - old
 
 
+class RingPlaces:
+    """Places in a ring of frames fixed by slot and frame number (a `shared_frames.FrameRing`),
+    stamped with the generation and number of the frame each holds. Nothing is taken or given
+    back; `generations` is each slot's current one (the session table's)."""
+    SILENT = FrameStore.SILENT
+
+    def __init__(self, ring, generations: np.ndarray):
+        self.ring, self.pcm, self.generations = ring, ring.pcm, generations
+
+    in_use = 0
+
+    def give(self, places: np.ndarray) -> None:
+        pass
+
+
 @dataclass
 class ArrayPlan:
     """What one `pack` put where: the slots packed (ascending), each one's two frame numbers
@@ -97,14 +115,17 @@ class ArrayPlan:
 
 class ArrayScheduler:
     def __init__(self, max_sessions: int, prebuffer: int = 3, max_queue: int = 50,
-                 shedding: Shedding | None = Shedding()):
-        """`shedding=None` keeps the delay a slot grows to for the rest of its call."""
+                 shedding: Shedding | None = Shedding(), ring: RingPlaces | None = None):
+        """`shedding=None` keeps the delay a slot grows to for the rest of its call; `ring`:
+        the samples are in a shared ring of frames, not in a store of the scheduler's."""
         assert prebuffer >= 1 and max_queue >= prebuffer + FRAMES_PER_BEAT
         n, q = max_sessions, max_queue
         self.max_sessions, self.prebuffer, self.max_queue = n, prebuffer, q
         self.shedding = shedding
         # Room to start with for every slot's prebuffer and a beat; grows to what is queued.
-        self.store = FrameStore(n * (prebuffer + FRAMES_PER_BEAT), n * q)
+        self._ring = ring
+        self.store = ring or FrameStore(n * (prebuffer + FRAMES_PER_BEAT), n * q)
+        self.overwritten = 0    # frames whose ring place was written again before their beat
         self.place = np.zeros((n, q), np.int64)      # each queued frame's place in the store
         self.nums = np.zeros((n, q), np.int64)
         self.head = np.zeros(n, np.int64)            # ring index of a slot's oldest frame
@@ -192,17 +213,17 @@ class ArrayScheduler:
             self.stats[slot, _DROP] += 1
             self.totals.dropped += 1
         pos = (self.head[slot] + self.count[slot]) % q
-        place = self.store.take(1)[0]
-        self.store.pcm[place] = pcm
+        place = self._places(np.array([slot]), np.array([frame_no]), pcm[None])[0]
         self.place[slot, pos] = place
         self.nums[slot, pos] = frame_no
         self.count[slot] += 1
 
     def push_batch(self, slots: np.ndarray, frame_nos: np.ndarray,
-                   pcm: np.ndarray | list[np.ndarray]) -> None:
+                   pcm: np.ndarray | list[np.ndarray] | None) -> None:
         """`push` of each row in order, as one scatter: rows of held slots only. `pcm` is the
         rows' samples, or pieces of them in row order (the messages a batch was read in): each
-        frame's samples are copied once, straight into its place."""
+        frame's samples are copied once, straight into its place. None: they are in the ring
+        already (a worker wrote them there)."""
         k = len(slots)
         if not k:
             return
@@ -235,10 +256,16 @@ class ArrayScheduler:
         keep = rank >= 0
         s, rank, rows = s[keep], rank[keep], order[keep]
         pos = (self.head[s] + self.count[s] + rank) % q
-        places = self.store.take(len(s))
-        dest = np.full(k, -1, np.int64)
-        dest[rows] = places
-        self._write(dest, pcm)
+        if self._ring is not None:
+            if pcm is not None:
+                pcm = np.concatenate(pcm) if isinstance(pcm, list) else pcm
+                pcm = pcm[rows]
+            places = self._places(s, frame_nos[rows], pcm)
+        else:
+            places = self.store.take(len(s))
+            dest = np.full(k, -1, np.int64)
+            dest[rows] = places
+            self._write(dest, pcm)
         self.place[s, pos] = places
         self.nums[s, pos] = frame_nos[rows]
         self.count[mine] += sizes - drop_batch
@@ -257,11 +284,30 @@ class ArrayScheduler:
             self.totals.dropped += len(full)
             count = self.count[slots]
         pos = (self.head[slots] + count) % q
-        places = self.store.take(len(slots))
-        self._write(places, pcm)
+        if self._ring is not None:
+            if isinstance(pcm, list):
+                pcm = np.concatenate(pcm)
+            places = self._places(slots, frame_nos, pcm)
+        else:
+            places = self.store.take(len(slots))
+            self._write(places, pcm)
         self.place[slots, pos] = places
         self.nums[slots, pos] = frame_nos
         self.count[slots] = count + 1
+
+    def _places(self, slots: np.ndarray, frame_nos: np.ndarray, pcm: np.ndarray | None
+                ) -> np.ndarray:
+        """Places for frames to queue, in order, their samples written there (`pcm` None: in
+        the ring already)."""
+        if self._ring is None:
+            places = self.store.take(len(slots))
+            self.store.pcm[places] = pcm
+            return places
+        ring = self._ring.ring
+        places = ring.places(slots, frame_nos)
+        if pcm is not None:
+            ring.write_rows(places, self._ring.generations[slots], frame_nos, pcm)
+        return places
 
     def _write(self, dest: np.ndarray, pcm: np.ndarray | list[np.ndarray]) -> None:
         """Row i of `pcm` (one array or its pieces in order) into place dest[i] (-1: the row
@@ -320,6 +366,8 @@ class ArrayScheduler:
             nums[have, f] = self.nums[src, at]
             taken += have
         np.take(self.store.pcm, span, axis=0, out=inp.audio[lo:lo + len(span)], mode="clip")
+        if self._ring is not None:
+            self._check_ring(inp, slots, nums, span, lo)
         self.store.give(span[span != FrameStore.SILENT])
         self.head[slots] = (head + taken) % q
         left = count - taken
@@ -337,6 +385,26 @@ class ArrayScheduler:
         inp.beat = self.beat
         self.beat += 1
         return plan
+
+    def count_overwritten(self, slots: np.ndarray, frames: np.ndarray) -> None:
+        """Frames of these slots written over in the ring before they were queued: dropped."""
+        np.add.at(self.stats[:, _DROP], slots, frames)
+        n = int(frames.sum())
+        self.totals.dropped += n
+        self.overwritten += n
+
+    def _check_ring(self, inp: BeatInput, slots: np.ndarray, nums: np.ndarray,
+                    span: np.ndarray, lo: int) -> None:
+        """After the gather: a packed frame whose ring place no longer holds it (written again
+        meanwhile) is heard as silence and counted as dropped."""
+        rows, f = np.nonzero(nums != SILENCE)
+        s = slots[rows]
+        ok = self._ring.ring.holds(span[s - lo, f], self._ring.generations[s], nums[rows, f])
+        if ok.all():
+            return
+        bad_s, bad_f = s[~ok], f[~ok]
+        inp.audio[bad_s, bad_f] = 0.0
+        self.count_overwritten(bad_s, np.ones(len(bad_s), np.int64))
 
     def _shed(self, slots: np.ndarray, spare: np.ndarray) -> None:
         """Record this beat's spare of each started slot; drop the oldest frames its window shows

@@ -21,7 +21,7 @@ import numpy as np
 
 from wave_actors.core.contract import BeatInput, Handle
 from wave_actors.core.jitter import CapacityError, Shedding, SlotStats
-from wave_actors.core.jitter_arrays import ArrayPlan, ArrayScheduler
+from wave_actors.core.jitter_arrays import ArrayPlan, ArrayScheduler, RingPlaces
 
 EPOCH_SHIFT = 40            # 2^40 admissions per incarnation before generations could meet
 # Frames reach the clock in batches (wave_actors/frame_batch.py), each row naming the session's
@@ -51,11 +51,18 @@ class Routed:
 
 class SessionTable:
     def __init__(self, slots: int, epoch: int = 0, prebuffer: int = 3, max_queue: int = 50,
-                 shedding: Shedding | None = Shedding()):
-        self.jitter = ArrayScheduler(slots, prebuffer, max_queue, shedding)
-        self.entries: dict[int, Entry] = {}         # slot → its session, admitted to released
+                 shedding: Shedding | None = Shedding(), ring=None):
+        """`ring`: a `shared_frames.FrameRing` the frames' samples are written into (by the
+        session workers, or here for frames that come with theirs)."""
         # Each slot's current generation (-1: free), for checking a batch of frames at once.
         self.generations = np.full(slots, -1, np.int64)
+        places = RingPlaces(ring, self.generations) if ring is not None else None
+        self.jitter = ArrayScheduler(slots, prebuffer, max_queue, shedding, places)
+        self.ring = ring
+        # With a ring: each slot's next frame number to look for in it (a session numbers its
+        # frames from 0, one after another).
+        self.next_in = np.zeros(slots, np.int64)
+        self.entries: dict[int, Entry] = {}         # slot → its session, admitted to released
         self._next_generation = epoch << EPOCH_SHIFT
         self.stale = 0                              # messages naming a handle not current
 
@@ -73,6 +80,7 @@ class SessionTable:
         handle = Handle(slot, self._next_generation)
         self.entries[slot] = Entry(handle, key, owner)
         self.generations[slot] = handle.generation
+        self.next_in[slot] = 0
         return handle
 
     def current(self, handle: Handle) -> Entry | None:
@@ -88,6 +96,8 @@ class SessionTable:
         handle frees nothing and gets None."""
         if self.current(handle) is None:
             return None
+        if self.ring is not None:               # what it wrote is counted like what it sent
+            self.pull_ring(np.array([handle.slot]))
         del self.entries[handle.slot]
         self.generations[handle.slot] = -1
         return self.jitter.release(handle.slot)
@@ -99,24 +109,62 @@ class SessionTable:
         return True
 
     def push_batch(self, slots: np.ndarray, generations: np.ndarray, frame_nos: np.ndarray,
-                   pcm: np.ndarray | list[np.ndarray]) -> int:
+                   pcm: np.ndarray | list[np.ndarray] | None) -> int:
         """`push` for a batch of frames, their handles checked as arrays: the frames of current
         handles queue in their slots; returns how many were refused (stale, counted). `pcm`:
-        the rows' samples, or their pieces in row order."""
+        the rows' samples, or their pieces in row order; None: they are in the ring."""
         if len(slots) and 0 <= slots.min() and slots.max() < len(self.generations):
             current = self.generations[slots] == generations
+            if self.ring is not None:               # not one the ring brought already
+                current &= frame_nos >= self.next_in[slots]
             if current.all():                       # the usual batch: nothing stale
-                self.jitter.push_batch(slots, frame_nos, pcm)
+                self._push(slots, frame_nos, pcm)
                 return 0
         known = (slots >= 0) & (slots < len(self.generations))
         current = known.copy()
         current[known] = self.generations[slots[known]] == generations[known]
+        if self.ring is not None:
+            current[known] &= frame_nos[known] >= self.next_in[slots[known]]
         refused = len(current) - int(current.sum())
         self.stale += refused
         if isinstance(pcm, list):
             pcm = np.concatenate(pcm)
-        self.jitter.push_batch(slots[current], frame_nos[current], pcm[current])
+        self._push(slots[current], frame_nos[current], None if pcm is None else pcm[current])
         return refused
+
+    def _push(self, slots: np.ndarray, frame_nos: np.ndarray, pcm) -> None:
+        self.jitter.push_batch(slots, frame_nos, pcm)
+        if self.ring is not None and len(slots):
+            np.maximum.at(self.next_in, slots, frame_nos + 1)
+
+    def pull_ring(self, slots: np.ndarray | None = None) -> int:
+        """Queues, in order, the frames the workers wrote into the ring since the last pull:
+        each held slot's next frame while its place holds that frame of the slot's session.
+        A place that holds a frame a lap or more further on means the frames between were
+        written over before they were pulled: they are counted as dropped (as a full buffer
+        drops its oldest) and the pull goes on from the oldest the ring still holds. Returns
+        the frames queued. `slots`: these only (else every held one)."""
+        ring = self.ring
+        slots = np.flatnonzero(self.generations >= 0) if slots is None else slots
+        pulled = 0
+        while len(slots):
+            want = self.next_in[slots]
+            places = ring.places(slots, want)
+            number = ring.number[places]
+            mine = ring.generation[places] == self.generations[slots]
+            ok = mine & (number == want)
+            lapped = mine & (number >= want + ring.ring)
+            if lapped.any():
+                over = slots[lapped]
+                oldest = number[lapped] - ring.ring + 1
+                self.jitter.count_overwritten(over, oldest - want[lapped])
+                self.next_in[over] = oldest
+            if ok.any():
+                self.jitter.push_batch(slots[ok], want[ok], None)
+                self.next_in[slots[ok]] = want[ok] + 1
+                pulled += int(ok.sum())
+            slots = slots[ok | lapped]
+        return pulled
 
     def pack(self, inp: BeatInput, in_beat: list[int]) -> ArrayPlan:
         """Two frames of every slot in the beat into `inp` (the executor's ring slot)."""
