@@ -1,9 +1,12 @@
 """The engine's host work a beat at N sessions, piece by piece, on this CPU (no GPU, no sockets'
 I/O threads in the way): frames in, plan, pack, executor hand-over and collect (sim, flat cost),
 complete, route to the workers. What the clock's own time a beat is made of as sessions grow.
+Frames in: the workers' frames pulled out of the shared ring at the release, or with
+`--copy-frames` their messages read as the clock reads them (`--reads` a beat).
 
     python -m bench.engine_beat_cpu --sessions 300 1000 [--workers 4] [--beats 30]
-                                       [--batches 32] [--reads 16] [--copy-route] [--out F]
+                                       [--batches 32] [--reads 16] [--copy-route]
+                                       [--copy-frames] [--out F]
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
 from wave_actors.engine_process import EngineClock
 from wave_actors.session_worker import frames_wait_s
+from wave_actors.shared_frames import SharedFrames, ring_for
 from wave_actors.shared_outputs import OutputsView, SharedOutputs
 
 FLAT = "bench/costmodel_flat100.json"
@@ -68,12 +72,13 @@ class _Tx:
 
 
 async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
-                  copy_route: bool = False) -> dict:
+                  copy_route: bool = False, copy_frames: bool = False) -> dict:
     opts = ExecutorOptions(max_sessions=n, cost_model=FLAT)
     sim = SimExecutor(opts, CostModel.load(FLAT, "reference"), Clock())
     shared = None if copy_route else SharedOutputs(n)
+    ring = None if copy_frames else SharedFrames(n, ring_for(ClockPolicy().max_queue))
     clock = EngineClock(sim, None, "inproc://unused", Clock(), ClockPolicy(), EagerStarts(), 0,
-                        False, lambda msg: None, shared)
+                        False, lambda msg: None, shared, ring)
     views = [] if copy_route else [OutputsView(shared.name, n, shared.depth)
                                    for _ in range(workers)]
     tx = _Tx(workers)
@@ -90,7 +95,7 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
         clock._resolve_ready()
     pcm = np.random.default_rng(0).standard_normal((2 * n, SAMPLES_IN)).astype(np.float32) * 0.1
     parts = {k: [] for k in ("frames_in", "plan", "pack", "submit_collect", "complete", "route")}
-    frame, worker_copy = 0, []
+    frame, worker_copy, worker_write = 0, [], []
     for k in range(beats):
         # In arrival order: every session's first frame of the beat, then every second one
         # (a session sends one each 80 ms).
@@ -109,10 +114,18 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
         groups = [[m for when, m in sent if r / reads <= when < (r + 1) / reads]
                   for r in range(reads)]
         inp, out = clock._inputs[k % 2], clock._outputs[k % 2]
-        t0 = time.perf_counter()
-        for group in groups:
-            if group:
-                clock._frames_in(group)
+        if ring is not None:                       # the workers write, the release pulls
+            t = time.perf_counter()
+            for (slot, generation, number), row in zip(rows, pcm):
+                ring.write(slot, generation, number, row)
+            worker_write.append(1e3 * (time.perf_counter() - t))
+            t0 = time.perf_counter()
+            clock._pull_ring()
+        else:
+            t0 = time.perf_counter()
+            for group in groups:
+                if group:
+                    clock._frames_in(group)
         t1 = time.perf_counter()
         clock._apply_ops()
         plan = clock.book.plan(0.05)
@@ -139,15 +152,20 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
     clock_ms = sum(v for name, v in ms.items() if name != "submit_collect")
     for view in views:
         view.close()
-    if shared is not None:
-        clock._outputs = out = None
-        shared.close()
+    clock._outputs = out = clock.table = clock._ring = None
+    for segment in (shared, ring):
+        if segment is not None:
+            segment.close()
     return {"sessions": n, "workers": workers, "batches_a_worker": batches, "reads": reads,
             "route": "copied into messages" if copy_route else "headers; PCM shared",
+            "frames_in": "messages read" if copy_frames else "pulled from the shared ring",
             "ms_p50": ms,
             # The workers' copy of their rows out of the shared outputs, all workers together
             # (their own cores, not the clock's).
             "workers_copy_ms_p50": round(float(np.median(worker_copy[skip:])), 2),
+            # The workers' writes of their frames into the ring, all workers together.
+            "workers_write_ms_p50": round(float(np.median(worker_write[skip:])), 2)
+            if worker_write else None,
             "clock_ms_p50": round(clock_ms, 2),
             "clock_us_per_session": round(1e3 * clock_ms / n, 1)}
 
@@ -163,12 +181,15 @@ def main() -> None:
                     help="the clock's frame reads a beat (0: every batch read alone)")
     ap.add_argument("--copy-route", action="store_true",
                     help="PCM copied into each worker's message (no shared outputs)")
+    ap.add_argument("--copy-frames", action="store_true",
+                    help="frames' samples in the workers' messages (no shared ring)")
     ap.add_argument("--out")
     args = ap.parse_args()
     results = []
     for n in args.sessions:
         r = asyncio.run(measure(n, args.workers, args.beats, args.batches,
-                                args.reads or args.workers * args.batches, args.copy_route))
+                                args.reads or args.workers * args.batches, args.copy_route,
+                                args.copy_frames))
         results.append(r)
         print(f"{n:5d} sessions: clock {r['clock_ms_p50']:6.2f} ms a beat "
               f"({r['clock_us_per_session']} us a session); {r['ms_p50']}", flush=True)
@@ -179,7 +200,8 @@ def main() -> None:
             json.dump({"command": "python -m bench.engine_beat_cpu " + " ".join(
                 f"--sessions {' '.join(map(str, args.sessions))} --workers {args.workers} "
                 f"--beats {args.beats} --batches {args.batches} --reads {args.reads}"
-                f"{' --copy-route' if args.copy_route else ''}".split()),
+                f"{' --copy-route' if args.copy_route else ''}"
+                f"{' --copy-frames' if args.copy_frames else ''}".split()),
                 "commit": os.environ.get("WAVE_COMMIT", commit),
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores (no GPU: sim executor)",
                 "results": results}, f, indent=1)

@@ -227,7 +227,7 @@ class BeatClockActor(Actor):
         # A new incarnation starts from an empty table and book: the executor forgets every
         # slot's state too, so nothing of a crashed clock's sessions runs on.
         self.executor.reset()
-        if self.policy.frames_every_s:
+        if self._reads_every:
             # Read on a timer only: a plain socket, which the loop does not watch. An asyncio
             # one would wake the loop for every batch that arrives, read or not.
             self._sock = zmq.Socket(self.ctx, zmq.ROUTER)
@@ -370,7 +370,7 @@ class BeatClockActor(Actor):
 
     # -- frames in --------------------------------------------------------------------------------
     async def _read_frames(self) -> None:
-        every = self.policy.frames_every_s
+        every = self._reads_every
         if every:
             while True:                       # all that waits, every `every`
                 await self.clock.sleep_until(self._next_read(every))
@@ -451,6 +451,13 @@ class BeatClockActor(Actor):
             self._batch_in(heads[0], pcms[0])
         else:                                 # the samples stay in their messages' buffers
             self._batch_in(np.concatenate(heads), pcms)
+
+    @property
+    def _reads_every(self) -> float:
+        """How often frame messages are read (0: as they come). With a shared ring the workers
+        send only end-of-stream markers (and each its first batch): read as they come, a timer
+        would wake the loop for nothing."""
+        return 0.0 if self._ring is not None else self.policy.frames_every_s
 
     def _pull_ring(self) -> None:
         """Frames the session workers wrote into the shared ring, queued."""

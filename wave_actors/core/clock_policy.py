@@ -29,12 +29,15 @@ class ClockPolicy:
     # inside it would wake late. 0: no slices.
     output_slice: int = 16
     # The release's last stretch is spun on the loop, not timed: a timer may fire up to a
-    # millisecond late (uvloop's are whole milliseconds).
+    # millisecond late (uvloop's are whole milliseconds). A clock alone on its loop (the engine
+    # process's) sleeps it in the thread and spins only its end (`Clock.sleep_until(block=)`).
     release_spin_s: float = 1e-3
     # Frame batches are read at most this often: each read queues everything waiting on the
     # socket as one batch. Every wake of the loop to read costs about as much as the frames it
     # queues, and workers send a few hundred small batches a beat at 1,000 sessions; a release
     # drains the socket itself, so a frame waits no longer for its beat. 0: read on arrival.
+    # (A clock whose workers write their frames into its shared ring reads its few messages
+    # on arrival: `BeatClockActor._reads_every`.)
     frames_every_s: float = 10e-3
     prebuffer: int = 3              # frames queued before a session starts consuming
     max_queue: int = 50             # the jitter buffer's bound per session, in frames

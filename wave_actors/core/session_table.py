@@ -11,6 +11,10 @@ Each slot also has the session's jitter buffer and counts (`jitter_arrays.ArrayS
 rules of `jitter.BeatScheduler` as array operations, shedding its standing excess by `shedding`;
 None keeps a fixed buffer), and each entry its `owner`: whatever the node gave at admission to
 route the outputs to.
+
+With a shared ring of frames (`shared_frames`, the engine process's) the session workers write
+each frame into its slot's ring and no message carries it: `pull_ring` queues what they wrote,
+each slot's next frame number while the ring holds it, at every release.
 """
 from __future__ import annotations
 
@@ -106,6 +110,8 @@ class SessionTable:
         if self.current(handle) is None:
             return False
         self.jitter.push(handle.slot, frame_no, pcm)
+        if self.ring is not None:
+            self.next_in[handle.slot] = max(self.next_in[handle.slot], frame_no + 1)
         return True
 
     def push_batch(self, slots: np.ndarray, generations: np.ndarray, frame_nos: np.ndarray,
