@@ -5,6 +5,7 @@ feed one caller's audio to another); a marker overtaking its session's frames (t
 free the slot with frames still in flight); frames of a batch that cannot be sent going
 uncounted."""
 import asyncio
+import itertools
 
 import numpy as np
 import zmq
@@ -18,10 +19,15 @@ from wave_actors.core.session_table import END_OF_STREAM
 from wave_actors.frame_batch import FrameBatcher
 
 
+_ENDPOINTS = itertools.count()
+
+
 async def _pair():
     ctx = zmq.asyncio.Context.instance()
     router = ctx.socket(zmq.ROUTER)
-    endpoint = f"inproc://frame-batch-{id(router)}"
+    # Named by a count, not by id(): a closed socket's name stays bound until the context reaps
+    # it, and a new socket may get the closed one's id.
+    endpoint = f"inproc://frame-batch-{next(_ENDPOINTS)}"
     router.bind(endpoint)
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(endpoint)
