@@ -334,6 +334,10 @@ async def _measure_beats(args, node: Node, n: int, clock: Clock, dial=None,
     await _wait_beats(node, first, args.beats, clock, args.fail_fast)
     if cpu is not None:
         cpu.update(_cpu_spent(before, node.process_cpu(), args.beats, n, args.workers))
+        # Which ways audio crossed to the engine process (shared memory, or copies in messages).
+        clock_actor = node.clock_actor
+        cpu.update(outputs_shared=getattr(clock_actor, "outputs_shared", False),
+                   frames_shared=getattr(clock_actor, "frames_shared", False))
     return _live_records(node)[first:first + args.beats]
 
 
