@@ -95,6 +95,8 @@ class EngineClock(BeatClockActor):
         self._shared = shared
         self._shared_name = shared.name.encode() if shared is not None else b""
         self._frames = frames
+        if frames is not None:
+            frames.clear()
         self._told: set[bytes] = set()         # senders told where the frames' ring lies
         super().__init__(executor, ctx, endpoint, clock, self._collect, policy, start_policy,
                          epoch, keep_records=keep_records, frames_ring=frames)

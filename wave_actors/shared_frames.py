@@ -89,6 +89,12 @@ class SharedFrames(FrameRing):
         self.name = self._segment.name
         super().__init__(self._segment.map, slots, ring)
         self.pcm[:] = 0.0
+        self.clear()
+
+    def clear(self) -> None:
+        """A new clock: no frame written for an older one is found again. (Generations are
+        unique within a node, but an engine may serve one node after another, as the bench's
+        runs do, and their generations repeat.)"""
         self.generation[:] = -1
         self.number[:] = EMPTY
 

@@ -9,7 +9,9 @@ frames, checked by the frame codes); frames lost between a worker and the clock 
 (frames_in + dropped_in < frames sent); a dead worker's sessions left open or its slots held (no
 `closed`, free slots not back); a death that ends the other worker's sessions too; a pool that
 does not replace its worker (the next opens all land on one worker, or fail); a stalled worker
-handed rows the engine had already refilled (delivered instead of dropped and counted)."""
+handed rows the engine had already refilled (delivered instead of dropped and counted); an
+engine that serves one node after another (the bench's runs) handing the second node's sessions
+frames the first left in its shared ring, whose stamps name the same generations."""
 from __future__ import annotations
 
 import asyncio
@@ -93,6 +95,38 @@ def test_sessions_are_sharded_and_every_frame_is_counted(outputs, frames):
         st = c.stats
         assert st["frames_in"] + st["dropped_in"] >= 20, st      # every frame heard or counted
         assert st["frames_out"] >= 12
+
+
+def test_an_engine_serving_one_node_after_another_hands_each_its_own_frames():
+    # The bench's runs: one engine, a node a run, whose clocks number their sessions alike. The
+    # second node's sessions must hear their own frames, not what the first left in the ring.
+    async def main():
+        host = EngineHost(TracingSimSpec("sim", ExecutorOptions(max_sessions=2)))
+        await asyncio.get_running_loop().run_in_executor(None, host.start)
+        seen, slots = [], []
+        for first in (0, 2):
+            async with node_on_tcp(max_sessions=2, backend=host, workers=1) as node:
+                async with client_of(node) as c:
+                    sessions = [await c.open(f"s{first + i}") for i in range(2)]
+                    await asyncio.gather(*(_stream(s, 20, first + i)
+                                           for i, s in enumerate(sessions)))
+                    for s in sessions:
+                        await s.close()
+            slots.append({first + i: s.opened["slot"] for i, s in enumerate(sessions)})
+            seen.append(len(host.call("trace")))
+        trace = host.call("trace")
+        host.close()
+        return trace[seen[0]:], slots[1]
+
+    trace, slot_of = asyncio.run(main())
+    handed = {no: [] for no in slot_of}
+    for _beat, slot, first, _last in trace:
+        if first != 0.0:
+            no, frame = decode_code(first)
+            assert no in slot_of and slot_of[no] == slot, f"the first node's frame {no}/{frame}"
+            handed[no].append(frame)
+    for no, frames in handed.items():
+        assert frames == sorted(set(frames)) and len(frames) >= 15, (no, frames)
 
 
 def test_a_dead_worker_ends_only_its_sessions_and_is_replaced():
