@@ -382,6 +382,28 @@ NOTES = (
      "shared); 4.6 ms of work a beat at 1,000 (frames in 2.4, pack 1.7, the sim 1.4). "
      "graph-dense-n300-20261202T200707 is one run at fa6819e (the same serving code but the "
      "bench not closing its engine): 0 late, before + after p99 2.3 ms."),
+    ("graph", "Frames through a shared ring; every target at 7f61687 (issue 17)",
+     ("graph-dense-n300-20261202T232715.json", "graph-reference-n120-20261202T233203.json",
+      "sim-reference-n1000-20261202T233254.json", "engine-loop-h200host-852ee53.json",
+      "engine-loop-h200host-copyframes-852ee53.json", "engine-beat-cpu-h200host-852ee53.json"),
+     "At 7f61687: the session workers write every frame into a ring in shared memory "
+     "(`wave_actors/shared_frames.py`, stamped with generation and number) and send no frame "
+     "message; the clock pulls each slot's next frames at the release and packs from the "
+     "ring; its few messages (end-of-stream markers) are read on arrival; the release's spin "
+     "sleeps in the thread; the sim hears on a thread of its own. Dense 300 x 3 x 500, "
+     "`--workers 4`: 0 late, p99 141.1 / 140.9 / 141.2 ms; release wake p99 0.13 / 0.01 / "
+     "0.01 ms; before + after p99 2.09 / 2.22 / 2.43 ms (target 3: met); the engine's loop "
+     "4.3-4.5 ms of CPU a beat (was 12.0-12.8), the engine process 10.1-10.7. Reference 120 x 3 "
+     "x 500, 4 workers: 0 late, p99 97.0 / 97.1 / 97.2 ms, loop 4.1-4.3 ms. Sim 1,000 x 200, 8 "
+     "workers, flat 100 ms beat: 0 late, p99 106.2 ms; the engine's loop 5.3 ms a beat at p50 "
+     "(p99 6.7), the process 7.0 (target 5: missed; was 19.4 / 24.6); the front 166 ms a beat, "
+     "opens p99 9.7 s. At 852ee53 (7f61687 less the ring cleared at each clock start): "
+     "`python -m bench.engine_loop` on the H200 host, loop 2.9 ms a beat at 300 sessions, 5.4 "
+     "at 1,000 (15.0 with the frames copied through messages, `--copy-frames`); `python -m "
+     "bench.engine_beat_cpu` at 1,000: frames in 0.46 ms (was 2.4), pack 2.7 (the gather of "
+     "10 MB out of the ring, what is left of the clock's own work), route 0.5. Runs 2 and 3 "
+     "of the bench at 852ee53 heard the previous run's frames (generations repeat across the "
+     "nodes one engine serves): fixed at 7f61687, those JSONs not kept."),
     ("sim", "The simulator against the H200, side by side (dense, same code)",
      ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
       "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
