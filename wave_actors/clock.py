@@ -177,8 +177,8 @@ class BeatClockActor(Actor):
                  clock: Clock, deliver: Deliver, policy: ClockPolicy, start_policy: StartPolicy,
                  epoch: int = 0, on_beat: Callable[[BeatRecord], None] | None = None,
                  keep_records: bool = True, frames_ring=None):
-        """`frames_ring`: a `shared_frames.FrameRing` the frames' samples lie in (the session
-        workers write them there and send headers only)."""
+        """`frames_ring`: a `shared_frames.FrameRing` the frames lie in (the session workers
+        write them there and send none; the clock pulls them at each release)."""
         super().__init__("clock")
         self._ring = frames_ring
         self.executor, self.ctx, self.endpoint, self.clock = executor, ctx, endpoint, clock

@@ -91,7 +91,7 @@ class EngineClock(BeatClockActor):
                  frames: SharedFrames | None = None):
         # With `shared`, the executor writes into memory the workers map, and a beat's message
         # to a worker carries its rows' headers only (`_route`). With `frames`, the workers
-        # write their frames' samples into memory this clock packs from, and send headers.
+        # write their frames into memory this clock pulls and packs from, and send nothing.
         self._shared = shared
         self._shared_name = shared.name.encode() if shared is not None else b""
         self._frames = frames

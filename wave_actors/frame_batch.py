@@ -13,9 +13,10 @@ straight into the ring as it is added, where the clock finds it at its next rele
 at all), and only end-of-stream markers travel, as headers:
 
     [HEADS_TAG, headers]
- A session's end-of-stream marker is a row with frame
-number END_OF_STREAM and no samples after its frames, in the same batch order, so the clock still
-sees every frame of a closing session before its marker.
+
+A session's end-of-stream marker is a row with frame number END_OF_STREAM and no samples after its
+frames, in the same batch order, so the clock still sees every frame of a closing session before
+its marker (with a ring, the clock pulls the ring before it acts on a marker).
 """
 from __future__ import annotations
 

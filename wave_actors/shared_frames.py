@@ -1,8 +1,9 @@
 """The clients' frames in shared memory: a session worker writes each frame's samples into a place
-of its slot's ring in a segment the engine process made, and sends the clock only the frame's
-header (slot, generation, number). The clock's jitter buffer queues the header; its pack gathers
-the samples straight from the ring into the executor's input. The clock copies no frame on the
-way in (at 1,000 sessions that was a 10 MB copy a beat, and the receive of as many bytes).
+of its slot's ring in a segment the engine process made, and sends the clock nothing for it. At
+each release the clock's session table pulls every slot's next frames out of the ring
+(`SessionTable.pull_ring`) and its pack gathers their samples straight from the ring into the
+executor's input. The clock receives and copies no frame on the way in (at 1,000 sessions that
+was a 10 MB receive and copy a beat).
 
 Frame n of a slot lies in place `1 + slot * ring + n % ring`; place 0 is silence. Each place is
 stamped with the generation and number of the frame it holds: a worker marks the place empty
@@ -12,7 +13,7 @@ beat (a slot more than a ring of frames behind, or an older session's) fails tha
 heard as silence, counted as dropped: never someone else's audio, never a torn frame. (Stores and
 loads are ordered as x86 orders them, as for the shared outputs.)
 
-The ring holds the jitter buffer's bound and a beat more (`ring_for`): a frame's place is
+The ring holds the jitter buffer's bound and two beats more (`ring_for`): a frame's place is
 rewritten only after the buffer would have dropped it anyway, unless frame numbers skip.
 """
 from __future__ import annotations

@@ -13,6 +13,7 @@ end-of-stream marker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import mmap
 import multiprocessing as mp
 
@@ -36,6 +37,21 @@ RING = ring_for(MAX_QUEUE)
 def _frame(generation: int, number: int) -> np.ndarray:
     """A frame whose samples name its session and number."""
     return np.full(SAMPLES_IN, (generation % 1000) + number / 1e4, np.float32)
+
+
+@contextlib.contextmanager
+def _ring_table(slots: int):
+    """A ring of `slots` slots and a session table that pulls from it."""
+    shared = SharedFrames(slots=slots, ring=RING)
+    try:
+        yield shared, SessionTable(slots, prebuffer=1, max_queue=MAX_QUEUE, ring=shared)
+    finally:
+        shared.close()
+
+
+def _write(ring, handle, numbers) -> None:
+    for n in numbers:
+        ring.write(handle.slot, handle.generation, n, _frame(handle.generation, n))
 
 
 def _write_in_child(name: str, slots: int, ring: int, rows, conn) -> None:
@@ -85,41 +101,31 @@ def test_frames_another_process_wrote_are_pulled_in_order_and_packed():
 
 
 def test_a_frame_written_over_between_pull_and_pack_is_heard_as_silence_and_counted():
-    shared = SharedFrames(slots=2, ring=RING)
-    try:
-        table = SessionTable(2, prebuffer=1, max_queue=MAX_QUEUE, ring=shared)
+    with _ring_table(2) as (shared, table):
         h = table.admit("a", None)
-        for n in range(2):
-            shared.write(h.slot, h.generation, n, _frame(h.generation, n))
+        _write(shared, h, range(2))
         assert table.pull_ring() == 2
         # The place of frame 1 taken by frame 1 + RING before the beat is packed.
-        shared.write(h.slot, h.generation, 1 + RING, _frame(h.generation, 1 + RING))
+        _write(shared, h, [1 + RING])
         inp = BeatInput.alloc(2)
         table.pack(inp, [h.slot])
         np.testing.assert_array_equal(inp.audio[h.slot, 0], _frame(h.generation, 0))
         assert not inp.audio[h.slot, 1].any()
         assert table.jitter.overwritten == 1
         assert table.jitter.slot_stats(h.slot).dropped == 1
-    finally:
-        shared.close()
 
 
 def test_a_slots_previous_session_is_never_heard_by_its_next():
-    shared = SharedFrames(slots=1, ring=RING)
-    try:
-        table = SessionTable(1, prebuffer=1, max_queue=MAX_QUEUE, ring=shared)
+    with _ring_table(1) as (shared, table):
         old = table.admit("old", None)
         table.release(old)
         new = table.admit("new", None)
         assert new.slot == old.slot
-        for n in range(3):                       # the old session's writer, still at it
-            shared.write(old.slot, old.generation, n, _frame(old.generation, n))
+        _write(shared, old, range(3))            # the old session's writer, still at it
         assert table.pull_ring() == 0
-        shared.write(new.slot, new.generation, 0, _frame(new.generation, 0))
+        _write(shared, new, [0])
         assert table.pull_ring() == 1
         assert table.jitter.queued(new.slot) == [0]
-    finally:
-        shared.close()
 
 
 def _lockstep(ops) -> None:

@@ -83,12 +83,9 @@ class RingPlaces:
     """Places in a ring of frames fixed by slot and frame number (a `shared_frames.FrameRing`),
     stamped with the generation and number of the frame each holds. Nothing is taken or given
     back; `generations` is each slot's current one (the session table's)."""
-    SILENT = FrameStore.SILENT
 
     def __init__(self, ring, generations: np.ndarray):
         self.ring, self.pcm, self.generations = ring, ring.pcm, generations
-
-    in_use = 0
 
     def give(self, places: np.ndarray) -> None:
         pass
