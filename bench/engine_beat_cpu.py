@@ -130,7 +130,7 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
         clock._apply_ops()
         plan = clock.book.plan(0.05)
         t2 = time.perf_counter()
-        packed = clock.table.pack(inp, plan.live)
+        packed = clock.table.pack(inp, plan.live, gather=not clock._executor_reads)
         t3 = time.perf_counter()
         clock._refilling(k % 2)
         sim.submit(plan, inp, out)

@@ -19,6 +19,7 @@ import functools
 import json
 import math
 import random
+import time
 from dataclasses import asdict
 
 import numpy as np
@@ -26,7 +27,7 @@ import numpy as np
 from sim.costmodel import CostModel
 from wave_actors.core.contract import (NO_TOKEN, BeatInput, BeatOutput, ExecutorOptions,
                                        SessionSpec, need_slots)
-from wave_actors.core.frames import FRAMES_PER_BEAT, OUT_RATE, SAMPLES_OUT
+from wave_actors.core.frames import FRAMES_PER_BEAT, OUT_RATE, SAMPLES_IN, SAMPLES_OUT
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import BookPlan, StartShape
@@ -58,16 +59,23 @@ def _tone_frame(slot: int) -> np.ndarray:
     return frame
 
 
-def _heard(audio: np.ndarray, live: np.ndarray) -> np.ndarray:
+HEARD_CHUNK = 32           # slots read at a time from the frames' ring: the rows stay in cache
+
+
+def _heard(inp: BeatInput, live: np.ndarray) -> tuple[np.ndarray, float]:
     """[live, FRAMES_PER_BEAT] bool: each live slot's frames with an RMS over 0.01 (a sum of
-    squares, without squaring into a copy of the audio; numpy lets go of the GIL for it).
-    With most slots live every row is read in place; with few, only theirs are copied out."""
-    if 2 * len(live) >= len(audio):
-        energy = np.einsum("sfk,sfk->sf", audio, audio)[live]
+    squares, without squaring into a copy of the audio; numpy lets go of the GIL for it), and
+    the CPU seconds it took (the GPU's work, not the clock's). Packed audio is read in place
+    when most slots are live; frames left in the ring are read a chunk of slots at a time."""
+    t = time.thread_time()
+    if inp.frames is None and 2 * len(live) >= len(inp.audio):
+        energy = np.einsum("sfk,sfk->sf", inp.audio, inp.audio)[live]
     else:
-        rows = audio[live]
-        energy = np.einsum("sfk,sfk->sf", rows, rows)
-    return energy > 0.01 ** 2 * audio.shape[2]
+        energy = np.empty((len(live), FRAMES_PER_BEAT), np.float32)
+        for a in range(0, len(live), HEARD_CHUNK):
+            rows = inp.rows(live[a:a + HEARD_CHUNK])
+            energy[a:a + HEARD_CHUNK] = np.einsum("sfk,sfk->sf", rows, rows)
+    return energy > 0.01 ** 2 * SAMPLES_IN, time.thread_time() - t
 
 
 class SimExecutor:
@@ -115,6 +123,9 @@ class SimExecutor:
         self._inflight: tuple[float, float] | None = None
         self._hearer: concurrent.futures.ThreadPoolExecutor | None = None
         self._heard: concurrent.futures.Future | None = None
+        # CPU seconds of the work that stands in for the GPU's (hearing), on the executor's
+        # own thread: the engine process's time less this is the clock's.
+        self.cpu_s = 0.0
         self.trace: list[tuple[int, int, float, float]] | None = [] if trace else None
 
     @classmethod
@@ -154,16 +165,16 @@ class SimExecutor:
         if self.cost.jitter_rel:
             live_s *= max(0.0, 1.0 + self.cost.jitter_rel * self._rng.gauss(0.0, 1.0))
         rows_s = self._rows_s(len(plan.rows))
+        live = np.asarray(plan.live, np.int64)
         if self.trace is not None:                 # what the executor was handed, at hand-over
-            for slot in plan.live:
-                for f in range(FRAMES_PER_BEAT):
-                    a = inp.audio[slot, f]
+            for slot, frames in zip(plan.live, inp.rows(live)):
+                for a in frames:
                     self.trace.append((inp.beat, int(slot), float(a[0]), float(a[-1])))
         # What the user said is heard while the beat "runs", on a thread of the executor's, as
-        # a GPU hears it beside the host: the clock's loop does not read every frame again.
-        # The input buffer is not packed again before this beat is collected.
-        live = np.asarray(plan.live, np.int64)
-        self._heard = self._hearing().submit(_heard, inp.audio, live)
+        # a GPU hears it beside the host (reading the frames from the ring itself, where they
+        # were left there): the clock's loop does not read every frame again. The input
+        # buffer is not packed again before this beat is collected.
+        self._heard = self._hearing().submit(_heard, inp, live)
         total = live_s + rows_s
         self._inflight = (self.clock.now() + total, total)
 
@@ -187,7 +198,9 @@ class SimExecutor:
             frames = np.asarray(plan.frame0[:len(live)], np.int64)[:, None] \
                 + np.arange(FRAMES_PER_BEAT)
             out.user[live] = NO_TOKEN
-            rows, cols = np.nonzero(self._heard.result())
+            heard, spent = self._heard.result()
+            self.cpu_s += spent
+            rows, cols = np.nonzero(heard)
             out.user[live[rows], cols, 0] = ord("a") + frames[rows, cols] % 26
             said = self._phrases[live[:, None], frames % self._phrase_len[live][:, None]]
             out.text[live] = np.where(frames % SPEAK_PERIOD >= SPEAK_PERIOD // 2, PAD, said)

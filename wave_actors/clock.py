@@ -109,6 +109,9 @@ class BeatRecord:
     loop_cpu_s: float = 0.0
     process_cpu_s: float = 0.0
     pack_s: float = 0.0      # the beat planned → packed: host time before the executor's call
+    # Of process_cpu_s, the executor's own threads' work that stands in for a device's (the
+    # sim's hearing; `Executor.cpu_s`): the rest is the clock's process's own.
+    executor_cpu_s: float = 0.0
 
 
 class RowPool:
@@ -181,6 +184,8 @@ class BeatClockActor(Actor):
         write them there and send none; the clock pulls them at each release)."""
         super().__init__("clock")
         self._ring = frames_ring
+        # The executor reads the beat's frames out of the ring itself, while the beat runs.
+        self._executor_reads = frames_ring is not None and executor.caps.reads_frames
         self.executor, self.ctx, self.endpoint, self.clock = executor, ctx, endpoint, clock
         self.policy = policy
         self._deliver = deliver
@@ -218,7 +223,8 @@ class BeatClockActor(Actor):
         # The clock's own share of recent beats (latency less the executor's compute): what an
         # executor must leave of a beat's 160 ms (BeatInput.time_left_s).
         self._host_s: collections.deque = collections.deque(maxlen=16)
-        self._cpu_mark = (time.thread_time(), time.process_time())
+        self._cpu_mark = (time.thread_time(), time.process_time(),
+                          getattr(executor, "cpu_s", 0.0))
         if executor.caps.reports_launch:
             executor.on_launched = self.turns.free
 
@@ -543,7 +549,7 @@ class BeatClockActor(Actor):
             for slot in self._closing.intersection(in_beat):
                 inp.audio[slot] = 0.0                  # its session is leaving: it hears nothing
             in_beat = [s for s in in_beat if s not in self._closing]
-        packed = self.table.pack(inp, in_beat)
+        packed = self.table.pack(inp, in_beat, gather=not self._executor_reads)
         pack_s = self.clock.now() - release - begin
         if behind:
             self._handed_slots = frozenset(in_beat)
@@ -575,6 +581,9 @@ class BeatClockActor(Actor):
             out.compute_s = self.executor.collect(plan, out)
         finally:
             self.turns.free()
+        read = self._inputs[k % 2].frames
+        if read is not None and read.torn:
+            self.table.jitter.count_torn(read)
         self._filled(k % 2)
         self.book.observe(plan, out.compute_s)
         returned = self.clock.now() - release
@@ -584,13 +593,13 @@ class BeatClockActor(Actor):
         latency = self.clock.now() - release
         if in_beat:
             self._host_s.append(max(0.0, latency - begin - out.compute_s))
-        cpu = (time.thread_time(), time.process_time())
-        (loop0, proc0), self._cpu_mark = self._cpu_mark, cpu
+        cpu = (time.thread_time(), time.process_time(), getattr(self.executor, "cpu_s", 0.0))
+        (loop0, proc0, ex0), self._cpu_mark = self._cpu_mark, cpu
         self._record(BeatRecord(packed.beat, release, latency, out.compute_s, len(packed.slot_idx),
                                 latency > LATE_AFTER_S and in_beat, begin, wake,
                                 frames_read, self.gc.take(), returned, len(plan.rows),
                                 len(plan.resets), len(plan.roll), cpu[0] - loop0, cpu[1] - proc0,
-                                pack_s))
+                                pack_s, cpu[2] - ex0))
         collect_between_beats(k)     # a no-op unless serving_process turned the collector off
 
     def _alloc_outputs(self, executor) -> list:

@@ -256,6 +256,7 @@ class ClockProxy(Actor):
         self.outputs_shared = False    # the engine's outputs lie in memory the workers map
         self.frames_shared = False     # the workers' frames lie in memory the engine maps
         self.frames_overwritten = 0    # of those, rewritten before their beat (heard silent)
+        self.frames_read_by_executor = False   # read from the ring by the executor, ungathered
         self._ready: dict[Handle, asyncio.Future] = {}
         # Created here (a supervisor starts its children from the running loop): asks made
         # before the engine's clock has started wait for it.
@@ -371,6 +372,7 @@ class ClockProxy(Actor):
         self.outputs_shared = totals["outputs_shared"]
         self.frames_shared = totals["frames_shared"]
         self.frames_overwritten = totals["frames_overwritten"]
+        self.frames_read_by_executor = totals["frames_read_by_executor"]
         if totals["reports_lost"] > self.reports_lost:
             log.warning("engine: %d beat reports dropped while this process did not read them "
                         "(its records and metrics miss those beats)",

@@ -210,6 +210,7 @@ class EngineClock(BeatClockActor):
                        "unroutable": self.stats.unroutable, "free_slots": self.free_slots,
                        "outputs_shared": self._shared is not None,
                        "frames_shared": self._frames is not None,
+                       "frames_read_by_executor": self._executor_reads,
                        "frames_overwritten": self.table.jitter.overwritten},
                       new))
 

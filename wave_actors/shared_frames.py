@@ -2,14 +2,17 @@
 of its slot's ring in a segment the engine process made, and sends the clock nothing for it. At
 each release the clock's session table pulls every slot's next frames out of the ring
 (`SessionTable.pull_ring`) and its pack gathers their samples straight from the ring into the
-executor's input. The clock receives and copies no frame on the way in (at 1,000 sessions that
-was a 10 MB receive and copy a beat).
+executor's input, or, for an executor that reads them where they lie (`Capabilities
+.reads_frames`: the sim's hearing thread, as a device would read mapped host memory), only
+names their places. The clock receives no frame on the way in (at 1,000 sessions that was a
+10 MB receive and copy a beat), and with such an executor copies none either.
 
 Frame n of a slot lies in place `1 + slot * ring + n % ring`; place 0 is silence. Each place is
 stamped with the generation and number of the frame it holds: a worker marks the place empty
-(number -1), writes the samples, then the generation and the number; the clock checks the stamp
-of every place it packed after gathering it. A frame whose place was written again before its
-beat (a slot more than a ring of frames behind, or an older session's) fails that check and is
+(number -1), writes the samples, then the generation and the number; whoever reads a place
+checks its stamp after reading the samples (the clock's gather, or `FramesToRead.rows` on the
+executor's thread, whose finds the clock counts at collect). A frame whose place was written
+again before its beat (a slot more than a ring of frames behind, or an older session's) fails that check and is
 heard as silence, counted as dropped: never someone else's audio, never a torn frame. (Stores and
 loads are ordered as x86 orders them, as for the shared outputs.)
 

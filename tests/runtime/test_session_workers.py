@@ -71,13 +71,14 @@ def test_sessions_are_sharded_and_every_frame_is_counted(outputs, frames):
                 closed = [await s.close() for s in sessions]
             clock = node.clock_actor
             path = (clock.outputs_shared, clock.frames_shared, clock.frames_overwritten,
-                    node.pool.stale_rows)
+                    node.pool.stale_rows, clock.frames_read_by_executor)
         trace = host.call("trace")
         host.close()
         return trace, per_worker, sessions, heard, closed, path
 
     trace, per_worker, sessions, heard, closed, path = asyncio.run(main())
-    assert path == (outputs, frames, 0, 0)
+    # The sim reads a shared ring's frames itself (as a device would), ungathered.
+    assert path == (outputs, frames, 0, 0, frames)
     assert per_worker == [2, 2]
     slot_of = {i: s.opened["slot"] for i, s in enumerate(sessions)}
     handed = {i: [] for i in slot_of}

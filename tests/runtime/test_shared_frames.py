@@ -7,7 +7,8 @@ from the ring); a slot's previous session's frame heard by its next one (the gen
 checked); a pull that stalls for good once a writer has lapped the ring (a burst of more frames
 than the ring holds), or that drops other frames than a full jitter buffer would; a frame written
 over between its pull and its pack heard as the newer frame's audio instead of silence, or not
-counted; a worker's map that is read-only or unlinks the segment when it exits; a batcher that
+counted (and, when the executor reads the ring itself, the same at its read, charged to the
+session packed); a worker's map that is read-only or unlinks the segment when it exits; a batcher that
 still sends the samples (or the headers) of frames it wrote into the ring, or loses a session's
 end-of-stream marker."""
 from __future__ import annotations
@@ -115,6 +116,49 @@ def test_a_frame_written_over_between_pull_and_pack_is_heard_as_silence_and_coun
         assert table.jitter.slot_stats(h.slot).dropped == 1
 
 
+def test_frames_left_in_the_ring_are_read_where_they_lie_and_a_rewritten_one_is_silent():
+    """An executor that reads the frames itself (the clock does not gather them) gets what a
+    gather would have given; a place written again before it reads it is silence, counted
+    once the beat is collected, against the session that was packed."""
+    with _ring_table(3) as (shared, table):
+        h, other = table.admit("a", None), table.admit("b", None)
+        _write(shared, h, range(2))
+        _write(shared, other, range(2))
+        table.pull_ring()
+        inp = BeatInput.alloc(3)
+        table.pack(inp, [h.slot, other.slot], gather=False)
+        assert not inp.audio.any()                       # nothing was gathered
+        _write(shared, h, [1 + RING])                    # before the executor reads
+        rows = inp.rows(np.array([h.slot, other.slot, 2]))
+        np.testing.assert_array_equal(rows[0, 0], _frame(h.generation, 0))
+        assert not rows[0, 1].any() and not rows[2].any()
+        np.testing.assert_array_equal(rows[1, 1], _frame(other.generation, 1))
+        assert table.jitter.overwritten == 0             # counted at collect, on the loop
+        assert table.jitter.count_torn(inp.frames) == 1
+        assert table.jitter.overwritten == 1
+        assert table.jitter.slot_stats(h.slot).dropped == 1
+        assert table.jitter.slot_stats(other.slot).dropped == 0
+
+
+def test_a_torn_frame_of_a_slot_taken_again_mid_beat_is_not_charged_to_the_new_session():
+    with _ring_table(1) as (shared, table):
+        old = table.admit("old", None)
+        _write(shared, old, range(2))
+        table.pull_ring()
+        inp = BeatInput.alloc(1)
+        table.pack(inp, [old.slot], gather=False)
+        table.release(old)
+        new = table.admit("new", None)
+        _write(shared, new, [0])                         # the new session's first frame
+        rows = inp.rows(np.array([old.slot]))
+        np.testing.assert_array_equal(rows[0, 1], _frame(old.generation, 1))
+        assert not rows[0, 0].any()                      # never the new session's audio
+        dropped = table.jitter.totals.dropped
+        assert table.jitter.count_torn(inp.frames) == 1
+        assert table.jitter.totals.dropped == dropped + 1
+        assert table.jitter.slot_stats(new.slot).dropped == 0
+
+
 def test_a_slots_previous_session_is_never_heard_by_its_next():
     with _ring_table(1) as (shared, table):
         old = table.admit("old", None)
@@ -157,10 +201,17 @@ def _lockstep(ops) -> None:
                 ring.pull_ring()
                 slots = [hr.slot for hr, _, _ in live]
                 a, b = BeatInput.alloc(3), BeatInput.alloc(3)
-                pa, pb = ring.pack(a, slots), plain.pack(b, slots)
+                # Gathered by the clock, or left in the ring for the executor to read.
+                gather = arg % 2 == 0
+                pa, pb = ring.pack(a, slots, gather), plain.pack(b, slots)
                 # The ring's frames carry the ring handle's generation, the plain table's its
                 # own: both tables number their generations alike.
-                np.testing.assert_array_equal(a.audio, b.audio)
+                if gather:
+                    np.testing.assert_array_equal(a.audio, b.audio)
+                else:
+                    s = np.arange(3)             # unpacked slots hear silence either way
+                    np.testing.assert_array_equal(a.rows(s), b.audio)
+                    assert not a.frames.torn
                 assert pa.frames == pb.frames
                 assert ring.jitter.totals == plain.jitter.totals
                 np.testing.assert_array_equal(ring.jitter.stats, plain.jitter.stats)
@@ -218,4 +269,47 @@ async def _batcher_on_a_ring() -> None:
         view.close()
     finally:
         ctx.destroy(linger=0)
+        shared.close()
+
+
+def test_the_sim_hears_frames_left_in_the_ring_as_it_hears_gathered_ones():
+    """The sim executor's hearing (its user transcript) is the same whether the clock gathered
+    the frames or left them in the ring, over more slots than it reads at a time."""
+    from sim.executor import HEARD_CHUNK, SimExecutor
+    from wave_actors.core.contract import ExecutorOptions
+    from wave_actors.core.slot_book import BookPlan
+
+    n = HEARD_CHUNK + 40
+    shared = SharedFrames(slots=n, ring=RING)
+    try:
+        tables = [SessionTable(n, prebuffer=1, max_queue=MAX_QUEUE, ring=shared)
+                  for _ in range(2)]
+        handles = [[t.admit(i, None) for i in range(n)] for t in tables]
+        assert [h.generation for h in handles[0]] == [h.generation for h in handles[1]]
+        loud = np.random.default_rng(1).random((n, 2)) < 0.5
+        for h, row in zip(handles[0], loud):
+            for f in range(2):
+                shared.write(h.slot, h.generation, f,
+                             np.full(SAMPLES_IN, 0.5 if row[f] else 0.001, np.float32))
+        users = []
+        for table, gather in zip(tables, (True, False)):
+            table.pull_ring()
+            sim = SimExecutor(ExecutorOptions(max_sessions=n,
+                                              cost_model="bench/costmodel_flat100.json"))
+            live = list(range(n))
+            plan = BookPlan(0, [], live, np.full((n, 2), -1), np.zeros(n, np.int64),
+                            np.zeros(n, np.int64), 0, 0, np.zeros(n, np.int64))
+            inp, out = sim.alloc_input(), sim.alloc_output()
+            table.pack(inp, live, gather)
+            assert (inp.frames is None) == gather
+
+            async def beat():                    # the sim's clock is the loop's
+                sim.submit(plan, inp, out)
+                sim.collect(plan, out)
+            asyncio.run(beat())
+            sim.close()
+            users.append(out.user.copy())
+        np.testing.assert_array_equal(users[0], users[1])
+        np.testing.assert_array_equal(users[1][:, :, 0] != -1, loud)
+    finally:
         shared.close()

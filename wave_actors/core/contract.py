@@ -19,6 +19,7 @@ import numpy as np
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 
 if TYPE_CHECKING:
+    from wave_actors.core.jitter_arrays import FramesToRead
     from wave_actors.core.slot_book import BookPlan, StartShape
 
 MAX_USER_TOKENS = 10        # RNNT emits at most 10 symbols per frame (MODEL.md §2.3)
@@ -42,6 +43,13 @@ class BeatInput:
     # executor returns (set by the clock when it plans the beat; a budgeted start policy judges
     # starts in it).
     time_left_s: float = BEAT_S
+    # Set instead of `audio` being filled when the executor reads the frames where they lie
+    # (`Capabilities.reads_frames`, with the engine's shared ring): `frames.rows(slots)`.
+    frames: "FramesToRead | None" = None
+
+    def rows(self, slots: np.ndarray) -> np.ndarray:
+        """[len(slots), 2, SAMPLES_IN]: these slots' frames of the beat, wherever they lie."""
+        return self.audio[slots] if self.frames is None else self.frames.rows(slots)
 
     @classmethod
     def alloc(cls, slots: int) -> "BeatInput":
@@ -155,6 +163,9 @@ class Capabilities:
     device: bool = False            # runs on a GPU (graph captures, memory ceiling, baseline)
     reports_launch: bool = False    # calls `on_launched` once the beat's device work is queued
     modelled_time: bool = False     # its time is a cost model slept on the node's clock (sim)
+    # Reads a beat's frames from where they lie (`BeatInput.frames`) while the beat runs, as a
+    # device reads host memory itself: the clock's loop does not gather them into `audio`.
+    reads_frames: bool = False
 
 
 @runtime_checkable
@@ -162,7 +173,8 @@ class Executor(Protocol):
     """Runs beats that the clock packed and the slot book planned. Contracts:
 
     - `submit` starts the beat's work for `plan` (its slots in `plan.roll` roll their caches
-      first, its live rows read `inp.audio[plan.live]`, its start rows prefill `plan.rows`, after the frames)
+      first, its live rows read `inp.rows(plan.live)` (`inp.audio`, unless it
+      `reads_frames`), its start rows prefill `plan.rows`, after the frames)
       and returns without waiting for it; `wait` returns once it is done (at once when no beat
       is in flight); `collect` then fills `out` (rows of `plan.live`) and returns the
       executor's time for the beat. One beat is in flight at a
@@ -170,6 +182,10 @@ class Executor(Protocol):
     - `alloc_output(into)` makes host buffers the caller owns (the engine's shared memory,
       `shared_outputs`) this executor's output buffers, which it then fills in place; without
       `into` it allocates its own. Writes to an output buffer begin only after `submit`.
+    - An executor that `reads_frames` reads them before `collect` returns (the clock then
+      counts those it found rewritten, `FramesToRead.torn`). An executor may keep `cpu_s`:
+      the CPU seconds its own threads spent standing in for a device (the sim's hearing),
+      reported apart from the clock's.
     - `reset` forgets every slot's state (a clock restart: the new clock's book starts empty).
     - Outputs for the same inputs, seeds and weights equal the reference model's (sim excepted).
     """

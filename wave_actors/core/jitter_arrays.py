@@ -91,6 +91,33 @@ class RingPlaces:
         pass
 
 
+class FramesToRead:
+    """A beat's frames left in the shared ring for an executor that reads them itself
+    (`Capabilities.reads_frames`): each slot's two places (the silent one where it has no
+    frame) and the generation and number each place must still hold. `rows` checks the stamps
+    after reading, as the clock's own gather does: a place written again meanwhile is heard as
+    silence and recorded in `torn` for the clock to count once the beat is collected. Read on
+    the executor's thread; `torn` is read by the clock after `collect`."""
+
+    def __init__(self, ring: RingPlaces, places: np.ndarray, generations: np.ndarray,
+                 nums: np.ndarray):
+        self.ring, self.places = ring.ring, places
+        self.generations, self.nums = generations, nums        # [S], [S, 2]: per slot
+        self.torn: list[tuple[np.ndarray, np.ndarray]] = []    # (slots, frame indexes)
+
+    def rows(self, slots: np.ndarray) -> np.ndarray:
+        places = self.places[slots]
+        rows = np.take(self.ring.pcm, places, axis=0)
+        nums = self.nums[slots]
+        framed = nums != SILENCE
+        ok = ~framed | self.ring.holds(places, self.generations[slots][:, None], nums)
+        if not ok.all():
+            r, f = np.nonzero(~ok)
+            rows[r, f] = 0.0
+            self.torn.append((slots[r], f))
+        return rows
+
+
 @dataclass
 class ArrayPlan:
     """What one `pack` put where: the slots packed (ascending), each one's two frame numbers
@@ -331,8 +358,10 @@ class ArrayScheduler:
         return int(self.count[slot]) - max(0, lowest - self.shedding.keep)
 
     # -- one beat -------------------------------------------------------------------------------
-    def pack(self, inp: BeatInput, ready: Iterable[int] | None = None) -> ArrayPlan:
-        """Fill `inp` for every held slot that is ready; returns what went where."""
+    def pack(self, inp: BeatInput, ready: Iterable[int] | None = None,
+             gather: bool = True) -> ArrayPlan:
+        """Fill `inp` for every held slot that is ready; returns what went where. With a ring,
+        `gather=False` leaves the samples in it: `inp.frames` names where each row's lie."""
         inp.live[:] = False
         if ready is None:
             chosen = self.held
@@ -362,9 +391,13 @@ class ArrayScheduler:
             span[src - lo, f] = self.place[src, at]
             nums[have, f] = self.nums[src, at]
             taken += have
-        np.take(self.store.pcm, span, axis=0, out=inp.audio[lo:lo + len(span)], mode="clip")
-        if self._ring is not None:
-            self._check_ring(inp, slots, nums, span, lo)
+        if gather or self._ring is None:
+            inp.frames = None
+            np.take(self.store.pcm, span, axis=0, out=inp.audio[lo:lo + len(span)], mode="clip")
+            if self._ring is not None:
+                self._check_ring(inp, slots, nums, span, lo)
+        else:
+            inp.frames = self._to_read(slots, nums, span, lo)
         self.store.give(span[span != FrameStore.SILENT])
         self.head[slots] = (head + taken) % q
         left = count - taken
@@ -389,6 +422,28 @@ class ArrayScheduler:
         n = int(frames.sum())
         self.totals.dropped += n
         self.overwritten += n
+
+    def _to_read(self, slots: np.ndarray, nums: np.ndarray, span: np.ndarray, lo: int
+                 ) -> FramesToRead:
+        n = self.max_sessions
+        places = np.full((n, FRAMES_PER_BEAT), FrameStore.SILENT, np.int64)
+        places[lo:lo + len(span)] = span
+        every = np.full((n, FRAMES_PER_BEAT), SILENCE, np.int64)
+        every[slots] = nums
+        # The generations as packed: a slot released and taken again mid-beat is another's.
+        return FramesToRead(self._ring, places, self._ring.generations.copy(), every)
+
+    def count_torn(self, frames: FramesToRead) -> int:
+        """The frames an executor found written again when it read them: counted as dropped."""
+        n = 0
+        for slots, _f in frames.torn:
+            # A slot taken by another session since the pack: its stats are that one's.
+            same = self._ring.generations[slots] == frames.generations[slots]
+            self.count_overwritten(slots[same], np.ones(int(same.sum()), np.int64))
+            self.totals.dropped += int((~same).sum())
+            self.overwritten += int((~same).sum())
+            n += len(slots)
+        return n
 
     def _check_ring(self, inp: BeatInput, slots: np.ndarray, nums: np.ndarray,
                     span: np.ndarray, lo: int) -> None:

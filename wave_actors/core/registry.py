@@ -23,7 +23,7 @@ class ExecutorEntry:
 
 REGISTRY: dict[str, ExecutorEntry] = {e.name: e for e in (
     ExecutorEntry(name="sim", target="sim.executor:SimExecutor",
-                  caps=Capabilities(modelled_time=True),
+                  caps=Capabilities(modelled_time=True, reads_frames=True),
                   summary="no model: synthetic outputs, time from a cost model (virtual time)"),
     ExecutorEntry(name="cpu", target="gpu.engine.cpu_executor:CpuExecutor",
                   caps=Capabilities(),

@@ -172,9 +172,10 @@ class SessionTable:
             slots = slots[ok | lapped]
         return pulled
 
-    def pack(self, inp: BeatInput, in_beat: list[int]) -> ArrayPlan:
-        """Two frames of every slot in the beat into `inp` (the executor's ring slot)."""
-        return self.jitter.pack(inp, in_beat)
+    def pack(self, inp: BeatInput, in_beat: list[int], gather: bool = True) -> ArrayPlan:
+        """Two frames of every slot in the beat into `inp` (the executor's ring slot); with a
+        ring and `gather=False`, where they lie in it (`inp.frames`)."""
+        return self.jitter.pack(inp, in_beat, gather)
 
     def complete(self, plan: ArrayPlan, late: bool) -> Routed:
         """The slots still held by the session they were packed for, with each one's first
