@@ -35,8 +35,7 @@ import soxr
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from transports.audio import (ALAW_ENCODE, ULAW_ENCODE, StreamResampler,  # noqa: E402
-                              encode, float_to_int16)
+from transports.audio import StreamResampler, encode, encode_rows  # noqa: E402
 from wave_actors.core.frames import FRAMES_PER_BEAT, OUT_RATE, SAMPLES_OUT  # noqa: E402
 
 SESSIONS = (16, 64, 256)
@@ -60,21 +59,6 @@ class BatchResampler:
         if self._stream is None:
             return block
         return self._stream.resample_chunk(np.ascontiguousarray(block.T, np.float32)).T
-
-
-def encode_batch(block: np.ndarray, fmt: str) -> list:
-    """`encode` of each row of [N, samples] as one array operation, then one bytes a row."""
-    if fmt == "pcm_f32le":
-        out = np.ascontiguousarray(block, "<f4")
-    else:
-        pcm = float_to_int16(block)                      # elementwise: same rounding per row
-        if fmt == "pcm_s16le":
-            out = pcm.astype("<i2")
-        elif fmt in ("pcmu", "pcma"):
-            out = (ULAW_ENCODE if fmt == "pcmu" else ALAW_ENCODE)[pcm.astype(np.int32) + 32768]
-        else:
-            raise ValueError(f"unknown format {fmt!r}")
-    return [row.tobytes() for row in out]
 
 
 def beat_frames(n: int, beats: int, seed: int) -> np.ndarray:
@@ -108,7 +92,7 @@ def batched_beat(batch: BatchResampler, beat: np.ndarray, fmt: str,
         t0 = time.perf_counter()
         y = batch(frame)
         t_rs += time.perf_counter() - t0
-        out += encode_batch(y, fmt)
+        out += encode_rows(y, fmt)
     if times is not None:
         times.append(t_rs)
     return out
@@ -128,7 +112,7 @@ def check(n: int, rate: int, fmt: str, beats: int = CHECK_BEATS) -> tuple:
                 return float("inf"), False
             if many.shape[1]:
                 diff = max(diff, float(np.max(np.abs(np.stack(one) - many))))
-            same &= [encode(o, fmt) for o in one] == encode_batch(many, fmt)
+            same &= [encode(o, fmt) for o in one] == encode_rows(many, fmt)
     return diff, same
 
 

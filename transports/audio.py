@@ -108,6 +108,22 @@ def encode(x: np.ndarray, fmt: str) -> bytes:
     raise ValueError(f"unknown format {fmt!r}")
 
 
+def encode_rows(block: np.ndarray, fmt: str) -> list[bytes]:
+    """`encode` of each row of [N, samples] as one array operation, then one bytes a row
+    (a worker's audio messages of one format and length, each beat)."""
+    if fmt == "pcm_f32le":
+        out = np.ascontiguousarray(block, "<f4")
+    else:
+        pcm = float_to_int16(block)                      # elementwise: each row as alone
+        if fmt == "pcm_s16le":
+            out = pcm.astype("<i2")
+        elif fmt in ("pcmu", "pcma"):
+            out = (ULAW_ENCODE if fmt == "pcmu" else ALAW_ENCODE)[pcm.astype(np.int32) + 32768]
+        else:
+            raise ValueError(f"unknown format {fmt!r}")
+    return [row.tobytes() for row in out]
+
+
 class StreamResampler:
     """A streaming resampler for one direction of one session (identity when rates match)."""
 

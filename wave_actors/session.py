@@ -122,6 +122,9 @@ class SessionActor(Actor):
         # frames of a session whose clock went away are counted here, not sent to the next one.
         self._frames = frames
         self._send, self._on_close = send, on_close
+        # A session worker's send can take an `audio` message's samples unencoded: it encodes
+        # those of all its sessions of one format in one array operation a flush.
+        self._send_pcm = getattr(send, "pcm", None)
         self._on_function_tokens = on_function_tokens
         self._handle = (cfg.handle.slot, cfg.handle.generation)
         # The clock's OutputTurns.run: a beat's output work runs in its turn, not across a
@@ -301,9 +304,11 @@ class SessionActor(Actor):
         while len(self._out_pending) >= self._out_frame_len:
             chunk = self._out_pending[:self._out_frame_len]
             self._out_pending = self._out_pending[self._out_frame_len:]
-            ok = self._send(P.pack(
-                "audio", self.cfg.session, A.encode(chunk, self.cfg.output_format),
-                seq=self._out_seq, frame=frame), True)
+            header = P.pack("audio", self.cfg.session, seq=self._out_seq, frame=frame)
+            if self._send_pcm is not None:        # a worker's: encoded with its others
+                ok = self._send_pcm(header, chunk, self.cfg.output_format)
+            else:
+                ok = self._send([*header, A.encode(chunk, self.cfg.output_format)], True)
             self._out_seq += 1
             if ok:
                 self.counters.frames_sent += 1

@@ -19,9 +19,11 @@ import logging
 import os
 from typing import Any
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
+from transports import audio as A
 from transports import zsock
 from wave_actors import worker_wire as W
 from wave_actors.core.clock_policy import ClockPolicy
@@ -61,6 +63,8 @@ class SessionWorker:
         self._batchers: dict[str, FrameBatcher] = {}
         self._out: list[tuple[int, bool, list[bytes]]] = []
         self._out_due = False
+        # `audio` messages in `_out` whose payload is still samples, by (format, length).
+        self._to_encode: dict[tuple[str, int], list[tuple[list, np.ndarray]]] = {}
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -97,16 +101,29 @@ class SessionWorker:
         self.tx.send(W.ctrl(*msg))
 
     def _send_for(self, rid: int):
-        def send(frames: list[bytes], droppable: bool = False) -> bool:
+        def send(frames: list, droppable: bool = False) -> bool:
             self._out.append((rid, droppable, frames))
             if not self._out_due:
                 self._out_due = True
                 asyncio.get_running_loop().call_soon(self._flush_out)
             return True       # the front counts what its client could not take (`audio` rows)
+
+        def send_pcm(header: list[bytes], pcm: np.ndarray, fmt: str) -> bool:
+            """An `audio` message whose payload is encoded at the flush, with every other
+            one of its format and length the sessions sent meanwhile, as one array."""
+            frames = [*header, b""]
+            self._to_encode.setdefault((fmt, len(pcm)), []).append((frames, pcm))
+            return send(frames, True)
+        send.pcm = send_pcm
         return send
 
     def _flush_out(self) -> None:
         self._out_due = False
+        for (fmt, _n), group in self._to_encode.items():
+            payloads = A.encode_rows(np.stack([pcm for _, pcm in group]), fmt)
+            for (frames, _), payload in zip(group, payloads):
+                frames[-1] = payload
+        self._to_encode = {}
         if self._out:
             items, self._out = self._out, []
             self.tx.send(W.sends(items))

@@ -51,6 +51,9 @@ def _dominant_hz(audio: list[Audio], fmt: str, rate: int) -> float:
     return float(np.argmax(spectrum) * rate / len(x))
 
 
+_OUTPUTS = [("pcmu", 8000), ("pcmu", 8000), ("pcmu", 8000), ("pcm_s16le", 24000)]
+
+
 @pytest.mark.parametrize("outputs,frames", [(True, True), (True, False), (False, False)],
                          ids=["shared", "copied-frames", "copied"])
 def test_sessions_are_sharded_and_every_frame_is_counted(outputs, frames):
@@ -64,7 +67,11 @@ def test_sessions_are_sharded_and_every_frame_is_counted(outputs, frames):
         await asyncio.get_running_loop().run_in_executor(None, host.start)
         async with node_on_tcp(max_sessions=4, backend=host, workers=2) as node:
             async with client_of(node) as c:
-                sessions = [await c.open(f"s{i}") for i in range(4)]
+                # Output formats mixed within a worker: a worker encodes each beat's audio
+                # of one format and length as one array (a row to the wrong session would
+                # give it another's tone).
+                sessions = [await c.open(f"s{i}", output_format=fmt, output_sample_rate=rate)
+                            for i, (fmt, rate) in enumerate(_OUTPUTS)]
                 per_worker = sorted(len(w.rids) for w in node.pool.workers.values())
                 await asyncio.gather(*(_stream(s, 20, i) for i, s in enumerate(sessions)))
                 heard = [await _audio_until(s, 12) for s in sessions]
