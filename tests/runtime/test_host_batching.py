@@ -1,10 +1,10 @@
 """The batched output path of bench/host_batching.py equals the per-session one: a batched
-resampler that mixed up channels, or a batched encode that rounded differently, would fail."""
+resampler that mixed up channels, or a batched encode (`transports.audio.encode_rows`) that rounded differently, would fail."""
 import numpy as np
 import pytest
 
-from bench.host_batching import BatchResampler, beat_frames, encode_batch
-from transports.audio import StreamResampler, encode
+from bench.host_batching import BatchResampler, beat_frames
+from transports.audio import StreamResampler, encode, encode_rows
 from wave_actors.core.frames import OUT_RATE, SAMPLES_OUT
 
 N, BEATS = 3, 3
@@ -25,7 +25,7 @@ def test_batched_resample_and_encode_match_per_session(rate, fmt):
         assert many.shape == (N, len(one[0]))
         for i in range(N):
             assert np.max(np.abs(one[i] - many[i]), initial=0.0) <= 1e-6, f"channel {i}"
-        assert encode_batch(many, fmt) == [encode(o, fmt) for o in one]
+        assert encode_rows(many, fmt) == [encode(o, fmt) for o in one]
         produced += many.shape[1]
     assert produced > 0
 
