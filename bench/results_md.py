@@ -404,6 +404,30 @@ NOTES = (
      "10 MB out of the ring, what is left of the clock's own work), route 0.5. Runs 2 and 3 "
      "of the bench at 852ee53 heard the previous run's frames (generations repeat across the "
      "nodes one engine serves): fixed at 7f61687, those JSONs not kept."),
+    ("graph", "The sim reads the ring itself, workers encode in one array; every target at "
+              "7b9b35b (issue 17)",
+     ("graph-dense-n300-20261203T045751.json", "graph-reference-n120-20261203T050341.json",
+      "sim-reference-n1000-20261203T045844.json", "sim-reference-n300-20261203T050644.json",
+      "engine-loop-h200host-7b9b35b.json", "engine-beat-cpu-h200host-7b9b35b.json"),
+     "At 7b9b35b: an executor that reads a beat's frames where they lie "
+     "(`Capabilities.reads_frames`, the sim) is handed each row's places in the shared ring "
+     "instead of gathered samples; it checks the stamps after its read and the clock counts "
+     "what it found rewritten at collect. The graph executor still gets its rows gathered. "
+     "Session workers encode each flush's audio of one format and length as one array. "
+     "Dense 300 x 3 x 500, `--workers 4`: 0 late, p99 142.8 / 142.5 / 142.5 ms; release wake "
+     "p99 0.08 / 0.02 / 0.02 ms (max 0.46); before + after p99 2.82 / 2.74 / 2.64 ms (target "
+     "3: met); engine loop 5.1 ms of CPU a beat, the engine process 12.1-12.4. Reference 120 "
+     "x 3 x 500, 4 workers: 0 late, p99 98.6 / 98.7 / 98.6 ms (c5dfb7a: 126.8 / 108.6 / 108.7). "
+     "Against 7f61687 the graph runs' loop and process CPU are 15-20 % higher and the GPU's "
+     "beat ~1 ms longer, though their path changed only by a counter read a beat (the lent "
+     "machine may differ from run to run; not examined further). Sim 1,000 x 200, "
+     "8 workers, flat 100 ms beat: 0 late, p99 105.5 ms; the engine's loop 3.8 ms of CPU a "
+     "beat (p99 4.7; was 5.3 / 6.7); the engine process less the sim's hearing (the GPU's "
+     "work in a GPU node) 4.1 ms (p99 5.0): target 5 met at p50; the whole process 7.2 "
+     "(p99 8.7) of which the hearing 3.0. Sim 300: loop 2.3 ms, process less hearing 2.6, "
+     "whole process 3.6. `python -m bench.engine_loop`: loop 2.6 ms a beat at 300, 3.8 at "
+     "1,000 (5.4 at 852ee53); `python -m bench.engine_beat_cpu` at 1,000: pack 0.41 ms "
+     "(was 2.7), frames in 0.35, route 0.4."),
     ("sim", "The simulator against the H200, side by side (dense, same code)",
      ("sim-dense-n198-20261202T062823.json", "sim-dense-n209-20261202T062953.json",
       "sim-dense-n220-20261202T063113.json", "graph-dense-n198-20261202T055516.json",
