@@ -1,0 +1,128 @@
+"""The wpk synchronisation probes on the GPU (issue 18, stage 0): each checked, then timed.
+
+- chain: one program an SM, each waiting for the next (the reverse of launch order), launched
+  cooperatively: the result must be the suffix sum; time a hop = the kernel's time / programs.
+- rounds: grid barriers on one never-reset counter, two a round: every round's sums must be
+  right; time a barrier = the kernel's time / barriers.
+- doorbell: one program answers a doorbell in pinned host memory with a release store; the host
+  rings with a plain store into a numpy view and spins on the answer: the round trip a beat,
+  and the GPU clock's stamps (must rise beat by beat).
+
+    python bench/wpk_sync_device.py [--out bench/results/wpk-sync-h200.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu.wpk import probes  # noqa: E402
+
+
+def _ms(fn, reps: int = 5) -> float:
+    fn()                                         # compile and load before timing
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return float(np.median(times))
+
+
+def chain(n: int) -> dict:
+    values = torch.arange(1, n + 1, dtype=torch.int32, device="cuda")
+    out = torch.zeros(n, dtype=torch.int32, device="cuda")
+    counters = torch.zeros(n, dtype=torch.int32, device="cuda")
+
+    def run():
+        counters.zero_()
+        probes.chain[(n,)](values, counters, out, n, IS_INTERP=False,
+                           launch_cooperative_grid=True)
+    ms = _ms(run)
+    want = torch.flip(torch.cumsum(torch.flip(values, (0,)), 0), (0,))
+    return {"programs": n, "correct": bool(torch.equal(out, want)), "kernel_ms": round(ms, 4),
+            "us_per_hop": round(1e3 * ms / n, 3)}
+
+
+def rounds(n: int, n_rounds: int) -> dict:
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    slots = torch.zeros(n, dtype=torch.int32, device="cuda")
+    out = torch.zeros(n_rounds * n, dtype=torch.int32, device="cuda")
+    block = 1 << (n - 1).bit_length()
+
+    def run():
+        counter.zero_()
+        probes.rounds[(n,)](counter, slots, out, n, n_rounds, BLOCK=block, IS_INTERP=False,
+                            launch_cooperative_grid=True)
+    ms = _ms(run)
+    want = torch.tensor([sum(r * 1000 + p for p in range(n)) for r in range(n_rounds)],
+                        dtype=torch.int32, device="cuda")
+    ok = bool(torch.equal(out.view(n_rounds, n), want[:, None].expand(n_rounds, n)))
+    return {"programs": n, "rounds": n_rounds, "correct": ok, "kernel_ms": round(ms, 4),
+            "us_per_barrier": round(1e3 * ms / (2 * n_rounds), 3)}
+
+
+def doorbell(beats: int) -> dict:
+    bell = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+    ack = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+    stamps = torch.zeros(beats, dtype=torch.int64, device="cuda")
+    # Warm: compile and load before the resident run (a first load while resident hangs).
+    bell.fill_(1)
+    probes.doorbell[(1,)](bell, ack, stamps[:1], 1, IS_INTERP=False)
+    torch.cuda.synchronize()
+    bell.zero_()
+    ack.zero_()
+    b, a = bell.numpy(), ack.numpy()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        probes.doorbell[(1,)](bell, ack, stamps, beats, IS_INTERP=False)
+    rtt, lost = [], 0
+    for e in range(1, beats + 1):
+        t = time.perf_counter()
+        b[0] = e
+        deadline = t + 2.0
+        while a[0] < e:
+            if time.perf_counter() > deadline:
+                lost += 1
+                break
+        rtt.append(1e6 * (time.perf_counter() - t))
+    stream.synchronize()
+    gaps = np.diff(stamps.cpu().numpy())
+    return {"beats": beats, "answered": beats - lost, "rtt_us_p50": round(float(np.median(rtt)), 2),
+            "rtt_us_p99": round(float(np.percentile(rtt, 99)), 2),
+            "stamps_rise": bool((gaps > 0).all())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    result = {"gpu": torch.cuda.get_device_name(0), "sms": sms,
+              "chain": chain(sms), "rounds": rounds(sms, 500), "doorbell": doorbell(500)}
+    for key in ("chain", "rounds", "doorbell"):
+        print(f"{key:9s} {result[key]}", flush=True)
+    if args.out:
+        commit = os.environ.get("WAVE_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        result.update(command="python bench/wpk_sync_device.py --out " + args.out, commit=commit,
+                      host=platform.node(), torch=torch.__version__)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

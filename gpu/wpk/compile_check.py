@@ -1,0 +1,88 @@
+"""Compile the wpk probes for sm_90 without a GPU (WPK.md §6.5): Triton's own compiler to PTX and
+its bundled ptxas for registers and spills. What CI can check of the device code on a CPU: the
+synchronisation compiled to the instructions meant (acquire loads, release atomics and stores,
+the backoff sleep, the GPU clock), and a register budget kept with no spills.
+
+    TRITON_INTERPRET=0 python -m gpu.wpk.compile_check [--json]
+
+Must run without TRITON_INTERPRET=1 (under the interpreter `@triton.jit` gives no compiler
+input); the tests call it in a subprocess.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+REG_BUDGET = 64          # a controller or task-table program must leave room for 2+ CTAs an SM
+
+# name → (kernel, signature, constexprs, instructions its PTX must hold)
+PROBES = {
+    "chain": ({"values": "*i32", "counters": "*i32", "out": "*i32", "n_programs": "i32"},
+              {}, ("ld.global.acquire.gpu.b32", "nanosleep.u32", "atom.global.gpu.release.add",
+                   "bar.sync")),
+    "rounds": ({"counter": "*i32", "slots": "*i32", "out": "*i32", "n_programs": "i32",
+                "n_rounds": "i32"},
+               {"BLOCK": 8}, ("ld.global.acquire.gpu.b32", "atom.global.gpu.release.add")),
+    "doorbell": ({"bell": "*i64", "ack": "*i64", "stamps": "*i64", "n_beats": "i32"},
+                 {}, ("ld.global.acquire.sys.b64", "st.global.release.sys.b64",
+                      "%globaltimer")),
+}
+
+
+def _ptxas() -> str:
+    import triton
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
+
+
+def compile_probe(name: str) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from gpu.wpk import probes
+    signature, constexprs, needs = PROBES[name]
+    kernel = getattr(probes, name)
+    if not isinstance(kernel, triton.runtime.JITFunction):
+        raise RuntimeError("compile checks need TRITON_INTERPRET unset (got an interpreted kernel)")
+    sig = dict(signature, **{k: "constexpr" for k in constexprs}, IS_INTERP="constexpr")
+    src = ASTSource(fn=kernel, signature=sig, constexprs=dict(constexprs, IS_INTERP=False))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    ptx = compiled.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}.ptx"
+        path.write_text(ptx)
+        report = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", str(path), "-o",
+                                 str(Path(tmp) / f"{name}.cubin")],
+                                capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", report)
+    spills = re.findall(r"(\d+) bytes spill (?:stores|loads)", report)
+    return {"name": name, "registers": int(regs.group(1)) if regs else None,
+            "spill_bytes": sum(int(s) for s in spills),
+            "missing": [w for w in needs if w not in ptx]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: compile checks use the real compiler")
+    rows = [compile_probe(name) for name in PROBES]
+    if args.json:
+        print(json.dumps(rows))
+        return
+    for r in rows:
+        print(f"{r['name']:10s} registers {r['registers']:4d}  spills {r['spill_bytes']} B  "
+              f"missing {r['missing'] or 'none'}")
+    bad = [r for r in rows if r["missing"] or r["spill_bytes"]
+           or (r["registers"] or 0) > REG_BUDGET]
+    raise SystemExit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
