@@ -7,6 +7,8 @@
 - doorbell: one program answers a doorbell in pinned host memory with a release store; the host
   rings with a plain store into a numpy view and spins on the answer: the round trip a beat,
   and the GPU clock's stamps (must rise beat by beat).
+- mailbox: `gpu.wpk.mailbox`'s controller with stand-in lanes in one cooperative grid: each
+  beat rung, its frames and end awaited by the host; the lanes' outputs must be right.
 
     python bench/wpk_sync_device.py [--out bench/results/wpk-sync-h200.json]
 """
@@ -107,14 +109,69 @@ def doorbell(beats: int) -> dict:
             "stamps_rise": bool((gaps > 0).all())}
 
 
+def mailbox(beats: int, lanes: int = 4) -> dict:
+    """The mailbox's controller and `lanes` stand-in lanes, one cooperative grid: the host
+    rings each beat and waits for its frames and its end, then drains, relaunches, exits."""
+    from gpu.wpk import mailbox as M
+    box = M.Mailbox("cuda")
+    work = torch.zeros(1, dtype=torch.int32, device="cuda")
+    args = torch.zeros(1, dtype=torch.int32, device="cuda")
+    frames = torch.zeros(2, dtype=torch.int32, device="cuda")
+    out = torch.full((beats + 1, 2, lanes), -1, dtype=torch.int32, device="cuda")
+    grid = (1 + lanes,)
+
+    def launch(first_seq, runs):
+        M.controller_and_lanes[grid](box.block, work, args, frames, out, lanes, beats + 1,
+                                     first_seq, runs, 10**9, IS_INTERP=False,
+                                     launch_cooperative_grid=True)
+    # Warm-up (loads the module before anything is resident): one beat, then EXIT.
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        launch(1, 0)
+    box.wait_beat(box.run(beat=1, live=1), timeout_s=10)
+    box.ring(M.EXIT)
+    stream.synchronize()
+    box = M.Mailbox("cuda")
+    work.zero_()
+    frames.zero_()
+    out.fill_(-1)
+    with torch.cuda.stream(stream):
+        launch(1, 0)
+    ring_to_frame0, ring_to_done, device_us = [], [], []
+    for i in range(beats):
+        t = time.perf_counter()
+        ring = box.run(beat=i + 1, live=i % 7 + 1, timeout_s=2)
+        box.wait_frame(ring, 0, timeout_s=2)
+        t0 = time.perf_counter()
+        box.wait_beat(ring, timeout_s=2)
+        t1 = time.perf_counter()
+        ring_to_frame0.append(1e6 * (t0 - t))
+        ring_to_done.append(1e6 * (t1 - t))
+        st = box.stamps(ring)
+        device_us.append((st[3] - st[0]) / 1e3)
+    box.ring(M.EXIT)
+    box.wait_state(M.EXIT, timeout_s=5)
+    stream.synchronize()
+    got = out[:beats].cpu()
+    want = torch.tensor([[[(i % 7 + 1) * 100 + f * 10 + lane for lane in range(lanes)]
+                          for f in range(2)] for i in range(beats)], dtype=torch.int32)
+    return {"beats": beats, "lanes": lanes, "correct": bool(torch.equal(got, want)),
+            "error": box.error(),
+            "ring_to_frame0_us_p50": round(float(np.median(ring_to_frame0)), 2),
+            "ring_to_beat_done_us_p50": round(float(np.median(ring_to_done)), 2),
+            "ring_to_beat_done_us_p99": round(float(np.percentile(ring_to_done, 99)), 2),
+            "device_doorbell_to_done_us_p50": round(float(np.median(device_us)), 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     args = ap.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     result = {"gpu": torch.cuda.get_device_name(0), "sms": sms,
-              "chain": chain(sms), "rounds": rounds(sms, 500), "doorbell": doorbell(500)}
-    for key in ("chain", "rounds", "doorbell"):
+              "chain": chain(sms), "rounds": rounds(sms, 500), "doorbell": doorbell(500),
+              "mailbox": mailbox(500)}
+    for key in ("chain", "rounds", "doorbell", "mailbox"):
         print(f"{key:9s} {result[key]}", flush=True)
     if args.out:
         commit = os.environ.get("WAVE_COMMIT") or subprocess.run(

@@ -20,7 +20,8 @@ from pathlib import Path
 
 REG_BUDGET = 64          # a controller or task-table program must leave room for 2+ CTAs an SM
 
-# name → (kernel, signature, constexprs, instructions its PTX must hold)
+# [module:]kernel of gpu.wpk (probes by default) → (signature, constexprs, instructions its
+# PTX must hold)
 PROBES = {
     "chain": ({"values": "*i32", "counters": "*i32", "out": "*i32", "n_programs": "i32"},
               {}, ("ld.global.acquire.gpu.b32", "nanosleep.u32", "atom.global.gpu.release.add",
@@ -31,6 +32,19 @@ PROBES = {
     "doorbell": ({"bell": "*i64", "ack": "*i64", "stamps": "*i64", "n_beats": "i32"},
                  {}, ("ld.global.acquire.sys.b64", "st.global.release.sys.b64",
                       "%globaltimer")),
+    # The resident controller (gpu.wpk.mailbox), alone and with its stand-in lanes.
+    "mailbox:controller": ({"box": "*i64", "work": "*i32", "args": "*i32", "frame_ctr": "*i32",
+                            "n_lanes": "i32", "first_seq": "i32", "runs": "i32",
+                            "timeout_ns": "i64"},
+                           {}, ("ld.global.acquire.sys.b64", "st.global.release.sys.b64",
+                                "ld.global.acquire.gpu.b32", "atom.global.gpu.release.exch",
+                                "%globaltimer", "nanosleep.u32")),
+    "mailbox:controller_and_lanes": ({"box": "*i64", "work": "*i32", "args": "*i32",
+                                      "frame_ctr": "*i32", "out": "*i32", "n_lanes": "i32",
+                                      "max_runs": "i32", "first_seq": "i32", "runs": "i32",
+                                      "timeout_ns": "i64"},
+                                     {}, ("atom.global.gpu.release.add",
+                                          "st.global.release.sys.b64")),
 }
 
 
@@ -44,9 +58,10 @@ def compile_probe(name: str) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from gpu.wpk import probes
+    import importlib
     signature, constexprs, needs = PROBES[name]
-    kernel = getattr(probes, name)
+    module, _, attr = name.rpartition(":")
+    kernel = getattr(importlib.import_module(f"gpu.wpk.{module or 'probes'}"), attr)
     if not isinstance(kernel, triton.runtime.JITFunction):
         raise RuntimeError("compile checks need TRITON_INTERPRET unset (got an interpreted kernel)")
     sig = dict(signature, **{k: "constexpr" for k in constexprs}, IS_INTERP="constexpr")
@@ -54,10 +69,10 @@ def compile_probe(name: str) -> dict:
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"{name}.ptx"
+        path = Path(tmp) / "kernel.ptx"
         path.write_text(ptx)
         report = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", str(path), "-o",
-                                 str(Path(tmp) / f"{name}.cubin")],
+                                 str(Path(tmp) / "kernel.cubin")],
                                 capture_output=True, text=True, check=True).stderr
     regs = re.search(r"Used (\d+) registers", report)
     spills = re.findall(r"(\d+) bytes spill (?:stores|loads)", report)
@@ -77,7 +92,7 @@ def main() -> None:
         print(json.dumps(rows))
         return
     for r in rows:
-        print(f"{r['name']:10s} registers {r['registers']:4d}  spills {r['spill_bytes']} B  "
+        print(f"{r['name']:30s} registers {r['registers']:4d}  spills {r['spill_bytes']} B  "
               f"missing {r['missing'] or 'none'}")
     bad = [r for r in rows if r["missing"] or r["spill_bytes"]
            or (r["registers"] or 0) > REG_BUDGET]

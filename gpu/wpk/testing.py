@@ -14,9 +14,9 @@ Uses interpreter internals of Triton 3.6 (`GridExecutor`'s argument copies, its 
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
 import threading
+import time
 
 import triton
 
@@ -39,34 +39,57 @@ def _interpreter():
     return interpreter
 
 
-@contextlib.contextmanager
-def _per_thread_program(interp, stop: threading.Event):
-    """The builder's program index kept per thread, and its atomics stopped on request (a
-    spinning program then raises instead of spinning on)."""
-    cls = interp.InterpreterBuilder
-    local = threading.local()
-    rmw, cas = cls.create_atomic_rmw, cls.create_atomic_cas
+_installed = threading.Lock()
+_users = 0                        # threaded runs under way (they may overlap: a relaunch)
+_local = threading.local()        # this thread's program index, grid and stop event
+_restore: list = []
+_patched: set = set()
 
-    def get(self):
-        return getattr(local, "idx", None)
 
-    def put(self, value):
-        local.idx = value
+def _install(interp, fn) -> None:
+    """The builder's program index and grid kept per thread, and its atomics stopped when the
+    thread's run is (a spinning program then raises instead of spinning on); the language
+    patched for `fn` once. Installed by the first of overlapping runs, removed by the last."""
+    global _users
+    with _installed:
+        _users += 1
+        if fn not in _patched:
+            _patched.add(fn)
+            _restore.append(interp._patch_lang(fn).restore)
+        if _users > 1:
+            return
+        cls = interp.InterpreterBuilder
+        rmw, cas = cls.create_atomic_rmw, cls.create_atomic_cas
 
-    def checked(fn):
-        def call(self, *args):
-            if stop.is_set():
-                raise _Stopped("stopped: the run timed out")
-            return fn(self, *args)
-        return call
+        def per_thread(name):
+            return property(lambda self: getattr(_local, name, None),
+                            lambda self, value: setattr(_local, name, value))
 
-    cls.grid_idx = property(get, put)
-    cls.create_atomic_rmw, cls.create_atomic_cas = checked(rmw), checked(cas)
-    try:
-        yield
-    finally:
-        del cls.grid_idx
-        cls.create_atomic_rmw, cls.create_atomic_cas = rmw, cas
+        def checked(fn):
+            def call(self, *args):
+                stop = getattr(_local, "stop", None)
+                if stop is not None and stop.is_set():
+                    raise _Stopped("stopped: the run timed out")
+                return fn(self, *args)
+            return call
+
+        cls.grid_idx, cls.grid_dim = per_thread("idx"), per_thread("dim")
+        cls.create_atomic_rmw, cls.create_atomic_cas = checked(rmw), checked(cas)
+
+        def undo():
+            del cls.grid_idx, cls.grid_dim
+            cls.create_atomic_rmw, cls.create_atomic_cas = rmw, cas
+        _restore.insert(0, undo)                 # undone last, after the language patches
+
+
+def _uninstall() -> None:
+    global _users
+    with _installed:
+        _users -= 1
+        if _users == 0:
+            while _restore:                      # newest first
+                _restore.pop()()
+            _patched.clear()
 
 
 def threaded(kernel, grid: tuple, *args, timeout_s: float = 60.0, **kwargs) -> None:
@@ -83,39 +106,36 @@ def threaded(kernel, grid: tuple, *args, timeout_s: float = 60.0, **kwargs) -> N
     grid = tuple(grid) + (1,) * (3 - len(grid))
     stop = threading.Event()
     errors: list[BaseException] = []
-    patch = interp._patch_lang(ex.fn)
+    _install(interp, ex.fn)
     try:
         call = inspect.getcallargs(ex.fn, *args_hst, **kwargs_hst)
         call = {name: value if name in ex.constexprs else interp._implicit_cvt(value)
                 for name, value in call.items()}
-        builder = interp.interpreter_builder
-        builder.set_grid_dim(*grid)
-        with _per_thread_program(interp, stop):
-            def program(x: int, y: int, z: int) -> None:
-                try:
-                    builder.set_grid_idx(x, y, z)
-                    ex.fn(**call)
-                except BaseException as exc:          # reported by the caller's thread
-                    errors.append(exc)
 
-            threads = [threading.Thread(target=program, args=(x, y, z), daemon=True,
-                                        name=f"program-{x}.{y}.{z}")
-                       for x in range(grid[0]) for y in range(grid[1]) for z in range(grid[2])]
+        def program(x: int, y: int, z: int) -> None:
+            _local.dim, _local.idx, _local.stop = grid, (x, y, z), stop
+            try:
+                ex.fn(**call)
+            except BaseException as exc:          # reported by the caller's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=program, args=(x, y, z), daemon=True,
+                                    name=f"program-{x}.{y}.{z}")
+                   for x in range(grid[0]) for y in range(grid[1]) for z in range(grid[2])]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout_s
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        waiting = [t.name for t in threads if t.is_alive()]
+        if waiting:
+            stop.set()
             for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout_s)
-                if t.is_alive():
-                    break
-            waiting = [t.name for t in threads if t.is_alive()]
-            if waiting:
-                stop.set()
-                for t in threads:
-                    t.join(10.0)
-                raise Deadlock(f"{len(waiting)} of {len(threads)} programs still running after "
-                               f"{timeout_s} s: {', '.join(waiting[:8])}")
+                t.join(10.0)
+            raise Deadlock(f"{len(waiting)} of {len(threads)} programs still running after "
+                           f"{timeout_s} s: {', '.join(waiting[:8])}")
     finally:
-        patch.restore()
+        _uninstall()
     real = [e for e in errors if not isinstance(e, _Stopped)]
     if real:
         raise real[0]
