@@ -93,15 +93,20 @@ def _wait_frame(ctr, target, timeout_ns, IS_INTERP: tl.constexpr):
     return seen >= target
 
 
-@triton.jit
+# Arguments that vary between launches are never specialised on: a relaunch after DRAIN must
+# find its binary loaded (a module load while the work is resident never returns, WPK.md §4).
+VARYING = ["n_lanes", "first_seq", "runs", "timeout_ns"]
+
+
+@triton.jit(do_not_specialize=VARYING)
 def controller(box, work, args, frame_ctr, n_lanes, first_seq, runs, timeout_ns,
                IS_INTERP: tl.constexpr):
     """The resident controller: one program. `work` (int32): the run count the work waits on;
     `args` (int32): the beat's live rows, for the work; `frame_ctr` (int32 [2]): each frame's
     completions (each of `n_lanes` lanes adds one a frame a run). `first_seq`, `runs`: where a
     relaunch continues (1 and 0 at the first launch)."""
-    seq = first_seq.to(tl.int64)
-    runs = runs.to(tl.int32)
+    seq = tl.full((), 0, tl.int64) + first_seq
+    runs = tl.full((), 0, tl.int32) + runs
     state = tl.full((), 0, tl.int64)
     polls = tl.full((), 0, tl.int64)
     while state == 0:
@@ -166,7 +171,7 @@ def lane(lane_id, work, args, frame_ctr, out, n_lanes, max_runs, IS_INTERP: tl.c
             r += 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=VARYING + ["max_runs"])
 def controller_and_lanes(box, work, args, frame_ctr, out, n_lanes, max_runs, first_seq, runs,
                          timeout_ns, IS_INTERP: tl.constexpr):
     """Program 0 is the controller, programs 1..n_lanes the work (tests, and the device probe)."""
