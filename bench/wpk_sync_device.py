@@ -137,10 +137,15 @@ def mailbox(beats: int, lanes: int = 4) -> dict:
     out.fill_(-1)
     with torch.cuda.stream(stream):
         launch(1, 0)
-    ring_to_frame0, ring_to_done, device_us = [], [], []
+    ring_to_ack, ring_to_frame0, ring_to_done, device_us = [], [], [], []
+    words, ack = box.words, M.ACK.value
     for i in range(beats):
         t = time.perf_counter()
         ring = box.run(beat=i + 1, live=i % 7 + 1, timeout_s=2)
+        deadline = t + 2.0
+        while words[ack] < ring.seq and time.perf_counter() < deadline:
+            pass                                 # a tight spin: when the controller read it
+        ring_to_ack.append(1e6 * (time.perf_counter() - t))
         box.wait_frame(ring, 0, timeout_s=2)
         t0 = time.perf_counter()
         box.wait_beat(ring, timeout_s=2)
@@ -157,6 +162,7 @@ def mailbox(beats: int, lanes: int = 4) -> dict:
                           for f in range(2)] for i in range(beats)], dtype=torch.int32)
     return {"beats": beats, "lanes": lanes, "correct": bool(torch.equal(got, want)),
             "error": box.error(),
+            "ring_to_ack_us_p50": round(float(np.median(ring_to_ack)), 2),
             "ring_to_frame0_us_p50": round(float(np.median(ring_to_frame0)), 2),
             "ring_to_beat_done_us_p50": round(float(np.median(ring_to_done)), 2),
             "ring_to_beat_done_us_p99": round(float(np.percentile(ring_to_done, 99)), 2),
