@@ -67,6 +67,7 @@ C_LINE = tl.constexpr(LINE)
 C_RUN, C_EXIT, C_FAILED = tl.constexpr(RUN), tl.constexpr(EXIT), tl.constexpr(FAILED)
 C_TIMEOUT, C_STOP = tl.constexpr(LANE_TIMEOUT), tl.constexpr(STOP)
 HEARTBEAT_POLLS = tl.constexpr(1024)        # polls between heartbeats while idle
+SPIN_S = 0.002                              # the host spins this long before it sleeps
 
 
 @triton.jit
@@ -263,9 +264,16 @@ class Mailbox:
         return self.seq + 1, runs
 
     def _wait(self, ok, timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
+        """Spins for the answer (a beat's words arrive within microseconds; even a zero sleep
+        costs the kernel's timer slack, ~50 µs), then polls with short sleeps."""
+        if ok():
+            return
+        start = time.perf_counter()
+        spin_until, deadline = start + SPIN_S, start + timeout_s
         while not ok():
-            if time.monotonic() > deadline:
+            now = time.perf_counter()
+            if now > deadline:
                 raise MailboxTimeout(f"{what}: no answer in {timeout_s} s "
                                      f"(state {self.state}, error {self.error()})")
-            time.sleep(0)
+            if now > spin_until:
+                time.sleep(1e-4)
