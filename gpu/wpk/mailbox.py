@@ -172,6 +172,12 @@ def lane(lane_id, work, args, frame_ctr, out, n_lanes, max_runs, IS_INTERP: tl.c
             r += 1
 
 
+@triton.jit
+def lane_grid(work, args, frame_ctr, out, n_lanes, max_runs, IS_INTERP: tl.constexpr):
+    """The stand-in lanes alone, program p lane p (beside a controller launched apart)."""
+    lane(tl.program_id(0), work, args, frame_ctr, out, n_lanes, max_runs, IS_INTERP)
+
+
 @triton.jit(do_not_specialize=VARYING + ["max_runs"])
 def controller_and_lanes(box, work, args, frame_ctr, out, n_lanes, max_runs, first_seq, runs,
                          timeout_ns, IS_INTERP: tl.constexpr):
