@@ -460,15 +460,18 @@ NOTES = (
      "start work to ride inside the captured beat instead of an eager step of its own."),
     ("other", "Persistent-kernel primitives and the mailbox on the H200 (issue 18)",
      ("wpk-sync-h200.json",),
-     "`python bench/wpk_sync_device.py` at d8c3175 (gpu/wpk/; docs/WPK.md): one program an SM "
-     "(132), cooperative launch. A chain of programs against launch order: correct, ~1.1 us a "
+     "`python bench/wpk_sync_device.py` at 4c7a4e6 (gpu/wpk/; docs/WPK.md): one program an SM "
+     "(132), cooperative launch. A chain of programs against launch order: correct, 1.1 us a "
      "dependent hop; 500 rounds of grid barriers on one never-reset counter: correct, 1.3 us a "
-     "barrier; a doorbell in pinned memory answered by one program: 5.1 us round trip from "
+     "barrier; a doorbell in pinned memory answered by one program: 5.6 us round trip from "
      "Python at p50. The mailbox's controller with 4 stand-in lanes, 500 beats: outputs "
-     "correct; the controller acknowledges a ring 6.5 us after the host's store and goes from "
-     "the doorbell to both frames done in 4.7 us on the GPU's clock, but the host saw the beat "
-     "done after 64 us: its wait slept with time.sleep(0), whose timer slack is ~50 us "
-     "(1554f22 spins first; not re-measured, no device was lent)."),
+     "correct; ring to acknowledged 7.3 us, to frame 0 done 10.7 us, to beat done 12.3 us at "
+     "p50 (21.9 p99) as the host sees them; doorbell to both frames done 5.5 us on the GPU's "
+     "clock. At d8c3175 the host saw the beat done after 64 us: its wait slept with "
+     "time.sleep(0), whose timer slack is ~50 us; it spins first since 1554f22. A task-table "
+     "program (gpu.wpk.taskrun) over 8 layers of 16 tiles: correct against PyTorch over two "
+     "beats, 59 us a beat (7.4 us a layer: its tiles are tiny; this checks the walk, not a "
+     "kernel's speed)."),
 )
 
 
