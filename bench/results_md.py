@@ -405,11 +405,12 @@ NOTES = (
      "of the bench at 852ee53 heard the previous run's frames (generations repeat across the "
      "nodes one engine serves): fixed at 7f61687, those JSONs not kept."),
     ("graph", "The sim reads the ring itself, workers encode in one array; every target at "
-              "7b9b35b (issue 17)",
+              "d236f03 (issue 17)",
      ("graph-dense-n300-20261203T045751.json", "graph-reference-n120-20261203T050341.json",
       "sim-reference-n1000-20261203T045844.json", "sim-reference-n300-20261203T050644.json",
-      "engine-loop-h200host-7b9b35b.json", "engine-beat-cpu-h200host-7b9b35b.json"),
-     "At 7b9b35b: an executor that reads a beat's frames where they lie "
+      "engine-loop-h200host-d236f03.json", "engine-beat-cpu-h200host-d236f03.json"),
+     "At d236f03 (run as 7b9b35b, renamed when an earlier commit's subject was reworded; the "
+     "trees are equal): an executor that reads a beat's frames where they lie "
      "(`Capabilities.reads_frames`, the sim) is handed each row's places in the shared ring "
      "instead of gathered samples; it checks the stamps after its read and the clock counts "
      "what it found rewritten at collect. The graph executor still gets its rows gathered. "
@@ -460,15 +461,15 @@ NOTES = (
      "start work to ride inside the captured beat instead of an eager step of its own."),
     ("other", "Persistent-kernel primitives and the mailbox on the H200 (issue 18)",
      ("wpk-sync-h200.json",),
-     "`python bench/wpk_sync_device.py` at 4c7a4e6 (gpu/wpk/; docs/WPK.md): one program an SM "
+     "`python bench/wpk_sync_device.py` at f68eea0 (run as 4c7a4e6, the same tree): one program an SM "
      "(132), cooperative launch. A chain of programs against launch order: correct, 1.1 us a "
      "dependent hop; 500 rounds of grid barriers on one never-reset counter: correct, 1.3 us a "
      "barrier; a doorbell in pinned memory answered by one program: 5.6 us round trip from "
      "Python at p50. The mailbox's controller with 4 stand-in lanes, 500 beats: outputs "
      "correct; ring to acknowledged 7.3 us, to frame 0 done 10.7 us, to beat done 12.3 us at "
      "p50 (21.9 p99) as the host sees them; doorbell to both frames done 5.5 us on the GPU's "
-     "clock. At d8c3175 the host saw the beat done after 64 us: its wait slept with "
-     "time.sleep(0), whose timer slack is ~50 us; it spins first since 1554f22. A task-table "
+     "clock. At 805f8a3 the host saw the beat done after 64 us: its wait slept with "
+     "time.sleep(0), whose timer slack is ~50 us; it spins first since 95d9513. A task-table "
      "program (gpu.wpk.taskrun) over 8 layers of 16 tiles: correct against PyTorch over two "
      "beats, 59 us a beat (7.4 us a layer: its tiles are tiny; this checks the walk, not a "
      "kernel's speed)."),
