@@ -7,7 +7,7 @@
 #                       top kernels of each stage at KERNELS (64) sessions (eager and inside the
 #                       replay); STAGES_ARGS="--profile dense" passes more options
 #   FIDELITY=1          the teacher-forced fidelity harness, full config, both profiles
-#   "$1"                the capacity bench with these arguments
+#   "$1"                the capacity bench with these arguments, on BACKEND (default graph)
 # Usage on the device machine:
 #   WAVE_COMMIT=<sha> PYTEST=1 STAGES=8,32,64,96 bash bench/device_graph.sh "<bench args>"
 # WAVE_COMMIT is the commit of the tree sent, written out where the call is made: the device's copy
@@ -36,5 +36,5 @@ if [ -n "$FIDELITY" ]; then
   done
 fi
 if [ -n "$1" ]; then
-  timeout ${BENCH_TIMEOUT:-300} python3 -m wave_actors.bench --backend graph --out $OUT $1 2>&1 | tee $OUT/bench.log | grep -v "out of context\|held back" | tail -25
+  timeout ${BENCH_TIMEOUT:-300} python3 -m wave_actors.bench --backend ${BACKEND:-graph} --out $OUT $1 2>&1 | tee $OUT/bench.log | grep -v "out of context\|held back" | tail -25
 fi

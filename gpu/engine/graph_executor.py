@@ -387,6 +387,24 @@ class GraphExecutor:
         output ring: all queued on the device, nothing waited for."""
         n, hi = len(plan.live), max(plan.live, default=-1) + 1
         g = self._graph_for(n, len(plan.rows))
+        self._fill_rows(g, plan)
+        for k, t in g.d_in.items():
+            t.copy_(g.h_in[k], non_blocking=True)
+        if hi:
+            self.d_audio[:hi].copy_(self._tensor(inp.audio)[:hi], non_blocking=True)
+        if g.graph is not None:
+            g.graph.replay()
+        else:
+            self._beat_body(g)
+        for name in OUTPUTS:
+            if hi:
+                self._tensor(getattr(out, name))[:hi].copy_(self.d_out[name][:hi],
+                                                            non_blocking=True)
+
+    def _fill_rows(self, g: _Captured, plan: BookPlan) -> None:
+        """The plan's rows into the capture's pinned inputs: the live slots (padded rows point at
+        the trash slot) with their per-row values, and the start rows' prompt chunks."""
+        n = len(plan.live)
         h = g.h_in
         h["slots"][:n] = torch.from_numpy(np.asarray(plan.live, np.int64))
         h["slots"][n:] = self.trash
@@ -399,18 +417,6 @@ class GraphExecutor:
             h["row_slots"][:] = torch.from_numpy(slots)
             h["row_tokens"][:] = torch.from_numpy(tokens)
             h["row_valid"][:] = torch.from_numpy(valid)
-        for k, t in g.d_in.items():
-            t.copy_(h[k], non_blocking=True)
-        if hi:
-            self.d_audio[:hi].copy_(self._tensor(inp.audio)[:hi], non_blocking=True)
-        if g.graph is not None:
-            g.graph.replay()
-        else:
-            self._beat_body(g)
-        for name in OUTPUTS:
-            if hi:
-                self._tensor(getattr(out, name))[:hi].copy_(self.d_out[name][:hi],
-                                                            non_blocking=True)
 
     def _prefill_context(self, slots: list[int]) -> None:
         """Model a session that already spoke for `context_offset` frames: its caches hold that

@@ -31,6 +31,10 @@ REGISTRY: dict[str, ExecutorEntry] = {e.name: e for e in (
     ExecutorEntry(name="graph", target="gpu.engine.graph_executor:GraphExecutor",
                   caps=Capabilities(device=True, reports_launch=True),
                   summary="the full model on one GPU: CUDA graphs and Triton kernels"),
+    ExecutorEntry(name="wpk", target="gpu.engine.wpk_executor:WpkExecutor",
+                  caps=Capabilities(device=True, reports_launch=True, reads_frames=True),
+                  summary="graph's beats started by a doorbell a resident controller answers on "
+                          "the GPU, frames read on the GPU from the clients' ring"),
 )}
 NAMES = tuple(REGISTRY)
 
