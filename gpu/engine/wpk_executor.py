@@ -152,8 +152,9 @@ class WpkExecutor(GraphExecutor):
         with torch.cuda.stream(self._prefix_stream):
             frames_done[(1,)](self._frame_ctr, IS_INTERP=False, num_warps=1)
         ring = self._ring_beat(-1, 0)
-        if ring is not None:
-            self.box.wait_beat(ring, timeout_s=self.controller.watchdog_s)
+        if ring is not None:        # done, or the controller ended (given up meanwhile)
+            self.box._wait(lambda: self.box.beat_done(ring) or self.box.state != M.RUNNING,
+                           WATCHDOG_S, f"the armed prefix let through (ring {ring.seq})")
 
     def _ring_beat(self, beat: int, live: int) -> M.Ring | None:
         """Rings the armed prefix's run; None when the watchdog gave the controller up (then
@@ -173,6 +174,9 @@ class WpkExecutor(GraphExecutor):
             yield
             return
         self._let_through()
+        if self.failed:
+            yield
+            return
         with self.controller.paused():
             yield
             torch.cuda.synchronize()
