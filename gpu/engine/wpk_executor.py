@@ -177,9 +177,17 @@ class WpkExecutor(GraphExecutor):
         if self.failed:
             yield
             return
-        with self.controller.paused():
+        pause = self.controller.paused()
+        try:
+            pause.__enter__()
+        except ControllerFailed:            # given up since: nothing resident to drain
+            yield
+            return
+        try:
             yield
             torch.cuda.synchronize()
+        finally:
+            pause.__exit__(None, None, None)
         self._arm()
 
     def _fail_over(self, why: str) -> None:
