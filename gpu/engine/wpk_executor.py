@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 
 import numpy as np
@@ -48,8 +49,8 @@ log = logging.getLogger("wave.wpk_executor")
 
 # A hang, not a slow beat: a beat at full context with start rows takes ~0.2 s; a stuck one
 # (a module load behind the resident controller) never ends.
-WATCHDOG_S = 5.0
-FRAME_TIMEOUT_NS = 4_000_000_000
+WATCHDOG_S = 2.0
+FRAME_TIMEOUT_NS = 1_000_000_000
 GATHER_BLOCK = 2048                     # SAMPLES_IN rounded up to a power of two
 
 
@@ -60,7 +61,13 @@ class WpkExecutor(GraphExecutor):
 
     def __init__(self, options: ExecutorOptions, capture: bool = True, streams: bool = True,
                  watchdog_s: float = WATCHDOG_S):
+        # Every kernel of the libraries loaded when the context is made, not at its first
+        # launch: an eager op's first launch behind the resident controller never returns
+        # (WPK.md §4). Read once, at the context's creation: too late if CUDA is up already.
+        if not torch.cuda.is_initialized():
+            os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
         super().__init__(options, capture, streams)
+        self.module_loading = os.environ.get("CUDA_MODULE_LOADING", "LAZY")
         dev, rows = self.device, self.max_sessions
         self._desc_h = torch.zeros(Descriptor.words(rows), dtype=torch.int64, pin_memory=True)
         self._desc_d = torch.zeros_like(self._desc_h, device=dev)
@@ -337,6 +344,7 @@ class WpkExecutor(GraphExecutor):
     def describe(self) -> dict:
         return super().describe() | {"wpk": {
             "controller": "failed over to graph beats" if self.failed else "resident",
+            "module_loading": self.module_loading,
             "failed": self.failed, "doorbell_beats": self.doorbell_beats,
             "fallback_beats": self.fallback_beats, "frames_read_on_device": self._ring_src
             is not None, "heartbeat": self.box.heartbeat(), "state": self.box.state}}
