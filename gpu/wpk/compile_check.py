@@ -51,6 +51,15 @@ PROBES = {
                              {"TILE": 256, "BLOCK_N": 1024},
                              ("ld.global.acquire.gpu.b32", "atom.global.gpu.release.add",
                               "nanosleep.u32")),
+    # The wpk executor's beat kernels (gpu.wpk.beat_kernels).
+    "beat_kernels:gate": ({"work": "*i32", "target": "i32"}, {},
+                          ("ld.global.acquire.gpu.b32", "nanosleep.u32")),
+    "beat_kernels:frames_done": ({"frame_ctr": "*i32"}, {}, ("atom.global.gpu.release.add",)),
+    "beat_kernels:gather_frames": ({"desc": "*i64", "number": "*i64", "generation": "*i64",
+                                    "pcm": "*fp32", "audio": "*fp32", "torn": "*i32"},
+                                   {"MAX_ROWS": 300, "SAMPLES": 1280, "BLOCK": 2048},
+                                   ("fence.acq_rel.sys", "ld.global.acquire.sys.b64",
+                                    "ld.volatile.global")),
 }
 
 
