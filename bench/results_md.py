@@ -473,6 +473,42 @@ NOTES = (
      "program (gpu.wpk.taskrun) over 8 layers of 16 tiles: correct against PyTorch over two "
      "beats, 59 us a beat (7.4 us a layer: its tiles are tiny; this checks the walk, not a "
      "kernel's speed)."),
+    ("wpk", "The wpk executor against graph at the same commit (issue 18, stage 1)",
+     ("wpk-dense-n290-20261203T075706.json", "graph-dense-n290-20261203T080040.json",
+      "wpk-reference-n120-20261203T080246.json", "graph-reference-n120-20261203T080442.json",
+      "wpk-dense-n300-20261203T072131.json"),
+     "At 31d030d, `--workers 4`, both executors on the same command. The wpk executor: the "
+     "clock names each row's ring places and rings a doorbell in pinned memory with plain "
+     "stores; a resident one-program controller releases the beat's prefix (queued a beat "
+     "early behind a gate: the descriptor's copy, then the frames read on the GPU straight out "
+     "of the clients' ring, stamps checked); the worker queues the replay behind it; the "
+     "controller publishes the beat done into the mailbox, which the loop polls. Dense 290 x 2 "
+     "x 500: wpk 0 late, p99 141.7 / 141.1 ms (p50 138.6 / 138.7); graph 0 late, p99 141.1 / "
+     "138.8 (p50 138.2 / 137.7). Release to the executor's call p50 1.06-1.09 ms against "
+     "1.66-1.75 (the pack no longer gathers 3 MB), but the executor's time p50 136.9 against "
+     "135.5-136.0 ms (+0.9 to +1.4: the frames read over PCIe inside the beat instead of one "
+     "copy, the gate, the controller on one SM); done to routed p50 0.45 against 0.46-0.48 "
+     "(frame 0 is not routed early: not built). The engine process 16.3 ms of CPU a beat "
+     "against 12.4 (not broken down yet; the watchdog thread polls every 1 ms). Reference "
+     "120 x 1 x 500: wpk p99 98.5 ms against 98.2, executor p50 95.4 against 95.2, release to "
+     "call p50 0.85 against 1.11. Stage 1's target (p99 at least 2 ms below graph's at dense "
+     "capacity, host time after the GPU halved) is missed. Capacity: the wpk executor loads "
+     "every library kernel with the context (`CUDA_MODULE_LOADING=EAGER`), 1.3 GB more device "
+     "memory at 290 (145.2 GB used against 143.8): 300 and 299 dense sessions no longer fit "
+     "(refused at build, and out of memory in a capture). Why eager: the first run at 94c29ac "
+     "(`wpk-dense-n300-20261203T072131.json`, modules loaded lazily) stalled one beat 4.1 s, "
+     "early in its first run, the hang WPK.md §4 describes for a kernel's first launch behind "
+     "a resident program (which eager op was not identified; the context rolls begin then); "
+     "the controller's frame timeout ended it, the watchdog fell back to graph "
+     "beats (96 doorbell beats, then 1,557 graph beats on time, p99 141.9 / 142.5)."),
+    ("other", "The wpk executor soaked: 10,000 beats with random host delays (issue 18)",
+     ("wpk-soak-h200.json",),
+     "`python bench/wpk_soak.py --beats 10000` at 31d030d on the H200 (tiny model, 8 slots, "
+     "frames from a real shared ring): random host delays up to 3 ms before beats and while "
+     "frames are written, 81 session opens and 75 closes (slot resets), 14,465 context rolls, "
+     "7 bucket captures between beats (the controller drained and relaunched each time): every "
+     "beat rung through the doorbell, none fell back, no hang, no torn frame, no non-finite "
+     "output; a beat's wall time 7.1 / 12.9 / 20.1 ms (p50 / p99 / max)."),
 )
 
 
