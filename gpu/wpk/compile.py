@@ -1,0 +1,251 @@
+"""From a stage's IR to task tables (issue 18, stage 2): fusion onto the kernel library, tiling,
+dependency counters, and a static schedule of one queue a program, checked by the validator.
+
+Passes, in order:
+
+1. `fuse`: the IR's launching ops grouped into library kernels: a GEMM (`mm`, `addmm`, `bmm`)
+   takes the pointwise ops that follow it on its output (bias, activation, residual) as its
+   epilogue; `add` then `native_layer_norm` on its result is one `add_layer_norm`; other runs of
+   pointwise ops, each on its predecessor's output, are one `pointwise`; row copies
+   (`index_select`, `index_put_`, `index_copy_`, `gather`, `clone`, `cat`, ...) are `copy`;
+   anything else is a kernel of its own. Views launch nothing and join no kernel.
+2. `depend`: kernel B follows kernel A when B reads a storage A wrote (the last writer before
+   B), writes one A read or wrote (in-place state, a reused buffer), or, through the memory
+   plan (`memplan`), takes bytes of an activation A was the last to touch.
+3. `tile`: each kernel's work split along its output's rows (the sessions) into tiles of
+   `rows_per_tile` (GEMMs also along their output columns), so a kernel's tiles can run on
+   many programs at once.
+4. `schedule`: every kernel a counter that its tiles signal; a tile waits for all tiles of each
+   kernel it follows (a task waits on one counter, so a tile with k producers is preceded in
+   its queue by k - 1 `join` tasks, each waiting on one); tiles dealt round-robin to the
+   programs in the IR's order (every queue is then in dependency order: nothing deadlocks).
+
+Counters are per kernel (all of a producer's tiles), not per tile: the finer edges (row tile
+to row tile) are not built. The tables run no numerics yet: their ops are the library's kernels
+by name; `gpu.wpk.schedule.run` plays them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch.utils._pytree import tree_flatten
+
+from gpu.wpk import memplan
+from gpu.wpk.ir import Graph, Ref, Storage, at
+from gpu.wpk.schedule import NONE, OpSpec, Task, TaskTable, validate
+
+POINTWISE = {"add", "sub", "rsub", "mul", "div", "silu", "relu", "sigmoid", "glu", "neg", "exp",
+             "masked_fill", "bitwise_not", "bitwise_or", "bitwise_and", "eq", "le", "lt", "ge",
+             "gt", "remainder", "where", "clamp", "_to_copy", "tanh", "pow", "sqrt", "rsqrt"}
+GEMM = {"mm", "addmm", "bmm"}
+COPY = {"index_select", "index_put_", "index_copy_", "gather", "clone", "cat", "stack", "copy_",
+        "constant_pad_nd", "index", "arange", "fill_", "zero_"}
+LIBRARY = ("join", "gemm", "add_layer_norm", "layer_norm", "pointwise", "copy", "softmax", "conv",
+           "other")
+OP_CODE = {name: i for i, name in enumerate(LIBRARY)}
+
+
+@dataclass
+class Kernel:
+    name: str
+    nodes: list                     # IR node indices
+    reads: set = field(default_factory=set)
+    writes: set = field(default_factory=set)
+    after: set = field(default_factory=set)     # kernel indices it follows
+    tiles: int = 1
+
+
+def _outputs_of(graph: Graph, k: int) -> set:
+    return {r.value for r in graph.nodes[k].outs if r is not None}
+
+
+def _inputs_of(graph: Graph, k: int) -> set:
+    flat = tree_flatten((graph.nodes[k].args, graph.nodes[k].kwargs))[0]
+    return {r.value for r in flat if isinstance(r, Ref)}
+
+
+def _kind(op: str) -> str:
+    if op in GEMM:
+        return "gemm"
+    if op in POINTWISE:
+        return "pointwise"
+    if op in COPY:
+        return "copy"
+    if op == "native_layer_norm":
+        return "layer_norm"
+    if op in ("_softmax", "softmax"):
+        return "softmax"
+    if op == "convolution":
+        return "conv"
+    return "other"
+
+
+def _storages(graph: Graph, nodes: list[int]) -> tuple[set, set]:
+    reads, writes = set(), set()
+    for k in nodes:
+        reads |= graph.nodes[k].reads
+        writes |= graph.nodes[k].writes
+    return reads, writes
+
+
+def reduce_edges(kernels: list[Kernel]) -> None:
+    """Drops an edge A → B when B also follows a kernel that follows A: with a counter per
+    kernel, every tile of that kernel waited for all of A before signalling."""
+    reach: list[int] = []               # bit j: kernel j is behind kernel i
+    for i, kern in enumerate(kernels):
+        behind = 0
+        for j in kern.after:
+            behind |= reach[j]
+        kern.after = {j for j in kern.after if not (behind >> j) & 1}
+        for j in kern.after:
+            behind |= 1 << j
+        reach.append(behind)
+
+
+def fuse(graph: Graph) -> list[Kernel]:
+    """Pass 1 (see the module's docstring)."""
+    kernels: list[Kernel] = []
+    last_out: set = set()            # values the open kernel produced (through views too)
+    for k, node in enumerate(graph.nodes):
+        if node.view:
+            src = _inputs_of(graph, k)
+            if kernels and src & last_out:
+                last_out |= _outputs_of(graph, k)
+            continue
+        kind = _kind(node.op)
+        ins = _inputs_of(graph, k)
+        open_ = kernels[-1] if kernels else None
+        joins = open_ is not None and bool(ins & last_out) and (
+            (kind == "pointwise" and open_.name in ("gemm", "pointwise"))
+            or (node.op == "native_layer_norm" and open_.name == "pointwise"
+                and graph.nodes[open_.nodes[-1]].op == "add" and len(open_.nodes) == 1))
+        split_add = (not joins and node.op == "native_layer_norm" and open_ is not None
+                     and len(open_.nodes) > 1 and graph.nodes[open_.nodes[-1]].op == "add"
+                     and bool(ins & _outputs_of(graph, open_.nodes[-1])))
+        if joins:
+            open_.nodes.append(k)
+            if node.op == "native_layer_norm":
+                open_.name = "add_layer_norm"
+        elif split_add:             # a residual add ended a GEMM's epilogue: it goes with the norm
+            add = open_.nodes.pop()
+            open_.reads, open_.writes = _storages(graph, open_.nodes)
+            kernels.append(Kernel("add_layer_norm", [add, k], *_storages(graph, [add])))
+            last_out = _outputs_of(graph, add)
+        else:
+            kernels.append(Kernel(kind, [k]))
+            last_out = set()
+        last_out |= _outputs_of(graph, k)
+        kernels[-1].reads |= node.reads
+        kernels[-1].writes |= node.writes
+    return kernels
+
+
+def depend(graph: Graph, kernels: list[Kernel], batch: int) -> memplan.Plan:
+    """Pass 2: `Kernel.after` from data (RAW, WAR, WAW on storages) and from the memory plan's
+    reuse of bytes; returns the plan."""
+    last_writer: dict[int, int] = {}
+    readers: dict[int, list[int]] = {}
+    for i, kern in enumerate(kernels):
+        for sid in kern.reads:
+            if sid in last_writer and last_writer[sid] != i:
+                kern.after.add(last_writer[sid])
+        for sid in kern.writes:
+            if sid in last_writer and last_writer[sid] != i:
+                kern.after.add(last_writer[sid])
+            kern.after |= {r for r in readers.get(sid, []) if r != i}
+        for sid in kern.reads:
+            readers.setdefault(sid, []).append(i)
+        for sid in kern.writes:
+            last_writer[sid] = i
+            readers[sid] = []
+    plan = memplan.plan(graph, batch)
+    toucher = {}                    # storage → (first kernel, last kernel) touching it
+    for i, kern in enumerate(kernels):
+        for sid in kern.reads | kern.writes:
+            f, _ = toucher.get(sid, (i, i))
+            toucher[sid] = (f, i)
+    for a in plan.blocks:
+        for b in plan.blocks:
+            oa, ob = plan.offsets[a.storage], plan.offsets[b.storage]
+            shares = oa < ob + b.size and ob < oa + a.size
+            if shares and a.last < b.first and a.storage in toucher and b.storage in toucher:
+                first_b = toucher[b.storage][0]
+                last_a = toucher[a.storage][1]
+                if last_a != first_b:
+                    kernels[first_b].after.add(last_a)
+    return plan
+
+
+def tile(graph: Graph, kernels: list[Kernel], batch: int, rows_per_tile: int = 16,
+         cols_per_tile: int = 256) -> None:
+    """Pass 3: `Kernel.tiles` from each kernel's last node's first output."""
+    for kern in kernels:
+        node = graph.nodes[kern.nodes[-1]]
+        outs = [r for r in node.outs if r is not None]
+        if not outs:
+            kern.tiles = 1
+            continue
+        shape = at(graph.values[outs[0].value].shape, batch)
+        rows = shape[0] if shape else 1
+        tiles = max(1, -(-rows // rows_per_tile))
+        if kern.name == "gemm" and len(shape) >= 2:
+            tiles *= max(1, -(-shape[-1] // cols_per_tile))
+        kern.tiles = tiles
+
+
+@dataclass
+class Compiled:
+    kernels: list
+    table: TaskTable
+    plan: memplan.Plan
+    joins: int
+
+    def critical_path(self) -> int:
+        """The most kernels one after another (the chain no schedule can shorten)."""
+        depth: dict[int, int] = {}
+        for i, kern in enumerate(self.kernels):
+            depth[i] = 1 + max((depth[j] for j in kern.after), default=0)
+        return max(depth.values(), default=0)
+
+
+def schedule(kernels: list[Kernel], programs: int) -> tuple[TaskTable, int]:
+    """Pass 4: the task table (counter i is kernel i's), and how many join tasks it needed."""
+    queues: list[list[Task]] = [[] for _ in range(programs)]
+    q, joins = 0, 0
+    for i, kern in enumerate(kernels):
+        after = sorted(kern.after)
+        for t in range(kern.tiles):
+            queue = queues[q]
+            for j in after[:-1]:
+                queue.append(Task(OP_CODE["join"], j, kernels[j].tiles, NONE, ()))
+                joins += 1
+            wait = after[-1] if after else NONE
+            count = kernels[wait].tiles if after else 0
+            queue.append(Task(OP_CODE[kern.name], wait, count, i, (i, t)))
+            q = (q + 1) % programs
+    ops = {code: OpSpec(name) for name, code in OP_CODE.items()}
+    return TaskTable(queues, len(kernels), [], ops), joins
+
+
+def compile_stage(graph: Graph, batch: int, programs: int = 132,
+                  rows_per_tile: int = 16) -> Compiled:
+    """The passes in order, for a batch of `batch` sessions; the table must validate."""
+    kernels = fuse(graph)
+    plan = depend(graph, kernels, batch)
+    reduce_edges(kernels)
+    tile(graph, kernels, batch, rows_per_tile)
+    table, joins = schedule(kernels, programs)
+    problems = validate(table)
+    if problems:
+        raise ValueError(f"the emitted table is unsound: {problems[:3]}")
+    return Compiled(kernels, table, plan, joins)
+
+
+def summary(c: Compiled, graph: Graph) -> dict:
+    import collections
+    return {"ir_launches": graph.launches(), "kernels": len(c.kernels),
+            "by_kernel": dict(collections.Counter(k.name for k in c.kernels)),
+            "tasks": sum(len(q) for q in c.table.queues), "joins": c.joins,
+            "critical_path_kernels": c.critical_path(),
+            "arena_mb": round(c.plan.arena / 1e6, 2),
+            "weights_mb": round(graph.bytes_of(Storage.WEIGHT) / 1e6, 2)}
