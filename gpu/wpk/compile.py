@@ -11,7 +11,8 @@ Passes, in order:
    anything else is a kernel of its own. Views launch nothing and join no kernel.
 2. `depend`: kernel B follows kernel A when B reads a storage A wrote (the last writer before
    B), writes one A read or wrote (in-place state, a reused buffer), or, through the memory
-   plan (`memplan`), takes bytes of an activation A was the last to touch.
+   plan (`memplan`, lifetimes counted in kernels: a kernel's tiles run at once), takes bytes
+   of an activation A touched.
 3. `tile`: each kernel's work split along its output's rows (the sessions) into tiles of
    `rows_per_tile` (GEMMs also along their output columns), so a kernel's tiles can run on
    many programs at once.
@@ -158,21 +159,21 @@ def depend(graph: Graph, kernels: list[Kernel], batch: int) -> memplan.Plan:
         for sid in kern.writes:
             last_writer[sid] = i
             readers[sid] = []
-    plan = memplan.plan(graph, batch)
-    toucher = {}                    # storage → (first kernel, last kernel) touching it
+    kernel_of = {k: i for i, kern in enumerate(kernels) for k in kern.nodes}
+    plan = memplan.plan(graph, batch, kernel_of)
+    touchers: dict[int, list[int]] = {}     # storage → the kernels touching it, in order
     for i, kern in enumerate(kernels):
         for sid in kern.reads | kern.writes:
-            f, _ = toucher.get(sid, (i, i))
-            toucher[sid] = (f, i)
+            touchers.setdefault(sid, []).append(i)
     for a in plan.blocks:
         for b in plan.blocks:
             oa, ob = plan.offsets[a.storage], plan.offsets[b.storage]
             shares = oa < ob + b.size and ob < oa + a.size
-            if shares and a.last < b.first and a.storage in toucher and b.storage in toucher:
-                first_b = toucher[b.storage][0]
-                last_a = toucher[a.storage][1]
-                if last_a != first_b:
-                    kernels[first_b].after.add(last_a)
+            if shares and a.last < b.first and a.storage in touchers and b.storage in touchers:
+                # every kernel touching the earlier storage (readers may finish in any order),
+                # not only the last in the IR's order
+                first_b = touchers[b.storage][0]
+                kernels[first_b].after |= {i for i in touchers[a.storage] if i != first_b}
     return plan
 
 

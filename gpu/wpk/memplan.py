@@ -40,18 +40,25 @@ def _up(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def lifetimes(graph: Graph, batch: int | None = None) -> list[Block]:
-    """The planned storages' sizes (at `batch` for a symbolic graph) and lifetimes."""
+def lifetimes(graph: Graph, batch: int | None = None,
+              step_of: dict[int, int] | None = None) -> list[Block]:
+    """The planned storages' sizes (at `batch` for a symbolic graph) and lifetimes, in nodes,
+    or in the steps `step_of` maps nodes to (a compiled stage's kernels: what one kernel
+    touches is live for all of it, since its tiles run at once; nodes it does not map, the
+    views, read no data of their own)."""
     planned = {i for i, s in enumerate(graph.storages)
                if s.kind in (Storage.ACTIVATION, Storage.OUTPUT)}
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for k, node in enumerate(graph.nodes):
+        if step_of is not None and k not in step_of:
+            continue
+        step = k if step_of is None else step_of[k]
         for sid in node.reads | node.writes:
             if sid in planned:
-                first.setdefault(sid, k)
-                last[sid] = k
-    end = len(graph.nodes)
+                first.setdefault(sid, step)
+                last[sid] = step
+    end = len(graph.nodes) if step_of is None else max(step_of.values(), default=0) + 1
     blocks = []
     for sid in sorted(first):
         info = graph.storages[sid]
@@ -80,8 +87,8 @@ def place(blocks: list[Block]) -> Plan:
     return Plan(list(blocks), offsets, arena)
 
 
-def plan(graph: Graph, batch: int | None = None) -> Plan:
-    return place(lifetimes(graph, batch))
+def plan(graph: Graph, batch: int | None = None, step_of: dict[int, int] | None = None) -> Plan:
+    return place(lifetimes(graph, batch, step_of))
 
 
 def peak(blocks: list[Block]) -> int:
