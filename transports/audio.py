@@ -94,34 +94,27 @@ def decode(data: bytes, fmt: str) -> np.ndarray:
     return pcm.astype(np.float32) / 32768.0
 
 
-def encode(x: np.ndarray, fmt: str) -> bytes:
-    """float32 samples to wire bytes of `fmt`."""
+def _encoded(x: np.ndarray, fmt: str) -> np.ndarray:
+    """float32 samples (any shape) as an array of `fmt`'s wire samples, elementwise."""
     if fmt == "pcm_f32le":
-        return np.asarray(x, "<f4").tobytes()
+        return np.ascontiguousarray(x, "<f4")
     pcm = float_to_int16(x)
     if fmt == "pcm_s16le":
-        return pcm.astype("<i2").tobytes()
-    if fmt == "pcmu":
-        return int16_to_ulaw(pcm)
-    if fmt == "pcma":
-        return int16_to_alaw(pcm)
+        return pcm.astype("<i2")
+    if fmt in ("pcmu", "pcma"):
+        return (ULAW_ENCODE if fmt == "pcmu" else ALAW_ENCODE)[pcm.astype(np.int32) + 32768]
     raise ValueError(f"unknown format {fmt!r}")
+
+
+def encode(x: np.ndarray, fmt: str) -> bytes:
+    """float32 samples to wire bytes of `fmt`."""
+    return _encoded(x, fmt).tobytes()
 
 
 def encode_rows(block: np.ndarray, fmt: str) -> list[bytes]:
     """`encode` of each row of [N, samples] as one array operation, then one bytes a row
     (a worker's audio messages of one format and length, each beat)."""
-    if fmt == "pcm_f32le":
-        out = np.ascontiguousarray(block, "<f4")
-    else:
-        pcm = float_to_int16(block)                      # elementwise: each row as alone
-        if fmt == "pcm_s16le":
-            out = pcm.astype("<i2")
-        elif fmt in ("pcmu", "pcma"):
-            out = (ULAW_ENCODE if fmt == "pcmu" else ALAW_ENCODE)[pcm.astype(np.int32) + 32768]
-        else:
-            raise ValueError(f"unknown format {fmt!r}")
-    return [row.tobytes() for row in out]
+    return [row.tobytes() for row in _encoded(block, fmt)]
 
 
 class StreamResampler:
