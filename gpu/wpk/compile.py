@@ -29,10 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torch.utils._pytree import tree_flatten
-
 from gpu.wpk import memplan
-from gpu.wpk.ir import Graph, Ref, Storage, at
+from gpu.wpk.ir import Graph, Storage, at
 from gpu.wpk.schedule import NONE, OpSpec, Task, TaskTable, validate
 
 POINTWISE = {"add", "sub", "rsub", "mul", "div", "silu", "relu", "sigmoid", "glu", "neg", "exp",
@@ -61,8 +59,7 @@ def _outputs_of(graph: Graph, k: int) -> set:
 
 
 def _inputs_of(graph: Graph, k: int) -> set:
-    flat = tree_flatten((graph.nodes[k].args, graph.nodes[k].kwargs))[0]
-    return {r.value for r in flat if isinstance(r, Ref)}
+    return {r.value for r in graph.nodes[k].refs()}
 
 
 def _kind(op: str) -> str:
@@ -129,15 +126,14 @@ def fuse(graph: Graph) -> list[Kernel]:
                 open_.name = "add_layer_norm"
         elif split_add:             # a residual add ended a GEMM's epilogue: it goes with the norm
             add = open_.nodes.pop()
-            open_.reads, open_.writes = _storages(graph, open_.nodes)
-            kernels.append(Kernel("add_layer_norm", [add, k], *_storages(graph, [add])))
+            kernels.append(Kernel("add_layer_norm", [add, k]))
             last_out = _outputs_of(graph, add)
         else:
             kernels.append(Kernel(kind, [k]))
             last_out = set()
         last_out |= _outputs_of(graph, k)
-        kernels[-1].reads |= node.reads
-        kernels[-1].writes |= node.writes
+    for kern in kernels:
+        kern.reads, kern.writes = _storages(graph, kern.nodes)
     return kernels
 
 

@@ -95,6 +95,10 @@ class Node:
     writes: set = field(default_factory=set)
     view: bool = False
 
+    def refs(self) -> list[Ref]:
+        """Its tensor arguments."""
+        return [r for r in tree_flatten((self.args, self.kwargs))[0] if isinstance(r, Ref)]
+
 
 @dataclass
 class Graph:
@@ -165,22 +169,22 @@ class _Tracer(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         ref = lambda x: Ref(self._value(x, Storage.CONSTANT)) if isinstance(x, torch.Tensor) else x  # noqa: E731
-        node_args, node_kwargs = tree_map(ref, args), tree_map(ref, kwargs)
-        flat_in, _ = tree_flatten((node_args, node_kwargs))
-        reads = {self.values[r.value].storage for r in flat_in if isinstance(r, Ref)}
+        node = Node(func.overloadpacket.__name__, func, tree_map(ref, args),
+                    tree_map(ref, kwargs), [], view=_is_view(func))
+        reads = {self.values[r.value].storage for r in node.refs()}
         writes = set()
         for i in _written_args(func):
-            if i < len(node_args) and isinstance(node_args[i], Ref):
-                writes.add(self.values[node_args[i].value].storage)
-        for name, v in node_kwargs.items():             # out= arguments
+            if i < len(node.args) and isinstance(node.args[i], Ref):
+                writes.add(self.values[node.args[i].value].storage)
+        for name, v in node.kwargs.items():             # out= arguments
             if name == "out" and isinstance(v, Ref):
                 writes.add(self.values[v.value].storage)
         flat_out, _ = tree_flatten(out)
         outs = [Ref(self._value(o, Storage.ACTIVATION)) if isinstance(o, torch.Tensor) else None
                 for o in flat_out]
         fresh = {self.values[r.value].storage for r in outs if r is not None} - reads
-        self.nodes.append(Node(func.overloadpacket.__name__, func, node_args, node_kwargs, outs,
-                               reads, writes | fresh, _is_view(func)))
+        node.outs, node.reads, node.writes = outs, reads, writes | fresh
+        self.nodes.append(node)
         return out
 
 
@@ -248,27 +252,50 @@ def symbolic(g1: Graph, b1: int, g2: Graph, b2: int) -> Graph:
     return Graph(nodes, values, storages, dict(g1.named), list(g1.outputs), "B", dict(g1.held))
 
 
+class Runner:
+    """Runs recorded nodes on real tensors: `env` maps value ids to tensors (the CONSTANT ones
+    as traced, the named ones as given); a symbolic graph runs at `batch`, and a traced op's
+    device arguments become `device`."""
+
+    def __init__(self, graph: Graph, tensors: dict[str, torch.Tensor], batch: int | None = None,
+                 device: torch.device | str = "cpu"):
+        self.graph, self.batch, self.device = graph, batch, torch.device(device)
+        self.env: dict[int, torch.Tensor] = dict(graph.held)
+        self.env.update({graph.named[k]: t for k, t in tensors.items()})
+
+    def _resolve(self, x):
+        if isinstance(x, Ref):
+            return self.env[x.value]
+        if isinstance(x, Dim):
+            return x.at(self.batch)
+        if isinstance(x, torch.device):
+            return self.device
+        return x
+
+    def ready(self, k: int) -> bool:
+        """Whether every tensor node `k` takes is bound."""
+        return all(r.value in self.env for r in self.graph.nodes[k].refs())
+
+    def run(self, k: int, place: Callable[[int, torch.Tensor], torch.Tensor] | None = None
+            ) -> None:
+        """Node `k`, its results bound (a value bound already keeps its tensor: an in-place op
+        returns its input); `place(value, tensor)` may put a fresh result elsewhere first."""
+        node = self.graph.nodes[k]
+        out = node.func(*tree_map(self._resolve, node.args),
+                        **tree_map(self._resolve, node.kwargs))
+        for ref, t in zip(node.outs, tree_flatten(out)[0]):
+            if ref is not None and ref.value not in self.env:
+                self.env[ref.value] = t if place is None else place(ref.value, t)
+
+    def outputs(self) -> list[torch.Tensor]:
+        return [self.env[v] for v in self.graph.outputs]
+
+
 def replay(graph: Graph, tensors: dict[str, torch.Tensor], batch: int | None = None,
            device: torch.device | str = "cpu") -> list[torch.Tensor]:
-    """Runs the recorded ops on `tensors` (a tensor for every named value; the CONSTANT ones
-    are the tensors traced) and returns the outputs. A symbolic graph runs at `batch`."""
-    env: dict[int, torch.Tensor] = dict(graph.held)
-    env.update({graph.named[k]: t for k, t in tensors.items()})
-    dev = torch.device(device)
-
-    def resolve(x):
-        if isinstance(x, Ref):
-            return env[x.value]
-        if isinstance(x, Dim):
-            return x.at(batch)
-        if isinstance(x, torch.device):
-            return dev
-        return x
+    """Runs the recorded ops in order on `tensors` (see `Runner`) and returns the outputs."""
+    runner = Runner(graph, tensors, batch, device)
     with torch.no_grad():
-        for node in graph.nodes:
-            args, kwargs = tree_map(resolve, node.args), tree_map(resolve, node.kwargs)
-            out = node.func(*args, **kwargs)
-            for ref, t in zip(node.outs, tree_flatten(out)[0]):
-                if ref is not None:
-                    env.setdefault(ref.value, t)
-    return [env[v] for v in graph.outputs]
+        for k in range(len(graph.nodes)):
+            runner.run(k)
+    return runner.outputs()

@@ -11,10 +11,9 @@ from __future__ import annotations
 import random
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 from gpu.wpk.compile import OP_CODE, Compiled
-from gpu.wpk.ir import Dim, Graph, Ref
+from gpu.wpk.ir import Graph, Runner
 from gpu.wpk.schedule import run
 
 
@@ -43,43 +42,19 @@ def play(graph: Graph, compiled: Compiled, tensors: dict, batch: int | None = No
          seed: int = 0, beats: int = 1, device: str = "cpu") -> list[torch.Tensor]:
     """The stage's outputs, played from the table in a random order (`seed`) on `tensors`
     (on `device`, where a traced op's device arguments are moved too)."""
-    dev = torch.device(device)
-    env = dict(graph.held)
-    env.update({graph.named[k]: t for k, t in tensors.items()})
-    arena = _Arena(graph, compiled, dev)
-    views = [k for k, n in enumerate(graph.nodes) if n.view]
-    pending = list(views)
+    runner = Runner(graph, tensors, batch, device)
+    arena = _Arena(graph, compiled, runner.device)
+    pending = [k for k, n in enumerate(graph.nodes) if n.view]
     done_tiles: dict[int, int] = {}
-
-    def resolve(x):
-        if isinstance(x, Ref):
-            return env[x.value]
-        if isinstance(x, Dim):
-            return x.at(batch)
-        if isinstance(x, torch.device):
-            return dev
-        return x
-
-    def ready(k: int) -> bool:
-        flat = tree_flatten((graph.nodes[k].args, graph.nodes[k].kwargs))[0]
-        return all(r.value in env for r in flat if isinstance(r, Ref))
-
-    def execute(k: int, fresh: bool) -> None:
-        node = graph.nodes[k]
-        out = node.func(*tree_map(resolve, node.args), **tree_map(resolve, node.kwargs))
-        for ref, t in zip(node.outs, tree_flatten(out)[0]):
-            if ref is None or ref.value in env:
-                continue
-            env[ref.value] = arena.place(ref.value, t) if fresh else t
 
     def run_kernel(i: int) -> None:
         for k in compiled.kernels[i].nodes:
             # views launch nothing: run each once its base exists, before the op that may use it
             for view in [v for v in pending if v < k]:
-                if ready(view):             # in order: a view of a view finds its base bound
-                    execute(view, fresh=False)
+                if runner.ready(view):      # in order: a view of a view finds its base bound
+                    runner.run(view)
                     pending.remove(view)
-            execute(k, fresh=True)
+            runner.run(k, arena.place)
 
     def on_task(beat, at, task):
         if task.op == OP_CODE["join"]:
@@ -92,6 +67,6 @@ def play(graph: Graph, compiled: Compiled, tensors: dict, batch: int | None = No
     rng = random.Random(seed)
     with torch.no_grad():
         run(compiled.table, beats, order=lambda can: rng.choice(can), on_task=on_task)
-        for view in [v for v in pending if ready(v)]:
-            execute(view, fresh=False)
-    return [env[v] for v in graph.outputs]
+        for view in [v for v in pending if runner.ready(v)]:
+            runner.run(view)
+    return runner.outputs()
