@@ -20,8 +20,8 @@ A beat, from the clock's call:
 Nothing may load a module or wait for the whole device while the controller is resident (WPK.md
 §4): captures, the baseline and the executor's close run `_maintenance`: the armed prefix is let
 through with no rows, the controller drained, the body run, the controller launched again. The
-beat's kernels and eager ops are run once before the controller first starts, so their modules
-are loaded. A watchdog rings EXIT when a beat is not done in time or the controller failed; the
+libraries' kernels are loaded with the context (`CUDA_MODULE_LOADING=EAGER`), and the beat's own
+kernels and eager ops run once before the controller first starts. A watchdog rings EXIT when a beat is not done in time or the controller failed; the
 executor then serves as the graph executor does (prefix queued at the beat, its events waited
 for), with the reason in `describe()["wpk"]`.
 """
@@ -36,7 +36,7 @@ import time
 import numpy as np
 import torch
 
-from gpu.engine.graph_executor import OUTPUTS, GraphExecutor
+from gpu.engine.graph_executor import OUTPUTS, POLL_LEAD_S, POLL_UNKNOWN_S, GraphExecutor
 from gpu.wpk import mailbox as M
 from gpu.wpk.beat_kernels import Descriptor, frames_done, gate, gather_frames
 from gpu.wpk.controller import ControllerFailed, ResidentController
@@ -321,13 +321,13 @@ class WpkExecutor(GraphExecutor):
         if ring is None or self.failed:
             return await super()._device_done(t0, fastest)
         if fastest is not None:
-            delay = t0 + fastest - 1.5e-3 - time.perf_counter()
+            delay = t0 + fastest - POLL_LEAD_S - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
         while not self.box.beat_done(ring):
             if self.failed:
                 return await super()._device_done(t0, fastest)
-            await asyncio.sleep(0 if fastest is not None else 5e-4)
+            await asyncio.sleep(0 if fastest is not None else POLL_UNKNOWN_S)
 
     def collect(self, plan: BookPlan, out: BeatOutput) -> float:
         """The beat's outputs are in `out` already; frames the device found written again are
