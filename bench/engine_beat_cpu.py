@@ -65,7 +65,7 @@ class _Tx:
                 parts = d.recv_multipart(copy=False)
                 if view is not None and bytes(parts[0]) == W.BEAT_AT:
                     t = time.perf_counter()
-                    _rows, slots, at = W.read_beat_at(*(p.buffer for p in parts[1:5]))
+                    _rows, slots, at, _frames = W.read_beat_at(*(p.buffer for p in parts[1:5]))
                     assert view.take(at["index"], at["fill"], slots) is not None
                     spent += time.perf_counter() - t
         return spent

@@ -85,7 +85,7 @@ def stand_in_workers(endpoint: str, handles: list[list[tuple[int, int]]], wait_s
                     slots, ring, name = W.read_frames_at(*parts[1:3])
                     rings[w] = FramesView(name, slots, ring) if name else None
                 elif parts[0] == W.BEAT_AT:
-                    _rows, slots, at = W.read_beat_at(*parts[1:5])
+                    _rows, slots, at, _frames = W.read_beat_at(*parts[1:5])
                     view = views.get(at["name"])
                     if view is None:
                         view = views[at["name"]] = OutputsView(at["name"], at["slots"],

@@ -28,6 +28,9 @@ class CostModel:
     start_rows_s: float = 0.0             # what a beat's start rows add to it
     small_rows_s: float | None = None     # the same for the small row capture (None: as above)
     jitter_rel: float = 0.0
+    # By this share of a beat's time its frame 0 is done and routed (frame 1 computes on): the
+    # engine's beat hears both frames, then thinks, speaks and decodes frame 0 before frame 1.
+    first_frame_share: float = 0.6
     usable_bytes: float = 148e9           # device memory the engine may use
     weights_bytes: float = 23.83e9
     workspace_bytes: float = 4e9

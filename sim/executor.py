@@ -27,7 +27,8 @@ import numpy as np
 from sim.costmodel import CostModel
 from wave_actors.core.contract import (NO_TOKEN, BeatInput, BeatOutput, ExecutorOptions,
                                        SessionSpec, need_slots)
-from wave_actors.core.frames import FRAMES_PER_BEAT, OUT_RATE, SAMPLES_IN, SAMPLES_OUT
+from wave_actors.core.frames import (ALL_FRAMES, FIRST_FRAME, FRAMES_PER_BEAT, LATER_FRAMES, OUT_RATE,
+                                     SAMPLES_IN, SAMPLES_OUT)
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import BookPlan, StartShape
@@ -121,6 +122,7 @@ class SimExecutor:
         for slot, phrase in enumerate(phrases):
             self._phrases[slot, :len(phrase)] = phrase
         self._inflight: tuple[float, float] | None = None
+        self._first: tuple | None = None      # (when frame 0 is done, its plan and outputs)
         self._hearer: concurrent.futures.ThreadPoolExecutor | None = None
         self._heard: concurrent.futures.Future | None = None
         # CPU seconds of the work that stands in for the GPU's (hearing), on the executor's
@@ -176,7 +178,9 @@ class SimExecutor:
         # buffer is not packed again before this beat is collected.
         self._heard = self._hearing().submit(_heard, inp, live)
         total = live_s + rows_s
-        self._inflight = (self.clock.now() + total, total)
+        now = self.clock.now()
+        self._inflight = (now + total, total)
+        self._first = (now + self.cost.first_frame_share * total, plan, out)
 
     def _hearing(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._hearer is None:
@@ -187,35 +191,54 @@ class SimExecutor:
         if self._inflight is not None:
             await self.clock.sleep_until(self._inflight[0])
 
+    async def wait_first(self) -> None:
+        """Frame 0 done at the cost model's `first_frame_share` of the beat."""
+        if self._inflight is None or self._first is None:
+            return
+        at, plan, out = self._first
+        await self.clock.sleep_until(at)
+        if self._first is not None:
+            self._first = None
+            self._fill(plan, out, FIRST_FRAME)
+
     def collect(self, plan: BookPlan, out: BeatOutput) -> float:
         _end, total = self._inflight
         self._inflight = None
-        if plan.live:
-            # The model's outputs as arrays: a GPU writes them without the host's help, so the
-            # sim's share of the clock's loop stays small beside the clock's own at 1,000
-            # sessions. The audio rows hold each slot's tone already (alloc_output).
-            live = np.asarray(plan.live, np.int64)
-            frames = np.asarray(plan.frame0[:len(live)], np.int64)[:, None] \
-                + np.arange(FRAMES_PER_BEAT)
-            out.user[live] = NO_TOKEN
-            heard, spent = self._heard.result()
-            self.cpu_s += spent
-            rows, cols = np.nonzero(heard)
-            out.user[live[rows], cols, 0] = ord("a") + frames[rows, cols] % 26
-            said = self._phrases[live[:, None], frames % self._phrase_len[live][:, None]]
-            out.text[live] = np.where(frames % SPEAK_PERIOD >= SPEAK_PERIOD // 2, PAD, said)
-            out.func[live] = PAD
-            if self._func_queue:
-                row = {slot: r for r, slot in enumerate(plan.live)}
-                for slot in [s for s in self._func_queue if s in row]:
-                    self._say_call(slot, int(frames[row[slot], 0]), out)
+        self._fill(plan, out, ALL_FRAMES if self._first is not None else LATER_FRAMES)
+        self._first = None
         return total
 
-    def _say_call(self, slot: int, frame0: int, out: BeatOutput) -> None:
-        """The slot's next function-channel tokens, one a frame from CALL_AT_FRAME on."""
+    def _fill(self, plan: BookPlan, out: BeatOutput, which: slice) -> None:
+        """The model's outputs of frames `which` as arrays: a GPU writes them without the
+        host's help, so the sim's share of the clock's loop stays small beside the clock's own
+        at 1,000 sessions. The audio rows hold each slot's tone already (alloc_output)."""
+        if not plan.live:
+            return
+        live = np.asarray(plan.live, np.int64)
+        frames = np.asarray(plan.frame0[:len(live)], np.int64)[:, None] \
+            + np.arange(FRAMES_PER_BEAT)[which]
+        out.user[live, which] = NO_TOKEN
+        if which.start == 0:                    # the hearing is counted once a beat
+            heard, spent = self._heard.result()
+            self.cpu_s += spent
+        else:
+            heard, _ = self._heard.result()
+        rows, cols = np.nonzero(heard[:, which])
+        out.user[live[rows], which.start + cols, 0] = ord("a") + frames[rows, cols] % 26
+        said = self._phrases[live[:, None], frames % self._phrase_len[live][:, None]]
+        out.text[live, which] = np.where(frames % SPEAK_PERIOD >= SPEAK_PERIOD // 2, PAD, said)
+        out.func[live, which] = PAD
+        if self._func_queue:
+            row = {slot: r for r, slot in enumerate(plan.live)}
+            for slot in [s for s in self._func_queue if s in row]:
+                self._say_call(slot, int(frames[row[slot], 0]), out, which)
+
+    def _say_call(self, slot: int, first: int, out: BeatOutput, which: slice) -> None:
+        """The slot's next function-channel tokens, one a frame from CALL_AT_FRAME on; `first`
+        is the number of frame `which.start`."""
         queue = self._func_queue[slot]
-        for f in range(FRAMES_PER_BEAT):
-            if queue and frame0 + f >= CALL_AT_FRAME:
+        for f in range(which.start, which.stop):
+            if queue and first + f - which.start >= CALL_AT_FRAME:
                 out.func[slot, f] = queue.pop(0)
         if not queue:
             del self._func_queue[slot]

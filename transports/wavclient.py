@@ -130,6 +130,10 @@ async def _main(args) -> int:
                       "agent_text": res.agent_text[-200:], "user_text": res.user_text[-200:],
                       "function_calls": [c.name for c in res.calls],
                       "errors": [f"{e.code}: {e.message}" for e in res.errors],
+                      # every audio message's frame number once, in order, with no gap
+                      "frames_in_order": res.frames == list(range(res.frames[0], res.frames[0]
+                                                                  + len(res.frames)))
+                      if res.frames else True,
                       "stats": res.stats}, indent=2))
     return 0
 

@@ -36,7 +36,7 @@ import zmq.asyncio
 from transports import zsock
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import Executor, Handle, SessionSpec
-from wave_actors.core.frames import BEAT_S
+from wave_actors.core.frames import ALL_FRAMES, BEAT_S, FIRST_FRAME, LATER_FRAMES
 from wave_actors.core.jitter import SlotStats
 from wave_actors.core.prompt import PromptRejected
 from wave_actors.core.session_table import END_OF_STREAM, CapacityError, Routed, SessionTable
@@ -112,6 +112,9 @@ class BeatRecord:
     # Of process_cpu_s, the executor's own threads' work that stands in for a device's (the
     # sim's hearing; `Executor.cpu_s`): the rest is the clock's process's own.
     executor_cpu_s: float = 0.0
+    # release → the beat's first frame routed: ahead of latency_s when the executor finishes
+    # frame 0 early (`caps.first_frame`), else equal to it
+    first_s: float = 0.0
 
 
 class RowPool:
@@ -575,8 +578,15 @@ class BeatClockActor(Actor):
 
     async def _finish(self, k: int, release: float, plan: BookPlan, packed, out,
                       begin: float, wake: float, frames_read: int, pack_s: float) -> None:
-        """Beat k's end: wait for the executor, account, route, record."""
+        """Beat k's end: wait for the executor, account, route, record. An executor that
+        finishes frame 0 early (`caps.first_frame`) has it routed while frame 1 computes."""
+        rest = ALL_FRAMES
+        first_s = None
         try:
+            if self.executor.caps.first_frame:
+                await self.executor.wait_first()
+                self._route(self.table.peek(packed), out, FIRST_FRAME)
+                first_s, rest = self.clock.now() - release, LATER_FRAMES
             await self.executor.wait()
             out.compute_s = self.executor.collect(plan, out)
         finally:
@@ -589,7 +599,7 @@ class BeatClockActor(Actor):
         returned = self.clock.now() - release
         in_beat = len(packed.slot_idx) > 0
         routed = self.table.complete(packed, late=returned > LATE_AFTER_S and in_beat)
-        self._route(routed, out)
+        self._route(routed, out, rest)
         latency = self.clock.now() - release
         if in_beat:
             self._host_s.append(max(0.0, latency - begin - out.compute_s))
@@ -599,7 +609,7 @@ class BeatClockActor(Actor):
                                 latency > LATE_AFTER_S and in_beat, begin, wake,
                                 frames_read, self.gc.take(), returned, len(plan.rows),
                                 len(plan.resets), len(plan.roll), cpu[0] - loop0, cpu[1] - proc0,
-                                pack_s, cpu[2] - ex0))
+                                pack_s, cpu[2] - ex0, latency if first_s is None else first_s))
         collect_between_beats(k)     # a no-op unless serving_process turned the collector off
 
     def _alloc_outputs(self, executor) -> list:
@@ -612,17 +622,19 @@ class BeatClockActor(Actor):
     def _filled(self, index: int) -> None:
         """Output buffer `index` holds the beat just collected."""
 
-    def _route(self, routed: Routed, out) -> None:
-        # Once a beat, not per session, and only the routed rows: the token rows become lists
-        # in one tolist() each, and the PCM rows are copied out in one piece into a reused
-        # buffer (the ring slot is refilled two beats on; sessions read their rows later).
+    def _route(self, routed: Routed, out, frames: slice = None) -> None:
+        # Once a beat (or frame), not per session, and only the routed rows: the token rows
+        # become lists in one tolist() each, and the PCM rows are copied out in one piece into a
+        # reused buffer (the ring slot is refilled two beats on; sessions read their rows later).
         if not routed:
             return
+        frames = frames or ALL_FRAMES
         rows = routed.slots
-        text, func, user = (a[rows].tolist() for a in (out.text, out.func, out.user))
-        pcm = self._pcm_rows.take(out.pcm, rows)
+        text, func, user = (a[rows, frames].tolist() for a in (out.text, out.func, out.user))
+        pcm = self._pcm_rows.take(out.pcm[:, frames], rows)
         for i, (entry, first_frame) in enumerate(self.table.entries_of(routed)):
-            header = {"frame": first_frame, "text": text[i], "func": func[i], "user": user[i]}
+            header = {"frame": first_frame + frames.start, "text": text[i], "func": func[i],
+                      "user": user[i]}
             if not self._deliver(entry.owner, BeatOut(header, pcm[i])):
                 self.stats.unroutable += 1
 

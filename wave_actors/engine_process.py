@@ -43,6 +43,7 @@ import zmq.asyncio
 from wave_actors import worker_wire as W
 from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
 from wave_actors.core.contract import ExecutorOptions, Handle
+from wave_actors.core.frames import ALL_FRAMES, FIRST_FRAME
 from wave_actors.core.registry import make_executor
 from wave_actors.core.session_table import Routed
 from wave_actors.core.timebase import Clock, new_loop
@@ -158,13 +159,16 @@ class EngineClock(BeatClockActor):
         self._owner_worker[handle.slot] = index
         self._owner_rid[handle.slot] = rid
 
-    def _route(self, routed: Routed, out) -> None:
+    def _route(self, routed: Routed, out, frames: slice = None) -> None:
         # Once a beat, as arrays: the routed rows ordered by worker, every field gathered once,
         # then each worker's rows sent as contiguous slices of those arrays, in one message.
         # The PCM stays in the shared output buffer, for each worker to copy its own rows out;
         # without one it is gathered here, in one copy (the buffer is refilled two beats on).
+        # A first frame routed early travels in the message: the shared buffer is stamped
+        # filled only once the whole beat is.
         if not routed:
             return
+        frames = frames or ALL_FRAMES
         n = len(routed)
         workers = self._owner_worker[routed.slots]
         order = np.argsort(workers, kind="stable")
@@ -177,17 +181,18 @@ class EngineClock(BeatClockActor):
         rows = routed.slots[order]
         head = np.empty(len(rows), W.BEAT_ROW)
         head["rid"] = self._owner_rid[rows]
-        head["frame"] = routed.firsts[order]
+        head["frame"] = routed.firsts[order] + frames.start
+        head["lo"], head["hi"] = frames.start, frames.stop
         for name in ("text", "func", "user"):
             head[name] = getattr(out, name)[rows]
-        if self._shared is not None:
+        if self._shared is not None and frames != FIRST_FRAME:
             index = next(i for i, o in enumerate(self._outputs) if o is out)
             where = np.array([(self._shared.slots, self._shared.depth, index,
                                self._fills[index])], W.SHARED_AT)
             slots = rows.astype(np.int32)
             message = lambda a, b: W.beat_at(head[a:b], slots[a:b], where, self._shared_name)
         else:
-            pcm = out.pcm[rows]
+            pcm = out.pcm[rows, frames]
             message = lambda a, b: W.beat(head[a:b], pcm[a:b])
         cuts = np.flatnonzero(workers[1:] != workers[:-1]) + 1
         starts, ends = np.r_[0, cuts].tolist(), np.r_[cuts, len(rows)].tolist()

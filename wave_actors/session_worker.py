@@ -190,7 +190,7 @@ class SessionWorker:
                     self._tell_audio(actor, AudioIn(seq, payload))
         elif kind in (W.BEAT, W.BEAT_AT):
             if kind == W.BEAT:
-                rows, pcm = W.read_beat(parts[1], parts[2], FRAMES_PER_BEAT, SAMPLES_OUT)
+                rows, pcm = W.read_beat(parts[1], parts[2], SAMPLES_OUT)
             else:
                 rows, pcm = self._shared_rows(*parts[1:5])
                 if pcm is None:
@@ -207,7 +207,7 @@ class SessionWorker:
     def _shared_rows(self, head, slots, where, name):
         """A beat's rows whose PCM lies in the engine's shared outputs: copied out now, before
         the buffer is refilled. Rows the engine already refilled are counted, never delivered."""
-        rows, slots, at = W.read_beat_at(head, slots, where, name)
+        rows, slots, at, frames = W.read_beat_at(head, slots, where, name)
         view = self._views.get(at["name"])
         pcm = None
         try:
@@ -217,6 +217,7 @@ class SessionWorker:
                 self._views = {}
                 view = self._views[at["name"]] = OutputsView(at["name"], at["slots"], at["depth"])
             pcm = view.take(at["index"], at["fill"], slots)
+            pcm = None if pcm is None else pcm[:, frames]
         except (OSError, ValueError) as exc:     # the engine that sent it is gone, its segment too
             log.warning("worker %d: a beat's outputs could not be read: %r", self.index, exc)
         if pcm is None:

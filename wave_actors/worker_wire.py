@@ -40,9 +40,12 @@ AUDIO, BEAT, BEAT_AT, CTRL, FRAMES_AT, SENDS = b"A", b"B", b"R", b"C", b"F", b"S
 AUDIO_ROW = np.dtype([("rid", "<i4"), ("seq", "<i8"), ("nbytes", "<i4")])
 # A beat's header for one session: the front's number for it, its first output frame, and the
 # frames' text, function and user-transcript tokens.
+# A row carries the beat's token rows whole; the message delivers the beat's frames lo..hi-1
+# (the first frame alone while the second computes, then the rest), `frame` being lo's number.
 BEAT_ROW = np.dtype([("rid", "<i8"), ("frame", "<i8"), ("text", "<i4", (FRAMES_PER_BEAT,)),
                      ("func", "<i4", (FRAMES_PER_BEAT,)),
-                     ("user", "<i4", (FRAMES_PER_BEAT, MAX_USER_TOKENS))])
+                     ("user", "<i4", (FRAMES_PER_BEAT, MAX_USER_TOKENS)),
+                     ("lo", "<i1"), ("hi", "<i1")])
 
 
 def clock_identity(index: int, pid: int) -> bytes:
@@ -73,7 +76,7 @@ def read_audio(rows: bytes, payloads: bytes) -> list[tuple[int, int, bytes]]:
 
 def beat(head: np.ndarray, pcm: np.ndarray) -> list:
     """A beat's rows for one worker: `head` a BEAT_ROW record a row, their PCM one float32 array
-    (k, F, samples); both sent as they are."""
+    (k, frames delivered, samples); both sent as they are."""
     return [BEAT, head, np.ascontiguousarray(pcm, np.float32)]
 
 
@@ -103,31 +106,40 @@ def read_frames_at(where, name) -> tuple[int, int, str]:
     return int(where["slots"][0]), int(where["ring"][0]), bytes(name).decode()
 
 
-def read_beat_at(head, slots, where, name) -> tuple[list[tuple[int, dict]], np.ndarray, dict]:
-    """(rid, header) a row, the rows' slots in the shared buffer, and where it lies."""
-    rows = _headers(head)
+def read_beat_at(head, slots, where, name
+                 ) -> tuple[list[tuple[int, dict]], np.ndarray, dict, slice]:
+    """(rid, header) a row, the rows' slots in the shared buffer, where it lies, and which of
+    the beat's frames the message delivers."""
+    rows, frames = _headers(head)
     slots = np.frombuffer(slots, np.int32)
     where = np.frombuffer(where, SHARED_AT)
     if len(slots) != len(rows) or len(where) != 1:
         raise ValueError("a shared beat's rows, slots and place disagree")
     at = {k: int(where[k][0]) for k in SHARED_AT.names}
     at["name"] = bytes(name).decode()
-    return rows, slots, at
+    return rows, slots, at, frames
 
 
-def _headers(head) -> list[tuple[int, dict]]:
+def _headers(head) -> tuple[list[tuple[int, dict]], slice]:
+    """The rows' headers, their token lists cut to the message's frames, and those frames."""
     head = np.frombuffer(head, BEAT_ROW)
-    return [(rid, {"frame": first, "text": text, "func": func, "user": user})
+    lo, hi = (int(head["lo"][0]), int(head["hi"][0])) if len(head) else (0, FRAMES_PER_BEAT)
+    if not 0 <= lo < hi <= FRAMES_PER_BEAT or (head["lo"] != lo).any() or (head["hi"] != hi).any():
+        raise ValueError("a beat message's frames are out of range or differ between rows")
+    return [(rid, {"frame": first, "text": text[lo:hi], "func": func[lo:hi], "user": user[lo:hi]})
             for rid, first, text, func, user in zip(
                 head["rid"].tolist(), head["frame"].tolist(), head["text"].tolist(),
-                head["func"].tolist(), head["user"].tolist())]
+                head["func"].tolist(), head["user"].tolist())], slice(lo, hi)
 
 
-def read_beat(head, pcm, frames: int, samples: int
-              ) -> tuple[list[tuple[int, dict]], np.ndarray]:
-    """(rid, the session's beat header) a row, and the rows' PCM (a view of the message)."""
-    rows = _headers(head)
-    return rows, np.frombuffer(pcm, np.float32).reshape(len(rows), frames, samples)
+def read_beat(head, pcm, samples: int) -> tuple[list[tuple[int, dict]], np.ndarray]:
+    """(rid, the session's header) a row, and the rows' PCM of the message's frames (a view of
+    the message), or ValueError."""
+    rows, frames = _headers(head)
+    n = frames.stop - frames.start
+    if len(pcm) != 4 * len(rows) * n * samples:
+        raise ValueError("a beat's rows and PCM bytes disagree")
+    return rows, np.frombuffer(pcm, np.float32).reshape(len(rows), n, samples)
 
 
 def sends(items: list[tuple[int, bool, list[bytes]]]) -> list[bytes]:

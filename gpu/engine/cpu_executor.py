@@ -28,6 +28,25 @@ THREADS = 1                 # torch intra-op threads: tiny ops lose more to thre
 CPU_SHAPE = dict(prefill_chunk=64, start_rows=1 << 30, max_prompt=2048)
 
 
+class FirstFrame:
+    """Frame 0 of the beat in flight is in its outputs: set by the worker thread, awaited on
+    the clock's loop."""
+
+    def __init__(self):
+        self._loop = asyncio.get_running_loop()
+        self._done = self._loop.create_future()
+
+    def set(self) -> None:
+        self._loop.call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
+
+    async def wait(self) -> None:
+        await self._done
+
+
 class CpuExecutor:
     name = "cpu"
     caps = REGISTRY["cpu"].caps
@@ -48,6 +67,7 @@ class CpuExecutor:
         self._worker = ThreadPoolExecutor(1, "wave-cpu", initializer=torch.set_num_threads,
                                           initargs=(THREADS,))
         self._inflight: Future | None = None
+        self._first: FirstFrame | None = None
 
     @classmethod
     def build(cls, options: ExecutorOptions, clock: Clock | None = None) -> "CpuExecutor":
@@ -75,26 +95,35 @@ class CpuExecutor:
 
     # -- the beat --------------------------------------------------------------------------------
     def submit(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
-        self._inflight = self._worker.submit(self._run, plan, inp, out)
+        first = self._first = FirstFrame()
+        self._inflight = self._worker.submit(self._run, plan, inp, out, first)
 
     async def wait(self) -> None:
         if self._inflight is not None:
             await asyncio.wrap_future(self._inflight)
 
+    async def wait_first(self) -> None:
+        if self._inflight is not None:
+            await self._first.wait()
+
     def collect(self, plan: BookPlan, out: BeatOutput) -> float:
         done, self._inflight = self._inflight, None
         return done.result()
 
-    def _run(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> float:
-        """Worker thread: the plan, in order; returns its wall time."""
+    def _run(self, plan: BookPlan, inp: BeatInput, out: BeatOutput, first: "FirstFrame") -> float:
+        """Worker thread: the plan, in order; returns its wall time. `first` is told when frame
+        0's outputs are in `out` (or the beat ended without them)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         runner = self.runner
-        with torch.no_grad():
-            runner.reset(plan)
-            if plan.live:
-                runner.frames(plan, inp.audio, out)
-            runner.roll(plan)
-            runner.start_rows(plan)
+        try:
+            with torch.no_grad():
+                runner.reset(plan)
+                if plan.live:
+                    runner.frames(plan, inp.audio, out, lambda f: f == 0 and first.set())
+                runner.roll(plan)
+                runner.start_rows(plan)
+        finally:
+            first.set()
         self.beat_cpu_s.append(time.thread_time() - c0)
         return time.perf_counter() - t0
 

@@ -184,6 +184,19 @@ class GraphExecutor:
                       "func": torch.zeros(s, FRAMES_PER_BEAT, dtype=torch.int32, device=dev),
                       "user": torch.full((s, FRAMES_PER_BEAT, MAX_USER_TOKENS), NO_TOKEN,
                                          dtype=torch.int32, device=dev)}
+        # Frame 0's rows of every slot, copied to pinned memory inside the beat on a side
+        # stream, then the count of beats that got that far (`_first_out`): the host polls the
+        # count and routes frame 0 while frame 1 computes.
+        self._first_dev = {k: torch.empty(v[:, 0].shape, dtype=v.dtype, device=dev)
+                           for k, v in self.d_out.items()}
+        self._first_host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+                            for k, v in self._first_dev.items()}
+        self._first_count = torch.zeros(1, dtype=torch.int64, device=dev)
+        self._first_seen = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        self._first_seen_np = self._first_seen.numpy()
+        self._first_stream = torch.cuda.Stream()
+        self._first_pending: tuple | None = None          # (out, rows, count before the beat)
+        self._recent_first: dict[tuple[int, int], collections.deque] = {}
         self._pinned: dict[int, torch.Tensor] = {}        # a ring array's address → its tensor
         self._registered: list[int] = []                  # host memory we page-locked
         self._graphs: dict[tuple[int, int], _Captured] = {}   # (bucket, start rows it holds)
@@ -314,7 +327,38 @@ class GraphExecutor:
     def submit(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
         self._done_s = None
         t0 = time.perf_counter()
+        self._expect_first(plan, out)
         self._inflight = (self._worker.submit(self._launch, plan, inp, out), t0, plan)
+
+    def _expect_first(self, plan: BookPlan, out: BeatOutput) -> None:
+        """Before the beat is queued: the frame-0 count it must pass (the last beat's copies
+        are done: its end waited for them)."""
+        hi = max(plan.live, default=-1) + 1
+        self._first_pending = (out, hi, int(self._first_seen_np[0])) if hi else None
+
+    async def wait_first(self) -> None:
+        """Polls the frame-0 count as `_device_done` polls the beat's end, then copies the live
+        rows' frame 0 into `out`."""
+        if self._inflight is None or self._first_pending is None:
+            return
+        out, hi, before = self._first_pending
+        job, t0, plan = self._inflight
+        key = (bucket_for(len(plan.live), self.max_sessions), len(plan.rows))
+        recent = self._recent_first.setdefault(key, collections.deque(maxlen=8))
+        fastest = min(recent, default=None)
+        if fastest is not None:
+            delay = t0 + fastest - POLL_LEAD_S - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        while int(self._first_seen_np[0]) == before:
+            if job.done() and (job.exception() is not None or self._beat_done.query()):
+                self._first_pending = None    # ended without frame 0: `wait` says why
+                return
+            await asyncio.sleep(0 if fastest is not None else POLL_UNKNOWN_S)
+        recent.append(time.perf_counter() - t0)
+        for name, host in self._first_host.items():
+            getattr(out, name)[:hi, 0] = host[:hi].numpy()
+        self._first_pending = None
 
     async def wait(self) -> None:
         if self._inflight is None or self._done_s is not None:
@@ -459,6 +503,8 @@ class GraphExecutor:
             for name in OUTPUTS:
                 dst = self.d_out[name][:, f]
                 dst.index_copy_(0, d["slots"], getattr(o, name).to(dst.dtype))
+            if f == 0:
+                self._first_out()
 
         if self.streamed is not None:
             self.streamed.run(st, g.audio, d["slots"], noise_of, d["forced"], emit)
@@ -469,6 +515,20 @@ class GraphExecutor:
             # (padded rows write the trash slot, which nothing reads)
             window = st.window(self._prompt_window, st.talker.max_positions)
             self.model.prefill_chunk(window, d["row_slots"], d["row_tokens"], d["row_valid"])
+        torch.cuda.current_stream().wait_stream(self._first_stream)    # joined: a capture ends
+
+    def _first_out(self) -> None:
+        """Inside the beat, after frame 0's outputs are written: every slot's frame-0 rows to
+        pinned memory, then the frame-0 count after them, on a side stream (frame 1 does not
+        wait). One stream orders the copies, so a host that sees the count sees the rows."""
+        side = self._first_stream
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for name, dev in self._first_dev.items():
+                dev.copy_(self.d_out[name][:, 0])
+                self._first_host[name].copy_(dev, non_blocking=True)
+            self._first_count.add_(1)
+            self._first_seen.copy_(self._first_count, non_blocking=True)
 
     def _capture(self, bucket: int, rows: int) -> _Captured:
         t0 = time.perf_counter()

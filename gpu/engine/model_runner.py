@@ -135,9 +135,10 @@ class ModelRunner:
         self.model.prefill_chunk(self.window(need, 1), self.index(slots), self.index(tokens),
                                  self.index(valid))
 
-    def frames(self, plan: BookPlan, audio: np.ndarray, out: BeatOutput) -> None:
+    def frames(self, plan: BookPlan, audio: np.ndarray, out: BeatOutput, on_frame=None) -> None:
         """The live rows' two frames, eagerly, outputs into `out`'s slot rows; audio [S, 2,
-        1280] is the clock's ring slot (the rows of `plan.live` are gathered here)."""
+        1280] is the clock's ring slot (the rows of `plan.live` are gathered here).
+        `on_frame(f)` is called once frame f's outputs are in `out`."""
         live = plan.live
         session = self.index(plan.session)
         window = self.window(plan.thinker_need, plan.talker_need)
@@ -148,6 +149,8 @@ class ModelRunner:
             out.text[live, f] = o.text.cpu().numpy()
             out.func[live, f] = o.func.cpu().numpy()
             out.user[live, f] = o.user.cpu().numpy()
+            if on_frame is not None:
+                on_frame(f)
 
         x = torch.from_numpy(audio)[self.index(live).cpu()].to(self.device)
         self.model.frames(window, x, self.index(live), noise_of, self.index(plan.forced), emit)

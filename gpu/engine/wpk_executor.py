@@ -246,6 +246,7 @@ class WpkExecutor(GraphExecutor):
     def submit(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
         self._done_s = None
         t0 = time.perf_counter()
+        self._expect_first(plan, out)
         frames = self._frames = inp.frames
         self._ring = None
         if self._armed and not self.failed and (frames is None or frames.ring is self._ring_src):

@@ -224,6 +224,8 @@ def test_node_serves_a_wav_file_through_the_cpu_backend(tmp_path):
         stats = report["stats"]
         print("\nwavclient report:", json.dumps({k: report[k] for k in ("seconds_out", "stats")}))
         assert report["errors"] == []
+        # the cpu executor routes each beat's frame 0 before its frame 1: they arrive in order
+        assert report["frames_in_order"]
         assert stats["frames_in"] + stats["dropped"] == 25 and stats["frames_in"] >= 20
         assert stats["frames_out"] >= stats["frames_in"]
         with wave.open(str(wav_out)) as w:                    # one 80 ms frame out per frame

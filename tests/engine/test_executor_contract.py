@@ -8,7 +8,9 @@ drives it (`BeatDriver`: the slot book plans, the executor runs), and checked fo
     beat or what they hear (a row mix-up shows as a change);
   - every slot in a beat gets outputs (tokens in range, finite audio); a session at the end of
     its context rolls and runs on;
-  - `wait` with nothing in flight returns at once; `collect` reports the beat's time.
+  - `wait` with nothing in flight returns at once; `collect` reports the beat's time;
+  - with `caps.first_frame`, frame 0's rows are in the outputs when `wait_first` returns, and
+    final.
 Stale handles are the clock's table's to reject (tests/runtime/test_session_table.py) and are
 checked here once more against an executor's real slot count.
 """
@@ -233,3 +235,44 @@ def test_launch_times_are_summarised_in_ms_with_their_tail():
     times = [0.002] * 98 + [1.1, 0.5]
     assert spread_ms(times) == {"p50": 2.0, "p99": 506.0, "max": 1100.0}
     assert spread_ms([0.002] * 199 + [1.1])["max"] == 1100.0
+
+
+def test_first_frame_is_in_the_outputs_when_wait_first_returns(name):
+    """Catches a first frame routed before it is written, or from an earlier beat: a sentinel
+    put in frame 0's token rows before each beat is gone when `wait_first` returns, and the
+    beat's end leaves those rows, and the audio, as they were then (frame 1's rows are written
+    by then too). The sim writes its audio rows once (alloc_output): no sentinel there."""
+    executor = build(name)
+    if not executor.caps.first_frame:
+        executor.close()
+        pytest.skip(f"{name} routes a beat's frames together")
+    driver = BeatDriver(executor)
+    seen: dict = {}
+
+    def on_first(plan, out):
+        live = list(plan.live)
+        seen.update(live=live, text=out.text[live, 0].copy(), pcm=out.pcm[live, 0].copy(),
+                    user=out.user[live, 0].copy())
+
+    async def body():
+        await executor.wait_first()                     # nothing in flight: returns at once
+        for s in (0, 2):
+            driver.open(s, SessionSpec("Hi."))
+        await until_ready(driver, [0, 2])
+        for k in range(3):
+            out = driver.out
+            out.text[:, 0], out.user[:, 0], out.text[:, 1] = -7, -7, -7
+            seen.clear()
+            await driver.beat(audio(k), on_first=on_first)
+            live = seen["live"]
+            assert sorted(live) == [0, 2]
+            assert np.isfinite(seen["pcm"]).all() and (seen["text"] != -7).all()
+            assert (seen["user"] != -7).all()
+            assert np.array_equal(out.pcm[live, 0], seen["pcm"])
+            assert np.array_equal(out.text[live, 0], seen["text"])
+            assert np.array_equal(out.user[live, 0], seen["user"])
+            assert np.isfinite(out.pcm[live]).all() and (out.text[live, 1] != -7).all()
+    try:
+        asyncio.run(body())
+    finally:
+        executor.close()

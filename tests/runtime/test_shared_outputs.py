@@ -21,6 +21,7 @@ from sim.executor import SimExecutor
 from transports import zsock
 from wave_actors import worker_wire as W
 from wave_actors.core.contract import ExecutorOptions
+from wave_actors.core.frames import FRAMES_PER_BEAT
 from wave_actors.session_worker import SessionWorker
 from wave_actors.shared_outputs import FIELDS, OutputsView, SharedOutputs, layout
 
@@ -153,6 +154,7 @@ def _beat_message(shared: SharedOutputs | None, index: int, fill: int, slots: li
                   name: str | None = None):
     head = np.zeros(len(slots), W.BEAT_ROW)
     head["rid"] = np.arange(len(slots))
+    head["hi"] = FRAMES_PER_BEAT                  # the whole beat
     where = np.array([(shared.slots if shared else 4, shared.depth if shared else 2, index,
                        fill)], W.SHARED_AT)
     return W.beat_at(head, np.array(slots), where, (name or shared.name).encode())[1:]

@@ -37,10 +37,14 @@ class BeatDriver:
         return self.book.ready(slot)
 
     async def beat(self, audio: np.ndarray | Callable[[BookPlan], np.ndarray] | None = None,
-                   time_left_s: float = BEAT_S) -> tuple[BookPlan, BeatOutput]:
+                   time_left_s: float = BEAT_S,
+                   on_first: Callable[[BookPlan, BeatOutput], None] | None = None
+                   ) -> tuple[BookPlan, BeatOutput]:
         """One beat: plan, pack `audio` ([S, 2, 1280], silence when None; or a function of the
         plan giving it, to feed each session by its own frame index) for the slots in the beat,
-        run it on the executor, account for it. The output buffer is reused."""
+        run it on the executor, account for it. The output buffer is reused. An executor that
+        finishes frame 0 early is waited for it first, as the clock does, and `on_first` sees
+        the outputs then."""
         plan = self.book.plan(time_left_s)
         if callable(audio):
             audio = audio(plan)
@@ -54,6 +58,10 @@ class BeatDriver:
         inp.beat, inp.time_left_s = self.beats, time_left_s
         self.beats += 1
         self.executor.submit(plan, inp, self.out)
+        if self.executor.caps.first_frame:
+            await self.executor.wait_first()
+            if on_first is not None:
+                on_first(plan, self.out)
         await self.executor.wait()
         self.out.compute_s = self.executor.collect(plan, self.out)
         self.book.observe(plan, self.out.compute_s)

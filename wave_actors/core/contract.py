@@ -166,6 +166,9 @@ class Capabilities:
     # Reads a beat's frames from where they lie (`BeatInput.frames`) while the beat runs, as a
     # device reads host memory itself: the clock's loop does not gather them into `audio`.
     reads_frames: bool = False
+    # Finishes a beat's frame 0 before its frame 1 (`wait_first`): the clock routes frame 0
+    # while frame 1 computes, so the first 80 ms of output reach the clients that much sooner.
+    first_frame: bool = False
 
 
 @runtime_checkable
@@ -186,6 +189,10 @@ class Executor(Protocol):
       counts those it found rewritten, `FramesToRead.torn`). An executor may keep `cpu_s`:
       the CPU seconds its own threads spent standing in for a device (the sim's hearing),
       reported apart from the clock's.
+    - With `caps.first_frame`, `wait_first` returns once frame 0's outputs are in `out` (rows
+      of `plan.live`, frame 0), before `wait` (at once when no beat is in flight, or when the
+      beat ended without them: `wait` then raises what failed). Frame 0's rows are final then:
+      whatever later writes them writes the same values.
     - `reset` forgets every slot's state (a clock restart: the new clock's book starts empty).
     - Outputs for the same inputs, seeds and weights equal the reference model's (sim excepted).
     """
@@ -203,6 +210,7 @@ class Executor(Protocol):
     def prompt_tokens(self, spec: SessionSpec) -> list[int]: ...
     def submit(self, plan: "BookPlan", inp: BeatInput, out: BeatOutput) -> None: ...
     async def wait(self) -> None: ...
+    async def wait_first(self) -> None: ...     # only with caps.first_frame
     def collect(self, plan: "BookPlan", out: BeatOutput) -> float: ...
     def reset(self) -> None: ...
     def describe(self) -> dict: ...

@@ -489,15 +489,20 @@ class ArrayScheduler:
         self.totals.shed += shed
         self.totals.dropped += shed
 
+    def held_by(self, plan: ArrayPlan) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, first output frame of each) of the plan's slots still held by the session
+        packed; nothing changes."""
+        s = plan.slot_idx
+        s = s[self.held[s] & (self.admissions[s] == plan.admissions)]
+        return s, self.out_frame[s].copy()
+
     def complete(self, plan: ArrayPlan, late: bool) -> tuple[np.ndarray, np.ndarray]:
         """Account for a finished beat. Returns (slots, first output frame index of each) for
         the slots still held by the session packed (a slot released, or released and
         re-admitted, mid-beat gets nothing: its outputs belong to nobody alive)."""
-        s = plan.slot_idx
-        s = s[self.held[s] & (self.admissions[s] == plan.admissions)]
+        s, firsts = self.held_by(plan)
         if late:
             self.stats[s, _LATE] += 1
-        firsts = self.out_frame[s].copy()
         self.out_frame[s] += FRAMES_PER_BEAT
         self.stats[s, _OUT] += FRAMES_PER_BEAT
         self.totals.frames_out += FRAMES_PER_BEAT * len(s)

@@ -23,16 +23,17 @@ class ExecutorEntry:
 
 REGISTRY: dict[str, ExecutorEntry] = {e.name: e for e in (
     ExecutorEntry(name="sim", target="sim.executor:SimExecutor",
-                  caps=Capabilities(modelled_time=True, reads_frames=True),
+                  caps=Capabilities(modelled_time=True, reads_frames=True, first_frame=True),
                   summary="no model: synthetic outputs, time from a cost model (virtual time)"),
     ExecutorEntry(name="cpu", target="gpu.engine.cpu_executor:CpuExecutor",
-                  caps=Capabilities(),
+                  caps=Capabilities(first_frame=True),
                   summary="the reference PyTorch model on the CPU (tiny config by default)"),
     ExecutorEntry(name="graph", target="gpu.engine.graph_executor:GraphExecutor",
-                  caps=Capabilities(device=True, reports_launch=True),
+                  caps=Capabilities(device=True, reports_launch=True, first_frame=True),
                   summary="the full model on one GPU: CUDA graphs and Triton kernels"),
     ExecutorEntry(name="wpk", target="gpu.engine.wpk_executor:WpkExecutor",
-                  caps=Capabilities(device=True, reports_launch=True, reads_frames=True),
+                  caps=Capabilities(device=True, reports_launch=True, reads_frames=True,
+                                    first_frame=True),
                   summary="graph's beats started by a doorbell a resident controller answers on "
                           "the GPU, frames read on the GPU from the clients' ring"),
 )}

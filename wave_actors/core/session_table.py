@@ -182,6 +182,11 @@ class SessionTable:
         output frame (a slot released, or released and re-admitted, mid-beat gets nothing)."""
         return Routed(*self.jitter.complete(plan, late))
 
+    def peek(self, plan: ArrayPlan) -> Routed:
+        """What `complete` would route now, accounting for nothing: for a beat's first frame,
+        routed while the rest still computes."""
+        return Routed(*self.jitter.held_by(plan))
+
     def entries_of(self, routed: Routed) -> list[tuple[Entry, int]]:
         """(entry, first output frame) of each routed slot."""
         return [(self.entries[slot], first)

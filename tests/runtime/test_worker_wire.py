@@ -1,0 +1,53 @@
+"""The clock → worker beat messages (wave_actors/worker_wire.py) carrying part of a beat: a
+beat's first frame routed while its second computes, then the second. Bugs these catch: a
+worker handing a session both frames' tokens with one frame's audio (its text then runs a
+frame ahead of its speech), a frame number not shifted to the part sent, and a message whose
+parts disagree read as if they matched."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wave_actors import worker_wire as W
+from wave_actors.core.frames import ALL_FRAMES, FIRST_FRAME, LATER_FRAMES, SAMPLES_OUT
+
+
+def _head(frames: slice, rows: int = 3) -> np.ndarray:
+    head = np.zeros(rows, W.BEAT_ROW)
+    head["rid"] = np.arange(rows) + 10
+    head["frame"] = 100 + frames.start
+    head["text"] = [[1, 2]] * rows
+    head["func"] = [[3, 4]] * rows
+    head["user"][:, 0, 0], head["user"][:, 1, 0] = 5, 6
+    head["lo"], head["hi"] = frames.start, frames.stop
+    return head
+
+
+@pytest.mark.parametrize("frames,text,user", [(FIRST_FRAME, [1], 5), (LATER_FRAMES, [2], 6),
+                                              (ALL_FRAMES, [1, 2], 5)])
+def test_a_part_of_a_beat_reads_back_as_its_frames(frames, text, user):
+    n = frames.stop - frames.start
+    pcm = np.arange(3 * n * SAMPLES_OUT, dtype=np.float32).reshape(3, n, SAMPLES_OUT)
+    _kind, head, body = W.beat(_head(frames), pcm)
+    rows, got = W.read_beat(head.tobytes(), body.tobytes(), SAMPLES_OUT)
+    assert got.shape == (3, n, SAMPLES_OUT) and np.array_equal(got, pcm)
+    for i, (rid, h) in enumerate(rows):
+        assert rid == 10 + i and h["frame"] == 100 + frames.start
+        assert h["text"] == text and len(h["func"]) == len(h["user"]) == n
+        assert h["user"][0][0] == user
+
+
+def test_parts_that_disagree_are_refused():
+    head = _head(FIRST_FRAME)
+    with pytest.raises(ValueError, match="PCM"):          # two frames of audio for one
+        W.read_beat(head.tobytes(), np.zeros((3, 2, SAMPLES_OUT), np.float32).tobytes(),
+                    SAMPLES_OUT)
+    head["hi"][1] = 2                                     # rows disagree on the frames
+    with pytest.raises(ValueError, match="frames"):
+        W.read_beat(head.tobytes(), np.zeros((3, 1, SAMPLES_OUT), np.float32).tobytes(),
+                    SAMPLES_OUT)
+    bad = _head(FIRST_FRAME)
+    bad["lo"], bad["hi"] = 1, 1                           # no frame at all
+    with pytest.raises(ValueError, match="frames"):
+        W.read_beat_at(bad.tobytes(), np.zeros(3, np.int32).tobytes(),
+                       np.zeros(1, W.SHARED_AT).tobytes(), b"x")
