@@ -27,7 +27,7 @@ from transports import audio as A
 from transports import zsock
 from wave_actors import worker_wire as W
 from wave_actors.core.clock_policy import ClockPolicy
-from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_OUT
+from wave_actors.core.frames import SAMPLES_OUT
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.frame_batch import FrameBatcher
 from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
