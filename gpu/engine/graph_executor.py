@@ -72,7 +72,6 @@ WORKSPACE_PER_SLOT = 25e6
 ON_TIME_SHARE = 0.85
 POLL_LEAD_S = 1.5e-3         # poll the beat's event from this long before the fastest recent beat
 POLL_UNKNOWN_S = 5e-4        # a bucket's first beats (no time known): poll at this interval
-FIRST_POLL_S = 5e-4          # frame 0 done? asked at this interval
 OUTPUTS = ("pcm", "text", "func", "user")
 
 
@@ -338,10 +337,8 @@ class GraphExecutor:
         self._first_pending = (out, hi, int(self._first_seen_np[0])) if hi else None
 
     async def wait_first(self) -> None:
-        """Sleeps until the fastest recent beat's frame 0, then polls the frame-0 count every
-        FIRST_POLL_S (not every loop turn, as `_device_done` does: frame 0 leads the beat's
-        end by tens of ms, and a spin would cost the loop ms of CPU a beat); then copies the
-        live rows' frame 0 into `out`."""
+        """Polls the frame-0 count as `_device_done` polls the beat's end, then copies the live
+        rows' frame 0 into `out`."""
         if self._inflight is None or self._first_pending is None:
             return
         out, hi, before = self._first_pending
@@ -350,14 +347,14 @@ class GraphExecutor:
         recent = self._recent_first.setdefault(key, collections.deque(maxlen=8))
         fastest = min(recent, default=None)
         if fastest is not None:
-            delay = t0 + fastest - FIRST_POLL_S - time.perf_counter()
+            delay = t0 + fastest - POLL_LEAD_S - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
         while int(self._first_seen_np[0]) == before:
             if job.done() and (job.exception() is not None or self._beat_done.query()):
                 self._first_pending = None    # ended without frame 0: `wait` says why
                 return
-            await asyncio.sleep(FIRST_POLL_S)
+            await asyncio.sleep(0 if fastest is not None else POLL_UNKNOWN_S)
         recent.append(time.perf_counter() - t0)
         for name, host in self._first_host.items():
             getattr(out, name)[:hi, 0] = host[:hi].numpy()
