@@ -501,6 +501,45 @@ NOTES = (
      "a resident program (which eager op was not identified; the context rolls begin then); "
      "the controller's frame timeout ended it, the watchdog fell back to graph "
      "beats (96 doorbell beats, then 1,557 graph beats on time, p99 141.9 / 142.5)."),
+    ("wpk", "Frame 0 routed while frame 1 computes, and wpk against graph at 10fa1c4 (issue 18, stage 1)",
+     ("graph-reference-n120-20261203T100016.json", "wpk-reference-n120-20261203T100239.json",
+      "graph-dense-n290-20261203T100511.json", "wpk-dense-n290-20261203T100404.json",
+      "graph-dense-n290-20261203T095036.json"),
+     "At 10fa1c4, `--workers 4`: the clock routes each beat's frame 0 once the executor has it "
+     "(`Capabilities.first_frame`: graph and wpk copy frame 0's rows to pinned memory on a side "
+     "stream inside the captured beat, then a count the loop polls) and frame 1 at the beat's "
+     "end. Reference 120 x 2 x 500 (graph): 0 late, p50 96.6, p99 100.0 / 99.3 ms; frame 0 "
+     "routed 69.8 / 73.2 and 69.8 / 73.3 ms after the release (p50 / p99), ~27 ms ahead of the "
+     "beat. Dense 290 x 1 x 200: graph 0 late, p99 138.8, frame 0 at 110.9 / 112.1 (at b20a1bd: "
+     "p99 139.4, frame 0 at 111.4 / 112.6); wpk 0 late, p99 139.4, frame 0 at 112.4 / 114.0, "
+     "executor p50 136.7 against 135.1. Reference 120 x 1 x 500 (wpk): 0 late, p99 100.8, 40 "
+     "underruns (the engine's loop stalled 5.7 ms once). Frame 0 lands at 72 % of the executor's "
+     "beat at 120 reference sessions and 81 % at 290 dense: speak(0) and decode(0) share the GPU "
+     "with think(1). The cost: the engine's loop spent 7.8 ms of CPU a reference beat against "
+     "4.6 at 31d030d (the process 12.5 against 8.3), most of it the poll spinning before frame 0; "
+     "the reference p99 is ~1.2 ms above 31d030d's 98.2 (wake p99 0.4-0.6 ms against 0.02, "
+     "release to the call p99 2.2-3.5 against 1.5). Polling frame 0 every 0.5 ms instead was "
+     "written (ce90886) but reverted unmeasured: no device time was left. "
+     "Stage 1's target (p99 2 ms below graph's at dense capacity, host time after the GPU "
+     "halved) stays missed: wpk's p99 is 0.5 ms above graph's at 290, and the time from the "
+     "executor's end to routed is 0.46-0.47 ms p50 for both."),
+    ("other", "Stage 0 on the H200: the RVQ search chained by grid barriers, and PDL (issue 18)",
+     ("stage0-h200.json",),
+     "`python bench/stage0_device.py` at 10fa1c4, inside CUDA graphs. One frame of the talker's "
+     "RVQ (31 codebooks of 1024 x 512 in widths 1, 1, 3, 4, 22): at 120 rows the model's "
+     "PyTorch loop (cuBLAS TF32 scores, argmin, gather, two updates: 5 launches a codebook) "
+     "0.543 ms; the Triton search a launch a step 0.624 (16 x 64 tiles); one cooperative launch "
+     "a width with grid barriers between steps 0.631, the best tiles 0.606 (8 warps) and 0.613 "
+     "(16 x 32). At 300 rows: PyTorch 0.650, a launch a step 1.079, chained 0.874 at best (32 x "
+     "64; 16 x 64 tiles are too many programs for one cooperative grid). The chain equals the "
+     "launch-a-step form bit for bit with the same tiles, and its codes match an fp64 search "
+     "everywhere (tf32x3 scores), where the PyTorch loop's TF32 scores miss 5 of 3,720 codes at "
+     "120 and 41 of 9,300 at 300. The launch boundaries were not the cost: each step's kernel "
+     "is slower than cuBLAS's and the four small ops together, so the talker keeps its PyTorch "
+     "loop. PDL: 256 dependent small Triton kernels in a graph take 1.12 us a kernel plain and "
+     "0.61 with PDL (4,096 elements; 1.44 and 0.92 at 262,144): ~0.5 us a boundary where both "
+     "kernels are Triton; not applied to the beat (most of its Triton kernels follow a cuBLAS "
+     "GEMM). The MoG sampling was one launch already (top-p and Gumbel-max, `mog_sample`)."),
     ("other", "The wpk executor soaked: 10,000 beats with random host delays (issue 18)",
      ("wpk-soak-h200.json",),
      "`python bench/wpk_soak.py --beats 10000` at 31d030d on the H200 (tiny model, 8 slots, "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -155,6 +156,7 @@ def main() -> None:
                dict(block_b=16, block_n=32), dict(block_b=32, block_n=32)]
     batches = [int(b) for b in args.batches.split(",")]
     result = {"command": " ".join(["python", "bench/stage0_device.py"] + sys.argv[1:]),
+              "commit": os.environ.get("WAVE_COMMIT", "unknown"),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
               "triton": triton.__version__, "python": platform.python_version(),
