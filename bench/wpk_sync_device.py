@@ -181,12 +181,13 @@ def task_table(layers: int = 8, n: int = 4096, tile: int = 256, queues: int = 13
     rows, starts = (torch.from_numpy(a).cuda() for a in table.emit())
     counters = torch.zeros(table.n_counters, dtype=torch.int32, device="cuda")
     arena = torch.zeros((layers + 1) * n, device="cuda")
+    no_args = torch.zeros(T.ARGS, dtype=torch.int32, device="cuda")
     ok, beat = True, 0
 
     def one():
         nonlocal beat
         beat += 1
-        T.task_program[(queues,)](rows, starts, counters, arena, beat, n, TILE=tile,
+        T.task_program[(queues,)](rows, starts, counters, arena, no_args, beat, n, TILE=tile,
                                   BLOCK_N=1024, IS_INTERP=False, launch_cooperative_grid=True)
     for seed in (1, 2):
         x = torch.randn(n, generator=torch.Generator().manual_seed(seed)).cuda()

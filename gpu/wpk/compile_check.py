@@ -47,7 +47,7 @@ PROBES = {
                                           "st.global.release.sys.b64")),
     # A task-table program (gpu.wpk.taskrun): rows walked, waits, the op, signals.
     "taskrun:task_program": ({"rows": "*i32", "starts": "*i32", "counters": "*i32",
-                              "arena": "*fp32", "beat": "i32", "n": "i32"},
+                              "arena": "*fp32", "args": "*i32", "beat": "i32", "n": "i32"},
                              {"TILE": 256, "BLOCK_N": 1024},
                              ("ld.global.acquire.gpu.b32", "atom.global.gpu.release.add",
                               "nanosleep.u32")),
