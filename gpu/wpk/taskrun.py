@@ -44,16 +44,16 @@ C_LM, C_LD, C_EPS = (tl.constexpr(v) for v in (LN_TILE_M, LN_MAX_D, LN_EPS))
 ALPHA_ONE = 1 << 16         # alpha_q of alpha = 1
 
 
+@triton.jit
+def _record(rec):
+    """An argument record's words, in order."""
+    return (tl.load(rec), tl.load(rec + 1), tl.load(rec + 2), tl.load(rec + 3), tl.load(rec + 4),
+            tl.load(rec + 5), tl.load(rec + 6), tl.load(rec + 7), tl.load(rec + 8))
+
+
 @triton.jit(noinline=True)
 def _gemm_tile(arena, rec, tile):
-    x = tl.load(rec)
-    w = tl.load(rec + 1)
-    b = tl.load(rec + 2)
-    y = tl.load(rec + 3)
-    m_rows = tl.load(rec + 4)
-    n_cols = tl.load(rec + 5)
-    k_dim = tl.load(rec + 6)
-    act = tl.load(rec + 7)
+    x, w, b, y, m_rows, n_cols, k_dim, act, _ = _record(rec)
     tiles_n = (n_cols + C_GN - 1) // C_GN
     rm = (tile // tiles_n) * C_GM + tl.arange(0, C_GM)
     rn = (tile % tiles_n) * C_GN + tl.arange(0, C_GN)
@@ -75,15 +75,8 @@ def _gemm_tile(arena, rec, tile):
 
 @triton.jit(noinline=True)
 def _add_ln_tile(arena, rec, tile):
-    x = tl.load(rec)
-    r = tl.load(rec + 1)
-    gamma = tl.load(rec + 2)
-    beta = tl.load(rec + 3)
-    s_out = tl.load(rec + 4)
-    y = tl.load(rec + 5)
-    m_rows = tl.load(rec + 6)
-    d = tl.load(rec + 7)
-    alpha = tl.load(rec + 8).to(tl.float32) / 65536.0
+    x, r, gamma, beta, s_out, y, m_rows, d, alpha_q = _record(rec)
+    alpha = alpha_q.to(tl.float32) / 65536.0
     rm = tile * C_LM + tl.arange(0, C_LM)
     rd = tl.arange(0, C_LD)
     mask = (rm[:, None] < m_rows) & (rd[None, :] < d)
