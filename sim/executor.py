@@ -218,11 +218,9 @@ class SimExecutor:
         frames = np.asarray(plan.frame0[:len(live)], np.int64)[:, None] \
             + np.arange(FRAMES_PER_BEAT)[which]
         out.user[live, which] = NO_TOKEN
+        heard, spent = self._heard.result()
         if which.start == 0:                    # the hearing is counted once a beat
-            heard, spent = self._heard.result()
             self.cpu_s += spent
-        else:
-            heard, _ = self._heard.result()
         rows, cols = np.nonzero(heard[:, which])
         out.user[live[rows], which.start + cols, 0] = ord("a") + frames[rows, cols] % 26
         said = self._phrases[live[:, None], frames % self._phrase_len[live][:, None]]

@@ -28,25 +28,6 @@ THREADS = 1                 # torch intra-op threads: tiny ops lose more to thre
 CPU_SHAPE = dict(prefill_chunk=64, start_rows=1 << 30, max_prompt=2048)
 
 
-class FirstFrame:
-    """Frame 0 of the beat in flight is in its outputs: set by the worker thread, awaited on
-    the clock's loop."""
-
-    def __init__(self):
-        self._loop = asyncio.get_running_loop()
-        self._done = self._loop.create_future()
-
-    def set(self) -> None:
-        self._loop.call_soon_threadsafe(self._resolve)
-
-    def _resolve(self) -> None:
-        if not self._done.done():
-            self._done.set_result(None)
-
-    async def wait(self) -> None:
-        await self._done
-
-
 class CpuExecutor:
     name = "cpu"
     caps = REGISTRY["cpu"].caps
@@ -67,7 +48,7 @@ class CpuExecutor:
         self._worker = ThreadPoolExecutor(1, "wave-cpu", initializer=torch.set_num_threads,
                                           initargs=(THREADS,))
         self._inflight: Future | None = None
-        self._first: FirstFrame | None = None
+        self._first: asyncio.Event | None = None    # frame 0 of the beat in flight is out
 
     @classmethod
     def build(cls, options: ExecutorOptions, clock: Clock | None = None) -> "CpuExecutor":
@@ -95,8 +76,10 @@ class CpuExecutor:
 
     # -- the beat --------------------------------------------------------------------------------
     def submit(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
-        first = self._first = FirstFrame()
-        self._inflight = self._worker.submit(self._run, plan, inp, out, first)
+        loop, first = asyncio.get_running_loop(), asyncio.Event()
+        self._first = first
+        self._inflight = self._worker.submit(self._run, plan, inp, out,
+                                             lambda: loop.call_soon_threadsafe(first.set))
 
     async def wait(self) -> None:
         if self._inflight is not None:
@@ -110,20 +93,20 @@ class CpuExecutor:
         done, self._inflight = self._inflight, None
         return done.result()
 
-    def _run(self, plan: BookPlan, inp: BeatInput, out: BeatOutput, first: "FirstFrame") -> float:
-        """Worker thread: the plan, in order; returns its wall time. `first` is told when frame
-        0's outputs are in `out` (or the beat ended without them)."""
+    def _run(self, plan: BookPlan, inp: BeatInput, out: BeatOutput, first) -> float:
+        """Worker thread: the plan, in order; returns its wall time. `first()` is called when
+        frame 0's outputs are in `out` (or the beat ended without them)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         runner = self.runner
         try:
             with torch.no_grad():
                 runner.reset(plan)
                 if plan.live:
-                    runner.frames(plan, inp.audio, out, lambda f: f == 0 and first.set())
+                    runner.frames(plan, inp.audio, out, lambda f: f == 0 and first())
                 runner.roll(plan)
                 runner.start_rows(plan)
         finally:
-            first.set()
+            first()
         self.beat_cpu_s.append(time.thread_time() - c0)
         return time.perf_counter() - t0
 
