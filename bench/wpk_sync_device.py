@@ -187,7 +187,7 @@ def task_table(layers: int = 8, n: int = 4096, tile: int = 256, queues: int = 13
     def one():
         nonlocal beat
         beat += 1
-        T.task_program[(queues,)](rows, starts, counters, arena, no_args, beat, n, TILE=tile,
+        T.task_program[(queues,)](rows, starts, counters, arena, arena, no_args, beat, n, TILE=tile,
                                   BLOCK_N=1024, IS_INTERP=False, launch_cooperative_grid=True)
     for seed in (1, 2):
         x = torch.randn(n, generator=torch.Generator().manual_seed(seed)).cuda()

@@ -10,8 +10,11 @@ Row layout (int32): op, wait, count, signal, a0..a3. The ops:
   sum (every tile of a layer needs every tile of the one before); every layer holds `n`.
 - The library's kernels as task ops, their arguments in an argument table (`args`, int32 rows
   of `ARGS` words; a0 = the record, a1 = the tile):
-  - `GEMM`: y[M, N] = act(x[M, K] @ w[N, K]ᵀ + b), a tile BLOCK_M × BLOCK_N of y; record x, w,
-    b (-1: none), y, M, N, K, act (0 none, 1 SiLU);
+  - `GEMM`: y[M, N] = act(x[M, K] @ w[N, K]ᵀ + b), a tile BLOCK_M × BLOCK_N of y, with `tl.dot`
+    (tensor cores); record x, w, b (-1: none), y, M, N, K, act (0 none, 1 SiLU). w is an offset
+    into `weights`, a second arena whose dtype the launch picks: bf16 weights put x's tile in
+    bf16 too (the model's perception runs its matmuls in bf16, accumulating in fp32); fp32
+    weights run in full fp32 (`ieee`, not TF32), which the interpreter tests compare at 1e-5;
   - `ADD_LN`: s = x + r · alpha (r = -1: s = x), y = LayerNorm(s) · γ + β over rows of D, a
     tile of BLOCK_M rows; record x, r, γ, β, s (-1: not kept), y, M, D; alpha is `alpha_q`
     / 2¹⁶ (the table is int32), eps a constexpr.
@@ -20,6 +23,7 @@ Row layout (int32): op, wait, count, signal, a0..a3. The ops:
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,18 +33,24 @@ import triton
 import triton.language as tl
 
 from gpu.wpk.schedule import NONE, OpSpec, Task, TaskTable
-from gpu.wpk.sync import signal, wait_ge
+from gpu.wpk.sync import interp, signal, wait_ge
 
 AFFINE, GEMM, ADD_LN = 1, 2, 3
 C_AFFINE, C_GEMM, C_ADD_LN = tl.constexpr(AFFINE), tl.constexpr(GEMM), tl.constexpr(ADD_LN)
 ARGS = 9                    # int32 words an argument record
 C_ARGS = tl.constexpr(ARGS)
 # Tile shapes of the library ops (module constants: a noinline body takes no constexpr
-# arguments in Triton 3.6's compiler).
-GEMM_TILE_M, GEMM_TILE_N, GEMM_TILE_K = 16, 32, 16
-LN_TILE_M, LN_MAX_D, LN_EPS = 4, 64, 1e-5
+# arguments in Triton 3.6's compiler). `WAVE_WPK_GEMM_TILE=M,N,K` overrides the GEMM's for a
+# process (how bench/stage2_device.py compares tile shapes); tl.dot needs each ≥ 16.
+GEMM_TILE_M, GEMM_TILE_N, GEMM_TILE_K = (
+    int(v) for v in os.environ.get("WAVE_WPK_GEMM_TILE", "64,64,32").split(","))
+LN_TILE_M, LN_MAX_D, LN_EPS = 2, 1024, 1e-5
 C_GM, C_GN, C_GK = (tl.constexpr(v) for v in (GEMM_TILE_M, GEMM_TILE_N, GEMM_TILE_K))
 C_LM, C_LD, C_EPS = (tl.constexpr(v) for v in (LN_TILE_M, LN_MAX_D, LN_EPS))
+# Triton 3.6's interpreter multiplies bf16 tiles as their raw uint16 bits and truncates fp32 to
+# bf16: there, the GEMM rounds x's tile itself and multiplies in fp32 (exact: a product of two
+# bf16 values fits in fp32's mantissa).
+C_WIDEN = tl.constexpr(interp())
 ALPHA_ONE = 1 << 16         # alpha_q of alpha = 1
 
 
@@ -51,8 +61,17 @@ def _record(rec):
             tl.load(rec + 5), tl.load(rec + 6), tl.load(rec + 7), tl.load(rec + 8))
 
 
+@triton.jit
+def _round_bf16(v):
+    """fp32 `v` rounded to the nearest bf16 (ties to even), kept in fp32: the device's
+    conversion, which the interpreter's (it truncates) is not."""
+    bits = v.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
 @triton.jit(noinline=True)
-def _gemm_tile(arena, rec, tile):
+def _gemm_tile(arena, weights, rec, tile):
     x, w, b, y, m_rows, n_cols, k_dim, act, _ = _record(rec)
     tiles_n = (n_cols + C_GN - 1) // C_GN
     rm = (tile // tiles_n) * C_GM + tl.arange(0, C_GM)
@@ -62,9 +81,14 @@ def _gemm_tile(arena, rec, tile):
         rk = k0 + tl.arange(0, C_GK)
         a = tl.load(arena + x + rm[:, None] * k_dim + rk[None, :],
                     mask=(rm[:, None] < m_rows) & (rk[None, :] < k_dim), other=0.0)
-        bt = tl.load(arena + w + rn[None, :] * k_dim + rk[:, None],
+        bt = tl.load(weights + w + rn[None, :] * k_dim + rk[:, None],
                      mask=(rn[None, :] < n_cols) & (rk[:, None] < k_dim), other=0.0)
-        acc += tl.sum(a[:, :, None] * bt[None, :, :], axis=1)    # fp32 FMAs, no tensor cores
+        if C_WIDEN:
+            if bt.dtype == tl.bfloat16:
+                a = _round_bf16(a)
+            acc = tl.dot(a, bt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(bt.dtype), bt, acc, input_precision="ieee")
     if b >= 0:
         acc += tl.load(arena + b + rn, mask=rn < n_cols, other=0.0)[None, :]
     if act == 1:
@@ -95,7 +119,7 @@ def _add_ln_tile(arena, rec, tile):
 
 
 @triton.jit
-def task_program(rows, starts, counters, arena, args, beat, n, TILE: tl.constexpr,
+def task_program(rows, starts, counters, arena, weights, args, beat, n, TILE: tl.constexpr,
                  BLOCK_N: tl.constexpr, IS_INTERP: tl.constexpr):
     p = tl.program_id(0)
     i = tl.load(starts + p)
@@ -121,7 +145,7 @@ def task_program(rows, starts, counters, arena, args, beat, n, TILE: tl.constexp
             x = tl.load(arena + src + idx, mask=idx < n, other=0.0)
             tl.store(arena + dst + idx, x + 0.5 * total, mask=idx < n)
         if op == C_GEMM:
-            _gemm_tile(arena, args + tl.load(row + 4) * C_ARGS, tl.load(row + 5))
+            _gemm_tile(arena, weights, args + tl.load(row + 4) * C_ARGS, tl.load(row + 5))
         if op == C_ADD_LN:
             _add_ln_tile(arena, args + tl.load(row + 4) * C_ARGS, tl.load(row + 5))
         if sig >= 0:
@@ -157,41 +181,69 @@ def affine_reference(x: torch.Tensor, layers: int) -> torch.Tensor:
 
 @dataclass
 class Block:
-    """A task table over library ops, its argument records, and where its tensors lie in the
-    arena (name → (offset, shape))."""
+    """A task table over library ops, its argument records, and where its tensors lie: in the
+    fp32 arena (`layout`, name → (offset, shape)) or in the weight arena (`wlayout`)."""
     table: TaskTable
     args: np.ndarray                    # int32 [records, ARGS]
     layout: dict
     arena: int                          # elements
+    wlayout: dict
+    weights: int                        # elements
 
     def view(self, arena: torch.Tensor, name: str) -> torch.Tensor:
         at, shape = self.layout[name]
         return arena[at:at + math.prod(shape)].view(shape)
 
+    def wview(self, weights: torch.Tensor, name: str) -> torch.Tensor:
+        at, shape = self.wlayout[name]
+        return weights[at:at + math.prod(shape)].view(shape)
 
-def ffn_block(m: int, d: int, h: int, queues: int) -> Block:
-    """A Conformer feed-forward half-step as library task ops over `m` rows (the sessions):
-    u = LN₁(x); y = LN₂(x + ½ · (SiLU(u W₁ᵀ + b₁) W₂ᵀ + b₂)), the residual sum kept in `s`.
-    Four kernels, one counter each; every tile of a kernel waits for all tiles of the one
-    before; tiles dealt round-robin to `queues` queues in kernel order."""
-    shapes = {"x": (m, d), "w1": (h, d), "b1": (h,), "w2": (d, h), "b2": (d,), "g1": (d,),
-              "be1": (d,), "g2": (d,), "be2": (d,), "u": (m, d), "h1": (m, h), "h2": (m, d),
-              "s": (m, d), "y": (m, d)}
+
+def _place(shapes: dict) -> tuple[dict, int]:
     layout, at = {}, 0
     for name, shape in shapes.items():
         layout[name] = (at, shape)
         at += math.prod(shape)
+    return layout, at
+
+
+def ffn_chain(m: int, d: int, h: int, queues: int, layers: int = 1,
+              bias: bool = True) -> Block:
+    """`layers` Conformer feed-forward half-steps one after another (perception runs two a
+    layer) as library task ops over `m` rows (the sessions' frames). Half-step l, from its
+    input x_l: u = LN₁(x_l); x_{l+1} = LN₂(x_l + ½ · (SiLU(u W₁ᵀ + b₁) W₂ᵀ + b₂)), the residual
+    sum kept in `s`. Tensors are named `name.l`; x_{l+1} is `x.{l+1}`, the last one the
+    chain's output. Four kernels a half-step, one counter each; every tile of a kernel waits
+    for all tiles of the one before; tiles dealt round-robin to `queues` queues in kernel
+    order. W₁ and W₂ lie in the weight arena, everything else in the fp32 arena. Without
+    `bias` the GEMMs have none (perception's linears; b₁ and b₂ are then left unread)."""
     if d > LN_MAX_D:
         raise ValueError(f"add + layer norm rows of {d} > LN_MAX_D = {LN_MAX_D}")
+    shapes, wshapes = {"x.0": (m, d)}, {}
+    for l in range(layers):
+        wshapes.update({f"w1.{l}": (h, d), f"w2.{l}": (d, h)})
+        shapes.update({f"b1.{l}": (h,), f"b2.{l}": (d,), f"g1.{l}": (d,), f"be1.{l}": (d,),
+                       f"g2.{l}": (d,), f"be2.{l}": (d,), f"u.{l}": (m, d), f"h1.{l}": (m, h),
+                       f"h2.{l}": (m, d), f"s.{l}": (m, d), f"x.{l + 1}": (m, d)})
+    layout, size = _place(shapes)
+    wlayout, wsize = _place(wshapes)
     o = {name: off for name, (off, _) in layout.items()}
-    gemm_m, gemm_n, ln_m = GEMM_TILE_M, GEMM_TILE_N, LN_TILE_M
-    records = [
-        (ADD_LN, -(-m // ln_m), [o["x"], -1, o["g1"], o["be1"], -1, o["u"], m, d, 0]),
-        (GEMM, -(-m // gemm_m) * -(-h // gemm_n), [o["u"], o["w1"], o["b1"], o["h1"], m, h, d, 1, 0]),
-        (GEMM, -(-m // gemm_m) * -(-d // gemm_n), [o["h1"], o["w2"], o["b2"], o["h2"], m, d, h, 0, 0]),
-        (ADD_LN, -(-m // ln_m), [o["x"], o["h2"], o["g2"], o["be2"], o["s"], o["y"], m, d,
-                                 ALPHA_ONE // 2]),
-    ]
+    w = {name: off for name, (off, _) in wlayout.items()}
+    gm, gn, lm = GEMM_TILE_M, GEMM_TILE_N, LN_TILE_M
+    records = []
+    for l in range(layers):
+        x, nxt = o[f"x.{l}"], o[f"x.{l + 1}"]
+        records += [
+            (ADD_LN, -(-m // lm), [x, -1, o[f"g1.{l}"], o[f"be1.{l}"], -1, o[f"u.{l}"], m, d, 0]),
+            (GEMM, -(-m // gm) * -(-h // gn),
+             [o[f"u.{l}"], w[f"w1.{l}"], o[f"b1.{l}"] if bias else -1, o[f"h1.{l}"], m, h, d, 1,
+              0]),
+            (GEMM, -(-m // gm) * -(-d // gn),
+             [o[f"h1.{l}"], w[f"w2.{l}"], o[f"b2.{l}"] if bias else -1, o[f"h2.{l}"], m, d, h, 0,
+              0]),
+            (ADD_LN, -(-m // lm), [x, o[f"h2.{l}"], o[f"g2.{l}"], o[f"be2.{l}"], o[f"s.{l}"],
+                                   nxt, m, d, ALPHA_ONE // 2]),
+        ]
     qs: list[list[Task]] = [[] for _ in range(queues)]
     k = 0
     for i, (op, tiles, _rec) in enumerate(records):
@@ -202,17 +254,24 @@ def ffn_block(m: int, d: int, h: int, queues: int) -> Block:
     args = np.array([rec for *_, rec in records], np.int32)
 
     def whole(task):                  # the validator's ranges: the tensors a tile may touch
-        return [(0, 0, at)]
+        return [(0, 0, size)]
     ops = {GEMM: OpSpec("gemm", whole), ADD_LN: OpSpec("add_layer_norm", whole)}
-    return Block(TaskTable(qs, len(records), [at], ops), args, layout, at)
+    return Block(TaskTable(qs, len(records), [size], ops), args, layout, size, wlayout, wsize)
 
 
-def ffn_reference(block: Block, arena: torch.Tensor, eps: float = LN_EPS) -> dict:
-    """The same half-step in PyTorch (fp32) from the arena's inputs: u, h1, h2, s, y."""
-    v = lambda name: block.view(arena, name)          # noqa: E731
-    d = v("x").shape[1]
-    u = F.layer_norm(v("x"), (d,), v("g1"), v("be1"), eps)
-    h1 = F.silu(u @ v("w1").T + v("b1"))
-    h2 = h1 @ v("w2").T + v("b2")
-    s = v("x") + 0.5 * h2
-    return {"u": u, "h1": h1, "h2": h2, "s": s, "y": F.layer_norm(s, (d,), v("g2"), v("be2"), eps)}
+def ffn_reference(block: Block, arena: torch.Tensor, weights: torch.Tensor, layer: int = 0,
+                  eps: float = LN_EPS) -> dict:
+    """Half-step `layer` in PyTorch (fp32 activations, fp32 sums) from the arena's x.{layer}:
+    u, h1, h2, s and x.{layer + 1}. A GEMM's input is rounded to the weights' dtype first, as
+    the task op's is: teacher-forced, so each half-step is judged on its own input."""
+    v = lambda name: block.view(arena, f"{name}.{layer}").float()          # noqa: E731
+    wv = lambda name: block.wview(weights, f"{name}.{layer}")               # noqa: E731
+    mm = lambda a, wt: a.to(wt.dtype).float() @ wt.float().T                # noqa: E731
+    x = v("x")
+    d = x.shape[1]
+    u = F.layer_norm(x, (d,), v("g1"), v("be1"), eps)
+    h1 = F.silu(mm(u, wv("w1")) + v("b1"))
+    h2 = mm(h1, wv("w2")) + v("b2")
+    s = x + 0.5 * h2
+    return {"u": u, "h1": h1, "h2": h2, "s": s,
+            "x": F.layer_norm(s, (d,), v("g2"), v("be2"), eps)}

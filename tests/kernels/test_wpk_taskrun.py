@@ -32,39 +32,50 @@ def test_a_task_table_program_computes_what_pytorch_does_beat_after_beat(layers,
         x = torch.randn(n, generator=torch.Generator().manual_seed(beat))
         arena = torch.zeros((layers + 1) * n)
         arena[:n] = x
-        threaded(T.task_program, (queues,), rows, starts, counters, arena, NO_ARGS, beat, n,
+        threaded(T.task_program, (queues,), rows, starts, counters, arena, arena, NO_ARGS, beat, n,
                  TILE=tile, BLOCK_N=16, IS_INTERP=True, timeout_s=120)
         want = T.affine_reference(x, layers).flatten()
         torch.testing.assert_close(arena, want, rtol=1e-6, atol=1e-5)
         assert counters.tolist() == [beat * (-(-n // tile))] * layers
 
 
-@pytest.mark.parametrize("m,d,h,queues", [(5, 24, 40, 3), (9, 16, 64, 4), (3, 20, 20, 1)])
-def test_library_task_ops_run_a_feed_forward_block_as_pytorch_does(m, d, h, queues):
-    """GEMM and add + layer norm as task ops with an argument table: a Conformer feed-forward
-    half-step (LN, GEMM + bias + SiLU, GEMM + bias, x + ½·y then LN) over ragged tiles (rows
-    and columns that do not fill a tile), every intermediate against PyTorch's fp32, two
-    beats. Catches a record read at the wrong stride, a tile's rows or columns misplaced or
-    masked wrong, a bias or activation skipped, the residual's alpha mis-scaled, and a GEMM
-    tile that starts before all of its input rows are normed."""
-    block = T.ffn_block(m, d, h, queues)
+@pytest.mark.parametrize("m,d,h,queues,layers,wdtype", [
+    (5, 24, 40, 3, 2, torch.float32), (9, 16, 64, 4, 1, torch.float32),
+    (3, 20, 20, 1, 2, torch.float32), (18, 32, 48, 5, 2, torch.bfloat16)])
+def test_library_task_ops_run_feed_forward_half_steps_as_pytorch_does(m, d, h, queues, layers,
+                                                                      wdtype):
+    """GEMM and add + layer norm as task ops with an argument table: Conformer feed-forward
+    half-steps (LN, GEMM + bias + SiLU, GEMM + bias, x + ½·y then LN), each feeding the next,
+    over ragged tiles (rows and columns that do not fill a tile), every intermediate of every
+    half-step against PyTorch's, two beats; fp32 weights at 1e-5, bf16 weights (x's tile
+    rounded to bf16 as the reference's is) at 1e-4. Catches a record read at the wrong stride,
+    a tile's rows or columns misplaced or masked wrong, a bias or activation skipped, the
+    residual's alpha mis-scaled, a weight read from the wrong arena, and a tile that starts
+    before all of its input rows are written (across half-steps too)."""
+    block = T.ffn_chain(m, d, h, queues, layers)
     assert validate(block.table) == []
     run(block.table, beats=2)
     rows, starts = (torch.from_numpy(a) for a in block.table.emit())
     args = torch.from_numpy(block.args)
     counters = torch.zeros(block.table.n_counters, dtype=torch.int32)
+    tol = 1e-5 if wdtype == torch.float32 else 1e-4
     for beat in (1, 2):
         g = torch.Generator().manual_seed(10 * beat + m)
         arena = torch.zeros(block.arena)
-        for name in ("x", "w1", "b1", "w2", "b2", "g1", "be1", "g2", "be2"):
-            v = block.view(arena, name)
-            v.copy_(torch.randn(v.shape, generator=g) * (0.3 if name[0] in "wb" else 1.0))
-        want = T.ffn_reference(block, arena)
-        threaded(T.task_program, (queues,), rows, starts, counters, arena, args, beat, 0,
-                 TILE=16, BLOCK_N=16, IS_INTERP=True, timeout_s=240)
-        for name, ref in want.items():
-            torch.testing.assert_close(block.view(arena, name), ref, rtol=1e-5, atol=1e-5,
-                                       msg=lambda e, name=name: f"{name}: {e}")
+        weights = torch.zeros(block.weights, dtype=wdtype)
+        for name, (_, shape) in block.layout.items():
+            if name == "x.0" or name.split(".")[0] in ("b1", "b2", "g1", "be1", "g2", "be2"):
+                v = block.view(arena, name)
+                v.copy_(torch.randn(shape, generator=g) * (0.3 if name[0] == "b" else 1.0))
+        for name, (_, shape) in block.wlayout.items():
+            block.wview(weights, name).copy_(torch.randn(shape, generator=g) * 0.3)
+        threaded(T.task_program, (queues,), rows, starts, counters, arena, weights, args, beat,
+                 0, TILE=16, BLOCK_N=16, IS_INTERP=True, timeout_s=240)
+        for layer in range(layers):
+            for name, ref in T.ffn_reference(block, arena, weights, layer).items():
+                got = block.view(arena, f"x.{layer + 1}" if name == "x" else f"{name}.{layer}")
+                torch.testing.assert_close(got, ref, rtol=tol, atol=tol,
+                                           msg=lambda e, n=name, l=layer: f"{n}.{l}: {e}")
         tiles = [sum(t.signal == k for q in block.table.queues for t in q)
                  for k in range(block.table.n_counters)]
         assert counters.tolist() == [beat * n for n in tiles]
