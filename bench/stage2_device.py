@@ -9,6 +9,9 @@ biases: ~0.8 GB of its 1.2 GB of weights) over the beat's rows (2 frames × sess
   kernels a half-step, every tile of a kernel waiting on a counter for all tiles of the one
   before), on `programs` programs sized from the compiled kernel's registers and shared memory;
   GEMM tile shapes compared in subprocesses (`WAVE_WPK_GEMM_TILE`, a module constant).
+- `lowered`: the model's own Conformer layers (their feed-forward halves and norms) traced to
+  the IR, compiled and lowered onto the task ops (`gpu.wpk.lower`), GEMM weights held in bf16:
+  the stage-2 path end to end; its error is against the fp32 model (not teacher-forced).
 - `graph`: the same half-steps as the engine's perception runs them, captured in a CUDA graph:
   cuBLAS linear, SiLU, cuBLAS linear, and the engine's fused add + layer norm (`add_layer_norm`
   with its second norm: the next half-step's input norm comes out of the same launch).
@@ -91,16 +94,7 @@ def task_table(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> di
         args = torch.from_numpy(block.args).cuda()
         return block, (table_rows, starts, counters, arena, weights, args)
 
-    # occupancy: the compiled kernel's registers and shared memory bound the co-resident programs
-    block, bufs = build(1)
-    kernel = launch(block, *bufs, 1, 1)
-    torch.cuda.synchronize()
-    props = torch.cuda.get_device_properties(0)
-    regs_per_sm = getattr(props, "regs_per_multiprocessor", 65536)
-    smem_per_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
-    by_regs = regs_per_sm // max(1, kernel.n_regs * 32 * warps)
-    by_smem = smem_per_sm // max(1, kernel.metadata.shared) if kernel.metadata.shared else 64
-    fits = max(1, min(by_regs, by_smem, 32 // warps))
+    fits, kernel = occupancy(warps)
     if per_sm > fits:
         return {"skipped": f"{per_sm} programs an SM do not fit ({fits} do: {kernel.n_regs} "
                            f"registers, {kernel.metadata.shared} B shared)"}
@@ -126,6 +120,62 @@ def task_table(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> di
             "registers": kernel.n_regs, "shared_bytes": kernel.metadata.shared,
             "fits_per_sm": fits, "tasks": tiles, "kernels": block.table.n_counters,
             "worst_rel_err": worst, "weight_tb_s": round(weight_bytes(layers) / ms / 1e9, 3)}
+
+
+def occupancy(warps: int) -> tuple[int, object]:
+    """(programs an SM that can be co-resident, the compiled kernel), from a launch of the
+    program on an empty table (the same kernel as every table's)."""
+    from gpu.wpk import taskrun as T
+    z = lambda *shape, dt=torch.int32: torch.zeros(*shape, dtype=dt, device="cuda")  # noqa: E731
+    kernel = T.task_program[(1,)](z(8), z(2), z(1), z(1, dt=torch.float32),
+                                  z(1, dt=torch.bfloat16), z(T.ARGS), 1, 0, TILE=16, BLOCK_N=16,
+                                  IS_INTERP=False, num_warps=warps)
+    torch.cuda.synchronize()
+    props = torch.cuda.get_device_properties(0)
+    regs_per_sm = getattr(props, "regs_per_multiprocessor", 65536)
+    smem_per_sm = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024)
+    by_regs = regs_per_sm // max(1, kernel.n_regs * 32 * warps)
+    by_smem = smem_per_sm // kernel.metadata.shared if kernel.metadata.shared else 64
+    return max(1, min(by_regs, by_smem, 32 // warps)), kernel
+
+
+def lowered(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> dict:
+    """The model's own layers (`gpu.wpk.stages.feed_forward_stage`, fp32) traced, compiled and
+    lowered (`gpu.wpk.lower`, GEMM weights held in bf16), one launch a beat."""
+    from gpu.wpk import taskrun as T
+    from gpu.wpk.ir import trace
+    from gpu.wpk.lower import lower
+    from gpu.wpk.stages import feed_forward_stage
+    fits, kernel = occupancy(warps)
+    if per_sm > fits:
+        return {"skipped": f"{per_sm} programs an SM do not fit ({fits} do)"}
+    programs = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
+    run = feed_forward_stage("full", rows, layers=layers // 2, device="cuda")
+    graph = trace(run.fn, run.named)
+    low = lower(graph, rows, programs, weight_dtype=torch.bfloat16)
+    arena, weights = low.load(run.tensors(), "cuda")
+    table_rows, starts = (torch.from_numpy(a).cuda() for a in low.table.emit())
+    args = torch.from_numpy(low.args).cuda()
+    counters = torch.zeros(low.table.n_counters, dtype=torch.int32, device="cuda")
+    beat = [0]
+
+    def step():
+        beat[0] += 1
+        T.task_program[(programs,)](table_rows, starts, counters, arena, weights, args, beat[0],
+                                    0, TILE=16, BLOCK_N=16, IS_INTERP=False, num_warps=warps,
+                                    launch_cooperative_grid=True)
+    step()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        want = run.fn()
+    err = max(((got - ref).abs().max() / ref.abs().max()).item()
+              for got, ref in zip(low.outputs(arena), want))
+    ms = median_ms(step, reps)
+    return {"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
+            "registers": kernel.n_regs, "kernels": len(low.compiled.kernels),
+            "tasks": sum(len(q) for q in low.table.queues),
+            "rel_err_vs_fp32_model": err,
+            "weight_tb_s": round(weight_bytes(layers) / ms / 1e9, 3)}
 
 
 def weight_bytes(layers: int) -> int:
@@ -166,6 +216,11 @@ def child(args) -> None:
             continue
         for warps in args.warps:
             for per_sm in args.per_sm:
+                if args.tile == "lowered":
+                    res = lowered(r, args.layers, warps, per_sm, args.reps)
+                    out.append({"variant": "lowered from the IR", "tile": "64,64,32", "rows": r,
+                                "warps": warps, **res})
+                    continue
                 res = task_table(r, args.layers, warps, per_sm, args.reps)
                 out.append({"variant": f"task table {args.tile}", "tile": args.tile, "rows": r,
                             "warps": warps, **res})
@@ -176,8 +231,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=lambda s: [int(v) for v in s.split(",")],
                     default=[1, 120, 290])
-    ap.add_argument("--tiles", default="64,64,32 64,128,32 128,64,32 32,64,64",
-                    help="GEMM tile shapes M,N,K to compare, space-separated")
+    ap.add_argument("--tiles", default="64,64,32 64,128,32 32,64,64 lowered",
+                    help="GEMM tile shapes M,N,K to compare, space-separated; `lowered`: the "
+                         "model's layers lowered from the IR (64,64,32)")
     ap.add_argument("--warps", type=lambda s: [int(v) for v in s.split(",")], default=[4, 8])
     ap.add_argument("--per-sm", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2])
     ap.add_argument("--layers", type=int, default=HALF_STEPS)
@@ -195,7 +251,7 @@ def main() -> None:
                "--reps", str(args.reps), "--sessions", ",".join(map(str, args.sessions)),
                "--warps", ",".join(map(str, args.warps)),
                "--per-sm", ",".join(map(str, args.per_sm))]
-        env = dict(os.environ, WAVE_WPK_GEMM_TILE=tile if tile != "graph" else "64,64,32")
+        env = dict(os.environ, WAVE_WPK_GEMM_TILE=tile if "," in tile else "64,64,32")
         print(f"[stage2] {tile} ...", flush=True)
         try:
             run = subprocess.run(cmd, env=env, capture_output=True, text=True,
@@ -218,7 +274,8 @@ def main() -> None:
             continue
         print(f"{r['variant']:26s} {r['rows']:5d} {r.get('warps', ''):>5} "
               f"{r.get('programs', ''):>6} {r.get('registers', ''):>5} {r['ms']:8.3f} "
-              f"{r['weight_tb_s']:6.2f} {r.get('worst_rel_err', 0):8.1e}")
+              f"{r['weight_tb_s']:6.2f} "
+              f"{r.get('worst_rel_err', r.get('rel_err_vs_fp32_model', 0)):8.1e}")
     if args.out:
         doc = {"bench": "stage2_device", "date": datetime.datetime.now(datetime.timezone.utc)
                .strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -63,6 +63,40 @@ def perception_stage(config: str, profile: str, batch: int, device: str = "meta"
     return StageRun(fn, named)
 
 
+def feed_forward_halves(layer, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Conformer layer's two feed-forward half-steps around its norms, the attention and
+    convolution modules between them left out (what the task ops cover so far): (the
+    attention's normed input, the layer's output)."""
+    s = x + 0.5 * layer.feed_forward1(layer.norm_feed_forward1(x))
+    u = layer.norm_self_att(s)
+    s2 = s + 0.5 * layer.feed_forward2(layer.norm_feed_forward2(s))
+    return u, layer.norm_out(s2)
+
+
+def feed_forward_stage(config: str, rows: int, layers: int | None = None, device: str = "cpu",
+                       seed: int = 0) -> StageRun:
+    """Perception's first `layers` layers (default all) as `feed_forward_halves`, each layer's
+    output the next one's input, over `rows` rows (a beat's frames of its sessions), fp32,
+    random weights (seeded, MODEL.md §8); returns the last layer's (u, output)."""
+    cfg = VoiceChatConfig.named(config).perception
+    model = Perception(cfg, device=device, dtype=torch.float32)
+    model.load_named({n: t.to(device) for n, t in
+                      init_random(cfg, torch.Generator().manual_seed(seed)).items()})
+    stack = list(model.encoder.layers)[:layers]
+    x = torch.randn(rows, cfg.d_model, generator=torch.Generator().manual_seed(seed + 1)
+                    ).to(device)
+    named = {"input:x": (Storage.INPUT, x)}
+    for i, layer in enumerate(stack):
+        named |= {f"weight:{i}.{n}": (Storage.WEIGHT, p) for n, p in layer.named_parameters()}
+
+    def fn():
+        h = x
+        for layer in stack:
+            u, h = feed_forward_halves(layer, h)
+        return u, h
+    return StageRun(fn, named)
+
+
 def perception_ir(config: str, profile: str, b1: int = 2, b2: int = 3) -> Graph:
     """Perception's IR with its batch symbolic (traced on the meta device at b1 and b2)."""
     g1 = trace(**_traceable(perception_stage(config, profile, b1)))

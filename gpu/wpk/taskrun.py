@@ -10,8 +10,9 @@ Row layout (int32): op, wait, count, signal, a0..a3. The ops:
   sum (every tile of a layer needs every tile of the one before); every layer holds `n`.
 - The library's kernels as task ops, their arguments in an argument table (`args`, int32 rows
   of `ARGS` words; a0 = the record, a1 = the tile):
-  - `GEMM`: y[M, N] = act(x[M, K] @ w[N, K]ᵀ + b), a tile BLOCK_M × BLOCK_N of y, with `tl.dot`
-    (tensor cores); record x, w, b (-1: none), y, M, N, K, act (0 none, 1 SiLU). w is an offset
+  - `GEMM`: y[M, N] = scale · act(x[M, K] @ w[N, K]ᵀ + b), a tile BLOCK_M × BLOCK_N of y, with
+    `tl.dot` (tensor cores); record x, w, b (-1: none), y, M, N, K, act (0 none, 1 SiLU),
+    scale_q (scale = scale_q / 2¹⁶, as ADD_LN's alpha). w is an offset
     into `weights`, a second arena whose dtype the launch picks: bf16 weights put x's tile in
     bf16 too (the model's perception runs its matmuls in bf16, accumulating in fp32); fp32
     weights run in full fp32 (`ieee`, not TF32), which the interpreter tests compare at 1e-5;
@@ -37,6 +38,8 @@ from gpu.wpk.sync import interp, signal, wait_ge
 
 AFFINE, GEMM, ADD_LN = 1, 2, 3
 C_AFFINE, C_GEMM, C_ADD_LN = tl.constexpr(AFFINE), tl.constexpr(GEMM), tl.constexpr(ADD_LN)
+ALPHA_ONE = 1 << 16         # alpha_q (scale_q) of 1
+C_ONE = tl.constexpr(ALPHA_ONE)
 ARGS = 9                    # int32 words an argument record
 C_ARGS = tl.constexpr(ARGS)
 # Tile shapes of the library ops (module constants: a noinline body takes no constexpr
@@ -51,7 +54,6 @@ C_LM, C_LD, C_EPS = (tl.constexpr(v) for v in (LN_TILE_M, LN_MAX_D, LN_EPS))
 # bf16: there, the GEMM rounds x's tile itself and multiplies in fp32 (exact: a product of two
 # bf16 values fits in fp32's mantissa).
 C_WIDEN = tl.constexpr(interp())
-ALPHA_ONE = 1 << 16         # alpha_q of alpha = 1
 
 
 @triton.jit
@@ -72,7 +74,7 @@ def _round_bf16(v):
 
 @triton.jit(noinline=True)
 def _gemm_tile(arena, weights, rec, tile):
-    x, w, b, y, m_rows, n_cols, k_dim, act, _ = _record(rec)
+    x, w, b, y, m_rows, n_cols, k_dim, act, scale_q = _record(rec)
     tiles_n = (n_cols + C_GN - 1) // C_GN
     rm = (tile // tiles_n) * C_GM + tl.arange(0, C_GM)
     rn = (tile % tiles_n) * C_GN + tl.arange(0, C_GN)
@@ -93,6 +95,8 @@ def _gemm_tile(arena, weights, rec, tile):
         acc += tl.load(arena + b + rn, mask=rn < n_cols, other=0.0)[None, :]
     if act == 1:
         acc = acc / (1.0 + tl.exp(-acc))
+    if scale_q != C_ONE:
+        acc = acc * (scale_q.to(tl.float32) / 65536.0)
     tl.store(arena + y + rm[:, None] * n_cols + rn[None, :], acc,
              mask=(rm[:, None] < m_rows) & (rn[None, :] < n_cols))
 
@@ -118,7 +122,7 @@ def _add_ln_tile(arena, rec, tile):
     tl.store(arena + y + at, c * rstd[:, None] * g[None, :] + bb[None, :], mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["beat"])     # a new beat every launch: one compile
 def task_program(rows, starts, counters, arena, weights, args, beat, n, TILE: tl.constexpr,
                  BLOCK_N: tl.constexpr, IS_INTERP: tl.constexpr):
     p = tl.program_id(0)
@@ -237,10 +241,10 @@ def ffn_chain(m: int, d: int, h: int, queues: int, layers: int = 1,
             (ADD_LN, -(-m // lm), [x, -1, o[f"g1.{l}"], o[f"be1.{l}"], -1, o[f"u.{l}"], m, d, 0]),
             (GEMM, -(-m // gm) * -(-h // gn),
              [o[f"u.{l}"], w[f"w1.{l}"], o[f"b1.{l}"] if bias else -1, o[f"h1.{l}"], m, h, d, 1,
-              0]),
+              ALPHA_ONE]),
             (GEMM, -(-m // gm) * -(-d // gn),
              [o[f"h1.{l}"], w[f"w2.{l}"], o[f"b2.{l}"] if bias else -1, o[f"h2.{l}"], m, d, h, 0,
-              0]),
+              ALPHA_ONE]),
             (ADD_LN, -(-m // lm), [x, o[f"h2.{l}"], o[f"g2.{l}"], o[f"be2.{l}"], o[f"s.{l}"],
                                    nxt, m, d, ALPHA_ONE // 2]),
         ]

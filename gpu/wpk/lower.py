@@ -1,0 +1,258 @@
+"""A compiled stage lowered onto the task-table program's library ops (issue 18, stage 2): the
+compiler's kernels become `gpu.wpk.taskrun` task rows and argument records, its memory plan the
+program's arena, so a stage traced from the model runs as one `task_program` launch.
+
+- Places: an ACTIVATION or OUTPUT storage sits at its memory-plan offset in the fp32 arena; the
+  weights a GEMM multiplies by sit in the weight arena (one dtype: bf16 runs the matmuls on
+  tensor cores, fp32 in full precision); every other storage the stage reads (inputs, norms'
+  weights and biases, constants) follows the plan in the fp32 arena. A value is its storage's
+  place plus its own storage offset, with its own shape and strides.
+- Kernels: `layer_norm` → ADD_LN without a residual; `add_layer_norm` (x + α·r, then the norm)
+  → ADD_LN keeping the sum; `gemm` (`mm`, or `addmm` with a bias, by a transposed weight) with an
+  epilogue of SiLU then a scalar multiply → GEMM. The record of kernel i is argument record i.
+- Refused, with the kernel named: any other kernel (convolutions, softmax, copies and pointwise
+  runs have no task op yet), a dtype other than fp32 off the weight arena, a tensor not laid
+  out as its op reads it, an epsilon other than the program's, a scale that is not a multiple
+  of 2⁻¹⁶, and an intermediate of a fused kernel that another kernel reads (it is never
+  written).
+- Tiles follow the op's tile shape (`GEMM_TILE_*`, `LN_TILE_M`), then the compiler's schedule
+  deals them to the programs; the table must validate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gpu.wpk import taskrun as T
+from gpu.wpk.compile import LIBRARY, Compiled, compile_stage, schedule
+from gpu.wpk.ir import Graph, Ref
+from gpu.wpk.schedule import OpSpec, Task, TaskTable, validate
+
+TASK_OP = {"join": 0, "gemm": T.GEMM, "layer_norm": T.ADD_LN, "add_layer_norm": T.ADD_LN}
+
+
+class Unsupported(ValueError):
+    """A kernel the task ops cannot run as it is."""
+
+
+@dataclass
+class Lowered:
+    graph: Graph
+    compiled: Compiled
+    table: TaskTable
+    args: np.ndarray            # int32 [kernels, ARGS]
+    places: dict                # storage id → ("arena" | "weights", element offset)
+    arena: int                  # fp32 elements
+    weights: int                # elements of the weight arena
+    wdtype: torch.dtype
+
+    def load(self, tensors: dict[str, torch.Tensor], device: str = "cpu"
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(arena, weights) holding the named tensors (and the constants traced) at their
+        places; activations start at zero."""
+        arena = torch.zeros(max(self.arena, 1), device=device)
+        weights = torch.zeros(max(self.weights, 1), dtype=self.wdtype, device=device)
+        g = self.graph
+        bound = {g.named[k]: t for k, t in tensors.items()} | dict(g.held)
+        for vid, t in bound.items():
+            sid = g.values[vid].storage
+            if sid not in self.places:
+                continue                    # the stage never reads it
+            where, at = self.places[sid]
+            buf = arena if where == "arena" else weights
+            flat = t.detach().reshape(-1) if t.is_contiguous() else t.detach().contiguous().view(-1)
+            start = at + g.values[vid].offset
+            buf[start:start + flat.numel()] = flat.to(buf.dtype)
+        return arena, weights
+
+    def outputs(self, arena: torch.Tensor) -> list[torch.Tensor]:
+        """The stage's outputs: views of the arena."""
+        return [self._view(arena, vid) for vid in self.graph.outputs]
+
+    def _view(self, arena: torch.Tensor, vid: int) -> torch.Tensor:
+        v = self.graph.values[vid]
+        _, at = self.places[v.storage]
+        return torch.as_strided(arena, v.shape, v.stride, at + v.offset)
+
+
+def _elements(nbytes: int, dtype: torch.dtype) -> int:
+    size = torch.empty((), dtype=dtype).element_size()
+    return -(-int(nbytes) // size)
+
+
+class _Lowering:
+    def __init__(self, graph: Graph, compiled: Compiled, weight_dtype: torch.dtype | None):
+        self.g, self.c = graph, compiled
+        self.gemm_weights: set = set()
+        for kern in compiled.kernels:
+            if kern.name == "gemm":
+                node = graph.nodes[kern.nodes[0]]
+                if node.op in ("mm", "addmm"):
+                    self.gemm_weights.add(graph.values[node.args[-1].value].storage)
+        dtypes = {graph.values[vid].dtype for vid in range(len(graph.values))
+                  if graph.values[vid].storage in self.gemm_weights}
+        if len(dtypes) > 1 and weight_dtype is None:
+            raise Unsupported(f"the GEMMs' weights mix dtypes {sorted(map(str, dtypes))}: the "
+                              "weight arena has one")
+        self.wdtype = weight_dtype or (dtypes.pop() if dtypes else torch.float32)
+        self.places: dict = {}
+        for sid, at in compiled.plan.offsets.items():
+            self.places[sid] = ("arena", at // 4)
+        end, wend = _elements(compiled.plan.arena, torch.float32), 0
+        for sid, info in enumerate(graph.storages):
+            if sid in self.places or not self._read(sid):
+                continue
+            if sid in self.gemm_weights:
+                self.places[sid] = ("weights", wend)
+                wend += _elements(info.nbytes, self.wdtype)
+            else:
+                self.places[sid] = ("arena", end)
+                end += _elements(info.nbytes, torch.float32)
+        self.arena, self.weights = end, wend
+
+    def _read(self, sid: int) -> bool:
+        return any(sid in n.reads | n.writes for n in self.g.nodes if not n.view)
+
+    def where(self, ref, kernel: int, what: str, shape_rank: int) -> tuple[int, tuple]:
+        """(element offset, shape) of a row-major value the op reads or writes in its arena."""
+        if not isinstance(ref, Ref):
+            raise Unsupported(f"kernel {kernel}: {what} is not a tensor ({ref!r})")
+        v = self.g.values[ref.value]
+        arena, at = self.places[v.storage]
+        dtype = self.wdtype if arena == "weights" else torch.float32
+        if v.dtype != dtype:
+            raise Unsupported(f"kernel {kernel}: {what} is {v.dtype}, its arena holds {dtype}")
+        want = (1,) if len(v.shape) == 1 else (v.shape[1], 1)
+        if len(v.shape) != shape_rank or tuple(v.stride) != want:
+            raise Unsupported(f"kernel {kernel}: {what} {tuple(v.shape)} with strides "
+                              f"{tuple(v.stride)} is not row-major of rank {shape_rank}")
+        return at + v.offset, tuple(v.shape)
+
+    def weight(self, ref, kernel: int) -> tuple[int, int, int]:
+        """A GEMM's B operand: a transposed view [K, N] of a weight W [N, K] → (offset, N, K)."""
+        v = self.g.values[ref.value]
+        where, at = self.places[v.storage]
+        if where != "weights" or len(v.shape) != 2 or tuple(v.stride) != (1, v.shape[0]):
+            raise Unsupported(f"kernel {kernel}: the GEMM's B operand is not a transposed "
+                              f"weight (shape {tuple(v.shape)}, strides {tuple(v.stride)})")
+        return at + v.offset, v.shape[1], v.shape[0]
+
+
+def _quantised(x: float, kernel: int, what: str) -> int:
+    q = round(x * T.ALPHA_ONE)
+    if q / T.ALPHA_ONE != x:
+        raise Unsupported(f"kernel {kernel}: {what} {x} is not a multiple of 2^-16")
+    return q
+
+
+def _layer_norm_args(low: _Lowering, node, i: int) -> tuple:
+    x, shape, w, b, eps = (list(node.args) + [None] * 5)[:5]
+    if b is None or w is None:
+        raise Unsupported(f"kernel {i}: a layer norm without weight and bias")
+    if abs(float(eps) - T.LN_EPS) > 1e-12:
+        raise Unsupported(f"kernel {i}: epsilon {eps}, the task op's is {T.LN_EPS}")
+    return x, w, b, shape
+
+
+def _lower_kernel(low: _Lowering, i: int, kern) -> tuple[list[int], int]:
+    """(the argument record, the tiles) of kernel i."""
+    g = low.g
+    nodes = [g.nodes[k] for k in kern.nodes]
+    if kern.name in ("layer_norm", "add_layer_norm"):
+        ln = nodes[-1]
+        x, w, b, shape = _layer_norm_args(low, ln, i)
+        r_off, s_off, alpha_q = -1, -1, T.ALPHA_ONE
+        if kern.name == "add_layer_norm":
+            add = nodes[0]
+            if add.op != "add" or len(add.args) != 2:
+                raise Unsupported(f"kernel {i}: {add.op} before the norm is not a plain add")
+            alpha_q = _quantised(float(add.kwargs.get("alpha", 1)), i, "the add's alpha")
+            x, r = add.args
+            r_off, _ = low.where(r, i, "the residual", 2)
+            s_off, _ = low.where(add.outs[0], i, "the sum", 2)
+        x_off, (m, d) = low.where(x, i, "the norm's input", 2)
+        if list(shape) != [d] or d > T.LN_MAX_D:
+            raise Unsupported(f"kernel {i}: a norm over {shape} of rows of {d} (at most "
+                              f"{T.LN_MAX_D})")
+        y_off, _ = low.where(ln.outs[0], i, "the norm's output", 2)
+        g_off, _ = low.where(w, i, "the norm's weight", 1)
+        b_off, _ = low.where(b, i, "the norm's bias", 1)
+        return [x_off, r_off, g_off, b_off, s_off, y_off, m, d, alpha_q], -(-m // T.LN_TILE_M)
+    if kern.name == "gemm":
+        mm, epilogue = nodes[0], nodes[1:]
+        if mm.op == "mm":
+            bias, a, wt = None, *mm.args
+        elif mm.op == "addmm" and not mm.kwargs:
+            bias, a, wt = mm.args
+        else:
+            raise Unsupported(f"kernel {i}: {mm.op} is not a GEMM the task op runs")
+        a_off, (m, k) = low.where(a, i, "the GEMM's input", 2)
+        w_off, n, k_w = low.weight(wt, i)
+        if k_w != k:
+            raise Unsupported(f"kernel {i}: inner sizes {k} and {k_w} differ")
+        b_off = -1 if bias is None else low.where(bias, i, "the bias", 1)[0]
+        act, scale_q = 0, T.ALPHA_ONE
+        for j, node in enumerate(epilogue):
+            if node.op == "silu" and act == 0 and scale_q == T.ALPHA_ONE:
+                act = 1
+            elif node.op == "mul" and isinstance(node.args[1], float) and scale_q == T.ALPHA_ONE:
+                scale_q = _quantised(node.args[1], i, "the scale")
+            else:
+                raise Unsupported(f"kernel {i}: the GEMM's epilogue {[n.op for n in epilogue]} "
+                                  "is not [silu][, mul by a number]")
+        y_off, _ = low.where(nodes[-1].outs[0], i, "the GEMM's output", 2)
+        tiles = -(-m // T.GEMM_TILE_M) * -(-n // T.GEMM_TILE_N)
+        return [a_off, w_off, b_off, y_off, m, n, k, act, scale_q], tiles
+    raise Unsupported(f"kernel {i} ({kern.name}: {[n.op for n in nodes]}) has no task op yet")
+
+
+def _check_intermediates(graph: Graph, compiled: Compiled) -> None:
+    """A fused kernel writes only its last node's result (and an add + norm's sum): nothing
+    outside it may read another of its values."""
+    written = {}
+    for i, kern in enumerate(compiled.kernels):
+        last = graph.nodes[kern.nodes[-1]]
+        keep = {last.outs[0].value} if last.outs and last.outs[0] is not None else set()
+        if kern.name == "add_layer_norm":
+            keep.add(graph.nodes[kern.nodes[0]].outs[0].value)
+        for k in kern.nodes:
+            for ref in graph.nodes[k].outs:
+                if ref is not None and ref.value not in keep:
+                    written[graph.values[ref.value].storage] = (i, set(kern.nodes))
+    for k, node in enumerate(graph.nodes):
+        for ref in node.refs():
+            hit = written.get(graph.values[ref.value].storage)
+            if hit is not None and k not in hit[1]:
+                raise Unsupported(f"node {k} ({node.op}) reads a value kernel {hit[0]} never "
+                                  "writes")
+    outs = {graph.values[v].storage for v in graph.outputs}
+    for sid, (i, _) in written.items():
+        if sid in outs:
+            raise Unsupported(f"an output is a value kernel {i} never writes")
+
+
+def lower(graph: Graph, batch: int, programs: int,
+          weight_dtype: torch.dtype | None = None) -> Lowered:
+    """The stage (traced at `batch`) compiled, then lowered for `programs` programs; with
+    `weight_dtype` the GEMMs' weights are held (and multiplied) in that dtype whatever they
+    were traced in (bf16: the bf16 profile's matmuls on tensor cores)."""
+    compiled = compile_stage(graph, batch, programs)
+    _check_intermediates(graph, compiled)
+    low = _Lowering(graph, compiled, weight_dtype)
+    records = []
+    for i, kern in enumerate(compiled.kernels):
+        record, kern.tiles = _lower_kernel(low, i, kern)
+        records.append(record)
+    table, _ = schedule(compiled.kernels, programs)
+    whole = [(0, 0, max(low.arena, 1))]
+    ops = {code: OpSpec(name, lambda task: whole) for name, code in TASK_OP.items()}
+    queues = [[Task(TASK_OP[LIBRARY[t.op]], t.wait, t.count, t.signal, t.args)
+               for t in q] for q in table.queues]
+    table = TaskTable(queues, table.n_counters, [max(low.arena, 1)], ops)
+    problems = validate(table)
+    if problems:
+        raise ValueError(f"the lowered table is unsound: {problems[:3]}")
+    return Lowered(graph, compiled, table, np.array(records, np.int32).reshape(-1, T.ARGS),
+                   low.places, low.arena, low.weights, low.wdtype)

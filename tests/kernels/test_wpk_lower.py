@@ -1,0 +1,104 @@
+"""A stage traced from the model, compiled, lowered onto the task ops (`gpu/wpk/lower.py`) and
+run as one task-table program on the threaded interpreter, against the model's own modules.
+
+Bugs these catch: a value placed away from where its memory plan (or the weight arena) puts
+it, a record whose words are out of order, an epilogue's SiLU or scale dropped or applied in the
+wrong order, an add's residual or alpha lost, tiles counted for the wrong tile shape (a wait
+that never ends, or one that ends early), and a stage the task ops cannot run lowered anyway
+instead of refused with the kernel named."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from gpu.model.perception import ConformerLayer, PerceptionConfig
+from gpu.wpk import taskrun as T
+from gpu.wpk.ir import Storage, trace
+from gpu.wpk.lower import Unsupported, lower
+from gpu.wpk.stages import feed_forward_halves, feed_forward_stage
+from gpu.wpk.sync import interp
+from gpu.wpk.testing import threaded
+
+pytestmark = pytest.mark.skipif(not interp(), reason="the interpreter's threaded runs")
+
+
+def _layer(bias: bool) -> tuple[ConformerLayer, PerceptionConfig]:
+    cfg = dataclasses.replace(PerceptionConfig.tiny(), use_bias=bias)
+    torch.manual_seed(3)
+    layer = ConformerLayer(cfg)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn(p.shape) * 0.2)    # not the identity norm, nor zero biases
+    return layer, cfg
+
+
+def _traced(layer, x, fn):
+    named = {"x": (Storage.INPUT, x)}
+    named.update({n: (Storage.WEIGHT, p.detach()) for n, p in layer.named_parameters()})
+    return trace(lambda: fn(layer, x), named), {k: t for k, (_, t) in named.items()}
+
+
+@pytest.mark.parametrize("bias,rows,programs", [(False, 6, 3), (True, 5, 4), (False, 20, 1)])
+def test_the_loweredfeed_forward_halves_compute_what_the_model_does(bias, rows, programs):
+    layer, cfg = _layer(bias)
+    x = torch.randn(rows, cfg.d_model, generator=torch.Generator().manual_seed(rows))
+    graph, tensors = _traced(layer, x, feed_forward_halves)
+    low = lower(graph, rows, programs)
+    assert [k.name for k in low.compiled.kernels] == ["layer_norm", "gemm", "gemm",
+                                                      "add_layer_norm"] * 2
+    rows_t, starts = (torch.from_numpy(a) for a in low.table.emit())
+    args = torch.from_numpy(low.args)
+    counters = torch.zeros(low.table.n_counters, dtype=torch.int32)
+    with torch.no_grad():
+        want = feed_forward_halves(layer, x)
+    for beat in (1, 2):
+        arena, weights = low.load(tensors)
+        threaded(T.task_program, (programs,), rows_t, starts, counters, arena, weights, args,
+                 beat, 0, TILE=16, BLOCK_N=16, IS_INTERP=True, timeout_s=240)
+        for got, ref in zip(low.outputs(arena), want):
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_without_a_task_op_are_refused_by_name():
+    layer, cfg = _layer(False)
+    x = torch.randn(4, cfg.d_model)
+
+    def softmax_after(layer, x):
+        return torch.softmax(layer.feed_forward1.linear1(x), -1)
+
+    def relu_epilogue(layer, x):
+        return torch.relu(layer.feed_forward1.linear1(x))
+
+    def odd_scale(layer, x):
+        return layer.feed_forward1.linear1(x) * 0.1
+
+    for fn, says in ((softmax_after, "softmax"), (relu_epilogue, "epilogue"),
+                     (odd_scale, r"multiple of 2\^-16")):
+        graph, _ = _traced(layer, x, fn)
+        with pytest.raises(Unsupported, match=says):
+            lower(graph, 4, 2)
+
+
+def test_a_perception_stack_lowers_with_bf16_weights_and_stays_close_to_fp32():
+    """The stage the device bench lowers (`feed_forward_stage`, the model's own layers chained),
+    at the tiny config with its weights held in bf16: every layer's tiles wait for the layer
+    before across the whole stack, and the result stays within bf16's error of the fp32 model
+    (a GEMM fed fp32 bits as bf16, or a weight cast wrongly, is far off)."""
+    run = feed_forward_stage("tiny", rows=7)
+    graph = trace(run.fn, run.named)
+    low = lower(graph, 7, 3, weight_dtype=torch.bfloat16)
+    assert low.wdtype == torch.bfloat16
+    rows_t, starts = (torch.from_numpy(a) for a in low.table.emit())
+    counters = torch.zeros(low.table.n_counters, dtype=torch.int32)
+    arena, weights = low.load(run.tensors())
+    threaded(T.task_program, (3,), rows_t, starts, counters, arena, weights,
+             torch.from_numpy(low.args), 1, 0, TILE=16, BLOCK_N=16, IS_INTERP=True,
+             timeout_s=240)
+    with torch.no_grad():
+        want = run.fn()
+    for got, ref in zip(low.outputs(arena), want):
+        err = ((got - ref).abs().max() / ref.abs().max()).item()
+        assert 1e-6 < err < 2e-2, err       # bf16's rounding, and no more
