@@ -139,19 +139,24 @@ def occupancy(warps: int) -> tuple[int, object]:
     return max(1, min(by_regs, by_smem, 32 // warps)), kernel
 
 
+@functools.lru_cache(maxsize=1)
+def traced(rows: int, layers: int):
+    from gpu.wpk.ir import trace
+    from gpu.wpk.stages import feed_forward_stage
+    run = feed_forward_stage("full", rows, layers=layers // 2, device="cuda")
+    return run, trace(run.fn, run.named)
+
+
 def lowered(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> dict:
     """The model's own layers (`gpu.wpk.stages.feed_forward_stage`, fp32) traced, compiled and
     lowered (`gpu.wpk.lower`, GEMM weights held in bf16), one launch a beat."""
     from gpu.wpk import taskrun as T
-    from gpu.wpk.ir import trace
     from gpu.wpk.lower import lower
-    from gpu.wpk.stages import feed_forward_stage
     fits, kernel = occupancy(warps)
     if per_sm > fits:
         return {"skipped": f"{per_sm} programs an SM do not fit ({fits} do)"}
     programs = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
-    run = feed_forward_stage("full", rows, layers=layers // 2, device="cuda")
-    graph = trace(run.fn, run.named)
+    run, graph = traced(rows, layers)
     low = lower(graph, rows, programs, weight_dtype=torch.bfloat16)
     arena, weights = low.load(run.tensors(), "cuda")
     table_rows, starts = (torch.from_numpy(a).cuda() for a in low.table.emit())
