@@ -154,7 +154,8 @@ def make_executor_for(args, max_n: int, clock: Clock | None = None):
     opts = ExecutorOptions(max_sessions=max(max_n, args.max_sessions or 0), profile=args.profile,
                            config=args.config, max_context=max_context, context_offset=offset,
                            cost_model=args.cost_model, seed=args.seed, context_roll=roll,
-                           beat_wait=args.beat_wait, start_rows=args.start_rows)
+                           beat_wait=args.beat_wait, start_rows=args.start_rows,
+                           first_poll_ms=args.first_poll_ms)
     if args.workers:      # built in the engine process, which serves every run's node
         return EngineHost(ExecutorSpec(args.backend, opts)).start()
     return make_executor(args.backend, opts, clock)
@@ -591,6 +592,10 @@ def parse_args(argv=None):
                     help="starting sessions each beat advances (0: the backend's default)")
     ap.add_argument("--beat-wait", choices=("poll", "thread"), default="poll",
                     help="graph: the loop polls the beat's CUDA event, or a worker thread waits")
+    ap.add_argument("--first-poll-ms", type=float, default=0.0,
+                    help="graph, wpk: frame 0's count polled every loop turn from just before "
+                         "the fastest recent frame 0 (0), or slept to it and polled every this "
+                         "many ms")
     ap.add_argument("--workers", type=int, default=0,
                     help="session worker processes of the node (real time only; 0: the "
                          "sessions run on the node's own loop)")

@@ -203,6 +203,7 @@ class GraphExecutor:
         self._pool = torch.cuda.graph_pool_handle()
         self.streamed = StreamedBeat(self.model, self.device) if streams else None
         self.poll = options.beat_wait == "poll"
+        self.first_poll_s = options.first_poll_ms / 1e3
         self._beat_start = torch.cuda.Event(enable_timing=True)
         self._beat_done = torch.cuda.Event(enable_timing=True)
         # graph → its recent beats' device times (start event to done event)
@@ -337,8 +338,10 @@ class GraphExecutor:
         self._first_pending = (out, hi, int(self._first_seen_np[0])) if hi else None
 
     async def wait_first(self) -> None:
-        """Polls the frame-0 count as `_device_done` polls the beat's end, then copies the live
-        rows' frame 0 into `out`."""
+        """Polls the frame-0 count as `_device_done` polls the beat's end (with
+        `first_poll_ms`: sleeps to the fastest recent frame 0, then polls at that interval,
+        which spares the loop the spin's CPU at up to an interval's delay), then copies the
+        live rows' frame 0 into `out`."""
         if self._inflight is None or self._first_pending is None:
             return
         out, hi, before = self._first_pending
@@ -346,15 +349,16 @@ class GraphExecutor:
         key = (bucket_for(len(plan.live), self.max_sessions), len(plan.rows))
         recent = self._recent_first.setdefault(key, collections.deque(maxlen=8))
         fastest = min(recent, default=None)
+        every = self.first_poll_s
         if fastest is not None:
-            delay = t0 + fastest - POLL_LEAD_S - time.perf_counter()
+            delay = t0 + fastest - (every or POLL_LEAD_S) - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
         while int(self._first_seen_np[0]) == before:
             if job.done() and (job.exception() is not None or self._beat_done.query()):
                 self._first_pending = None    # ended without frame 0: `wait` says why
                 return
-            await asyncio.sleep(0 if fastest is not None else POLL_UNKNOWN_S)
+            await asyncio.sleep(every or (0 if fastest is not None else POLL_UNKNOWN_S))
         recent.append(time.perf_counter() - t0)
         for name, host in self._first_host.items():
             getattr(out, name)[:hi, 0] = host[:hi].numpy()
@@ -653,6 +657,7 @@ class GraphExecutor:
                 "memory_ceiling_sessions": self.plan_memory.ceiling(total),
                 "max_sessions": self.max_sessions, "slots": self.slots,
                 "beat_wait": "poll" if self.poll else "thread", "beats_polled": self.polled_beats,
+                "first_poll_ms": self.first_poll_s * 1e3,
                 "buckets_captured": sorted({b for b, _ in self._graphs}),
                 "launch_ms": spread_ms(self.launch_s),
                 "allocator": {k: torch.cuda.memory_stats().get(k) for k in ALLOCATOR_COUNTS},

@@ -114,6 +114,9 @@ class ExecutorOptions:
                                         # to run on (0: `roll_frames` picks an eighth)
     beat_wait: str = "poll"             # graph: how the loop learns a beat is done (poll | thread)
     start_rows: int = 0                 # starting sessions a beat advances (0: the executor's)
+    first_poll_ms: float = 0.0          # graph: frame 0's count polled every loop turn from
+                                        # just before the fastest recent frame 0 (0), or
+                                        # slept to it and polled every this many ms
 
     def __post_init__(self) -> None:
         if self.max_sessions < 0:
@@ -121,6 +124,9 @@ class ExecutorOptions:
                              "size its slots")
         if self.start_rows < 0:
             raise ValueError("start_rows must be 0 (the executor's default) or more")
+        if not self.first_poll_ms >= 0:
+            raise ValueError(f"first_poll_ms {self.first_poll_ms} must be 0 (poll every loop "
+                             "turn) or a positive interval")
         if not 0 <= self.context_offset < self.max_context:
             raise ValueError(f"context_offset {self.context_offset} must be within max_context "
                              f"{self.max_context}")
