@@ -147,15 +147,20 @@ def memory_ceiling(args, max_context: int) -> int:
         return pool.submit(ask).result()
 
 
-def make_executor_for(args, max_n: int, clock: Clock | None = None):
-    """One backend for the whole benchmark: a GPU model is built once and serves every run (each
-    run is a fresh node whose sessions reset their slots). Slots are sized for `max_n` sessions."""
+def executor_options(args, max_n: int) -> ExecutorOptions:
+    """The executor's options from the bench's flags, slots sized for `max_n` sessions."""
     offset, max_context, roll = held_context(args)
-    opts = ExecutorOptions(max_sessions=max(max_n, args.max_sessions or 0), profile=args.profile,
+    return ExecutorOptions(max_sessions=max(max_n, args.max_sessions or 0), profile=args.profile,
                            config=args.config, max_context=max_context, context_offset=offset,
                            cost_model=args.cost_model, seed=args.seed, context_roll=roll,
                            beat_wait=args.beat_wait, start_rows=args.start_rows,
                            first_poll_ms=args.first_poll_ms)
+
+
+def make_executor_for(args, max_n: int, clock: Clock | None = None):
+    """One backend for the whole benchmark: a GPU model is built once and serves every run (each
+    run is a fresh node whose sessions reset their slots). Slots are sized for `max_n` sessions."""
+    opts = executor_options(args, max_n)
     if args.workers:      # built in the engine process, which serves every run's node
         return EngineHost(ExecutorSpec(args.backend, opts)).start()
     return make_executor(args.backend, opts, clock)
