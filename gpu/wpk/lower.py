@@ -101,12 +101,14 @@ class _Lowering:
         for sid, at in compiled.plan.offsets.items():
             self.places[sid] = ("arena", at // 4)
         end, wend = _elements(compiled.plan.arena, torch.float32), 0
+        traced = {v.storage: v.dtype for v in graph.values}
         for sid, info in enumerate(graph.storages):
             if sid in self.places or not self._read(sid):
                 continue
             if sid in self.gemm_weights:
+                # as many elements as were traced, whatever dtype the arena holds them in
                 self.places[sid] = ("weights", wend)
-                wend += _elements(info.nbytes, self.wdtype)
+                wend += _elements(info.nbytes, traced[sid])
             else:
                 self.places[sid] = ("arena", end)
                 end += _elements(info.nbytes, torch.float32)
