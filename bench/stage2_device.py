@@ -147,17 +147,22 @@ def traced(rows: int, layers: int):
     return run, trace(run.fn, run.named)
 
 
+@functools.lru_cache(maxsize=2)
+def lowering(rows: int, layers: int, programs: int):
+    from gpu.wpk.lower import lower
+    run, graph = traced(rows, layers)
+    return run, lower(graph, rows, programs, weight_dtype=torch.bfloat16)
+
+
 def lowered(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> dict:
     """The model's own layers (`gpu.wpk.stages.feed_forward_stage`, fp32) traced, compiled and
     lowered (`gpu.wpk.lower`, GEMM weights held in bf16), one launch a beat."""
     from gpu.wpk import taskrun as T
-    from gpu.wpk.lower import lower
     fits, kernel = occupancy(warps)
     if per_sm > fits:
         return {"skipped": f"{per_sm} programs an SM do not fit ({fits} do)"}
     programs = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
-    run, graph = traced(rows, layers)
-    low = lower(graph, rows, programs, weight_dtype=torch.bfloat16)
+    run, low = lowering(rows, layers, programs)
     arena, weights = low.load(run.tensors(), "cuda")
     table_rows, starts = (torch.from_numpy(a).cuda() for a in low.table.emit())
     args = torch.from_numpy(low.args).cuda()
