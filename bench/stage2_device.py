@@ -39,22 +39,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from bench.cuda_timing import median_ms  # noqa: E402
+
 D, HIDDEN, HALF_STEPS = 1024, 4096, 48
-
-
-def median_ms(step, reps: int) -> float:
-    for _ in range(5):
-        step()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        step()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
 
 
 @functools.lru_cache(maxsize=1)
@@ -114,7 +101,7 @@ def task_table(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> di
         for name, ref in T.ffn_reference(block, arena, weights, l).items():
             got = block.view(arena, f"x.{l + 1}" if name == "x" else f"{name}.{l}")
             worst = max(worst, ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item())
-    ms = median_ms(step, reps)
+    ms = median_ms(step, reps, warmup=5)
     tiles = sum(len(q) for q in block.table.queues)
     return {"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
             "registers": kernel.n_regs, "shared_bytes": kernel.metadata.shared,
@@ -180,7 +167,7 @@ def lowered(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> dict:
         want = run.fn()
     err = max(((got - ref).abs().max() / ref.abs().max()).item()
               for got, ref in zip(low.outputs(arena), want))
-    ms = median_ms(step, reps)
+    ms = median_ms(step, reps, warmup=5)
     return {"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
             "registers": kernel.n_regs, "kernels": len(low.compiled.kernels),
             "tasks": sum(len(q) for q in low.table.queues),
@@ -212,7 +199,7 @@ def graph(rows: int, layers: int, reps: int) -> dict:
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         chain()
-    ms = median_ms(g.replay, reps)
+    ms = median_ms(g.replay, reps, warmup=5)
     return {"ms": round(ms, 4), "launches": 1 + 4 * layers,
             "weight_tb_s": round(weight_bytes(layers) / ms / 1e9, 3)}
 

@@ -30,21 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cuda_timing import median_ms  # noqa: E402
 from gpu.wpk import probes  # noqa: E402
-
-
-def _ms(fn, reps: int = 5) -> float:
-    fn()                                         # compile and load before timing
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
 
 
 def chain(n: int) -> dict:
@@ -56,7 +43,7 @@ def chain(n: int) -> dict:
         counters.zero_()
         probes.chain[(n,)](values, counters, out, n, IS_INTERP=False,
                            launch_cooperative_grid=True)
-    ms = _ms(run)
+    ms = median_ms(run, 5)
     want = torch.flip(torch.cumsum(torch.flip(values, (0,)), 0), (0,))
     return {"programs": n, "correct": bool(torch.equal(out, want)), "kernel_ms": round(ms, 4),
             "us_per_hop": round(1e3 * ms / n, 3)}
@@ -72,7 +59,7 @@ def rounds(n: int, n_rounds: int) -> dict:
         counter.zero_()
         probes.rounds[(n,)](counter, slots, out, n, n_rounds, BLOCK=block, IS_INTERP=False,
                             launch_cooperative_grid=True)
-    ms = _ms(run)
+    ms = median_ms(run, 5)
     want = torch.tensor([sum(r * 1000 + p for p in range(n)) for r in range(n_rounds)],
                         dtype=torch.int32, device="cuda")
     ok = bool(torch.equal(out.view(n_rounds, n), want[:, None].expand(n_rounds, n)))
@@ -195,7 +182,7 @@ def task_table(layers: int = 8, n: int = 4096, tile: int = 256, queues: int = 13
         one()
         want = T.affine_reference(x, layers).flatten()
         ok &= bool(torch.allclose(arena, want, rtol=1e-5, atol=1e-3))
-    ms = _ms(one)
+    ms = median_ms(one, 5)
     return {"layers": layers, "n": n, "tile": tile, "programs": queues, "correct": ok,
             "beat_ms": round(ms, 4), "us_per_layer": round(1e3 * ms / layers, 2)}
 
