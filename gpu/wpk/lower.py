@@ -15,8 +15,9 @@ program's arena, so a stage traced from the model runs as one `task_program` lau
   out as its op reads it, an epsilon other than the program's, a scale that is not a multiple
   of 2⁻¹⁶, and an intermediate of a fused kernel that another kernel reads (it is never
   written).
-- Tiles follow the op's tile shape (`GEMM_TILE_*`, `LN_TILE_M`), then the compiler's schedule
-  deals them to the programs; the table must validate.
+- Tiles follow the op's tile shape (`GEMM_TILE_*`, `LN_TILE_M`); a GEMM whose tiles would not
+  fill the programs and whose result only add + norms read runs split-K (`_split_k`); then the
+  compiler's schedule deals the tiles to the programs; the table must validate.
 """
 from __future__ import annotations
 
@@ -181,7 +182,8 @@ def _lower_kernel(low: _Lowering, i: int, kern) -> tuple[list[int], int]:
         y_off, _ = low.where(ln.outs[0], i, "the norm's output", 2)
         g_off, _ = low.where(w, i, "the norm's weight", 1)
         b_off, _ = low.where(b, i, "the norm's bias", 1)
-        return [x_off, r_off, g_off, b_off, s_off, y_off, m, d, alpha_q], -(-m // T.LN_TILE_M)
+        return ([x_off, r_off, g_off, b_off, s_off, y_off, m, d, alpha_q, 1],
+                -(-m // T.LN_TILE_M))
     if kern.name == "gemm":
         mm, epilogue = nodes[0], nodes[1:]
         if mm.op == "mm":
@@ -206,7 +208,7 @@ def _lower_kernel(low: _Lowering, i: int, kern) -> tuple[list[int], int]:
                                   "is not [silu][, mul by a number]")
         y_off, _ = low.where(nodes[-1].outs[0], i, "the GEMM's output", 2)
         tiles = -(-m // T.GEMM_TILE_M) * -(-n // T.GEMM_TILE_N)
-        return [a_off, w_off, b_off, y_off, m, n, k, act, scale_q], tiles
+        return [a_off, w_off, b_off, y_off, m, n, k, act, scale_q, 1], tiles
     raise Unsupported(f"kernel {i} ({kern.name}: {[n.op for n in nodes]}) has no task op yet")
 
 
@@ -235,11 +237,51 @@ def _check_intermediates(graph: Graph, compiled: Compiled) -> None:
             raise Unsupported(f"an output is a value kernel {i} never writes")
 
 
+def _split_k(low: _Lowering, records: list, programs: int) -> None:
+    """A GEMM without activation whose result only add + norms read, as their residual, runs
+    split-K when its tiles would not fill the programs: S parts (each at least two K tiles)
+    write partials to a region after the arena, which its readers sum. Regions are shared by
+    GEMMs that follow every kernel of the region's earlier users (nothing still reads it)."""
+    g, kernels = low.g, low.c.kernels
+    behind: list[set] = []
+    for kern in kernels:
+        behind.append(set().union(*(behind[j] | {j} for j in kern.after)) if kern.after else set())
+    outs = {g.values[v].storage for v in g.outputs}
+    regions: list[list] = []                  # [offset, elements, users]
+    for i, kern in enumerate(kernels):
+        rec = records[i]
+        if kern.name != "gemm" or rec[7] != 0:
+            continue
+        sid = g.values[g.nodes[kern.nodes[-1]].outs[0].value].storage
+        readers = [j for j, other in enumerate(kernels) if j != i and sid in other.reads]
+        residual = lambda j: (kernels[j].name == "add_layer_norm" and  # noqa: E731
+                              g.values[g.nodes[kernels[j].nodes[0]].args[1].value].storage == sid
+                              and g.values[g.nodes[kernels[j].nodes[0]].args[0].value].storage != sid)
+        if sid in outs or not readers or not all(residual(j) for j in readers):
+            continue
+        m, n, k = rec[4], rec[5], rec[6]
+        parts = min(k // (2 * T.GEMM_TILE_K), -(-programs // kern.tiles))
+        if parts < 2:
+            continue
+        size = parts * m * n
+        region = next((r for r in regions if r[1] >= size and r[2] <= behind[i]), None)
+        if region is None:
+            region = [low.arena, size, set()]
+            low.arena += size
+            regions.append(region)
+        region[2] |= {i, *readers}
+        rec[3], rec[9] = region[0], parts
+        kern.tiles *= parts
+        for j in readers:
+            records[j][1], records[j][9] = region[0], parts
+
+
 def lower(graph: Graph, batch: int, programs: int,
-          weight_dtype: torch.dtype | None = None) -> Lowered:
+          weight_dtype: torch.dtype | None = None, split_k: bool = True) -> Lowered:
     """The stage (traced at `batch`) compiled, then lowered for `programs` programs; with
     `weight_dtype` the GEMMs' weights are held (and multiplied) in that dtype whatever they
-    were traced in (bf16: the bf16 profile's matmuls on tensor cores)."""
+    were traced in (bf16: the bf16 profile's matmuls on tensor cores); `split_k`: GEMMs that
+    can (`_split_k`) cut K when their tiles would not fill the programs."""
     compiled = compile_stage(graph, batch, programs)
     _check_intermediates(graph, compiled)
     low = _Lowering(graph, compiled, weight_dtype)
@@ -247,6 +289,8 @@ def lower(graph: Graph, batch: int, programs: int,
     for i, kern in enumerate(compiled.kernels):
         record, kern.tiles = _lower_kernel(low, i, kern)
         records.append(record)
+    if split_k:
+        _split_k(low, records, programs)
     table, _ = schedule(compiled.kernels, programs)
     whole = [(0, 0, max(low.arena, 1))]
     ops = {code: OpSpec(name, lambda task: whole) for name, code in TASK_OP.items()}

@@ -12,13 +12,18 @@ Row layout (int32): op, wait, count, signal, a0..a3. The ops:
   of `ARGS` words; a0 = the record, a1 = the tile):
   - `GEMM`: y[M, N] = scale · act(x[M, K] @ w[N, K]ᵀ + b), a tile BLOCK_M × BLOCK_N of y, with
     `tl.dot` (tensor cores); record x, w, b (-1: none), y, M, N, K, act (0 none, 1 SiLU),
-    scale_q (scale = scale_q / 2¹⁶, as ADD_LN's alpha). w is an offset
+    scale_q (scale = scale_q / 2¹⁶, as ADD_LN's alpha), splits. With splits S > 1 the K
+    range is cut in S (split-K: a small N still makes enough tiles, and each tile's serial
+    K loop is S times shorter) and split s writes its partial product to y + s·M·N (scaled;
+    the bias on split 0; no activation: it does not distribute over the sum), which a
+    consumer sums. w is an offset
     into `weights`, a second arena whose dtype the launch picks: bf16 weights put x's tile in
     bf16 too (the model's perception runs its matmuls in bf16, accumulating in fp32); fp32
     weights run in full fp32 (`ieee`, not TF32), which the interpreter tests compare at 1e-5;
   - `ADD_LN`: s = x + r · alpha (r = -1: s = x), y = LayerNorm(s) · γ + β over rows of D, a
-    tile of BLOCK_M rows; record x, r, γ, β, s (-1: not kept), y, M, D; alpha is `alpha_q`
-    / 2¹⁶ (the table is int32), eps a constexpr.
+    tile of BLOCK_M rows; record x, r, γ, β, s (-1: not kept), y, M, D, alpha_q (alpha =
+    alpha_q / 2¹⁶: the table is int32), r's splits (r is the sum of that many M × D partials,
+    a split-K GEMM's, in order); eps a constexpr.
   Each body is a `noinline` function (WPK.md §3: inlined bodies grow every task's registers).
 """
 from __future__ import annotations
@@ -40,7 +45,7 @@ AFFINE, GEMM, ADD_LN = 1, 2, 3
 C_AFFINE, C_GEMM, C_ADD_LN = tl.constexpr(AFFINE), tl.constexpr(GEMM), tl.constexpr(ADD_LN)
 ALPHA_ONE = 1 << 16         # alpha_q (scale_q) of 1
 C_ONE = tl.constexpr(ALPHA_ONE)
-ARGS = 9                    # int32 words an argument record
+ARGS = 10                   # int32 words an argument record
 C_ARGS = tl.constexpr(ARGS)
 # Tile shapes of the library ops (module constants: a noinline body takes no constexpr
 # arguments in Triton 3.6's compiler). `WAVE_WPK_GEMM_TILE=M,N,K` overrides the GEMM's for a
@@ -60,7 +65,8 @@ C_WIDEN = tl.constexpr(interp())
 def _record(rec):
     """An argument record's words, in order."""
     return (tl.load(rec), tl.load(rec + 1), tl.load(rec + 2), tl.load(rec + 3), tl.load(rec + 4),
-            tl.load(rec + 5), tl.load(rec + 6), tl.load(rec + 7), tl.load(rec + 8))
+            tl.load(rec + 5), tl.load(rec + 6), tl.load(rec + 7), tl.load(rec + 8),
+            tl.load(rec + 9))
 
 
 @triton.jit
@@ -74,36 +80,41 @@ def _round_bf16(v):
 
 @triton.jit(noinline=True)
 def _gemm_tile(arena, weights, rec, tile):
-    x, w, b, y, m_rows, n_cols, k_dim, act, scale_q = _record(rec)
+    x, w, b, y, m_rows, n_cols, k_dim, act, scale_q, splits = _record(rec)
+    split = tile % splits
+    tile = tile // splits
+    chunk = ((k_dim + splits - 1) // splits + C_GK - 1) // C_GK * C_GK
+    k_lo = split * chunk
+    k_hi = tl.minimum(k_lo + chunk, k_dim)
     tiles_n = (n_cols + C_GN - 1) // C_GN
     rm = (tile // tiles_n) * C_GM + tl.arange(0, C_GM)
     rn = (tile % tiles_n) * C_GN + tl.arange(0, C_GN)
     acc = tl.zeros([C_GM, C_GN], tl.float32)
-    for k0 in range(0, k_dim, C_GK):
+    for k0 in range(k_lo, k_hi, C_GK):
         rk = k0 + tl.arange(0, C_GK)
         a = tl.load(arena + x + rm[:, None] * k_dim + rk[None, :],
-                    mask=(rm[:, None] < m_rows) & (rk[None, :] < k_dim), other=0.0)
+                    mask=(rm[:, None] < m_rows) & (rk[None, :] < k_hi), other=0.0)
         bt = tl.load(weights + w + rn[None, :] * k_dim + rk[:, None],
-                     mask=(rn[None, :] < n_cols) & (rk[:, None] < k_dim), other=0.0)
+                     mask=(rn[None, :] < n_cols) & (rk[:, None] < k_hi), other=0.0)
         if C_WIDEN:
             if bt.dtype == tl.bfloat16:
                 a = _round_bf16(a)
             acc = tl.dot(a, bt.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(a.to(bt.dtype), bt, acc, input_precision="ieee")
-    if b >= 0:
+    if b >= 0 and split == 0:
         acc += tl.load(arena + b + rn, mask=rn < n_cols, other=0.0)[None, :]
     if act == 1:
         acc = acc / (1.0 + tl.exp(-acc))
     if scale_q != C_ONE:
         acc = acc * (scale_q.to(tl.float32) / 65536.0)
-    tl.store(arena + y + rm[:, None] * n_cols + rn[None, :], acc,
+    tl.store(arena + y + split * m_rows * n_cols + rm[:, None] * n_cols + rn[None, :], acc,
              mask=(rm[:, None] < m_rows) & (rn[None, :] < n_cols))
 
 
 @triton.jit(noinline=True)
 def _add_ln_tile(arena, rec, tile):
-    x, r, gamma, beta, s_out, y, m_rows, d, alpha_q = _record(rec)
+    x, r, gamma, beta, s_out, y, m_rows, d, alpha_q, r_splits = _record(rec)
     alpha = alpha_q.to(tl.float32) / 65536.0
     rm = tile * C_LM + tl.arange(0, C_LM)
     rd = tl.arange(0, C_LD)
@@ -111,7 +122,8 @@ def _add_ln_tile(arena, rec, tile):
     at = rm[:, None] * d + rd[None, :]
     v = tl.load(arena + x + at, mask=mask, other=0.0)
     if r >= 0:
-        v += alpha * tl.load(arena + r + at, mask=mask, other=0.0)
+        for j in range(0, r_splits):          # a split-K GEMM's partials, summed in order
+            v += alpha * tl.load(arena + r + j * m_rows * d + at, mask=mask, other=0.0)
     if s_out >= 0:
         tl.store(arena + s_out + at, v, mask=mask)
     mean = tl.sum(v, axis=1) / d
@@ -212,7 +224,7 @@ def _place(shapes: dict) -> tuple[dict, int]:
 
 
 def ffn_chain(m: int, d: int, h: int, queues: int, layers: int = 1,
-              bias: bool = True) -> Block:
+              bias: bool = True, split_k: int = 1) -> Block:
     """`layers` Conformer feed-forward half-steps one after another (perception runs two a
     layer) as library task ops over `m` rows (the sessions' frames). Half-step l, from its
     input x_l: u = LN₁(x_l); x_{l+1} = LN₂(x_l + ½ · (SiLU(u W₁ᵀ + b₁) W₂ᵀ + b₂)), the residual
@@ -220,7 +232,9 @@ def ffn_chain(m: int, d: int, h: int, queues: int, layers: int = 1,
     chain's output. Four kernels a half-step, one counter each; every tile of a kernel waits
     for all tiles of the one before; tiles dealt round-robin to `queues` queues in kernel
     order. W₁ and W₂ lie in the weight arena, everything else in the fp32 arena. Without
-    `bias` the GEMMs have none (perception's linears; b₁ and b₂ are then left unread)."""
+    `bias` the GEMMs have none (perception's linears; b₁ and b₂ are then left unread). The
+    second GEMM runs split-K in `split_k` parts: `h2.l` holds its partials [split_k, m, d],
+    which the add + norm after it sums."""
     if d > LN_MAX_D:
         raise ValueError(f"add + layer norm rows of {d} > LN_MAX_D = {LN_MAX_D}")
     shapes, wshapes = {"x.0": (m, d)}, {}
@@ -228,7 +242,7 @@ def ffn_chain(m: int, d: int, h: int, queues: int, layers: int = 1,
         wshapes.update({f"w1.{l}": (h, d), f"w2.{l}": (d, h)})
         shapes.update({f"b1.{l}": (h,), f"b2.{l}": (d,), f"g1.{l}": (d,), f"be1.{l}": (d,),
                        f"g2.{l}": (d,), f"be2.{l}": (d,), f"u.{l}": (m, d), f"h1.{l}": (m, h),
-                       f"h2.{l}": (m, d), f"s.{l}": (m, d), f"x.{l + 1}": (m, d)})
+                       f"h2.{l}": (split_k, m, d), f"s.{l}": (m, d), f"x.{l + 1}": (m, d)})
     layout, size = _place(shapes)
     wlayout, wsize = _place(wshapes)
     o = {name: off for name, (off, _) in layout.items()}
@@ -238,15 +252,16 @@ def ffn_chain(m: int, d: int, h: int, queues: int, layers: int = 1,
     for l in range(layers):
         x, nxt = o[f"x.{l}"], o[f"x.{l + 1}"]
         records += [
-            (ADD_LN, -(-m // lm), [x, -1, o[f"g1.{l}"], o[f"be1.{l}"], -1, o[f"u.{l}"], m, d, 0]),
+            (ADD_LN, -(-m // lm), [x, -1, o[f"g1.{l}"], o[f"be1.{l}"], -1, o[f"u.{l}"], m, d,
+                                   0, 0]),
             (GEMM, -(-m // gm) * -(-h // gn),
              [o[f"u.{l}"], w[f"w1.{l}"], o[f"b1.{l}"] if bias else -1, o[f"h1.{l}"], m, h, d, 1,
-              ALPHA_ONE]),
-            (GEMM, -(-m // gm) * -(-d // gn),
+              ALPHA_ONE, 1]),
+            (GEMM, -(-m // gm) * -(-d // gn) * split_k,
              [o[f"h1.{l}"], w[f"w2.{l}"], o[f"b2.{l}"] if bias else -1, o[f"h2.{l}"], m, d, h, 0,
-              ALPHA_ONE]),
+              ALPHA_ONE, split_k]),
             (ADD_LN, -(-m // lm), [x, o[f"h2.{l}"], o[f"g2.{l}"], o[f"be2.{l}"], o[f"s.{l}"],
-                                   nxt, m, d, ALPHA_ONE // 2]),
+                                   nxt, m, d, ALPHA_ONE // 2, split_k]),
         ]
     qs: list[list[Task]] = [[] for _ in range(queues)]
     k = 0

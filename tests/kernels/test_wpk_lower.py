@@ -4,8 +4,8 @@ run as one task-table program on the threaded interpreter, against the model's o
 Bugs these catch: a value placed away from where its memory plan (or the weight arena) puts
 it, a record whose words are out of order, an epilogue's SiLU or scale dropped or applied in the
 wrong order, an add's residual or alpha lost, tiles counted for the wrong tile shape (a wait
-that never ends, or one that ends early), and a stage the task ops cannot run lowered anyway
-instead of refused with the kernel named."""
+that never ends, or one that ends early), split-K partials summed short, and a stage the task ops cannot run lowered anyway instead of refused with the
+kernel named."""
 from __future__ import annotations
 
 import dataclasses
@@ -47,6 +47,8 @@ def test_the_loweredfeed_forward_halves_compute_what_the_model_does(bias, rows, 
     x = torch.randn(rows, cfg.d_model, generator=torch.Generator().manual_seed(rows))
     graph, tensors = _traced(layer, x, feed_forward_halves)
     low = lower(graph, rows, programs)
+    # the second GEMM of each half-step (K = 4 × d, one tile) is split when programs are idle
+    assert any(r[9] > 1 for r in low.args) == (programs > 1)
     assert [k.name for k in low.compiled.kernels] == ["layer_norm", "gemm", "gemm",
                                                       "add_layer_norm"] * 2
     rows_t, starts = (torch.from_numpy(a) for a in low.table.emit())

@@ -39,20 +39,22 @@ def test_a_task_table_program_computes_what_pytorch_does_beat_after_beat(layers,
         assert counters.tolist() == [beat * (-(-n // tile))] * layers
 
 
-@pytest.mark.parametrize("m,d,h,queues,layers,wdtype", [
-    (5, 24, 40, 3, 2, torch.float32), (9, 16, 64, 4, 1, torch.float32),
-    (3, 20, 20, 1, 2, torch.float32), (18, 32, 48, 5, 2, torch.bfloat16)])
+@pytest.mark.parametrize("m,d,h,queues,layers,wdtype,split_k", [
+    (5, 24, 40, 3, 2, torch.float32, 1), (9, 16, 64, 4, 1, torch.float32, 3),
+    (3, 20, 100, 1, 2, torch.float32, 2), (18, 32, 48, 5, 2, torch.bfloat16, 1),
+    (7, 32, 160, 4, 2, torch.bfloat16, 3)])
 def test_library_task_ops_run_feed_forward_half_steps_as_pytorch_does(m, d, h, queues, layers,
-                                                                      wdtype):
+                                                                      wdtype, split_k):
     """GEMM and add + layer norm as task ops with an argument table: Conformer feed-forward
     half-steps (LN, GEMM + bias + SiLU, GEMM + bias, x + ½·y then LN), each feeding the next,
     over ragged tiles (rows and columns that do not fill a tile), every intermediate of every
     half-step against PyTorch's, two beats; fp32 weights at 1e-5, bf16 weights (x's tile
     rounded to bf16 as the reference's is) at 1e-4. Catches a record read at the wrong stride,
     a tile's rows or columns misplaced or masked wrong, a bias or activation skipped, the
-    residual's alpha mis-scaled, a weight read from the wrong arena, and a tile that starts
-    before all of its input rows are written (across half-steps too)."""
-    block = T.ffn_chain(m, d, h, queues, layers)
+    residual's alpha mis-scaled, a weight read from the wrong arena, a tile that starts
+    before all of its input rows are written (across half-steps too), and split-K parts that
+    overlap, leave part of K out, or are summed short."""
+    block = T.ffn_chain(m, d, h, queues, layers, split_k=split_k)
     assert validate(block.table) == []
     run(block.table, beats=2)
     rows, starts = (torch.from_numpy(a) for a in block.table.emit())
@@ -74,6 +76,7 @@ def test_library_task_ops_run_feed_forward_half_steps_as_pytorch_does(m, d, h, q
         for layer in range(layers):
             for name, ref in T.ffn_reference(block, arena, weights, layer).items():
                 got = block.view(arena, f"x.{layer + 1}" if name == "x" else f"{name}.{layer}")
+                got = got.sum(0) if name == "h2" else got     # split-K partials
                 torch.testing.assert_close(got, ref, rtol=tol, atol=tol,
                                            msg=lambda e, n=name, l=layer: f"{n}.{l}: {e}")
         tiles = [sum(t.signal == k for q in block.table.queues for t in q)
