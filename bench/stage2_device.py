@@ -65,7 +65,10 @@ def task_table(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> di
                                            num_warps=warps, launch_cooperative_grid=True)
 
     def build(programs):
-        block = T.ffn_chain(rows, D, HIDDEN, programs, layers, bias=False)
+        # split-K as the lowering picks it: parts of two K tiles or more, until tiles fill
+        tiles = -(-rows // T.GEMM_TILE_M) * -(-D // T.GEMM_TILE_N)
+        parts = max(1, min(HIDDEN // (2 * T.GEMM_TILE_K), -(-programs // tiles)))
+        block = T.ffn_chain(rows, D, HIDDEN, programs, layers, bias=False, split_k=parts)
         table_rows, starts = (torch.from_numpy(a).cuda() for a in block.table.emit())
         counters = torch.zeros(block.table.n_counters, dtype=torch.int32, device="cuda")
         arena = torch.zeros(block.arena, device="cuda")
@@ -100,12 +103,14 @@ def task_table(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> di
     for l in range(layers):
         for name, ref in T.ffn_reference(block, arena, weights, l).items():
             got = block.view(arena, f"x.{l + 1}" if name == "x" else f"{name}.{l}")
+            got = got.sum(0) if name == "h2" else got           # split-K partials
             worst = max(worst, ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item())
     ms = median_ms(step, reps, warmup=5)
     tiles = sum(len(q) for q in block.table.queues)
     return {"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
             "registers": kernel.n_regs, "shared_bytes": kernel.metadata.shared,
             "fits_per_sm": fits, "tasks": tiles, "kernels": block.table.n_counters,
+            "split_k": int(block.args[2][9]),
             "worst_rel_err": worst, "weight_tb_s": round(weight_bytes(layers) / ms / 1e9, 3)}
 
 
@@ -170,6 +175,7 @@ def lowered(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> dict:
     ms = median_ms(step, reps, warmup=5)
     return {"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
             "registers": kernel.n_regs, "kernels": len(low.compiled.kernels),
+            "split_k": sorted({int(r[9]) for r in low.args if r[9] > 1}),
             "tasks": sum(len(q) for q in low.table.queues),
             "rel_err_vs_fp32_model": err,
             "weight_tb_s": round(weight_bytes(layers) / ms / 1e9, 3)}
@@ -213,10 +219,10 @@ def child(args) -> None:
             continue
         for warps in args.warps:
             for per_sm in args.per_sm:
-                if args.tile == "lowered":
+                if args.tile.startswith("lowered"):
                     res = lowered(r, args.layers, warps, per_sm, args.reps)
-                    out.append({"variant": "lowered from the IR", "tile": "64,64,32", "rows": r,
-                                "warps": warps, **res})
+                    out.append({"variant": "lowered from the IR", "rows": r, "warps": warps,
+                                "tile": os.environ["WAVE_WPK_GEMM_TILE"], **res})
                     continue
                 res = task_table(r, args.layers, warps, per_sm, args.reps)
                 out.append({"variant": f"task table {args.tile}", "tile": args.tile, "rows": r,
@@ -229,8 +235,8 @@ def main() -> None:
     ap.add_argument("--sessions", type=lambda s: [int(v) for v in s.split(",")],
                     default=[1, 120, 290])
     ap.add_argument("--tiles", default="64,64,32 64,128,32 32,64,64 lowered",
-                    help="GEMM tile shapes M,N,K to compare, space-separated; `lowered`: the "
-                         "model's layers lowered from the IR (64,64,32)")
+                    help="GEMM tile shapes M,N,K to compare, space-separated; `lowered` "
+                         "(or lowered@M,N,K): the model's layers lowered from the IR")
     ap.add_argument("--warps", type=lambda s: [int(v) for v in s.split(",")], default=[4, 8])
     ap.add_argument("--per-sm", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2])
     ap.add_argument("--layers", type=int, default=HALF_STEPS)
@@ -248,7 +254,8 @@ def main() -> None:
                "--reps", str(args.reps), "--sessions", ",".join(map(str, args.sessions)),
                "--warps", ",".join(map(str, args.warps)),
                "--per-sm", ",".join(map(str, args.per_sm))]
-        env = dict(os.environ, WAVE_WPK_GEMM_TILE=tile if "," in tile else "64,64,32")
+        shape = tile.partition("@")[2] or tile       # lowered@M,N,K: the lowering's tiles
+        env = dict(os.environ, WAVE_WPK_GEMM_TILE=shape if "," in shape else "64,64,32")
         print(f"[stage2] {tile} ...", flush=True)
         try:
             run = subprocess.run(cmd, env=env, capture_output=True, text=True,
