@@ -285,7 +285,7 @@ def main() -> None:
                .strftime("%Y-%m-%dT%H:%M:%SZ"),
                "commit": os.environ.get("WAVE_COMMIT", "unknown"),
                "command": "python bench/stage2_device.py " + " ".join(sys.argv[1:]),
-               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                "python": platform.python_version(),
                "half_steps": args.layers, "d_model": D, "hidden": HIDDEN, "rows": rows}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
