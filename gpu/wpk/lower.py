@@ -109,10 +109,10 @@ class _Lowering:
             if sid in self.gemm_weights:
                 # as many elements as were traced, whatever dtype the arena holds them in
                 self.places[sid] = ("weights", wend)
-                wend += _elements(info.nbytes, traced[sid])
+                wend = T.align_up(wend + _elements(info.nbytes, traced[sid]))
             else:
                 self.places[sid] = ("arena", end)
-                end += _elements(info.nbytes, torch.float32)
+                end = T.align_up(end + _elements(info.nbytes, torch.float32))
         self.arena, self.weights = end, wend
 
     def _read(self, sid: int) -> bool:
@@ -267,7 +267,7 @@ def _split_k(low: _Lowering, records: list, programs: int) -> None:
         region = next((r for r in regions if r[1] >= size and r[2] <= behind[i]), None)
         if region is None:
             region = [low.arena, size, set()]
-            low.arena += size
+            low.arena = T.align_up(low.arena + size)
             regions.append(region)
         region[2] |= {i, *readers}
         rec[3], rec[9] = region[0], parts

@@ -78,6 +78,35 @@ def _round_bf16(v):
     return bits.to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def _gemm_k(arena, weights, x, w, rm, rn, m_rows, n_cols, k_dim, k_lo, k_hi, acc,
+            ALIGNED: tl.constexpr):
+    """acc + x[rm, k_lo:k_hi] @ w[rn, k_lo:k_hi]ᵀ, BLOCK_K at a time. ALIGNED: every row of x
+    and w starts on a 16-byte boundary and K is a multiple of BLOCK_K (the caller checked), so
+    no K mask: told so, the compiler moves x and w in 16-byte vectors, not element by element."""
+    for k0 in range(k_lo, k_hi, C_GK):
+        rk = k0 + tl.arange(0, C_GK)
+        xo = x + rm[:, None] * k_dim + rk[None, :]
+        wo = w + rn[None, :] * k_dim + rk[:, None]
+        if ALIGNED:
+            xo = tl.max_contiguous(tl.multiple_of(xo, [4, 4]), [1, C_GK])
+            wo = tl.max_contiguous(tl.multiple_of(wo, [8, 8]), [C_GK, 1])
+            a = tl.load(arena + xo, mask=rm[:, None] < m_rows, other=0.0)
+            bt = tl.load(weights + wo, mask=rn[None, :] < n_cols, other=0.0)
+        else:
+            a = tl.load(arena + xo, mask=(rm[:, None] < m_rows) & (rk[None, :] < k_hi),
+                        other=0.0)
+            bt = tl.load(weights + wo, mask=(rn[None, :] < n_cols) & (rk[:, None] < k_hi),
+                         other=0.0)
+        if C_WIDEN:
+            if bt.dtype == tl.bfloat16:
+                a = _round_bf16(a)
+            acc = tl.dot(a, bt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(bt.dtype), bt, acc, input_precision="ieee")
+    return acc
+
+
 @triton.jit(noinline=True)
 def _gemm_tile(arena, weights, rec, tile):
     x, w, b, y, m_rows, n_cols, k_dim, act, scale_q, splits = _record(rec)
@@ -90,18 +119,12 @@ def _gemm_tile(arena, weights, rec, tile):
     rm = (tile // tiles_n) * C_GM + tl.arange(0, C_GM)
     rn = (tile % tiles_n) * C_GN + tl.arange(0, C_GN)
     acc = tl.zeros([C_GM, C_GN], tl.float32)
-    for k0 in range(k_lo, k_hi, C_GK):
-        rk = k0 + tl.arange(0, C_GK)
-        a = tl.load(arena + x + rm[:, None] * k_dim + rk[None, :],
-                    mask=(rm[:, None] < m_rows) & (rk[None, :] < k_hi), other=0.0)
-        bt = tl.load(weights + w + rn[None, :] * k_dim + rk[:, None],
-                     mask=(rn[None, :] < n_cols) & (rk[:, None] < k_hi), other=0.0)
-        if C_WIDEN:
-            if bt.dtype == tl.bfloat16:
-                a = _round_bf16(a)
-            acc = tl.dot(a, bt.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a.to(bt.dtype), bt, acc, input_precision="ieee")
+    if (k_dim % C_GK == 0) & (x % 4 == 0) & (w % 8 == 0):   # so are k_lo and k_hi
+        acc = _gemm_k(arena, weights, x, w, rm, rn, m_rows, n_cols, k_dim, k_lo, k_hi, acc,
+                      True)
+    else:
+        acc = _gemm_k(arena, weights, x, w, rm, rn, m_rows, n_cols, k_dim, k_lo, k_hi, acc,
+                      False)
     if b >= 0 and split == 0:
         acc += tl.load(arena + b + rn, mask=rn < n_cols, other=0.0)[None, :]
     if act == 1:
@@ -215,11 +238,19 @@ class Block:
         return weights[at:at + math.prod(shape)].view(shape)
 
 
+ALIGN = 64                  # elements: every tensor starts on a 256-byte boundary (fp32)
+
+
+def align_up(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
 def _place(shapes: dict) -> tuple[dict, int]:
+    """Each tensor at the next ALIGN boundary (the GEMM's vectorised path needs 16 bytes)."""
     layout, at = {}, 0
     for name, shape in shapes.items():
         layout[name] = (at, shape)
-        at += math.prod(shape)
+        at = align_up(at + math.prod(shape))
     return layout, at
 
 

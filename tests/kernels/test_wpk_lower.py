@@ -94,7 +94,7 @@ def test_a_perception_stack_lowers_with_bf16_weights_and_stays_close_to_fp32():
     low = lower(graph, 7, 3, weight_dtype=torch.bfloat16)
     assert low.wdtype == torch.bfloat16
     gemm_weights = sum(t.numel() for n, t in run.tensors().items() if ".feed_forward" in n and ".linear" in n)
-    assert low.weights == gemm_weights          # each weight once, at its element count
+    assert gemm_weights <= low.weights < gemm_weights + T.ALIGN * 8   # each once, aligned
     rows_t, starts = (torch.from_numpy(a) for a in low.table.emit())
     counters = torch.zeros(low.table.n_counters, dtype=torch.int32)
     arena, weights = low.load(run.tensors())
