@@ -555,7 +555,8 @@ NOTES = (
      "a millisecond of CPU a beat for ~0.2 ms of frame 0's latency. The default stays the spin; "
      "the interval is a flag."),
     ("kernels", "Stage 2 on the H200: perception's feed-forward halves as task ops (issue 18)",
-     ("stage2-ffn-h200.json", "stage2-ffn-splitk-h200.json"),
+     ("stage2-ffn-h200.json", "stage2-ffn-splitk-h200.json", "stage2-ffn-aligned-h200.json",
+      "stage2-ffn-aligned-3sm-h200.json"),
      "`python bench/stage2_device.py`: perception's 48 feed-forward half-steps (d 1024, hidden "
      "4096, bf16 weights, 0.8 GB) as one task-table launch, hand-built (`ffn_chain`) or traced "
      "from the model's own layers, compiled and lowered (`gpu.wpk.lower`), against the same "
@@ -566,12 +567,16 @@ NOTES = (
      "the second GEMM's K cut until its tiles fill the programs): 2.5 / 4.8 / 10.6 ms, best "
      "tiles 32 x 64 x 64 at 2 rows and 64 x 64 x 32 at 240 and 580; lowered 2.5 / 4.7 / 10.6. "
      "Every half-step, teacher-forced, within 1.4e-3 of PyTorch on the same bf16 inputs; "
-     "lowered within 1.1e-3 of the fp32 model end to end. So the stage-2 path runs on the "
-     "device from the IR, but its GEMM tiles stream weights at 0.04-0.32 TB/s against "
-     "cuBLAS's 0.56-1.05 inside the graph: 3-7x slower, and perception's target (<= 1.5 ms "
-     "a beat at 120) is not in reach with these tiles. What costs: each tile's K loop runs "
-     "serially inside a `noinline` body (no software pipelining), x is read as fp32, and at "
-     "580 rows the tiles are compute tiles without the pipelining cuBLAS has."),
+     "lowered within 1.1e-3 of the fp32 model end to end. The PTX showed why the tiles were "
+     "slow: the record's offsets are runtime values, so x and w moved element by element "
+     "(4-byte cp.async, 2-byte loads). With 16-byte vectors where rows are aligned and K "
+     "fills its tiles (df941e4, 64 x 64 x 32, 8 warps, 2 programs an SM, 80 registers): "
+     "2.18 / 2.89 / 5.97 ms, lowered 2.21 / 2.82 / 5.95; 3 programs an SM: lowered 2.34 / "
+     "3.35 / 5.35. Still 2.6-4.2x the graph (0.14-0.37 TB/s against cuBLAS's 0.56-1.06): "
+     "the stage-2 path runs on the device from the IR, and perception's target (<= 1.5 ms a "
+     "beat at 120) is not in reach with these tiles; x is read as fp32 and converted, each "
+     "dependent step waits for every tile of the one before, and at 580 rows the tiles are "
+     "small compute tiles."),
     ("other", "The wpk executor soaked: 10,000 beats with random host delays (issue 18)",
      ("wpk-soak-h200.json",),
      "`python bench/wpk_soak.py --beats 10000` at 31d030d on the H200 (tiny model, 8 slots, "
