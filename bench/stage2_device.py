@@ -7,8 +7,9 @@ biases: ~0.8 GB of its 1.2 GB of weights) over the beat's rows (2 frames × sess
 
 - `task table`: `gpu.wpk.taskrun.ffn_chain` as one cooperative launch of `task_program` (4
   kernels a half-step, every tile of a kernel waiting on a counter for all tiles of the one
-  before), on `programs` programs sized from the compiled kernel's registers and shared memory;
-  GEMM tile shapes compared in subprocesses (`WAVE_WPK_GEMM_TILE`, a module constant).
+  before; the second GEMM split-K as the lowering would split it), on `programs` programs
+  sized from the compiled kernel's registers and shared memory; GEMM tile shapes compared in
+  subprocesses (`WAVE_WPK_GEMM_TILE`, a module constant).
 - `lowered`: the model's own Conformer layers (their feed-forward halves and norms) traced to
   the IR, compiled and lowered onto the task ops (`gpu.wpk.lower`), GEMM weights held in bf16:
   the stage-2 path end to end; its error is against the fp32 model (not teacher-forced).
