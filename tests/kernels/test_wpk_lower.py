@@ -16,6 +16,8 @@ import torch
 from gpu.model.perception import ConformerLayer, PerceptionConfig
 from gpu.wpk import taskrun as T
 from gpu.wpk.ir import Storage, trace
+from gpu.wpk import lower as L
+from gpu.wpk.compile import compile_stage
 from gpu.wpk.lower import Unsupported, lower
 from gpu.wpk.stages import feed_forward_halves, feed_forward_stage
 from gpu.wpk.sync import interp
@@ -106,3 +108,52 @@ def test_a_perception_stack_lowers_with_bf16_weights_and_stays_close_to_fp32():
     for got, ref in zip(low.outputs(arena), want):
         err = ((got - ref).abs().max() / ref.abs().max()).item()
         assert 1e-6 < err < 2e-2, err       # bf16's rounding, and no more
+
+
+def _split_regions(graph, programs: int, unordered: tuple = ()) -> list:
+    """The partial regions `_split_k` gives the split GEMMs, after dropping the edges of
+    `unordered` kernels (making them independent of everything before them)."""
+    compiled = compile_stage(graph, 6, programs)
+    for i in unordered:
+        compiled.kernels[i].after = set()
+    low = L._Lowering(graph, compiled, None)
+    records = []
+    for i, kern in enumerate(compiled.kernels):
+        record, kern.tiles = L._lower_kernel(low, i, kern)
+        records.append(record)
+    L._split_k(low, records, programs)
+    return [r[3] for i, r in enumerate(records) if compiled.kernels[i].name == "gemm" and r[9] > 1]
+
+
+def test_split_k_partials_are_shared_only_by_gemms_ordered_after_their_readers():
+    """Two feed-forward branches from one input: run, they equal the model. Their split GEMMs
+    share one partial region only because the memory plan orders the second branch after the
+    first; with that edge dropped (the branches independent) each gets its own, and a chain
+    of half-steps reuses one. Catches a region reused while another GEMM's partials may be
+    unread (a race a run may not show), and regions never reused."""
+    layer, cfg = _layer(False)
+    x = torch.randn(6, cfg.d_model, generator=torch.Generator().manual_seed(5))
+
+    def branches(layer, x):
+        a = layer.norm_self_att(x + 0.5 * layer.feed_forward1(layer.norm_feed_forward1(x)))
+        b = layer.norm_out(x + 0.5 * layer.feed_forward2(layer.norm_feed_forward2(x)))
+        return a, b
+
+    graph, tensors = _traced(layer, x, branches)
+    low = lower(graph, 6, 3)
+    rows_t, starts = (torch.from_numpy(a) for a in low.table.emit())
+    counters = torch.zeros(low.table.n_counters, dtype=torch.int32)
+    arena, weights = low.load(tensors)
+    threaded(T.task_program, (3,), rows_t, starts, counters, arena, weights,
+             torch.from_numpy(low.args), 1, 0, TILE=16, BLOCK_N=16, IS_INTERP=True,
+             timeout_s=240)
+    with torch.no_grad():
+        want = branches(layer, x)
+    for got, ref in zip(low.outputs(arena), want):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    names = [k.name for k in low.compiled.kernels]
+    second = names.index("layer_norm", 1)          # the second branch's first kernel
+    assert len(set(_split_regions(graph, 3))) == 1
+    assert len(set(_split_regions(graph, 3, unordered=(second,)))) == 2
+    chain, _ = _traced(layer, x, feed_forward_halves)
+    assert len(set(_split_regions(chain, 3))) == 1
