@@ -21,6 +21,7 @@ program's arena, so a stage traced from the model runs as one `task_program` lau
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,7 +120,8 @@ class _Lowering:
         return any(sid in n.reads | n.writes for n in self.g.nodes if not n.view)
 
     def where(self, ref, kernel: int, what: str, shape_rank: int) -> tuple[int, tuple]:
-        """(element offset, shape) of a row-major value the op reads or writes in its arena."""
+        """(element offset, shape) of a row-major value the op reads or writes in its arena;
+        for rank 2, a dense value of higher rank counts as its rows ([B, F, D] → [B·F, D])."""
         if not isinstance(ref, Ref):
             raise Unsupported(f"kernel {kernel}: {what} is not a tensor ({ref!r})")
         v = self.g.values[ref.value]
@@ -127,11 +129,14 @@ class _Lowering:
         dtype = self.wdtype if arena == "weights" else torch.float32
         if v.dtype != dtype:
             raise Unsupported(f"kernel {kernel}: {what} is {v.dtype}, its arena holds {dtype}")
-        want = (1,) if len(v.shape) == 1 else (v.shape[1], 1)
-        if len(v.shape) != shape_rank or tuple(v.stride) != want:
+        shape = tuple(v.shape)
+        if shape_rank == 2 and len(shape) > 2:
+            shape = (math.prod(shape[:-1]), shape[-1])
+        dense = tuple(v.stride) == tuple(math.prod(v.shape[i + 1:]) for i in range(len(v.shape)))
+        if len(shape) != shape_rank or not dense:
             raise Unsupported(f"kernel {kernel}: {what} {tuple(v.shape)} with strides "
                               f"{tuple(v.stride)} is not row-major of rank {shape_rank}")
-        return at + v.offset, tuple(v.shape)
+        return at + v.offset, shape
 
     def weight(self, ref, kernel: int) -> tuple[int, int, int]:
         """A GEMM's B operand: a transposed view [K, N] of a weight W [N, K] → (offset, N, K)."""
@@ -226,6 +231,8 @@ def _check_intermediates(graph: Graph, compiled: Compiled) -> None:
                 if ref is not None and ref.value not in keep:
                     written[graph.values[ref.value].storage] = (i, set(kern.nodes))
     for k, node in enumerate(graph.nodes):
+        if node.view:           # reads no data; what reads through it shares its storage
+            continue
         for ref in node.refs():
             hit = written.get(graph.values[ref.value].storage)
             if hit is not None and k not in hit[1]:
@@ -302,3 +309,24 @@ def lower(graph: Graph, batch: int, programs: int,
         raise ValueError(f"the lowered table is unsound: {problems[:3]}")
     return Lowered(graph, compiled, table, np.array(records, np.int32).reshape(-1, T.ARGS),
                    low.places, low.arena, low.weights, low.wdtype)
+
+
+def coverage(graph: Graph, batch: int, programs: int = 132) -> dict:
+    """How much of a stage the task ops can run today: per kernel kind, the kernels lowered
+    and the refused, with the commonest reasons (numbers stripped)."""
+    import collections
+    import re
+    compiled = compile_stage(graph, batch, programs)
+    low = _Lowering(graph, compiled, torch.bfloat16)
+    kinds: dict = collections.defaultdict(lambda: {"lowered": 0, "refused": 0})
+    reasons: collections.Counter = collections.Counter()
+    for i, kern in enumerate(compiled.kernels):
+        try:
+            _lower_kernel(low, i, kern)
+            kinds[kern.name]["lowered"] += 1
+        except Unsupported as e:
+            kinds[kern.name]["refused"] += 1
+            reasons[re.sub(r"\d+", "N", str(e).split(": ", 1)[-1])[:90]] += 1
+    return {"kernels": len(compiled.kernels),
+            "lowered": sum(k["lowered"] for k in kinds.values()),
+            "by_kind": dict(kinds), "top_reasons": dict(reasons.most_common(6))}

@@ -5,9 +5,10 @@ PyTorch path (the compiler's fusion pass maps ops onto the kernel library later)
     python -m gpu.wpk.stages [--config full] [--profile reference] [--sessions 120]
 
 prints the perception IR's size: ops that launch, views, bytes by storage class, the memory
-plan's arena against its lower bound, and what `gpu.wpk.compile` makes of it (kernels, tasks,
-joins, the longest chain of kernels) at the sessions given (traced on the meta device: no
-memory, no arithmetic).
+plan's arena against its lower bound, what `gpu.wpk.compile` makes of it (kernels, tasks,
+joins, the longest chain of kernels) at the sessions given, and how many of those kernels the
+task ops can run (`gpu.wpk.lower.coverage`, on the fp32 trace: the ops, not the dtypes)
+(traced on the meta device: no memory, no arithmetic).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from gpu.model.perception import Perception, PerceptionState, init_random, param
 from gpu.wpk import memplan
 from gpu.wpk.compile import compile_stage, summary as compiled_summary
 from gpu.wpk.ir import Graph, Storage, symbolic, trace
+from gpu.wpk.lower import coverage
 from wave_actors.core.frames import FRAMES_PER_BEAT
 
 
@@ -129,7 +131,9 @@ def main() -> None:
     g = perception_ir(args.config, args.profile)
     for n in args.sessions:
         compiled = compile_stage(g, n, args.programs)
-        print(summary(g, n) | {"compiled": compiled_summary(compiled, g)})
+        concrete = trace(**_traceable(perception_stage(args.config, "fp32", n)))
+        print(summary(g, n) | {"compiled": compiled_summary(compiled, g),
+                               "task_ops": coverage(concrete, n, args.programs)})
 
 
 if __name__ == "__main__":

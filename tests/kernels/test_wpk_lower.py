@@ -43,12 +43,14 @@ def _traced(layer, x, fn):
     return trace(lambda: fn(layer, x), named), {k: t for k, (_, t) in named.items()}
 
 
-@pytest.mark.parametrize("bias,rows,programs", [(False, 6, 3), (True, 5, 4), (False, 20, 1)])
-def test_the_loweredfeed_forward_halves_compute_what_the_model_does(bias, rows, programs):
+@pytest.mark.parametrize("bias,rows,programs", [(False, (6,), 3), (True, (5,), 4),
+                                                (False, (20,), 1), (False, (3, 2), 3)])
+def test_the_lowered_feed_forward_halves_compute_what_the_model_does(bias, rows, programs):
+    """Rows as [B, D], or as perception has them, [B, F, D] (a beat's frames per session)."""
     layer, cfg = _layer(bias)
-    x = torch.randn(rows, cfg.d_model, generator=torch.Generator().manual_seed(rows))
+    x = torch.randn(*rows, cfg.d_model, generator=torch.Generator().manual_seed(rows[0]))
     graph, tensors = _traced(layer, x, feed_forward_halves)
-    low = lower(graph, rows, programs)
+    low = lower(graph, rows[0], programs)
     # the second GEMM of each half-step (K = 4 × d, one tile) is split when programs are idle
     assert any(r[9] > 1 for r in low.args) == (programs > 1)
     assert [k.name for k in low.compiled.kernels] == ["layer_norm", "gemm", "gemm",
@@ -157,3 +159,16 @@ def test_split_k_partials_are_shared_only_by_gemms_ordered_after_their_readers()
     assert len(set(_split_regions(graph, 3, unordered=(second,)))) == 2
     chain, _ = _traced(layer, x, feed_forward_halves)
     assert len(set(_split_regions(chain, 3))) == 1
+
+
+def test_coverage_counts_what_lowers_and_names_what_does_not():
+    """`coverage` (printed by `python -m gpu.wpk.stages`): the feed-forward stack lowers
+    whole; perception's step does not, and its softmax, convolution and copies are named."""
+    run = feed_forward_stage("tiny", rows=4)
+    ff = L.coverage(trace(run.fn, run.named), 4, 3)
+    assert ff["lowered"] == ff["kernels"] == 16 and not ff["top_reasons"]
+    from gpu.wpk.stages import _traceable, perception_stage
+    step = L.coverage(trace(**_traceable(perception_stage("tiny", "fp32", 3))), 3, 3)
+    assert 0 < step["lowered"] < step["kernels"]
+    for kind in ("softmax", "conv", "copy"):
+        assert step["by_kind"][kind]["refused"] > 0 and step["by_kind"][kind]["lowered"] == 0
