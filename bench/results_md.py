@@ -570,7 +570,7 @@ NOTES = (
      "lowered within 1.1e-3 of the fp32 model end to end. The PTX showed why the tiles were "
      "slow: the record's offsets are runtime values, so x and w moved element by element "
      "(4-byte cp.async, 2-byte loads). With 16-byte vectors where rows are aligned and K "
-     "fills its tiles (df941e4, 64 x 64 x 32, 8 warps, 2 programs an SM, 80 registers): "
+     "fills its tiles (fcfbfaa, 64 x 64 x 32, 8 warps, 2 programs an SM, 80 registers): "
      "2.18 / 2.89 / 5.97 ms, lowered 2.21 / 2.82 / 5.95; 3 programs an SM: lowered 2.34 / "
      "3.35 / 5.35. Still 2.6-4.2x the graph (0.14-0.37 TB/s against cuBLAS's 0.56-1.06): "
      "the stage-2 path runs on the device from the IR, and perception's target (<= 1.5 ms a "

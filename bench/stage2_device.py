@@ -41,6 +41,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.cuda_timing import median_ms  # noqa: E402
+from gpu.kernels.layer_norm import add_layer_norm  # noqa: E402
+from gpu.wpk import taskrun as T  # noqa: E402  (its tiles: WAVE_WPK_GEMM_TILE)
+from gpu.wpk.ir import trace  # noqa: E402
+from gpu.wpk.lower import lower  # noqa: E402
+from gpu.wpk.stages import feed_forward_stage  # noqa: E402
 
 D, HIDDEN, HALF_STEPS = 1024, 4096, 48
 
@@ -55,15 +60,21 @@ def weights_of(layers: int) -> list[tuple]:
             for _ in range(layers)]
 
 
+def stepper(programs: int, warps: int, bufs: tuple):
+    """One beat a call: `task_program` over `bufs` (rows, starts, counters, arena, weights,
+    args), cooperatively (a grid that cannot be co-resident fails instead of hanging)."""
+    beat = [0]
+
+    def step():
+        beat[0] += 1
+        T.task_program[(programs,)](*bufs, beat[0], 0, TILE=16, BLOCK_N=16, IS_INTERP=False,
+                                    num_warps=warps, launch_cooperative_grid=True)
+    return step
+
+
 def task_table(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> dict:
-    from gpu.wpk import taskrun as T
     ws = weights_of(layers)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-
-    def launch(block, rows_t, starts_t, counters, arena, weights, args, beat, programs):
-        return T.task_program[(programs,)](rows_t, starts_t, counters, arena, weights, args, beat,
-                                           0, TILE=16, BLOCK_N=16, IS_INTERP=False,
-                                           num_warps=warps, launch_cooperative_grid=True)
 
     def build(programs):
         # split-K as the lowering picks it: parts of two K tiles or more, until tiles fill
@@ -91,12 +102,7 @@ def task_table(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> di
                            f"registers, {kernel.metadata.shared} B shared)"}
     programs = per_sm * sms
     block, bufs = build(programs)
-    beat = [0]
-
-    def step():
-        beat[0] += 1
-        launch(block, *bufs, beat[0], programs)
-
+    step = stepper(programs, warps, bufs)
     step()
     torch.cuda.synchronize()
     arena, weights = bufs[3], bufs[4]
@@ -118,7 +124,6 @@ def task_table(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> di
 def occupancy(warps: int) -> tuple[int, object]:
     """(programs an SM that can be co-resident, the compiled kernel), from a launch of the
     program on an empty table (the same kernel as every table's)."""
-    from gpu.wpk import taskrun as T
     z = lambda *shape, dt=torch.int32: torch.zeros(*shape, dtype=dt, device="cuda")  # noqa: E731
     kernel = T.task_program[(1,)](z(8), z(2), z(1), z(1, dt=torch.float32),
                                   z(1, dt=torch.bfloat16), z(T.ARGS), 1, 0, TILE=16, BLOCK_N=16,
@@ -134,15 +139,12 @@ def occupancy(warps: int) -> tuple[int, object]:
 
 @functools.lru_cache(maxsize=1)
 def traced(rows: int, layers: int):
-    from gpu.wpk.ir import trace
-    from gpu.wpk.stages import feed_forward_stage
     run = feed_forward_stage("full", rows, layers=layers // 2, device="cuda")
     return run, trace(run.fn, run.named)
 
 
 @functools.lru_cache(maxsize=2)
 def lowering(rows: int, layers: int, programs: int):
-    from gpu.wpk.lower import lower
     run, graph = traced(rows, layers)
     return run, lower(graph, rows, programs, weight_dtype=torch.bfloat16)
 
@@ -150,7 +152,6 @@ def lowering(rows: int, layers: int, programs: int):
 def lowered(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> dict:
     """The model's own layers (`gpu.wpk.stages.feed_forward_stage`, fp32) traced, compiled and
     lowered (`gpu.wpk.lower`, GEMM weights held in bf16), one launch a beat."""
-    from gpu.wpk import taskrun as T
     fits, kernel = occupancy(warps)
     if per_sm > fits:
         return {"skipped": f"{per_sm} programs an SM do not fit ({fits} do)"}
@@ -160,13 +161,7 @@ def lowered(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> dict:
     table_rows, starts = (torch.from_numpy(a).cuda() for a in low.table.emit())
     args = torch.from_numpy(low.args).cuda()
     counters = torch.zeros(low.table.n_counters, dtype=torch.int32, device="cuda")
-    beat = [0]
-
-    def step():
-        beat[0] += 1
-        T.task_program[(programs,)](table_rows, starts, counters, arena, weights, args, beat[0],
-                                    0, TILE=16, BLOCK_N=16, IS_INTERP=False, num_warps=warps,
-                                    launch_cooperative_grid=True)
+    step = stepper(programs, warps, (table_rows, starts, counters, arena, weights, args))
     step()
     torch.cuda.synchronize()
     with torch.no_grad():
@@ -187,7 +182,6 @@ def weight_bytes(layers: int) -> int:
 
 
 def graph(rows: int, layers: int, reps: int) -> dict:
-    from gpu.kernels.layer_norm import add_layer_norm
     ws = weights_of(layers)
     one, zero = torch.ones(D, device="cuda", dtype=torch.bfloat16), torch.zeros(
         D, device="cuda", dtype=torch.bfloat16)

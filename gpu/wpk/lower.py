@@ -21,7 +21,9 @@ program's arena, so a stage traced from the model runs as one `task_program` lau
 """
 from __future__ import annotations
 
+import collections
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,7 +66,7 @@ class Lowered:
                 continue                    # the stage never reads it
             where, at = self.places[sid]
             buf = arena if where == "arena" else weights
-            flat = t.detach().reshape(-1) if t.is_contiguous() else t.detach().contiguous().view(-1)
+            flat = t.detach().reshape(-1)
             start = at + g.values[vid].offset
             buf[start:start + flat.numel()] = flat.to(buf.dtype)
         return arena, weights
@@ -80,8 +82,7 @@ class Lowered:
 
 
 def _elements(nbytes: int, dtype: torch.dtype) -> int:
-    size = torch.empty((), dtype=dtype).element_size()
-    return -(-int(nbytes) // size)
+    return -(-int(nbytes) // dtype.itemsize)
 
 
 class _Lowering:
@@ -155,7 +156,7 @@ def _quantised(x: float, kernel: int, what: str) -> int:
     return q
 
 
-def _layer_norm_args(low: _Lowering, node, i: int) -> tuple:
+def _layer_norm_args(node, i: int) -> tuple:
     x, shape, w, b, eps = (list(node.args) + [None] * 5)[:5]
     if b is None or w is None:
         raise Unsupported(f"kernel {i}: a layer norm without weight and bias")
@@ -170,7 +171,7 @@ def _lower_kernel(low: _Lowering, i: int, kern) -> tuple[list[int], int]:
     nodes = [g.nodes[k] for k in kern.nodes]
     if kern.name in ("layer_norm", "add_layer_norm"):
         ln = nodes[-1]
-        x, w, b, shape = _layer_norm_args(low, ln, i)
+        x, w, b, shape = _layer_norm_args(ln, i)
         r_off, s_off, alpha_q = -1, -1, T.ALPHA_ONE
         if kern.name == "add_layer_norm":
             add = nodes[0]
@@ -203,7 +204,7 @@ def _lower_kernel(low: _Lowering, i: int, kern) -> tuple[list[int], int]:
             raise Unsupported(f"kernel {i}: inner sizes {k} and {k_w} differ")
         b_off = -1 if bias is None else low.where(bias, i, "the bias", 1)[0]
         act, scale_q = 0, T.ALPHA_ONE
-        for j, node in enumerate(epilogue):
+        for node in epilogue:
             if node.op == "silu" and act == 0 and scale_q == T.ALPHA_ONE:
                 act = 1
             elif node.op == "mul" and isinstance(node.args[1], float) and scale_q == T.ALPHA_ONE:
@@ -261,9 +262,12 @@ def _split_k(low: _Lowering, records: list, programs: int) -> None:
             continue
         sid = g.values[g.nodes[kern.nodes[-1]].outs[0].value].storage
         readers = [j for j, other in enumerate(kernels) if j != i and sid in other.reads]
-        residual = lambda j: (kernels[j].name == "add_layer_norm" and  # noqa: E731
-                              g.values[g.nodes[kernels[j].nodes[0]].args[1].value].storage == sid
-                              and g.values[g.nodes[kernels[j].nodes[0]].args[0].value].storage != sid)
+
+        def residual(j: int) -> bool:           # reads the result as its add's second term only
+            if kernels[j].name != "add_layer_norm":
+                return False
+            x, r = (g.values[a.value].storage for a in g.nodes[kernels[j].nodes[0]].args[:2])
+            return r == sid and x != sid
         if sid in outs or not readers or not all(residual(j) for j in readers):
             continue
         m, n, k = rec[4], rec[5], rec[6]
@@ -289,7 +293,13 @@ def lower(graph: Graph, batch: int, programs: int,
     `weight_dtype` the GEMMs' weights are held (and multiplied) in that dtype whatever they
     were traced in (bf16: the bf16 profile's matmuls on tensor cores); `split_k`: GEMMs that
     can (`_split_k`) cut K when their tiles would not fill the programs."""
-    compiled = compile_stage(graph, batch, programs)
+    return lower_compiled(graph, compile_stage(graph, batch, programs), programs, weight_dtype,
+                          split_k)
+
+
+def lower_compiled(graph: Graph, compiled: Compiled, programs: int,
+                   weight_dtype: torch.dtype | None = None, split_k: bool = True) -> Lowered:
+    """`lower` of a stage the compiler already ran on (for `programs` programs)."""
     _check_intermediates(graph, compiled)
     low = _Lowering(graph, compiled, weight_dtype)
     records = []
@@ -314,8 +324,6 @@ def lower(graph: Graph, batch: int, programs: int,
 def coverage(graph: Graph, batch: int, programs: int = 132) -> dict:
     """How much of a stage the task ops can run today: per kernel kind, the kernels lowered
     and the refused, with the commonest reasons (numbers stripped)."""
-    import collections
-    import re
     compiled = compile_stage(graph, batch, programs)
     low = _Lowering(graph, compiled, torch.bfloat16)
     kinds: dict = collections.defaultdict(lambda: {"lowered": 0, "refused": 0})

@@ -4,8 +4,8 @@ run as one task-table program on the threaded interpreter, against the model's o
 Bugs these catch: a value placed away from where its memory plan (or the weight arena) puts
 it, a record whose words are out of order, an epilogue's SiLU or scale dropped or applied in the
 wrong order, an add's residual or alpha lost, tiles counted for the wrong tile shape (a wait
-that never ends, or one that ends early), split-K partials summed short, and a stage the task ops cannot run lowered anyway instead of refused with the
-kernel named."""
+that never ends, or one that ends early), split-K partials summed short, and a stage the
+task ops cannot run lowered anyway instead of refused with the kernel named."""
 from __future__ import annotations
 
 import dataclasses
@@ -97,7 +97,8 @@ def test_a_perception_stack_lowers_with_bf16_weights_and_stays_close_to_fp32():
     graph = trace(run.fn, run.named)
     low = lower(graph, 7, 3, weight_dtype=torch.bfloat16)
     assert low.wdtype == torch.bfloat16
-    gemm_weights = sum(t.numel() for n, t in run.tensors().items() if ".feed_forward" in n and ".linear" in n)
+    gemm_weights = sum(t.numel() for n, t in run.tensors().items()
+                       if ".feed_forward" in n and ".linear" in n)
     assert gemm_weights <= low.weights < gemm_weights + T.ALIGN * 8   # each once, aligned
     rows_t, starts = (torch.from_numpy(a) for a in low.table.emit())
     counters = torch.zeros(low.table.n_counters, dtype=torch.int32)
@@ -118,13 +119,8 @@ def _split_regions(graph, programs: int, unordered: tuple = ()) -> list:
     compiled = compile_stage(graph, 6, programs)
     for i in unordered:
         compiled.kernels[i].after = set()
-    low = L._Lowering(graph, compiled, None)
-    records = []
-    for i, kern in enumerate(compiled.kernels):
-        record, kern.tiles = L._lower_kernel(low, i, kern)
-        records.append(record)
-    L._split_k(low, records, programs)
-    return [r[3] for i, r in enumerate(records) if compiled.kernels[i].name == "gemm" and r[9] > 1]
+    low = L.lower_compiled(graph, compiled, programs)
+    return [r[3] for i, r in enumerate(low.args) if compiled.kernels[i].name == "gemm" and r[9] > 1]
 
 
 def test_split_k_partials_are_shared_only_by_gemms_ordered_after_their_readers():
