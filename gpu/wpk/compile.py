@@ -18,8 +18,9 @@ Passes, in order:
    many programs at once.
 4. `schedule`: every kernel a counter that its tiles signal; a tile waits for all tiles of each
    kernel it follows (a task waits on one counter, so a tile with k producers is preceded in
-   its queue by k - 1 `join` tasks, each waiting on one); tiles dealt round-robin to the
-   programs in the IR's order (every queue is then in dependency order: nothing deadlocks).
+   its queue by k - 1 `join` tasks, each waiting on one; a queue waits on a counter once, since
+   counters only grow within a beat); tiles dealt round-robin to the programs in the IR's
+   order (every queue is then in dependency order: nothing deadlocks).
 
 Counters are per kernel (all of a producer's tiles), not per tile: the finer edges (row tile
 to row tile) are not built. The tables run no numerics yet: their ops are the library's kernels
@@ -100,8 +101,18 @@ def reduce_edges(kernels: list[Kernel]) -> None:
         reach.append(behind)
 
 
-def fuse(graph: Graph) -> list[Kernel]:
-    """Pass 1 (see the module's docstring)."""
+def _task_epilogue(graph: Graph, gemm: Kernel, node) -> bool:
+    """Whether the GEMM task op runs `node` as its epilogue: SiLU or a scale after a GEMM by a
+    weight."""
+    return graph.nodes[gemm.nodes[0]].op in ("mm", "addmm") and (
+        node.op == "silu" or (node.op == "mul" and isinstance(node.args[1], float)))
+
+
+def fuse(graph: Graph, pointwise_runs: bool = True) -> list[Kernel]:
+    """Pass 1 (see the module's docstring); without `pointwise_runs` a pointwise op joins only
+    an epilogue the GEMM task op runs (or is an add + norm's add), never another pointwise op:
+    what the task ops run, one node a record, each value between them written to its planned
+    place."""
     kernels: list[Kernel] = []
     last_out: set = set()            # values the open kernel produced (through views too)
     for k, node in enumerate(graph.nodes):
@@ -114,7 +125,9 @@ def fuse(graph: Graph) -> list[Kernel]:
         ins = _inputs_of(graph, k)
         open_ = kernels[-1] if kernels else None
         joins = open_ is not None and bool(ins & last_out) and (
-            (kind == "pointwise" and open_.name in ("gemm", "pointwise"))
+            (kind == "pointwise" and ((open_.name == "gemm"
+                                       and (pointwise_runs or _task_epilogue(graph, open_, node)))
+                                      or (open_.name == "pointwise" and pointwise_runs)))
             or (node.op == "native_layer_norm" and open_.name == "pointwise"
                 and graph.nodes[open_.nodes[-1]].op == "add" and len(open_.nodes) == 1))
         split_add = (not joins and node.op == "native_layer_norm" and open_ is not None
@@ -208,16 +221,20 @@ class Compiled:
 def schedule(kernels: list[Kernel], programs: int) -> tuple[TaskTable, int]:
     """Pass 4: the task table (counter i is kernel i's), and how many join tasks it needed."""
     queues: list[list[Task]] = [[] for _ in range(programs)]
+    waited: list[set] = [set() for _ in range(programs)]    # counters a queue already waited on
     q, joins = 0, 0
     for i, kern in enumerate(kernels):
         after = sorted(kern.after)
         for t in range(kern.tiles):
             queue = queues[q]
-            for j in after[:-1]:
+            # a counter only grows within a beat: one wait on it a queue is enough
+            todo = [j for j in after if j not in waited[q]]
+            waited[q].update(todo)
+            for j in todo[:-1]:
                 queue.append(Task(OP_CODE["join"], j, kernels[j].tiles, NONE, ()))
                 joins += 1
-            wait = after[-1] if after else NONE
-            count = kernels[wait].tiles if after else 0
+            wait = todo[-1] if todo else NONE
+            count = kernels[wait].tiles if todo else 0
             queue.append(Task(OP_CODE[kern.name], wait, count, i, (i, t)))
             q = (q + 1) % programs
     ops = {code: OpSpec(name) for name, code in OP_CODE.items()}
@@ -225,9 +242,9 @@ def schedule(kernels: list[Kernel], programs: int) -> tuple[TaskTable, int]:
 
 
 def compile_stage(graph: Graph, batch: int, programs: int = 132,
-                  rows_per_tile: int = 16) -> Compiled:
+                  rows_per_tile: int = 16, pointwise_runs: bool = True) -> Compiled:
     """The passes in order, for a batch of `batch` sessions; the table must validate."""
-    kernels = fuse(graph)
+    kernels = fuse(graph, pointwise_runs)
     plan = depend(graph, kernels, batch)
     reduce_edges(kernels)
     tile(graph, kernels, batch, rows_per_tile)

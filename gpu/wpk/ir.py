@@ -109,6 +109,7 @@ class Graph:
     outputs: list                   # value ids
     batch: Any = None               # the batch traced, or "B" once symbolic
     held: dict = field(default_factory=dict)    # CONSTANT value id → the tensor traced
+    fp32_arena: bool = False        # storages not floating point sized as fp32 elements
 
     def storages_of(self, kind: Storage) -> list[int]:
         return [i for i, s in enumerate(self.storages) if s.kind is kind]

@@ -29,16 +29,30 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gpu.wpk import taskops as X
 from gpu.wpk import taskrun as T
-from gpu.wpk.compile import LIBRARY, Compiled, compile_stage, schedule
-from gpu.wpk.ir import Graph, Ref
+from gpu.wpk.compile import Compiled, compile_stage, schedule
+from gpu.wpk.ir import Graph, Ref, StorageInfo
+from gpu.wpk.lower_ops import OpLowering, Unsupported
 from gpu.wpk.schedule import OpSpec, Task, TaskTable, validate
 
-TASK_OP = {"join": 0, "gemm": T.GEMM, "layer_norm": T.ADD_LN, "add_layer_norm": T.ADD_LN}
+OP_NAMES = {0: "join", T.GEMM: "gemm", T.ADD_LN: "add_layer_norm", X.EW: "pointwise",
+            X.SOFTMAX: "softmax", X.BGEMM: "bgemm", X.CONV: "conv"}
 
 
-class Unsupported(ValueError):
-    """A kernel the task ops cannot run as it is."""
+def fp32_arena(graph: Graph) -> Graph:
+    """The graph with every storage that is not floating point sized as fp32 elements (how the
+    arena holds integers and booleans): what the memory plan must place before lowering."""
+    dtypes = {v.storage: v.dtype for v in graph.values}
+    storages = []
+    for sid, info in enumerate(graph.storages):
+        dt = dtypes.get(sid)
+        if dt is not None and not dt.is_floating_point and dt.itemsize != 4 \
+                and not graph.fp32_arena:
+            info = StorageInfo(info.kind, -(-info.nbytes // dt.itemsize) * 4, info.name)
+        storages.append(info)
+    return Graph(graph.nodes, graph.values, storages, graph.named, graph.outputs, graph.batch,
+                 graph.held, fp32_arena=True)
 
 
 @dataclass
@@ -46,7 +60,8 @@ class Lowered:
     graph: Graph
     compiled: Compiled
     table: TaskTable
-    args: np.ndarray            # int32 [kernels, ARGS]
+    args: np.ndarray            # int32 [records, ARGS]: a kernel's records in a row
+    ops: list                   # the task op of each record
     places: dict                # storage id → ("arena" | "weights", element offset)
     arena: int                  # fp32 elements
     weights: int                # elements of the weight arena
@@ -75,6 +90,11 @@ class Lowered:
         """The stage's outputs: views of the arena."""
         return [self._view(arena, vid) for vid in self.graph.outputs]
 
+    def named(self, arena: torch.Tensor, name: str) -> torch.Tensor:
+        """A named tensor's view of the arena (a state the stage updated, say); an integer or
+        boolean tensor as its fp32 values."""
+        return self._view(arena, self.graph.named[name])
+
     def _view(self, arena: torch.Tensor, vid: int) -> torch.Tensor:
         v = self.graph.values[vid]
         _, at = self.places[v.storage]
@@ -85,8 +105,15 @@ def _elements(nbytes: int, dtype: torch.dtype) -> int:
     return -(-int(nbytes) // dtype.itemsize)
 
 
+def _numel(info: StorageInfo, dtype: torch.dtype) -> int:
+    """Elements of a storage of `fp32_arena`'s graph."""
+    return _elements(info.nbytes, torch.float32 if not dtype.is_floating_point else dtype)
+
+
 class _Lowering:
     def __init__(self, graph: Graph, compiled: Compiled, weight_dtype: torch.dtype | None):
+        if not graph.fp32_arena:
+            raise ValueError("lower `fp32_arena(graph)`: the arena holds every value as fp32")
         self.g, self.c = graph, compiled
         self.gemm_weights: set = set()
         for kern in compiled.kernels:
@@ -108,13 +135,14 @@ class _Lowering:
         for sid, info in enumerate(graph.storages):
             if sid in self.places or not self._read(sid):
                 continue
+            # as many elements as were traced, whatever dtype the arena holds them in
+            elements = _numel(info, traced[sid])
             if sid in self.gemm_weights:
-                # as many elements as were traced, whatever dtype the arena holds them in
                 self.places[sid] = ("weights", wend)
-                wend = T.align_up(wend + _elements(info.nbytes, traced[sid]))
+                wend = T.align_up(wend + elements)
             else:
                 self.places[sid] = ("arena", end)
-                end = T.align_up(end + _elements(info.nbytes, torch.float32))
+                end = T.align_up(end + elements)
         self.arena, self.weights = end, wend
 
     def _read(self, sid: int) -> bool:
@@ -138,6 +166,33 @@ class _Lowering:
             raise Unsupported(f"kernel {kernel}: {what} {tuple(v.shape)} with strides "
                               f"{tuple(v.stride)} is not row-major of rank {shape_rank}")
         return at + v.offset, shape
+
+    def value(self, ref, kernel: int, what: str) -> tuple:
+        """(offset, shape, strides) of a value of any dtype the fp32 arena holds."""
+        if not isinstance(ref, Ref):
+            raise Unsupported(f"kernel {kernel}: {what} is not a tensor ({ref!r})")
+        v = self.g.values[ref.value]
+        where, at = self.places[v.storage]
+        if where != "arena":
+            raise Unsupported(f"kernel {kernel}: {what} lies in the weight arena")
+        if v.dtype.is_floating_point and v.dtype != torch.float32:
+            raise Unsupported(f"kernel {kernel}: {what} is {v.dtype}, the arena holds fp32")
+        return at + v.offset, tuple(v.shape), tuple(v.stride)
+
+    def rows(self, ref, kernel: int, what: str) -> tuple[int, int, int, tuple]:
+        """(offset, rows, D, layout) of a value read as rows of its last dimension; layout
+        (inner, s0, s1, sd): element j of row i at (i // inner)·s0 + (i % inner)·s1 + j·sd,
+        all 0 for dense rows."""
+        off, shape, stride = self.value(ref, kernel, what)
+        d, m = shape[-1], math.prod(shape[:-1])
+        if stride == tuple(math.prod(shape[i + 1:]) for i in range(len(shape))):
+            return off, m, d, (0, 0, 0, 0)
+        if len(shape) == 2:
+            return off, m, d, (1, stride[0], 0, stride[1])
+        if len(shape) == 3:
+            return off, m, d, (shape[1], stride[0], stride[1], stride[2])
+        raise Unsupported(f"kernel {kernel}: {what} {shape} with strides {stride} is not rows "
+                          "of rank 2 or 3")
 
     def weight(self, ref, kernel: int) -> tuple[int, int, int]:
         """A GEMM's B operand: a transposed view [K, N] of a weight W [N, K] → (offset, N, K)."""
@@ -165,8 +220,23 @@ def _layer_norm_args(node, i: int) -> tuple:
     return x, w, b, shape
 
 
-def _lower_kernel(low: _Lowering, i: int, kern) -> tuple[list[int], int]:
-    """(the argument record, the tiles) of kernel i."""
+def _lower_kernel(low: _Lowering, i: int, kern) -> list[tuple[int, list[int], int]]:
+    """Kernel i's records: (task op, argument record, tiles) each."""
+    g = low.g
+    if kern.name in ("layer_norm", "add_layer_norm") or (
+            kern.name == "gemm" and g.nodes[kern.nodes[0]].op in ("mm", "addmm")):
+        record, tiles = _library_kernel(low, i, kern)
+        return [(T.ADD_LN if kern.name != "gemm" else T.GEMM, record, tiles)]
+    if len(kern.nodes) != 1:
+        raise Unsupported(f"kernel {i} ({kern.name}: {[g.nodes[k].op for k in kern.nodes]}): a "
+                          "fused run has no task op (lower with pointwise runs unfused)")
+    ops = OpLowering(lambda ref, what: low.value(ref, i, what),
+                     lambda ref: g.values[ref.value].dtype, i)
+    return ops.node(g.nodes[kern.nodes[0]])
+
+
+def _library_kernel(low: _Lowering, i: int, kern) -> tuple[list[int], int]:
+    """(the argument record, the tiles) of a GEMM by a weight or a norm."""
     g = low.g
     nodes = [g.nodes[k] for k in kern.nodes]
     if kern.name in ("layer_norm", "add_layer_norm"):
@@ -181,14 +251,14 @@ def _lower_kernel(low: _Lowering, i: int, kern) -> tuple[list[int], int]:
             x, r = add.args
             r_off, _ = low.where(r, i, "the residual", 2)
             s_off, _ = low.where(add.outs[0], i, "the sum", 2)
-        x_off, (m, d) = low.where(x, i, "the norm's input", 2)
+        x_off, m, d, x_rows = low.rows(x, i, "the norm's input")
         if list(shape) != [d] or d > T.LN_MAX_D:
             raise Unsupported(f"kernel {i}: a norm over {shape} of rows of {d} (at most "
                               f"{T.LN_MAX_D})")
         y_off, _ = low.where(ln.outs[0], i, "the norm's output", 2)
         g_off, _ = low.where(w, i, "the norm's weight", 1)
         b_off, _ = low.where(b, i, "the norm's bias", 1)
-        return ([x_off, r_off, g_off, b_off, s_off, y_off, m, d, alpha_q, 1],
+        return ([x_off, r_off, g_off, b_off, s_off, y_off, m, d, alpha_q, 1, *x_rows],
                 -(-m // T.LN_TILE_M))
     if kern.name == "gemm":
         mm, epilogue = nodes[0], nodes[1:]
@@ -245,7 +315,7 @@ def _check_intermediates(graph: Graph, compiled: Compiled) -> None:
             raise Unsupported(f"an output is a value kernel {i} never writes")
 
 
-def _split_k(low: _Lowering, records: list, programs: int) -> None:
+def _split_k(low: _Lowering, lowered: list, programs: int) -> None:
     """A GEMM without activation whose result only add + norms read, as their residual, runs
     split-K when its tiles would not fill the programs: S parts (each at least two K tiles)
     write partials to a region after the arena, which its readers sum. Regions are shared by
@@ -256,9 +326,10 @@ def _split_k(low: _Lowering, records: list, programs: int) -> None:
         behind.append(set().union(*(behind[j] | {j} for j in kern.after)) if kern.after else set())
     outs = {g.values[v].storage for v in g.outputs}
     regions: list[list] = []                  # [offset, elements, users]
+    records = [recs[0][1] for recs in lowered]      # a GEMM's or a norm's only record
     for i, kern in enumerate(kernels):
         rec = records[i]
-        if kern.name != "gemm" or rec[7] != 0:
+        if lowered[i][0][0] != T.GEMM or rec[7] != 0:
             continue
         sid = g.values[g.nodes[kern.nodes[-1]].outs[0].value].storage
         readers = [j for j, other in enumerate(kernels) if j != i and sid in other.reads]
@@ -282,7 +353,7 @@ def _split_k(low: _Lowering, records: list, programs: int) -> None:
             regions.append(region)
         region[2] |= {i, *readers}
         rec[3], rec[9] = region[0], parts
-        kern.tiles *= parts
+        lowered[i][0][2] *= parts
         for j in readers:
             records[j][1], records[j][9] = region[0], parts
 
@@ -293,38 +364,53 @@ def lower(graph: Graph, batch: int, programs: int,
     `weight_dtype` the GEMMs' weights are held (and multiplied) in that dtype whatever they
     were traced in (bf16: the bf16 profile's matmuls on tensor cores); `split_k`: GEMMs that
     can (`_split_k`) cut K when their tiles would not fill the programs."""
-    return lower_compiled(graph, compile_stage(graph, batch, programs), programs, weight_dtype,
-                          split_k)
+    graph = fp32_arena(graph)
+    return lower_compiled(graph, compile_stage(graph, batch, programs, pointwise_runs=False),
+                          programs, weight_dtype, split_k)
 
 
 def lower_compiled(graph: Graph, compiled: Compiled, programs: int,
                    weight_dtype: torch.dtype | None = None, split_k: bool = True) -> Lowered:
-    """`lower` of a stage the compiler already ran on (for `programs` programs)."""
+    """`lower` of a stage the compiler already ran on (for `programs` programs; the graph
+    `fp32_arena`'s, compiled with pointwise runs unfused where it has any)."""
     _check_intermediates(graph, compiled)
     low = _Lowering(graph, compiled, weight_dtype)
-    records = []
-    for i, kern in enumerate(compiled.kernels):
-        record, kern.tiles = _lower_kernel(low, i, kern)
-        records.append(record)
+    lowered = [[list(r) for r in _lower_kernel(low, i, kern)]
+               for i, kern in enumerate(compiled.kernels)]
     if split_k:
-        _split_k(low, records, programs)
+        _split_k(low, lowered, programs)
+    first, flat = [], []                     # kernel → its first record; (op, record, tiles)
+    for i, (kern, recs) in enumerate(zip(compiled.kernels, lowered)):
+        first.append(len(flat))
+        flat += recs
+        kern.tiles = sum(tiles for *_, tiles in recs)
     table, _ = schedule(compiled.kernels, programs)
+
+    def task(t: Task) -> Task:
+        if not t.args:                      # a join
+            return t
+        r, tile = first[t.args[0]], t.args[1]
+        while tile >= flat[r][2]:           # a kernel's tiles run through its records in order
+            tile -= flat[r][2]
+            r += 1
+        return Task(flat[r][0], t.wait, t.count, t.signal, (r, tile))
     whole = [(0, 0, max(low.arena, 1))]
-    ops = {code: OpSpec(name, lambda task: whole) for name, code in TASK_OP.items()}
-    queues = [[Task(TASK_OP[LIBRARY[t.op]], t.wait, t.count, t.signal, t.args)
-               for t in q] for q in table.queues]
-    table = TaskTable(queues, table.n_counters, [max(low.arena, 1)], ops)
+    ops = {code: OpSpec(name, lambda task: whole) for code, name in OP_NAMES.items()}
+    table = TaskTable([[task(t) for t in q] for q in table.queues], table.n_counters,
+                      [max(low.arena, 1)], ops)
     problems = validate(table)
     if problems:
         raise ValueError(f"the lowered table is unsound: {problems[:3]}")
-    return Lowered(graph, compiled, table, np.array(records, np.int32).reshape(-1, T.ARGS),
+    args = np.array([rec + [0] * (T.ARGS - len(rec)) for _, rec, _ in flat], np.int32)
+    return Lowered(graph, compiled, table, args.reshape(-1, T.ARGS), [op for op, *_ in flat],
                    low.places, low.arena, low.weights, low.wdtype)
 
 
 def coverage(graph: Graph, batch: int, programs: int = 132) -> dict:
     """How much of a stage the task ops can run today: per kernel kind, the kernels lowered
     and the refused, with the commonest reasons (numbers stripped)."""
-    compiled = compile_stage(graph, batch, programs)
+    graph = fp32_arena(graph)
+    compiled = compile_stage(graph, batch, programs, pointwise_runs=False)
     low = _Lowering(graph, compiled, torch.bfloat16)
     kinds: dict = collections.defaultdict(lambda: {"lowered": 0, "refused": 0})
     reasons: collections.Counter = collections.Counter()

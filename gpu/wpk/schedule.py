@@ -83,6 +83,10 @@ def validate(table: TaskTable) -> list[str]:
         if t.signal != NONE:
             signals[t.signal] += 1
             producers[t.signal].append(at)
+    latest = collections.defaultdict(dict)      # counter → queue → its last producer there
+    for c, ats in producers.items():
+        for q, i in ats:
+            latest[c][q] = max(i, latest[c].get(q, -1))
     for at, t in _tasks(table):
         if t.wait == NONE:
             continue
@@ -91,9 +95,9 @@ def validate(table: TaskTable) -> list[str]:
         elif t.count != signals[t.wait]:
             problems.append(f"task {at} waits for {t.count} signals of counter {t.wait}, "
                             f"which gets {signals[t.wait]} a beat")
-        for p in producers[t.wait]:
-            if p[0] == at[0] and p[1] >= at[1]:
-                problems.append(f"task {at} waits on task {p}, later in its own queue")
+        last = latest[t.wait].get(at[0])
+        if last is not None and last >= at[1]:
+            problems.append(f"task {at} waits on task {(at[0], last)}, later in its own queue")
     problems += _cycles(table, producers)
     for at, t in _tasks(table):
         spec = table.ops.get(t.op)
@@ -108,19 +112,25 @@ def validate(table: TaskTable) -> list[str]:
 
 
 def _cycles(table: TaskTable, producers) -> list[str]:
-    """Kahn's order over producer → waiter and queue-order edges: what it cannot order is on or
-    behind a cycle, a deadlock even with every program resident."""
+    """Kahn's order over producer → counter → waiter and queue-order edges (a counter a node
+    of its own: edges grow with tasks, not with producers × waiters): what it cannot order
+    is on or behind a cycle, a deadlock even with every program resident."""
     after = collections.defaultdict(list)
     indegree = collections.Counter()
     every = [at for at, _ in _tasks(table)]
     for at, t in _tasks(table):
-        before = list(producers[t.wait]) if t.wait != NONE else []
-        if at[1] > 0:
-            before.append((at[0], at[1] - 1))
-        for b in before:
-            after[b].append(at)
+        if t.wait != NONE:
+            after[("counter", t.wait)].append(at)
             indegree[at] += 1
-    ready = collections.deque(at for at in every if indegree[at] == 0)
+        if at[1] > 0:
+            after[(at[0], at[1] - 1)].append(at)
+            indegree[at] += 1
+    for c, ats in producers.items():
+        for p in ats:
+            after[p].append(("counter", c))
+        indegree[("counter", c)] = len(ats)
+    nodes = every + [("counter", c) for c in producers]
+    ready = collections.deque(n for n in nodes if indegree[n] == 0)
     done = 0
     while ready:
         at = ready.popleft()
@@ -129,7 +139,7 @@ def _cycles(table: TaskTable, producers) -> list[str]:
             indegree[nxt] -= 1
             if indegree[nxt] == 0:
                 ready.append(nxt)
-    if done == len(every):
+    if done == len(nodes):
         return []
     stuck = sorted(at for at in every if indegree[at] > 0)
     return [f"deadlock: {len(stuck)} tasks can never run, first {stuck[:4]}"]

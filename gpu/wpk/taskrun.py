@@ -23,7 +23,9 @@ Row layout (int32): op, wait, count, signal, a0..a3. The ops:
   - `ADD_LN`: s = x + r · alpha (r = -1: s = x), y = LayerNorm(s) · γ + β over rows of D, a
     tile of BLOCK_M rows; record x, r, γ, β, s (-1: not kept), y, M, D, alpha_q (alpha =
     alpha_q / 2¹⁶: the table is int32), r's splits (r is the sum of that many M × D partials,
-    a split-K GEMM's, in order); eps a constexpr.
+    a split-K GEMM's, in order), then x's layout (inner, s0, s1, sd: element j of row i at
+    (i // inner)·s0 + (i % inner)·s1 + j·sd; inner 0: dense rows of D); eps a constexpr.
+  - The rest of a stage's ops, `EW`, `SOFTMAX`, `BGEMM` and `CONV`: `gpu.wpk.taskops`.
   Each body is a `noinline` function (WPK.md §3: inlined bodies grow every task's registers).
 """
 from __future__ import annotations
@@ -38,6 +40,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from gpu.wpk import taskops as X
 from gpu.wpk.schedule import NONE, OpSpec, Task, TaskTable
 from gpu.wpk.sync import interp, signal, wait_ge
 
@@ -45,7 +48,7 @@ AFFINE, GEMM, ADD_LN = 1, 2, 3
 C_AFFINE, C_GEMM, C_ADD_LN = tl.constexpr(AFFINE), tl.constexpr(GEMM), tl.constexpr(ADD_LN)
 ALPHA_ONE = 1 << 16         # alpha_q (scale_q) of 1
 C_ONE = tl.constexpr(ALPHA_ONE)
-ARGS = 10                   # int32 words an argument record
+ARGS = 52                   # int32 words an argument record: the widest op's (EW's 49)
 C_ARGS = tl.constexpr(ARGS)
 # Tile shapes of the library ops (module constants: a noinline body takes no constexpr
 # arguments in Triton 3.6's compiler). `WAVE_WPK_GEMM_TILE=M,N,K` overrides the GEMM's for a
@@ -143,7 +146,13 @@ def _add_ln_tile(arena, rec, tile):
     rd = tl.arange(0, C_LD)
     mask = (rm[:, None] < m_rows) & (rd[None, :] < d)
     at = rm[:, None] * d + rd[None, :]
-    v = tl.load(arena + x + at, mask=mask, other=0.0)
+    inner = tl.load(rec + 10)           # x strided: (row // inner)·s0 + (row % inner)·s1 + j·sd
+    if inner > 0:
+        x_at = (rm // inner) * tl.load(rec + 11) + (rm % inner) * tl.load(rec + 12)
+        v = tl.load(arena + x + x_at[:, None] + rd[None, :] * tl.load(rec + 13), mask=mask,
+                    other=0.0)
+    else:
+        v = tl.load(arena + x + at, mask=mask, other=0.0)
     if r >= 0:
         for j in range(0, r_splits):          # a split-K GEMM's partials, summed in order
             v += alpha * tl.load(arena + r + j * m_rows * d + at, mask=mask, other=0.0)
@@ -187,6 +196,14 @@ def task_program(rows, starts, counters, arena, weights, args, beat, n, TILE: tl
             _gemm_tile(arena, weights, args + tl.load(row + 4) * C_ARGS, tl.load(row + 5))
         if op == C_ADD_LN:
             _add_ln_tile(arena, args + tl.load(row + 4) * C_ARGS, tl.load(row + 5))
+        if op == X.C_EW:
+            X.ew_tile(arena, args + tl.load(row + 4) * C_ARGS, tl.load(row + 5))
+        if op == X.C_SOFTMAX:
+            X.softmax_tile(arena, args + tl.load(row + 4) * C_ARGS, tl.load(row + 5))
+        if op == X.C_BGEMM:
+            X.bgemm_tile(arena, args + tl.load(row + 4) * C_ARGS, tl.load(row + 5))
+        if op == X.C_CONV:
+            X.conv_tile(arena, args + tl.load(row + 4) * C_ARGS, tl.load(row + 5))
         if sig >= 0:
             signal(counters + sig, IS_INTERP)
         i += 1
@@ -301,7 +318,7 @@ def ffn_chain(m: int, d: int, h: int, queues: int, layers: int = 1,
             wait, count = (i - 1, records[i - 1][1]) if i else (NONE, 0)
             qs[k % queues].append(Task(op, wait, count, i, (i, t)))
             k += 1
-    args = np.array([rec for *_, rec in records], np.int32)
+    args = np.array([rec + [0] * (ARGS - len(rec)) for *_, rec in records], np.int32)
 
     def whole(task):                  # the validator's ranges: the tensors a tile may touch
         return [(0, 0, size)]

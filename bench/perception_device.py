@@ -1,0 +1,158 @@
+"""`python bench/perception_device.py --out bench/results/stage2-perception-h200.json`: issue 18's
+stage-2 target on a GPU — perception's whole streaming step (both frames of a beat, every
+session) as one task-table launch, against the same step in a CUDA graph.
+
+- `task table`: `gpu.wpk.stages.perception_stage` (the model's own step: subsampling, 24
+  Conformer layers with their attention ring and convolution cache, the projection) traced in
+  fp32, compiled and lowered (`gpu.wpk.lower`: every kernel a task op) with its GEMM weights
+  held in bf16, then run as one cooperative launch of `task_program` a beat on `programs`
+  programs (`--per-sm` an SM, if the compiled kernel fits). `fp32 weights` runs the same with
+  fp32 weights at one session, the exactness check: its error against the fp32 model is
+  the task ops' own.
+- `graph reference` / `graph fp32`: the same step captured in a CUDA graph and replayed, in
+  the reference profile (bf16, as the engine runs perception) and in fp32.
+
+Correctness: each task-table run's first beat against the fp32 model on the same inputs and
+state (its outputs, relative to their largest value). Timing: the median of `--reps` beats,
+CUDA events around each launch or replay. Each variant runs in a subprocess with a timeout (a
+hang is reported, not waited for). Prints a table and writes the JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from bench.cuda_timing import median_ms  # noqa: E402
+from bench.stage2_device import occupancy, stepper  # noqa: E402
+from gpu.wpk.ir import trace  # noqa: E402
+from gpu.wpk.lower import lower  # noqa: E402
+from gpu.wpk.stages import _traceable, perception_stage  # noqa: E402
+
+
+def task_table(sessions: int, weights: torch.dtype, warps: int, per_sm: int, reps: int) -> dict:
+    fits, kernel = occupancy(warps)
+    if per_sm > fits:
+        return {"skipped": f"{per_sm} programs an SM do not fit ({fits} do: {kernel.n_regs} "
+                           "registers)"}
+    programs = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
+    t0 = time.perf_counter()
+    graph = trace(**_traceable(perception_stage("full", "fp32", sessions, device="cuda")))
+    low = lower(graph, sessions, programs, weight_dtype=weights)
+    lower_s = time.perf_counter() - t0
+    run = perception_stage("full", "fp32", sessions, device="cuda")
+    arena, wts = low.load(run.tensors(), "cuda")
+    rows, starts = (torch.from_numpy(a).cuda() for a in low.table.emit())
+    args = torch.from_numpy(low.args).cuda()
+    counters = torch.zeros(low.table.n_counters, dtype=torch.int32, device="cuda")
+    step = stepper(programs, warps, (rows, starts, counters, arena, wts, args))
+    step()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        want = run.fn()
+    errs = [((got - ref).abs().max() / ref.abs().max()).item()
+            for got, ref in zip(low.outputs(arena), want)]
+    ms = median_ms(step, reps, warmup=5)
+    ops: dict = {}
+    for op in low.ops:
+        ops[op] = ops.get(op, 0) + 1
+    return {"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
+            "registers": kernel.n_regs, "kernels": len(low.compiled.kernels),
+            "records": len(low.args), "tasks": sum(len(q) for q in low.table.queues),
+            "arena_mb": round(low.arena * 4 / 1e6, 1),
+            "weights_mb": round(low.weights * wts.element_size() / 1e6, 1),
+            "rel_err_vs_fp32_model": max(errs), "lower_s": round(lower_s, 1)}
+
+
+def graph(sessions: int, profile: str, reps: int) -> dict:
+    run = perception_stage("full", profile, sessions, device="cuda")
+    with torch.no_grad():
+        run.fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            run.fn()
+    ms = median_ms(g.replay, reps, warmup=5)
+    return {"ms": round(ms, 4)}
+
+
+def child(args) -> None:
+    out = []
+    for n in args.sessions:
+        if args.variant.startswith("graph"):
+            profile = args.variant.split()[-1]
+            out.append({"variant": args.variant, "sessions": n, **graph(n, profile, args.reps)})
+            continue
+        wdt = torch.float32 if args.variant == "fp32 weights" else torch.bfloat16
+        for warps in args.warps:
+            for per_sm in args.per_sm:
+                out.append({"variant": args.variant, "sessions": n, "warps": warps,
+                            **task_table(n, wdt, warps, per_sm, args.reps)})
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ints = lambda s: [int(v) for v in s.split(",")]     # noqa: E731
+    ap.add_argument("--sessions", type=ints, default=[1, 120, 290])
+    ap.add_argument("--warps", type=ints, default=[8])
+    ap.add_argument("--per-sm", type=ints, default=[1, 2])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--timeout", type=int, default=240, help="seconds a variant may take")
+    ap.add_argument("--out")
+    ap.add_argument("--variant", help=argparse.SUPPRESS)         # a child's
+    args = ap.parse_args()
+    if args.variant:
+        child(args)
+        return
+    rows = []
+    plan = [("graph reference", args.sessions), ("graph fp32", args.sessions),
+            ("fp32 weights", [1]), ("task table", args.sessions)]
+    for variant, sessions in plan:
+        cmd = [sys.executable, __file__, "--variant", variant, "--reps", str(args.reps),
+               "--sessions", ",".join(map(str, sessions)),
+               "--warps", ",".join(map(str, args.warps)),
+               "--per-sm", ",".join(map(str, args.per_sm))]
+        print(f"[perception] {variant} ...", flush=True)
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            got = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
+            rows += json.loads(got[-1][7:]) if got else [
+                {"variant": variant, "error": (run.stderr or run.stdout)[-800:]}]
+        except subprocess.TimeoutExpired:
+            rows.append({"variant": variant, "error": f"no result in {args.timeout} s (a hang?)"})
+    print(f"{'variant':16s} {'sessions':>8s} {'warps':>5s} {'progs':>6s} {'regs':>5s} "
+          f"{'tasks':>7s} {'ms':>8s} {'rel err':>8s}")
+    for r in rows:
+        if "error" in r or "skipped" in r:
+            print(f"{r['variant']:16s} {r.get('sessions', ''):>8} "
+                  f"{(r.get('error') or r.get('skipped'))[-300:]!r}")
+            continue
+        print(f"{r['variant']:16s} {r['sessions']:8d} {r.get('warps', ''):>5} "
+              f"{r.get('programs', ''):>6} {r.get('registers', ''):>5} {r.get('tasks', ''):>7} "
+              f"{r['ms']:8.3f} {r.get('rel_err_vs_fp32_model', float('nan')):8.1e}")
+    if args.out:
+        doc = {"bench": "perception_device", "date": datetime.datetime.now(datetime.timezone.utc)
+               .strftime("%Y-%m-%dT%H:%M:%SZ"),
+               "commit": os.environ.get("WAVE_COMMIT", "unknown"),
+               "command": "python bench/perception_device.py " + " ".join(sys.argv[1:]),
+               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+               "python": platform.python_version(), "rows": rows}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
