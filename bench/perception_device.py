@@ -37,11 +37,26 @@ import torch  # noqa: E402
 from bench.cuda_timing import median_ms  # noqa: E402
 from bench.stage2_device import occupancy, stepper  # noqa: E402
 from gpu.wpk.ir import trace  # noqa: E402
-from gpu.wpk.lower import lower  # noqa: E402
+from gpu.wpk.lower import OP_NAMES, lower  # noqa: E402
+from gpu.wpk.schedule import NONE, Task, TaskTable  # noqa: E402
 from gpu.wpk.stages import _traceable, perception_stage  # noqa: E402
 
 
-def task_table(sessions: int, weights: torch.dtype, warps: int, per_sm: int, reps: int) -> dict:
+def op_alone(low, op: int, bufs: tuple, programs: int, warps: int, reps: int) -> dict:
+    """The table's tasks of one op alone, in their queues, with no waits or signals: what the
+    op's tiles cost without the dependencies (on a zeroed arena: every index is 0)."""
+    queues = [[Task(t.op, NONE, 0, NONE, t.args) for t in q if t.op == op]
+              for q in low.table.queues]
+    table = TaskTable(queues, 1, low.table.tensor_sizes, low.table.ops)
+    rows, starts = (torch.from_numpy(a).cuda() for a in table.emit())
+    counters = torch.zeros(1, dtype=torch.int32, device="cuda")
+    arena, wts, args = bufs
+    step = stepper(programs, warps, (rows, starts, counters, arena, wts, args))
+    return {"tasks": sum(len(q) for q in queues), "ms": round(median_ms(step, reps, 2), 4)}
+
+
+def task_table(sessions: int, weights: torch.dtype, warps: int, per_sm: int, reps: int,
+               profile: bool = False) -> dict:
     fits, kernel = occupancy(warps)
     if per_sm > fits:
         return {"skipped": f"{per_sm} programs an SM do not fit ({fits} do: {kernel.n_regs} "
@@ -64,10 +79,12 @@ def task_table(sessions: int, weights: torch.dtype, warps: int, per_sm: int, rep
     errs = [((got - ref).abs().max() / ref.abs().max()).item()
             for got, ref in zip(low.outputs(arena), want)]
     ms = median_ms(step, reps, warmup=5)
-    ops: dict = {}
-    for op in low.ops:
-        ops[op] = ops.get(op, 0) + 1
-    return {"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
+    by_op = {}
+    if profile:
+        arena.zero_()           # every index 0: a gather or scatter alone stays in bounds
+        for op in sorted(set(low.ops)):
+            by_op[OP_NAMES[op]] = op_alone(low, op, (arena, wts, args), programs, warps, reps)
+    return {"by_op_alone": by_op,"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
             "registers": kernel.n_regs, "kernels": len(low.compiled.kernels),
             "records": len(low.args), "tasks": sum(len(q) for q in low.table.queues),
             "arena_mb": round(low.arena * 4 / 1e6, 1),
@@ -98,7 +115,8 @@ def child(args) -> None:
         for warps in args.warps:
             for per_sm in args.per_sm:
                 out.append({"variant": args.variant, "sessions": n, "warps": warps,
-                            **task_table(n, wdt, warps, per_sm, args.reps)})
+                            **task_table(n, wdt, warps, per_sm, args.reps,
+                                         args.profile and wdt == torch.bfloat16)})
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -110,6 +128,9 @@ def main() -> None:
     ap.add_argument("--per-sm", type=ints, default=[1, 2])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--timeout", type=int, default=240, help="seconds a variant may take")
+    ap.add_argument("--profile", action="store_true",
+                    help="also time each op's tasks alone (no waits), per task-table run")
+    ap.add_argument("--variants", default="graph reference,graph fp32,fp32 weights,task table")
     ap.add_argument("--out")
     ap.add_argument("--variant", help=argparse.SUPPRESS)         # a child's
     args = ap.parse_args()
@@ -120,10 +141,12 @@ def main() -> None:
     plan = [("graph reference", args.sessions), ("graph fp32", args.sessions),
             ("fp32 weights", [1]), ("task table", args.sessions)]
     for variant, sessions in plan:
+        if variant not in args.variants.split(","):
+            continue
         cmd = [sys.executable, __file__, "--variant", variant, "--reps", str(args.reps),
                "--sessions", ",".join(map(str, sessions)),
                "--warps", ",".join(map(str, args.warps)),
-               "--per-sm", ",".join(map(str, args.per_sm))]
+               "--per-sm", ",".join(map(str, args.per_sm))] + ["--profile"] * args.profile
         print(f"[perception] {variant} ...", flush=True)
         try:
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -142,6 +165,8 @@ def main() -> None:
         print(f"{r['variant']:16s} {r['sessions']:8d} {r.get('warps', ''):>5} "
               f"{r.get('programs', ''):>6} {r.get('registers', ''):>5} {r.get('tasks', ''):>7} "
               f"{r['ms']:8.3f} {r.get('rel_err_vs_fp32_model', float('nan')):8.1e}")
+        for op, alone in r.get("by_op_alone", {}).items():
+            print(f"    {op:14s} alone: {alone['tasks']:7d} tasks {alone['ms']:8.3f} ms")
     if args.out:
         doc = {"bench": "perception_device", "date": datetime.datetime.now(datetime.timezone.utc)
                .strftime("%Y-%m-%dT%H:%M:%SZ"),
