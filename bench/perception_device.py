@@ -152,7 +152,7 @@ def main() -> None:
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             got = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
             rows += json.loads(got[-1][7:]) if got else [
-                {"variant": variant, "error": (run.stderr or run.stdout)[-800:]}]
+                {"variant": variant, "error": (run.stderr or run.stdout)[-4000:]}]
         except subprocess.TimeoutExpired:
             rows.append({"variant": variant, "error": f"no result in {args.timeout} s (a hang?)"})
     print(f"{'variant':16s} {'sessions':>8s} {'warps':>5s} {'progs':>6s} {'regs':>5s} "
