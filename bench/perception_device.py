@@ -38,19 +38,25 @@ from bench.cuda_timing import median_ms  # noqa: E402
 from bench.stage2_device import occupancy, stepper  # noqa: E402
 from gpu.wpk.ir import trace  # noqa: E402
 from gpu.wpk.lower import OP_NAMES, lower  # noqa: E402
+from gpu.wpk import taskops as X  # noqa: E402
 from gpu.wpk.schedule import NONE, Task, TaskTable  # noqa: E402
 from gpu.wpk.stages import _traceable, perception_stage  # noqa: E402
 
 
 def op_alone(low, op: int, bufs: tuple, programs: int, warps: int, reps: int) -> dict:
     """The table's tasks of one op alone, in their queues, with no waits or signals: what the
-    op's tiles cost without the dependencies (on a zeroed arena: every index is 0)."""
+    op's tiles cost without the dependencies, on a zeroed arena, EW's index terms dropped (an
+    index an EW task of the same run computes from zeros may be NaN: out of bounds)."""
     queues = [[Task(t.op, NONE, 0, NONE, t.args) for t in q if t.op == op]
               for q in low.table.queues]
     table = TaskTable(queues, 1, low.table.tensor_sizes, low.table.ops)
     rows, starts = (torch.from_numpy(a).cuda() for a in table.emit())
     counters = torch.zeros(1, dtype=torch.int32, device="cuda")
     arena, wts, args = bufs
+    args = args.clone()
+    ew = torch.tensor([o == X.EW for o in low.ops], device=args.device)
+    for j in range(3):
+        args[ew, X.EW_TERMS + 7 * j] = -1
     step = stepper(programs, warps, (rows, starts, counters, arena, wts, args))
     return {"tasks": sum(len(q) for q in queues), "ms": round(median_ms(step, reps, 2), 4)}
 
