@@ -40,7 +40,7 @@ EW_WORDS = 1 + 4 + 4 * 5 + 3 + 3 * 7
 EW_OUT, EW_A, EW_B, EW_C, EW_SCALARS, EW_TERMS = 5, 10, 15, 20, 25, 28
 C_OUT, C_A, C_B, C_C, C_SCALARS, C_TERMS = (tl.constexpr(v) for v in (
     EW_OUT, EW_A, EW_B, EW_C, EW_SCALARS, EW_TERMS))
-EW_BLOCK, EW_STEPS = 256, 32
+EW_BLOCK, EW_STEPS = 1024, 8
 EW_TILE = EW_BLOCK * EW_STEPS           # elements a tile
 C_EWB, C_EWS = tl.constexpr(EW_BLOCK), tl.constexpr(EW_STEPS)
 SM_TILE_M, SM_MAX_D = 4, 1024
@@ -232,10 +232,21 @@ def bgemm_tile(arena, rec, tile):
         acc = tl.zeros([C_BM, C_BN], tl.float32)
         for k0 in tl.range(0, k_dim, C_BK, num_stages=1):
             rk = k0 + tl.arange(0, C_BK)
-            x = tl.load(arena + a_b + rm[:, None] * a_sm + rk[None, :] * a_sk,
-                        mask=(rm[:, None] < m_rows) & (rk[None, :] < k_dim), other=0.0)
-            w = tl.load(arena + b_b + rk[:, None] * b_sk + rn[None, :] * b_sn,
-                        mask=(rk[:, None] < k_dim) & (rn[None, :] < n_cols), other=0.0)
+            # each tile loaded with its unit-stride dimension last (coalesced), then turned
+            if a_sm == 1:
+                x = tl.trans(tl.load(arena + a_b + rk[:, None] * a_sk + rm[None, :],
+                                     mask=(rk[:, None] < k_dim) & (rm[None, :] < m_rows),
+                                     other=0.0))
+            else:
+                x = tl.load(arena + a_b + rm[:, None] * a_sm + rk[None, :] * a_sk,
+                            mask=(rm[:, None] < m_rows) & (rk[None, :] < k_dim), other=0.0)
+            if b_sk == 1:
+                w = tl.trans(tl.load(arena + b_b + rn[:, None] * b_sn + rk[None, :],
+                                     mask=(rn[:, None] < n_cols) & (rk[None, :] < k_dim),
+                                     other=0.0))
+            else:
+                w = tl.load(arena + b_b + rk[:, None] * b_sk + rn[None, :] * b_sn,
+                            mask=(rk[:, None] < k_dim) & (rn[None, :] < n_cols), other=0.0)
             acc = tl.dot(x, w, acc, input_precision="ieee")
         if bias >= 0:
             acc += tl.load(arena + bias + rm[:, None] * tl.load(rec + 17)
