@@ -24,7 +24,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.cuda_timing import median_ms  # noqa: E402
-from bench.stage2_device import occupancy, stepper  # noqa: E402
+from bench.cuda_timing import child_rows, median_ms  # noqa: E402
+from bench.stage2_device import first_beat, occupancy, stepper  # noqa: E402
 from gpu.wpk.ir import trace  # noqa: E402
 from gpu.wpk.lower import OP_NAMES, lower  # noqa: E402
 from gpu.wpk import taskops as X  # noqa: E402
@@ -73,29 +72,20 @@ def task_table(sessions: int, weights: torch.dtype, warps: int, per_sm: int, rep
     low = lower(graph, sessions, programs, weight_dtype=weights)
     lower_s = time.perf_counter() - t0
     run = perception_stage("full", "fp32", sessions, device="cuda")
-    arena, wts = low.load(run.tensors(), "cuda")
-    rows, starts = (torch.from_numpy(a).cuda() for a in low.table.emit())
-    args = torch.from_numpy(low.args).cuda()
-    counters = torch.zeros(low.table.n_counters, dtype=torch.int32, device="cuda")
-    step = stepper(programs, warps, (rows, starts, counters, arena, wts, args))
-    step()
-    torch.cuda.synchronize()
-    with torch.no_grad():
-        want = run.fn()
-    errs = [((got - ref).abs().max() / ref.abs().max()).item()
-            for got, ref in zip(low.outputs(arena), want)]
+    step, bufs, err = first_beat(low, run, programs, warps)
+    arena, wts, _ = bufs
     ms = median_ms(step, reps, warmup=5)
     by_op = {}
     if profile:
         arena.zero_()           # every index 0: a gather or scatter alone stays in bounds
         for op in sorted(set(low.ops)):
-            by_op[OP_NAMES[op]] = op_alone(low, op, (arena, wts, args), programs, warps, reps)
+            by_op[OP_NAMES[op]] = op_alone(low, op, bufs, programs, warps, reps)
     return {"by_op_alone": by_op,"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
             "registers": kernel.n_regs, "kernels": len(low.compiled.kernels),
             "records": len(low.args), "tasks": sum(len(q) for q in low.table.queues),
             "arena_mb": round(low.arena * 4 / 1e6, 1),
             "weights_mb": round(low.weights * wts.element_size() / 1e6, 1),
-            "rel_err_vs_fp32_model": max(errs), "lower_s": round(lower_s, 1)}
+            "rel_err_vs_fp32_model": err, "lower_s": round(lower_s, 1)}
 
 
 def graph(sessions: int, profile: str, reps: int) -> dict:
@@ -154,13 +144,7 @@ def main() -> None:
                "--warps", ",".join(map(str, args.warps)),
                "--per-sm", ",".join(map(str, args.per_sm))] + ["--profile"] * args.profile
         print(f"[perception] {variant} ...", flush=True)
-        try:
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            got = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
-            rows += json.loads(got[-1][7:]) if got else [
-                {"variant": variant, "error": (run.stderr or run.stdout)[-4000:]}]
-        except subprocess.TimeoutExpired:
-            rows.append({"variant": variant, "error": f"no result in {args.timeout} s (a hang?)"})
+        rows += child_rows(cmd, args.timeout, {"variant": variant})
     print(f"{'variant':16s} {'sessions':>8s} {'warps':>5s} {'progs':>6s} {'regs':>5s} "
           f"{'tasks':>7s} {'ms':>8s} {'rel err':>8s}")
     for r in rows:

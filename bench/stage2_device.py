@@ -30,7 +30,6 @@ import functools
 import json
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.cuda_timing import median_ms  # noqa: E402
+from bench.cuda_timing import child_rows, median_ms  # noqa: E402
 from gpu.kernels.layer_norm import add_layer_norm  # noqa: E402
 from gpu.wpk import taskrun as T  # noqa: E402  (its tiles: WAVE_WPK_GEMM_TILE)
 from gpu.wpk.ir import trace  # noqa: E402
@@ -157,6 +156,20 @@ def lowered(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> dict:
         return {"skipped": f"{per_sm} programs an SM do not fit ({fits} do)"}
     programs = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
     run, low = lowering(rows, layers, programs)
+    step, (arena, _, _), err = first_beat(low, run, programs, warps)
+    ms = median_ms(step, reps, warmup=5)
+    return {"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
+            "registers": kernel.n_regs, "kernels": len(low.compiled.kernels),
+            "split_k": max(int(r[9]) for r in low.args),
+            "tasks": sum(len(q) for q in low.table.queues),
+            "rel_err_vs_fp32_model": err,
+            "weight_tb_s": round(weight_bytes(layers) / ms / 1e9, 3)}
+
+
+def first_beat(low, run, programs: int, warps: int) -> tuple:
+    """A lowered stage on the GPU: (one beat a call, (arena, weights, args), the first beat's
+    worst error against `run`'s own step on the same inputs, relative to each output's
+    largest value)."""
     arena, weights = low.load(run.tensors(), "cuda")
     table_rows, starts = (torch.from_numpy(a).cuda() for a in low.table.emit())
     args = torch.from_numpy(low.args).cuda()
@@ -168,13 +181,7 @@ def lowered(rows: int, layers: int, warps: int, per_sm: int, reps: int) -> dict:
         want = run.fn()
     err = max(((got - ref).abs().max() / ref.abs().max()).item()
               for got, ref in zip(low.outputs(arena), want))
-    ms = median_ms(step, reps, warmup=5)
-    return {"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
-            "registers": kernel.n_regs, "kernels": len(low.compiled.kernels),
-            "split_k": max(int(r[9]) for r in low.args),
-            "tasks": sum(len(q) for q in low.table.queues),
-            "rel_err_vs_fp32_model": err,
-            "weight_tb_s": round(weight_bytes(layers) / ms / 1e9, 3)}
+    return step, (arena, weights, args), err
 
 
 def weight_bytes(layers: int) -> int:
@@ -252,18 +259,8 @@ def main() -> None:
         shape = tile.partition("@")[2] or tile       # lowered@M,N,K: the lowering's tiles
         env = dict(os.environ, WAVE_WPK_GEMM_TILE=shape if "," in shape else "64,64,32")
         print(f"[stage2] {tile} ...", flush=True)
-        try:
-            run = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                                 timeout=args.timeout)
-            got = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
-            if got:
-                rows += json.loads(got[-1][7:])
-            else:
-                rows.append({"variant": f"task table {tile}", "tile": tile,
-                             "error": (run.stderr or run.stdout)[-600:]})
-        except subprocess.TimeoutExpired:
-            rows.append({"variant": f"task table {tile}", "tile": tile,
-                         "error": f"no result in {args.timeout} s (a hang?)"})
+        rows += child_rows(cmd, args.timeout, {"variant": f"task table {tile}", "tile": tile},
+                           env)
     print(f"{'variant':26s} {'rows':>5s} {'warps':>5s} {'progs':>6s} {'regs':>5s} {'ms':>8s} "
           f"{'TB/s':>6s} {'rel err':>8s}")
     for r in rows:

@@ -4,17 +4,20 @@ program's arena, so a stage traced from the model runs as one `task_program` lau
 
 - Places: an ACTIVATION or OUTPUT storage sits at its memory-plan offset in the fp32 arena; the
   weights a GEMM multiplies by sit in the weight arena (one dtype: bf16 runs the matmuls on
-  tensor cores, fp32 in full precision); every other storage the stage reads (inputs, norms'
-  weights and biases, constants) follows the plan in the fp32 arena. A value is its storage's
-  place plus its own storage offset, with its own shape and strides.
+  tensor cores, fp32 in full precision); every other storage the stage reads (inputs, state,
+  weights of the other ops, constants) follows the plan in the fp32 arena. Integers and
+  booleans are held there as fp32 values (`fp32_arena` sizes them so before the plan). A
+  value is its storage's place plus its own storage offset, with its own shape and strides.
 - Kernels: `layer_norm` → ADD_LN without a residual; `add_layer_norm` (x + α·r, then the norm)
-  → ADD_LN keeping the sum; `gemm` (`mm`, or `addmm` with a bias, by a transposed weight) with an
-  epilogue of SiLU then a scalar multiply → GEMM. The record of kernel i is argument record i.
-- Refused, with the kernel named: any other kernel (convolutions, softmax, copies and pointwise
-  runs have no task op yet), a dtype other than fp32 off the weight arena, a tensor not laid
-  out as its op reads it, an epsilon other than the program's, a scale that is not a multiple
-  of 2⁻¹⁶, and an intermediate of a fused kernel that another kernel reads (it is never
-  written).
+  → ADD_LN keeping the sum (x may be strided rows); `gemm` (`mm`, or `addmm` with a bias, by a
+  transposed weight) with an epilogue of SiLU then a scalar multiply → GEMM; every other
+  kernel, one aten node (the compiler runs with pointwise runs unfused), → the records
+  `gpu.wpk.lower_ops` gives it (`EW`, `SOFTMAX`, `BGEMM`, `CONV`). A kernel's records lie in a
+  row of the argument table; its tiles run through them in order.
+- Refused, with the kernel named: an op no task op runs (`lower_ops` lists them), a
+  floating-point dtype other than fp32 off the weight arena, a tensor not laid out as its op
+  reads it, an epsilon other than the program's, a scale that is not a multiple of 2⁻¹⁶, and
+  an intermediate of a fused kernel that another kernel reads (it is never written).
 - Tiles follow the op's tile shape (`GEMM_TILE_*`, `LN_TILE_M`); a GEMM whose tiles would not
   fill the programs and whose result only add + norms read runs split-K (`_split_k`); then the
   compiler's schedule deals the tiles to the programs; the table must validate.

@@ -61,8 +61,25 @@ C_CB, C_CS = tl.constexpr(CONV_BLOCK), tl.constexpr(CONV_STEPS)
 
 
 @triton.jit
+def words10(rec):
+    """An argument record's first ten words, in order."""
+    return (tl.load(rec), tl.load(rec + 1), tl.load(rec + 2), tl.load(rec + 3), tl.load(rec + 4),
+            tl.load(rec + 5), tl.load(rec + 6), tl.load(rec + 7), tl.load(rec + 8),
+            tl.load(rec + 9))
+
+
+@triton.jit
 def _bits(rec, word):
     return tl.load(rec + word).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _unravel(lin, n1, n2, n3):
+    """The 4-D index (i0, i1, i2, i3) of linear index `lin` in row-major extents (_, n1, n2,
+    n3)."""
+    q = lin // n3
+    r = q // n2
+    return r // n1, r % n1, q % n2, lin % n3
 
 
 @triton.jit
@@ -169,12 +186,7 @@ def ew_tile(arena, rec, tile):
     for s in range(0, steps):
         lin = (tile * C_EWS + s) * C_EWB + tl.arange(0, C_EWB)
         mask = lin < total
-        i3 = lin % n3
-        q = lin // n3
-        i2 = q % n2
-        q = q // n2
-        i1 = q % n1
-        i0 = q // n1
+        i0, i1, i2, i3 = _unravel(lin, n1, n2, n3)
         if fn == 25:
             r = sa + lin.to(tl.float32) * sb
         else:
@@ -203,16 +215,7 @@ def softmax_tile(arena, rec, tile):
 
 @triton.jit(noinline=True)
 def bgemm_tile(arena, rec, tile):
-    a = tl.load(rec)
-    a_sb = tl.load(rec + 1)
-    a_sm = tl.load(rec + 2)
-    a_sk = tl.load(rec + 3)
-    b = tl.load(rec + 4)
-    b_sb = tl.load(rec + 5)
-    b_sk = tl.load(rec + 6)
-    b_sn = tl.load(rec + 7)
-    c = tl.load(rec + 8)
-    c_sb = tl.load(rec + 9)
+    a, a_sb, a_sm, a_sk, b, b_sb, b_sk, b_sn, c, c_sb = words10(rec)
     c_sm = tl.load(rec + 10)
     c_sn = tl.load(rec + 11)
     m_rows = tl.load(rec + 13)
@@ -258,15 +261,7 @@ def bgemm_tile(arena, rec, tile):
 
 @triton.jit(noinline=True)
 def conv_tile(arena, rec, tile):
-    x = tl.load(rec)
-    x_sn = tl.load(rec + 1)
-    x_sc = tl.load(rec + 2)
-    x_sh = tl.load(rec + 3)
-    x_sw = tl.load(rec + 4)
-    w = tl.load(rec + 5)
-    bias = tl.load(rec + 6)
-    y = tl.load(rec + 7)
-    co_n = tl.load(rec + 9)
+    x, x_sn, x_sc, x_sh, x_sw, w, bias, y, n_batch, co_n = words10(rec)
     ho = tl.load(rec + 10)
     wo = tl.load(rec + 11)
     kh = tl.load(rec + 12)
@@ -274,17 +269,12 @@ def conv_tile(arena, rec, tile):
     sh = tl.load(rec + 14)
     sw = tl.load(rec + 15)
     co_per_ci = tl.load(rec + 16)
-    total = tl.load(rec + 8) * co_n * ho * wo
+    total = n_batch * co_n * ho * wo
     steps = tl.minimum(C_CS, (total - tile * C_CS * C_CB + C_CB - 1) // C_CB)
     for s in range(0, steps):
         lin = (tile * C_CS + s) * C_CB + tl.arange(0, C_CB)
         mask = lin < total
-        ow = lin % wo
-        q = lin // wo
-        oh = q % ho
-        q = q // ho
-        co = q % co_n
-        n = q // co_n
+        n, co, oh, ow = _unravel(lin, co_n, ho, wo)
         base = x + n * x_sn + (co // co_per_ci) * x_sc + oh * sh * x_sh + ow * sw * x_sw
         acc = tl.zeros([C_CB], tl.float32)
         if bias >= 0:

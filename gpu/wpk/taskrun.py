@@ -65,14 +65,6 @@ C_WIDEN = tl.constexpr(interp())
 
 
 @triton.jit
-def _record(rec):
-    """An argument record's words, in order."""
-    return (tl.load(rec), tl.load(rec + 1), tl.load(rec + 2), tl.load(rec + 3), tl.load(rec + 4),
-            tl.load(rec + 5), tl.load(rec + 6), tl.load(rec + 7), tl.load(rec + 8),
-            tl.load(rec + 9))
-
-
-@triton.jit
 def _round_bf16(v):
     """fp32 `v` rounded to the nearest bf16 (ties to even), kept in fp32: the device's
     conversion, which the interpreter's (it truncates) is not."""
@@ -112,7 +104,7 @@ def _gemm_k(arena, weights, x, w, rm, rn, m_rows, n_cols, k_dim, k_lo, k_hi, acc
 
 @triton.jit(noinline=True)
 def _gemm_tile(arena, weights, rec, tile):
-    x, w, b, y, m_rows, n_cols, k_dim, act, scale_q, splits = _record(rec)
+    x, w, b, y, m_rows, n_cols, k_dim, act, scale_q, splits = X.words10(rec)
     split = tile % splits
     tile = tile // splits
     chunk = ((k_dim + splits - 1) // splits + C_GK - 1) // C_GK * C_GK
@@ -140,7 +132,7 @@ def _gemm_tile(arena, weights, rec, tile):
 
 @triton.jit(noinline=True)
 def _add_ln_tile(arena, rec, tile):
-    x, r, gamma, beta, s_out, y, m_rows, d, alpha_q, r_splits = _record(rec)
+    x, r, gamma, beta, s_out, y, m_rows, d, alpha_q, r_splits = X.words10(rec)
     alpha = alpha_q.to(tl.float32) / 65536.0
     rm = tile * C_LM + tl.arange(0, C_LM)
     rd = tl.arange(0, C_LD)
