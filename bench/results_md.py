@@ -577,6 +577,26 @@ NOTES = (
      "beat at 120) is not in reach with these tiles; x is read as fp32 and converted, each "
      "dependent step waits for every tile of the one before, and at 580 rows the tiles are "
      "small compute tiles."),
+    ("kernels", "Stage 2 on the H200: perception's whole step as one task-table launch (issue 18)",
+     ("stage2-perception-first-h200.json", "stage2-perception-warps-h200.json",
+      "stage2-perception-h200.json"),
+     "`python bench/perception_device.py`: perception's streaming step (both frames of a beat, "
+     "every session: subsampling, 24 Conformer layers with their attention ring and "
+     "convolution cache, the projection) traced in fp32 from the model, compiled and lowered "
+     "whole onto the task ops (GEMM and add + norm, and the new EW, softmax, batched GEMM and "
+     "convolution ops), GEMM weights in bf16, one cooperative launch a beat; against the same "
+     "step in a CUDA graph. Final (3d25757, 4 warps, 2 programs an SM, 231 registers): 11.9 / "
+     "22.8 / 46.1 ms at 1 / 120 / 290 sessions, against the graph's 3.69 / 6.29 / 9.70 in the "
+     "reference profile (bf16, as the engine runs perception) and 4.49 / 15.4 / 31.2 in fp32. "
+     "Outputs within 6.1e-3 of the fp32 model (bf16 weights); with fp32 weights 4.1e-4 at one "
+     "session (the model's convolutions run TF32 in cuDNN). Each op's tasks alone at 120 "
+     "(no waits, zeroed arena): GEMM 2.8 ms, EW 3.8, batched GEMM 6.5, convolution 1.1, add + "
+     "norm 0.2, softmax 0.1: 14.6 of the 22.8; the rest is waiting along ~900 dependent "
+     "kernels (at one session 1.5 of 11.9 ms is work). The first run (1304bd4, 8 warps, one "
+     "program an SM, 256-element EW steps) took 50.3 ms at 120; 1,024-element EW steps and "
+     "batched-GEMM tiles loaded along their unit stride (62aac25) brought it to 22.6. "
+     "Stage 2's target (perception <= 1.5 ms of the beat at 120) is missed: 22.8 ms, 3.6x "
+     "the graph. The task table stays off the serving path."),
     ("other", "The wpk executor soaked: 10,000 beats with random host delays (issue 18)",
      ("wpk-soak-h200.json",),
      "`python bench/wpk_soak.py --beats 10000` at 31d030d on the H200 (tiny model, 8 slots, "
