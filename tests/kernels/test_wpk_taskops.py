@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
 
 from gpu.wpk import taskrun as T
 from gpu.wpk.ir import Storage, trace
@@ -72,11 +73,8 @@ def _scatter():
 CASES["scatters and fills"] = _scatter
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_a_lowered_op_computes_what_pytorch_does(name):
-    fn = CASES[name]
-    named = {"x": (Storage.INPUT, X), "y": (Storage.INPUT, Y), "i": (Storage.INPUT, I),
-             "m": (Storage.INPUT, M)}
+def _run_lowered(fn, named: dict) -> tuple[list, list]:
+    """(the lowered program's outputs, PyTorch's) of `fn` over the `named` inputs."""
     graph = trace(lambda: fn(), named)
     low = lower(graph, 3, 3)
     rows_t, starts = (torch.from_numpy(a) for a in low.table.emit())
@@ -86,6 +84,73 @@ def test_a_lowered_op_computes_what_pytorch_does(name):
              torch.from_numpy(low.args), 1, 0, TILE=16, BLOCK_N=16, IS_INTERP=True,
              timeout_s=120)
     want = fn()
-    want = list(want) if isinstance(want, tuple) else [want]
-    for got, ref in zip(low.outputs(arena), want, strict=True):
-        torch.testing.assert_close(got, ref.float(), rtol=1e-5, atol=1e-5)
+    return low.outputs(arena), [w.float() for w in (want if isinstance(want, tuple) else [want])]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_lowered_op_computes_what_pytorch_does(name):
+    fn = CASES[name]
+    named = {"x": (Storage.INPUT, X), "y": (Storage.INPUT, Y), "i": (Storage.INPUT, I),
+             "m": (Storage.INPUT, M)}
+    got, want = _run_lowered(fn, named)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
+@st.composite
+def _broadcast_pair(draw):
+    """An output shape of rank 1-4, and two operands that broadcast to it: each keeps a
+    suffix of its dims, some of them 1, and may be a permuted (non-contiguous) view."""
+    shape = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4))
+
+    def operand():
+        keep = draw(st.integers(1, len(shape)))
+        dims = [n if draw(st.booleans()) else 1 for n in shape[len(shape) - keep:]]
+        t = torch.randn(*dims, generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
+        if len(dims) >= 2 and draw(st.booleans()):      # a transposed view of a contiguous one
+            t = t.transpose(-1, -2).contiguous().transpose(-1, -2)
+        return t
+    return shape, operand(), operand(), draw(st.sampled_from(
+        ["add", "sub", "mul", "div", "le", "where"]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(_broadcast_pair())
+def test_broadcast_operands_of_any_rank_and_layout_meet_at_the_right_elements(case):
+    """Property: an operand's strides are aligned to the output's dimensions from the right,
+    a broadcast dimension's stride is 0, and a permuted view is read at its own strides. Catches
+    strides aligned from the left, a size-1 dimension read at its stride, and a view read as
+    if it were contiguous."""
+    shape, a, b, op = case
+    fns = {"add": lambda: torch.add(a, b, alpha=0.75).expand(shape) + 0,
+           "sub": lambda: (a - b).expand(shape) * 1.0,
+           "mul": lambda: (a * b).expand(shape) * 1.0,
+           "div": lambda: (a / (b.abs() + 0.5)).expand(shape) * 1.0,
+           "le": lambda: (a <= b).float().expand(shape) * 1.0,
+           "where": lambda: torch.where(a > 0, a, b).expand(shape) * 1.0}
+    got, want = _run_lowered(fns[op], {"a": (Storage.INPUT, a), "b": (Storage.INPUT, b)})
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=2, max_size=4), st.data())
+def test_gathers_and_scatters_index_the_dimension_they_name(shape, data):
+    """Property: `index_select` and `index_copy_` along any dimension, with any indices (a
+    scatter's distinct), read and write exactly the elements PyTorch does. Catches an index
+    term put on the wrong operand or multiplied by another dimension's stride."""
+    dim = data.draw(st.integers(0, len(shape) - 1))
+    n = shape[dim]
+    picks = torch.tensor(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=5)))
+    order = torch.tensor(data.draw(st.permutations(range(n))))
+    src = torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape)))
+
+    def fn():
+        gathered = src.index_select(dim, picks) * 1.0
+        dst = torch.zeros(*shape)
+        dst.index_copy_(dim, order, src * 2)
+        return gathered, dst
+    named = {"src": (Storage.INPUT, src), "picks": (Storage.INPUT, picks),
+             "order": (Storage.INPUT, order)}
+    got, want = _run_lowered(fn, named)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
