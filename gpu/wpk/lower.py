@@ -2,12 +2,13 @@
 compiler's kernels become `gpu.wpk.taskrun` task rows and argument records, its memory plan the
 program's arena, so a stage traced from the model runs as one `task_program` launch.
 
-- Places: an ACTIVATION or OUTPUT storage sits at its memory-plan offset in the fp32 arena; the
-  weights a GEMM multiplies by sit in the weight arena (one dtype: bf16 runs the matmuls on
-  tensor cores, fp32 in full precision); every other storage the stage reads (inputs, state,
-  weights of the other ops, constants) follows the plan in the fp32 arena. Integers and
-  booleans are held there as fp32 values (`fp32_arena` sizes them so before the plan). A
-  value is its storage's place plus its own storage offset, with its own shape and strides.
+- Places: the weights a GEMM multiplies by sit in the weight arena (one dtype: bf16 runs the
+  matmuls on tensor cores, fp32 in full precision); the fp32 arena holds first what does not
+  change with the batch (the other weights, slot state, constants: `fixed` elements, the same
+  places in every batch bucket's table, `gpu.wpk.buckets`), then the inputs, then the memory
+  plan (ACTIVATION and OUTPUT storages at their offsets). Integers and booleans are held as
+  fp32 values (`fp32_arena` sizes them so before the plan). A value is its storage's place
+  plus its own storage offset, with its own shape and strides.
 - Kernels: `layer_norm` → ADD_LN without a residual; `add_layer_norm` (x + α·r, then the norm)
   → ADD_LN keeping the sum (x may be strided rows); `gemm` (`mm`, or `addmm` with a bias, by a
   transposed weight) with an epilogue of SiLU then a scalar multiply → GEMM; every other
@@ -35,7 +36,7 @@ import torch
 from gpu.wpk import taskops as X
 from gpu.wpk import taskrun as T
 from gpu.wpk.compile import Compiled, compile_stage, schedule
-from gpu.wpk.ir import Graph, Ref, StorageInfo
+from gpu.wpk.ir import Graph, Ref, Storage, StorageInfo
 from gpu.wpk.lower_ops import OpLowering, Unsupported
 from gpu.wpk.schedule import OpSpec, Task, TaskTable, validate
 
@@ -69,6 +70,7 @@ class Lowered:
     arena: int                  # fp32 elements
     weights: int                # elements of the weight arena
     wdtype: torch.dtype
+    fixed: int                  # the arena's first elements: weights, slot state, constants
 
     def load(self, tensors: dict[str, torch.Tensor], device: str = "cpu"
              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,6 +94,10 @@ class Lowered:
     def outputs(self, arena: torch.Tensor) -> list[torch.Tensor]:
         """The stage's outputs: views of the arena."""
         return [self._view(arena, vid) for vid in self.graph.outputs]
+
+    def write(self, arena: torch.Tensor, name: str, t: torch.Tensor) -> None:
+        """A named tensor (an input for the next beat, say) written to its place."""
+        self.named(arena, name).copy_(t)
 
     def named(self, arena: torch.Tensor, name: str) -> torch.Tensor:
         """A named tensor's view of the arena (a state the stage updated, say); an integer or
@@ -130,23 +136,33 @@ class _Lowering:
             raise Unsupported(f"the GEMMs' weights mix dtypes {sorted(map(str, dtypes))}: the "
                               "weight arena has one")
         self.wdtype = weight_dtype or (dtypes.pop() if dtypes else torch.float32)
+        # The arena: first what does not change with the batch (weights, slot state, constants,
+        # in the trace's order: the same places in every batch bucket's table), then the
+        # inputs, then the memory plan; GEMM weights in the weight arena.
         self.places: dict = {}
-        for sid, at in compiled.plan.offsets.items():
-            self.places[sid] = ("arena", at // 4)
-        end, wend = _elements(compiled.plan.arena, torch.float32), 0
+        end, wend = 0, 0
         traced = {v.storage: v.dtype for v in graph.values}
-        for sid, info in enumerate(graph.storages):
-            if sid in self.places or not self._read(sid):
-                continue
-            # as many elements as were traced, whatever dtype the arena holds them in
-            elements = _numel(info, traced[sid])
-            if sid in self.gemm_weights:
-                self.places[sid] = ("weights", wend)
-                wend = T.align_up(wend + elements)
-            else:
-                self.places[sid] = ("arena", end)
-                end = T.align_up(end + elements)
-        self.arena, self.weights = end, wend
+        fixed = (Storage.WEIGHT, Storage.STATE, Storage.CONSTANT)
+        unplanned = [sid for sid in range(len(graph.storages))
+                     if sid not in compiled.plan.offsets and self._read(sid)]
+        for batch_independent in (True, False):
+            for sid in unplanned:
+                if (graph.storages[sid].kind in fixed) != batch_independent:
+                    continue
+                # as many elements as were traced, whatever dtype the arena holds them in
+                elements = _numel(graph.storages[sid], traced[sid])
+                if sid in self.gemm_weights:
+                    self.places[sid] = ("weights", wend)
+                    wend = T.align_up(wend + elements)
+                else:
+                    self.places[sid] = ("arena", end)
+                    end = T.align_up(end + elements)
+            if batch_independent:
+                self.fixed = end
+        for sid, at in compiled.plan.offsets.items():
+            self.places[sid] = ("arena", end + at // 4)
+        self.arena = T.align_up(end + _elements(compiled.plan.arena, torch.float32))
+        self.weights = wend
 
     def _read(self, sid: int) -> bool:
         return any(sid in n.reads | n.writes for n in self.g.nodes if not n.view)
@@ -406,7 +422,7 @@ def lower_compiled(graph: Graph, compiled: Compiled, programs: int,
         raise ValueError(f"the lowered table is unsound: {problems[:3]}")
     args = np.array([rec + [0] * (T.ARGS - len(rec)) for _, rec, _ in flat], np.int32)
     return Lowered(graph, compiled, table, args.reshape(-1, T.ARGS), [op for op, *_ in flat],
-                   low.places, low.arena, low.weights, low.wdtype)
+                   low.places, low.arena, low.weights, low.wdtype, low.fixed)
 
 
 def coverage(graph: Graph, batch: int, programs: int = 132) -> dict:

@@ -38,8 +38,9 @@ class StageRun:
 
 def perception_stage(config: str, profile: str, batch: int, device: str = "meta",
                      slots_total: int | None = None, seed: int = 0) -> StageRun:
-    """Perception's streaming step for `batch` sessions in slots 0..batch-1 of a state with
-    `slots_total` slots (default batch + 1). Weights random (seeded) off the meta device."""
+    """Perception's streaming step for `batch` sessions in slots 0..batch-1 (the input
+    `input:slots`, which a caller may rewrite) of a state with `slots_total` slots (default
+    batch + 1). Weights random (seeded) off the meta device; the same for every batch."""
     cfg = VoiceChatConfig.named(config).perception
     dtype = Profile.named(profile).compute
     model = Perception(cfg, device=device, dtype=dtype)

@@ -211,3 +211,57 @@ def test_perceptions_whole_step_lowered_runs_as_the_model(programs, weights):
             else:
                 err = ((g - r).abs().max() / r.abs().max().clamp_min(1e-9)).item()
                 assert err < 3e-2, err
+
+
+def test_bucket_tables_share_the_state_a_beat_of_any_bucket_leaves():
+    """Perception lowered for buckets of 1 and 3 sessions (tiny config, 4 slots): beats of
+    either bucket, in any order, on one arena, equal the model stepping the same sessions in
+    the same slots — the state one bucket's beat writes is where the other's reads it. Catches
+    a table whose slot state or weights lie elsewhere than another's, a bucket picked too
+    small, and counters or epochs shared across tables (a wait that ends early or never)."""
+    from gpu.model.config import VoiceChatConfig
+    from gpu.model.perception import Perception, PerceptionState, init_random
+    from gpu.wpk.buckets import lower_buckets
+
+    def graph_at(b):
+        return trace(**_traceable(perception_stage("tiny", "fp32", b, device="cpu",
+                                                   slots_total=4)))
+    tables = lower_buckets(graph_at, (1, 3), 2)
+    assert [tables.pick(n) for n in (1, 2, 3)] == [1, 3, 3]
+    with pytest.raises(ValueError, match="largest bucket"):
+        tables.pick(4)
+    fixed = perception_stage("tiny", "fp32", 3, device="cpu", slots_total=4).tensors()
+    arena, weights = tables.load({k: t for k, t in fixed.items() if not k.startswith("input:")})
+    cfg = VoiceChatConfig.named("tiny").perception
+    model = Perception(cfg, device="cpu", dtype=torch.float32)
+    model.load_named(init_random(cfg, torch.Generator().manual_seed(0)))
+    state = PerceptionState.alloc(cfg, 4, device="cpu", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(9)
+    launches = {b: 0 for b in tables.tables}
+    counters = {b: torch.zeros(t.table.n_counters, dtype=torch.int32)
+                for b, t in tables.tables.items()}
+    for slots in ([2], [0, 2, 1], [2], [1, 0]):        # slot 3 is the spare
+        b = tables.pick(len(slots))
+        rows = slots + [3] * (b - len(slots))
+        low = tables.tables[b]
+        windows = torch.randn(b, 2, cfg.window_cols, cfg.mel_bins, generator=gen)
+        low.write(arena, "input:windows", windows)
+        low.write(arena, "input:slots", torch.tensor(rows))
+        launches[b] += 1
+        rows_t, starts = (torch.from_numpy(a) for a in low.table.emit())
+        threaded(T.task_program, (2,), rows_t, starts, counters[b], arena, weights,
+                 torch.from_numpy(low.args), launches[b], 0, TILE=16, BLOCK_N=16,
+                 IS_INTERP=True, timeout_s=240)
+        with torch.no_grad():
+            want = model.step_frames(state, windows, torch.tensor(rows))
+        for got, ref in zip(low.outputs(arena), (want.enc, want.audio)):
+            torch.testing.assert_close(got[:len(slots)], ref[:len(slots)], rtol=1e-5,
+                                       atol=1e-5)
+    for f in ("k", "v", "time", "frames"):
+        torch.testing.assert_close(low.named(arena, f"state:{f}"), getattr(state, f).float(),
+                                   rtol=1e-5, atol=1e-5)
+
+    def state_grows(b):                 # a state sized by the batch cannot be shared
+        return trace(**_traceable(perception_stage("tiny", "fp32", b, device="cpu")))
+    with pytest.raises(ValueError, match="cannot share an arena"):
+        lower_buckets(state_grows, (1, 2), 2)
