@@ -86,9 +86,8 @@ class Lowered:
                 continue                    # the stage never reads it
             where, at = self.places[sid]
             buf = arena if where == "arena" else weights
-            flat = t.detach().reshape(-1)
-            start = at + g.values[vid].offset
-            buf[start:start + flat.numel()] = flat.to(buf.dtype)
+            v = g.values[vid]               # at its own strides: a view is not its storage
+            torch.as_strided(buf, v.shape, v.stride, at + v.offset).copy_(t.detach())
         return arena, weights
 
     def outputs(self, arena: torch.Tensor) -> list[torch.Tensor]:
