@@ -205,7 +205,12 @@ class OpLowering:
     def op_fill(self, node):
         dst = self.value(node.args[0], "the destination")
         return [ew("copy", dst[1], broadcast(dst, dst[1], "the destination"),
-                   sa=float(node.args[1]))]
+                   sa=self._number(node.args[1], "fill_'s value"))]
+
+    def _number(self, x, what: str) -> float:
+        if not isinstance(x, (int, float, bool)):
+            self.refuse(f"{what} is a tensor, not a number")
+        return float(x)
 
     def op_zero(self, node):
         dst = self.value(node.args[0], "the destination")
@@ -222,7 +227,7 @@ class OpLowering:
         return self._full(node, 0.0)
 
     def op_full(self, node):
-        return self._full(node, float(node.args[1]))
+        return self._full(node, self._number(node.args[1], "full's value"))
 
     def op_arange(self, node):
         nums = [a for a in node.args if isinstance(a, (int, float))]
@@ -237,12 +242,10 @@ class OpLowering:
     def _index(self, ref, shape: tuple, dims: list, what: str) -> tuple[int, list]:
         """An index tensor read at the iteration space `shape`: its dims lie at `dims`."""
         off, ishape, istride = self.value(ref, what)
-        full = [1] * len(shape)
         strides = [0] * len(shape)
         for d, n, s in zip(dims, ishape, istride):
             if n != shape[d] and n != 1:
                 self.refuse(f"{what} {tuple(ishape)} does not fit {tuple(shape)}")
-            full[d] = n
             strides[d] = s if n > 1 else 0
         return off, [0] * (4 - len(shape)) + strides
 
