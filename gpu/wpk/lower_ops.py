@@ -80,15 +80,8 @@ def ew(fn: str, shape: tuple, out: tuple, a=None, b=None, c=None, sa: float = 0.
         raise Unsupported(f"{len(terms)} index terms (at most 3)")
     for t in terms + [(-1, 0, [0] * 4, 0)] * (3 - len(terms)):
         rec += [t[0], t[1], *t[2], t[3]]
-    if n[3] >= X.EW_ROW_MIN:             # long rows: a tile of whole rows
-        per_tile = max(1, X.EW_TILE // n[3])
-        rec.append(per_tile)
-        tiles = -(-math.prod(n[:3]) // per_tile)
-    else:
-        rec.append(0)
-        tiles = -(-math.prod(shape) // X.EW_TILE)
     assert len(rec) == X.EW_WORDS
-    return X.EW, rec, max(1, tiles)
+    return X.EW, rec, max(1, -(-math.prod(shape) // X.EW_TILE))
 
 
 def _dense(t: Tensor) -> bool:

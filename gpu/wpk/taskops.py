@@ -35,15 +35,8 @@ EW_FN = {"copy": 0, "add": 1, "sub": 2, "rsub": 3, "mul": 4, "div": 5, "silu": 6
          "and": 23, "remainder": 24, "iota": 25, "glu": 26, "abs": 27, "clamp": 28}
 # Record words of EW: fn, n0..n3, out (offset, 4 strides), A, B, C (each the same), sa, sb
 # (clamp: its bounds), alpha (add and sub: A ± alpha·B; rsub: B - alpha·A) as fp32 bits, then three index terms of
-# 7 words: target (0 out, 1 A, -1 none), idx offset, 4 strides, mult; then rows a tile (0: a
-# tile is EW_TILE elements of the flattened space; > 0: that many rows of n3 elements, the
-# index arithmetic done once a row).
-EW_WORDS = 1 + 4 + 4 * 5 + 3 + 3 * 7 + 1
-EW_ROWS = EW_WORDS - 1
-C_ROWS = tl.constexpr(EW_ROWS)
-EW_ROW_BLOCK, EW_COL_BLOCK = 8, 128     # a row-mode step: 8 rows × 128 columns
-EW_ROW_MIN = 128                        # rows at least this long run in row mode
-C_RB, C_CB = tl.constexpr(EW_ROW_BLOCK), tl.constexpr(EW_COL_BLOCK)
+# 7 words: target (0 out, 1 A, -1 none), idx offset, 4 strides, mult.
+EW_WORDS = 1 + 4 + 4 * 5 + 3 + 3 * 7
 EW_OUT, EW_A, EW_B, EW_C, EW_SCALARS, EW_TERMS = 5, 10, 15, 20, 25, 28
 C_OUT, C_A, C_B, C_C, C_SCALARS, C_TERMS = (tl.constexpr(v) for v in (
     EW_OUT, EW_A, EW_B, EW_C, EW_SCALARS, EW_TERMS))
@@ -110,7 +103,7 @@ def _operand(arena, rec, base, which, scalar, i0, i1, i2, i3, mask):
         v = tl.load(arena + _place(arena, rec, base, which, i0, i1, i2, i3), mask=mask,
                     other=0.0)
     else:
-        v = mask.to(tl.float32) * 0.0 + scalar
+        v = tl.zeros([C_EWB], tl.float32) + scalar
     return v
 
 
@@ -179,50 +172,29 @@ def _ew_fn(fn, a, b, c, alpha, lo, hi):
     return r
 
 
-@triton.jit
-def _ew_block(arena, rec, fn, i0, i1, i2, i3, lin, mask, sa, sb, alpha):
-    """The elements at (i0..i3) (any broadcastable shapes), `lin` their linear index."""
-    if fn == 25:
-        r = sa + lin.to(tl.float32) * sb
-    else:
-        a = _operand(arena, rec, C_A, 1, sa, i0, i1, i2, i3, mask)
-        b = _operand(arena, rec, C_B, 2, sb, i0, i1, i2, i3, mask)
-        c = _operand(arena, rec, C_C, 3, 0.0, i0, i1, i2, i3, mask)
-        r = _ew_fn(fn, a, b, c, alpha, sa, sb)
-    tl.store(arena + _place(arena, rec, C_OUT, 0, i0, i1, i2, i3), r, mask=mask)
-
-
 @triton.jit(noinline=True)
 def ew_tile(arena, rec, tile):
     fn = tl.load(rec)
     n1 = tl.load(rec + 2)
     n2 = tl.load(rec + 3)
     n3 = tl.load(rec + 4)
-    rows = tl.load(rec + 1) * n1 * n2
-    total = rows * n3
+    total = tl.load(rec + 1) * n1 * n2 * n3
     sa = _bits(rec, C_SCALARS)
     sb = _bits(rec, C_SCALARS + 1)
     alpha = _bits(rec, C_SCALARS + 2)
-    per_tile = tl.load(rec + C_ROWS)
-    if per_tile > 0:        # rows of n3: the index arithmetic once a row, not an element
-        for r0 in range(0, per_tile, C_RB):
-            rr = r0 + tl.arange(0, C_RB)
-            row = tile * per_tile + rr
-            live = (row < rows) & (rr < per_tile)
-            q = row // n2
-            i0 = (q // n1)[:, None]
-            i1 = (q % n1)[:, None]
-            i2 = (row % n2)[:, None]
-            for c0 in range(0, n3, C_CB):
-                i3 = (c0 + tl.arange(0, C_CB))[None, :]
-                _ew_block(arena, rec, fn, i0, i1, i2, i3, row[:, None] * n3 + i3,
-                          live[:, None] & (i3 < n3), sa, sb, alpha)
-    else:
-        steps = tl.minimum(C_EWS, (total - tile * C_EWS * C_EWB + C_EWB - 1) // C_EWB)
-        for s in range(0, steps):
-            lin = (tile * C_EWS + s) * C_EWB + tl.arange(0, C_EWB)
-            i0, i1, i2, i3 = _unravel(lin, n1, n2, n3)
-            _ew_block(arena, rec, fn, i0, i1, i2, i3, lin, lin < total, sa, sb, alpha)
+    steps = tl.minimum(C_EWS, (total - tile * C_EWS * C_EWB + C_EWB - 1) // C_EWB)
+    for s in range(0, steps):
+        lin = (tile * C_EWS + s) * C_EWB + tl.arange(0, C_EWB)
+        mask = lin < total
+        i0, i1, i2, i3 = _unravel(lin, n1, n2, n3)
+        if fn == 25:
+            r = sa + lin.to(tl.float32) * sb
+        else:
+            a = _operand(arena, rec, C_A, 1, sa, i0, i1, i2, i3, mask)
+            b = _operand(arena, rec, C_B, 2, sb, i0, i1, i2, i3, mask)
+            c = _operand(arena, rec, C_C, 3, 0.0, i0, i1, i2, i3, mask)
+            r = _ew_fn(fn, a, b, c, alpha, sa, sb)
+        tl.store(arena + _place(arena, rec, C_OUT, 0, i0, i1, i2, i3), r, mask=mask)
 
 
 @triton.jit(noinline=True)

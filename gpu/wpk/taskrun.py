@@ -48,7 +48,7 @@ AFFINE, GEMM, ADD_LN = 1, 2, 3
 C_AFFINE, C_GEMM, C_ADD_LN = tl.constexpr(AFFINE), tl.constexpr(GEMM), tl.constexpr(ADD_LN)
 ALPHA_ONE = 1 << 16         # alpha_q (scale_q) of 1
 C_ONE = tl.constexpr(ALPHA_ONE)
-ARGS = 52                   # int32 words an argument record: the widest op's (EW's 50)
+ARGS = 52                   # int32 words an argument record: the widest op's (EW's 49)
 C_ARGS = tl.constexpr(ARGS)
 # Tile shapes of the library ops (module constants: a noinline body takes no constexpr
 # arguments in Triton 3.6's compiler). `WAVE_WPK_GEMM_TILE=M,N,K` overrides the GEMM's for a
