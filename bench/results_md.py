@@ -579,7 +579,7 @@ NOTES = (
      "small compute tiles."),
     ("kernels", "Stage 2 on the H200: perception's whole step as one task-table launch (issue 18)",
      ("stage2-perception-first-h200.json", "stage2-perception-warps-h200.json",
-      "stage2-perception-h200.json"),
+      "stage2-perception-h200.json", "stage2-perception-rows-h200.json"),
      "`python bench/perception_device.py`: perception's streaming step (both frames of a beat, "
      "every session: subsampling, 24 Conformer layers with their attention ring and "
      "convolution cache, the projection) traced in fp32 from the model, compiled and lowered "
@@ -596,8 +596,10 @@ NOTES = (
      "kernels (at one session 1.5 of 11.9 ms is work). The first run (1304bd4, 8 warps, one "
      "program an SM, 256-element EW steps) took 50.3 ms at 120; 1,024-element EW steps and "
      "batched-GEMM tiles loaded along their unit stride (62aac25) brought it to 22.6. "
-     "Stage 2's target (perception <= 1.5 ms of the beat at 120) is missed: 22.8 ms, 3.6x "
-     "the graph. The task table stays off the serving path."),
+     "EW running long rows a row at a time (index arithmetic once a row, 8 x 128 blocks; "
+     "480abc8) was slower: EW alone 4.7 against 3.9 ms at 120, the step 24.6 against 22.8; "
+     "reverted. Stage 2's target (perception <= 1.5 ms of the beat at 120) is missed: 22.8 "
+     "ms, 3.6x the graph. The task table stays off the serving path."),
     ("other", "The wpk executor soaked: 10,000 beats with random host delays (issue 18)",
      ("wpk-soak-h200.json",),
      "`python bench/wpk_soak.py --beats 10000` at 31d030d on the H200 (tiny model, 8 slots, "

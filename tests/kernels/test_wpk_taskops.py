@@ -33,7 +33,14 @@ W2 = torch.randn(6, 6, 1, 1, generator=G)
 B6 = torch.randn(6, generator=G)
 W3 = torch.randn(4, 1, 3, generator=G)
 
+XL = torch.randn(5, 40, 160, generator=G)          # long rows, several EW tiles
+YL = torch.randn(40, 1, generator=G)
+IL = torch.randint(0, 40, (7,), generator=G)
+
 CASES = {
+    "long rows: gather, broadcast, scatter": lambda: (
+        XL.index_select(1, IL) * 2.0, XL + YL, torch.zeros(5, 40, 160).index_copy_(
+            1, torch.arange(39, -1, -1), XL), torch.arange(320).float().view(2, 160) + 0),
     "add with alpha": lambda: torch.add(X, Y, alpha=0.5),
     "sub and rsub": lambda: torch.rsub(torch.sub(X, Y, alpha=2.0), 1.5),
     "mul, div by a number": lambda: X * Y / 3.0,
