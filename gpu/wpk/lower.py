@@ -360,7 +360,7 @@ def _split_k(low: _Lowering, lowered: list, programs: int) -> None:
         if sid in outs or not readers or not all(residual(j) for j in readers):
             continue
         m, n, k = rec[4], rec[5], rec[6]
-        parts = min(k // (2 * T.GEMM_TILE_K), -(-programs // kern.tiles))
+        parts = min(k // (2 * T.GEMM_TILE_K), -(-programs // lowered[i][0][2]))
         if parts < 2:
             continue
         size = parts * m * n
