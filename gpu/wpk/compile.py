@@ -206,7 +206,7 @@ def tile(graph: Graph, kernels: list[Kernel], batch: int, rows_per_tile: int = 1
 @dataclass
 class Compiled:
     kernels: list
-    table: TaskTable
+    table: TaskTable | None         # None where the lowering schedules the kernels itself
     plan: memplan.Plan
     joins: int
 
@@ -241,12 +241,20 @@ def schedule(kernels: list[Kernel], programs: int) -> tuple[TaskTable, int]:
     return TaskTable(queues, len(kernels), [], ops), joins
 
 
-def compile_stage(graph: Graph, batch: int, programs: int = 132,
-                  rows_per_tile: int = 16, pointwise_runs: bool = True) -> Compiled:
-    """The passes in order, for a batch of `batch` sessions; the table must validate."""
+def kernels_and_plan(graph: Graph, batch: int, pointwise_runs: bool = True
+                     ) -> tuple[list[Kernel], memplan.Plan]:
+    """Passes 1 and 2 (with the edges reduced): what `gpu.wpk.lower` needs, which tiles and
+    schedules the kernels in its task ops' own tiles."""
     kernels = fuse(graph, pointwise_runs)
     plan = depend(graph, kernels, batch)
     reduce_edges(kernels)
+    return kernels, plan
+
+
+def compile_stage(graph: Graph, batch: int, programs: int = 132,
+                  rows_per_tile: int = 16, pointwise_runs: bool = True) -> Compiled:
+    """The passes in order, for a batch of `batch` sessions; the table must validate."""
+    kernels, plan = kernels_and_plan(graph, batch, pointwise_runs)
     tile(graph, kernels, batch, rows_per_tile)
     table, joins = schedule(kernels, programs)
     problems = validate(table)

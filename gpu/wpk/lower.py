@@ -35,7 +35,7 @@ import torch
 
 from gpu.wpk import taskops as X
 from gpu.wpk import taskrun as T
-from gpu.wpk.compile import Compiled, compile_stage, schedule
+from gpu.wpk.compile import Compiled, kernels_and_plan, schedule
 from gpu.wpk.ir import Graph, Ref, Storage, StorageInfo
 from gpu.wpk.lower_ops import OpLowering, Unsupported
 from gpu.wpk.schedule import OpSpec, Task, TaskTable, validate
@@ -162,6 +162,7 @@ class _Lowering:
             self.places[sid] = ("arena", end + at // 4)
         self.arena = T.align_up(end + _elements(compiled.plan.arena, torch.float32))
         self.weights = wend
+
 
     def _read(self, sid: int) -> bool:
         return any(sid in n.reads | n.writes for n in self.g.nodes if not n.view)
@@ -383,8 +384,14 @@ def lower(graph: Graph, batch: int, programs: int,
     were traced in (bf16: the bf16 profile's matmuls on tensor cores); `split_k`: GEMMs that
     can (`_split_k`) cut K when their tiles would not fill the programs."""
     graph = fp32_arena(graph)
-    return lower_compiled(graph, compile_stage(graph, batch, programs, pointwise_runs=False),
-                          programs, weight_dtype, split_k)
+    return lower_compiled(graph, _compiled(graph, batch), programs, weight_dtype, split_k)
+
+
+def _compiled(graph: Graph, batch: int) -> Compiled:
+    """The compiler's kernels and memory plan for lowering: pointwise runs unfused, no table
+    of the compiler's own (the lowering tiles and schedules in its ops' tiles)."""
+    kernels, plan = kernels_and_plan(graph, batch, pointwise_runs=False)
+    return Compiled(kernels, None, plan, 0)
 
 
 def lower_compiled(graph: Graph, compiled: Compiled, programs: int,
@@ -424,11 +431,11 @@ def lower_compiled(graph: Graph, compiled: Compiled, programs: int,
                    low.places, low.arena, low.weights, low.wdtype, low.fixed)
 
 
-def coverage(graph: Graph, batch: int, programs: int = 132) -> dict:
+def coverage(graph: Graph, batch: int) -> dict:
     """How much of a stage the task ops can run today: per kernel kind, the kernels lowered
     and the refused, with the commonest reasons (numbers stripped)."""
     graph = fp32_arena(graph)
-    compiled = compile_stage(graph, batch, programs, pointwise_runs=False)
+    compiled = _compiled(graph, batch)
     low = _Lowering(graph, compiled, torch.bfloat16)
     kinds: dict = collections.defaultdict(lambda: {"lowered": 0, "refused": 0})
     reasons: collections.Counter = collections.Counter()

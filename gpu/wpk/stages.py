@@ -134,7 +134,7 @@ def main() -> None:
         compiled = compile_stage(g, n, args.programs)
         concrete = trace(**_traceable(perception_stage(args.config, "fp32", n)))
         print(summary(g, n) | {"compiled": compiled_summary(compiled, g),
-                               "task_ops": coverage(concrete, n, args.programs)})
+                               "task_ops": coverage(concrete, n)})
 
 
 if __name__ == "__main__":

@@ -165,16 +165,16 @@ def test_coverage_counts_what_lowers_and_names_what_does_not():
     """`coverage` (printed by `python -m gpu.wpk.stages`): the feed-forward stack and
     perception's whole step lower; a kernel without a task op is counted and named."""
     run = feed_forward_stage("tiny", rows=4)
-    ff = L.coverage(trace(run.fn, run.named), 4, 3)
+    ff = L.coverage(trace(run.fn, run.named), 4)
     assert ff["lowered"] == ff["kernels"] == 16 and not ff["top_reasons"]
-    step = L.coverage(trace(**_traceable(perception_stage("tiny", "fp32", 3))), 3, 3)
+    step = L.coverage(trace(**_traceable(perception_stage("tiny", "fp32", 3))), 3)
     assert step["lowered"] == step["kernels"] and not step["top_reasons"]
     for kind in ("softmax", "conv", "copy", "pointwise", "gemm"):
         assert step["by_kind"][kind]["lowered"] > 0
     layer, cfg = _layer(False)
     graph, _ = _traced(layer, torch.randn(4, cfg.d_model),
                        lambda layer, x: torch.sort(layer.feed_forward1.linear1(x), -1).values)
-    sort = L.coverage(graph, 4, 3)
+    sort = L.coverage(graph, 4)
     assert sort["lowered"] == sort["kernels"] - 1
     assert any("sort has no task op" in r for r in sort["top_reasons"])
 
