@@ -37,7 +37,7 @@ from gpu.wpk import taskops as X
 from gpu.wpk import taskrun as T
 from gpu.wpk.compile import Compiled, kernels_and_plan, schedule
 from gpu.wpk.ir import Graph, Ref, Storage, StorageInfo
-from gpu.wpk.lower_ops import OpLowering, Unsupported
+from gpu.wpk.lower_ops import OpLowering, Unsupported, dense
 from gpu.wpk.schedule import OpSpec, Task, TaskTable, validate
 
 OP_NAMES = {0: "join", T.GEMM: "gemm", T.ADD_LN: "add_layer_norm", X.EW: "pointwise",
@@ -142,8 +142,9 @@ class _Lowering:
         end, wend = 0, 0
         traced = {v.storage: v.dtype for v in graph.values}
         fixed = (Storage.WEIGHT, Storage.STATE, Storage.CONSTANT)
+        touched = set().union(*(n.reads | n.writes for n in graph.nodes if not n.view))
         unplanned = [sid for sid in range(len(graph.storages))
-                     if sid not in compiled.plan.offsets and self._read(sid)]
+                     if sid not in compiled.plan.offsets and sid in touched]
         for batch_independent in (True, False):
             for sid in unplanned:
                 if (graph.storages[sid].kind in fixed) != batch_independent:
@@ -164,9 +165,6 @@ class _Lowering:
         self.weights = wend
 
 
-    def _read(self, sid: int) -> bool:
-        return any(sid in n.reads | n.writes for n in self.g.nodes if not n.view)
-
     def where(self, ref, kernel: int, what: str, shape_rank: int) -> tuple[int, tuple]:
         """(element offset, shape) of a row-major value the op reads or writes in its arena;
         for rank 2, a dense value of higher rank counts as its rows ([B, F, D] → [B·F, D])."""
@@ -180,8 +178,7 @@ class _Lowering:
         shape = tuple(v.shape)
         if shape_rank == 2 and len(shape) > 2:
             shape = (math.prod(shape[:-1]), shape[-1])
-        dense = tuple(v.stride) == tuple(math.prod(v.shape[i + 1:]) for i in range(len(v.shape)))
-        if len(shape) != shape_rank or not dense:
+        if len(shape) != shape_rank or not dense(v.shape, v.stride):
             raise Unsupported(f"kernel {kernel}: {what} {tuple(v.shape)} with strides "
                               f"{tuple(v.stride)} is not row-major of rank {shape_rank}")
         return at + v.offset, shape
@@ -204,7 +201,7 @@ class _Lowering:
         all 0 for dense rows."""
         off, shape, stride = self.value(ref, kernel, what)
         d, m = shape[-1], math.prod(shape[:-1])
-        if stride == tuple(math.prod(shape[i + 1:]) for i in range(len(shape))):
+        if dense(shape, stride):
             return off, m, d, (0, 0, 0, 0)
         if len(shape) == 2:
             return off, m, d, (1, stride[0], 0, stride[1])

@@ -84,8 +84,8 @@ def ew(fn: str, shape: tuple, out: tuple, a=None, b=None, c=None, sa: float = 0.
     return X.EW, rec, max(1, -(-math.prod(shape) // X.EW_TILE))
 
 
-def _dense(t: Tensor) -> bool:
-    _, shape, stride = t
+def dense(shape, stride) -> bool:
+    """Row-major and contiguous (a dimension of one may have any stride)."""
     want = 1
     for n, s in zip(reversed(shape), reversed(stride)):
         if n > 1 and s != want:
@@ -376,7 +376,7 @@ class OpLowering:
     def op_softmax(self, node):
         x, dim = node.args[:2]
         xt, yt = self.value(x, "the input"), self.value(node.outs[0], "the output")
-        if dim % len(xt[1]) != len(xt[1]) - 1 or not (_dense(xt) and _dense(yt)):
+        if dim % len(xt[1]) != len(xt[1]) - 1 or not (dense(*xt[1:]) and dense(*yt[1:])):
             self.refuse("a softmax that is not over dense rows")
         d = xt[1][-1]
         if d > X.SM_MAX_D:
@@ -405,7 +405,7 @@ class OpLowering:
             self.refuse("a convolution with padding, dilation or transposed")
         xt, wt = self.value(x, "the input"), self.value(w, "the weight")
         yt = self.value(node.outs[0], "the output")
-        if not _dense(yt) or not _dense(wt):
+        if not dense(*yt[1:]) or not dense(*wt[1:]):
             self.refuse("a convolution whose output or weight is not dense")
         b = self.value(bias, "the bias")[0] if bias is not None else -1
         if len(xt[1]) == 3:                      # 1-D: one row of height 1
