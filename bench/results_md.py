@@ -579,7 +579,8 @@ NOTES = (
      "small compute tiles."),
     ("kernels", "Stage 2 on the H200: perception's whole step as one task-table launch (issue 18)",
      ("stage2-perception-first-h200.json", "stage2-perception-warps-h200.json",
-      "stage2-perception-h200.json", "stage2-perception-rows-h200.json"),
+      "stage2-perception-h200.json", "stage2-perception-rows-h200.json",
+      "stage2-perception-one-h200.json"),
      "`python bench/perception_device.py`: perception's streaming step (both frames of a beat, "
      "every session: subsampling, 24 Conformer layers with their attention ring and "
      "convolution cache, the projection) traced in fp32 from the model, compiled and lowered "
@@ -598,7 +599,10 @@ NOTES = (
      "batched-GEMM tiles loaded along their unit stride (62aac25) brought it to 22.6. "
      "EW running long rows a row at a time (index arithmetic once a row, 8 x 128 blocks; "
      "480abc8) was slower: EW alone 4.7 against 3.9 ms at 120, the step 24.6 against 22.8; "
-     "reverted. Stage 2's target (perception <= 1.5 ms of the beat at 120) is missed: 22.8 "
+     "reverted. Split-K sized by the GEMM op's own tiles, not the compiler's 16-row tiles "
+     "(faf0dfa): the records at 120 and 290 sessions are unchanged (the same hash), at one "
+     "session the split drops from 64 to 17 parts: 11.1 ms (32,673 tasks) against 11.9 "
+     "(68,769), re-measured at 8c14ad0. Stage 2's target (perception <= 1.5 ms of the beat at 120) is missed: 22.8 "
      "ms, 3.6x the graph. The task table stays off the serving path."),
     ("other", "The wpk executor soaked: 10,000 beats with random host delays (issue 18)",
      ("wpk-soak-h200.json",),
