@@ -40,6 +40,7 @@ from gpu.wpk.lower import OP_NAMES, lower  # noqa: E402
 from gpu.wpk import taskops as X  # noqa: E402
 from gpu.wpk.schedule import NONE, Task, TaskTable  # noqa: E402
 from gpu.wpk.stages import _traceable, perception_stage  # noqa: E402
+from gpu.wpk.tilecounters import TileBlocks  # noqa: E402
 
 
 def op_alone(low, op: int, bufs: tuple, programs: int, warps: int, reps: int) -> dict:
@@ -60,8 +61,17 @@ def op_alone(low, op: int, bufs: tuple, programs: int, warps: int, reps: int) ->
     return {"tasks": sum(len(q) for q in queues), "ms": round(median_ms(step, reps, 2), 4)}
 
 
+def counter_policy(spec: str) -> TileBlocks | None:
+    """`--counters` entry: "kernel" (a counter a kernel), "N" (tile-level: at most N blocks a
+    kernel, dealt by rows) or "N:round-robin"."""
+    if spec == "kernel":
+        return None
+    blocks, _, deal = spec.partition(":")
+    return TileBlocks(int(blocks), deal or "rows")
+
+
 def task_table(sessions: int, weights: torch.dtype, warps: int, per_sm: int, reps: int,
-               profile: bool = False) -> dict:
+               profile: bool = False, counters: str = "kernel") -> dict:
     fits, kernel = occupancy(warps)
     if per_sm > fits:
         return {"skipped": f"{per_sm} programs an SM do not fit ({fits} do: {kernel.n_regs} "
@@ -69,7 +79,8 @@ def task_table(sessions: int, weights: torch.dtype, warps: int, per_sm: int, rep
     programs = per_sm * torch.cuda.get_device_properties(0).multi_processor_count
     t0 = time.perf_counter()
     graph = trace(**_traceable(perception_stage("full", "fp32", sessions, device="cuda")))
-    low = lower(graph, sessions, programs, weight_dtype=weights)
+    low = lower(graph, sessions, programs, weight_dtype=weights,
+                counters=counter_policy(counters))
     lower_s = time.perf_counter() - t0
     run = perception_stage("full", "fp32", sessions, device="cuda")
     step, bufs, err = first_beat(low, run, programs, warps)
@@ -80,9 +91,12 @@ def task_table(sessions: int, weights: torch.dtype, warps: int, per_sm: int, rep
         arena.zero_()           # every index 0: a gather or scatter alone stays in bounds
         for op in sorted(set(low.ops)):
             by_op[OP_NAMES[op]] = op_alone(low, op, bufs, programs, warps, reps)
-    return {"by_op_alone": by_op,"ms": round(ms, 4), "programs": programs, "per_sm": per_sm, "warps": warps,
+    return {"by_op_alone": by_op, "ms": round(ms, 4), "counters": counters,
+            "programs": programs, "per_sm": per_sm, "warps": warps,
             "registers": kernel.n_regs, "kernels": len(low.compiled.kernels),
             "records": len(low.args), "tasks": sum(len(q) for q in low.table.queues),
+            "joins": sum(1 for q in low.table.queues for t in q if not t.args),
+            "counter_words": low.table.n_counters,
             "arena_mb": round(low.arena * 4 / 1e6, 1),
             "weights_mb": round(low.weights * wts.element_size() / 1e6, 1),
             "rel_err_vs_fp32_model": err, "lower_s": round(lower_s, 1)}
@@ -110,9 +124,10 @@ def child(args) -> None:
         wdt = torch.float32 if args.variant == "fp32 weights" else torch.bfloat16
         for warps in args.warps:
             for per_sm in args.per_sm:
-                out.append({"variant": args.variant, "sessions": n, "warps": warps,
-                            **task_table(n, wdt, warps, per_sm, args.reps,
-                                         args.profile and wdt == torch.bfloat16)})
+                for spec in (args.counters.split(",") if wdt == torch.bfloat16 else ["kernel"]):
+                    out.append({"variant": args.variant, "sessions": n, "warps": warps,
+                                **task_table(n, wdt, warps, per_sm, args.reps,
+                                             args.profile and wdt == torch.bfloat16, spec)})
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -127,6 +142,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="also time each op's tasks alone (no waits), per task-table run")
     ap.add_argument("--variants", default="graph reference,graph fp32,fp32 weights,task table")
+    ap.add_argument("--counters", default="kernel",
+                    help="task table's dependency counters, a run each: kernel, N (tile-level, "
+                         "at most N blocks a kernel, dealt by rows), N:round-robin")
     ap.add_argument("--out")
     ap.add_argument("--variant", help=argparse.SUPPRESS)         # a child's
     args = ap.parse_args()
@@ -142,17 +160,19 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--variant", variant, "--reps", str(args.reps),
                "--sessions", ",".join(map(str, sessions)),
                "--warps", ",".join(map(str, args.warps)),
-               "--per-sm", ",".join(map(str, args.per_sm))] + ["--profile"] * args.profile
+               "--per-sm", ",".join(map(str, args.per_sm)),
+               "--counters", args.counters] + ["--profile"] * args.profile
         print(f"[perception] {variant} ...", flush=True)
         rows += child_rows(cmd, args.timeout, {"variant": variant})
-    print(f"{'variant':16s} {'sessions':>8s} {'warps':>5s} {'progs':>6s} {'regs':>5s} "
-          f"{'tasks':>7s} {'ms':>8s} {'rel err':>8s}")
+    print(f"{'variant':16s} {'counters':>14s} {'sessions':>8s} {'warps':>5s} {'progs':>6s} "
+          f"{'regs':>5s} {'tasks':>7s} {'ms':>8s} {'rel err':>8s}")
     for r in rows:
         if "error" in r or "skipped" in r:
             print(f"{r['variant']:16s} {r.get('sessions', ''):>8} "
                   f"{(r.get('error') or r.get('skipped'))[-300:]!r}")
             continue
-        print(f"{r['variant']:16s} {r['sessions']:8d} {r.get('warps', ''):>5} "
+        print(f"{r['variant']:16s} {r.get('counters', ''):>14} {r['sessions']:8d} "
+              f"{r.get('warps', ''):>5} "
               f"{r.get('programs', ''):>6} {r.get('registers', ''):>5} {r.get('tasks', ''):>7} "
               f"{r['ms']:8.3f} {r.get('rel_err_vs_fp32_model', float('nan')):8.1e}")
         for op, alone in r.get("by_op_alone", {}).items():

@@ -25,10 +25,12 @@ program's arena, so a stage traced from the model runs as one `task_program` lau
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -39,6 +41,8 @@ from gpu.wpk.compile import Compiled, kernels_and_plan, schedule
 from gpu.wpk.ir import Graph, Ref, Storage, StorageInfo
 from gpu.wpk.lower_ops import OpLowering, Unsupported, dense
 from gpu.wpk.schedule import OpSpec, Task, TaskTable, validate
+from gpu.wpk.tilecounters import BlockGraph, TileBlocks, block_graph
+from gpu.wpk.tilecounters import schedule as tile_schedule
 
 OP_NAMES = {0: "join", T.GEMM: "gemm", T.ADD_LN: "add_layer_norm", X.EW: "pointwise",
             X.SOFTMAX: "softmax", X.BGEMM: "bgemm", X.CONV: "conv"}
@@ -71,6 +75,13 @@ class Lowered:
     weights: int                # elements of the weight arena
     wdtype: torch.dtype
     fixed: int                  # the arena's first elements: weights, slot state, constants
+    first_record: list          # kernel → its first record (its records follow in order)
+    record_tiles: list          # record → its tiles
+    blocks: BlockGraph | None   # tile-level counters' blocks (None: a counter a kernel)
+    storage_of: Callable        # (kernel, arena element) → its storage's range there
+
+    def kernel_of(self, record: int) -> int:
+        return bisect.bisect_right(self.first_record, record) - 1
 
     def load(self, tensors: dict[str, torch.Tensor], device: str = "cpu"
              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -375,13 +386,37 @@ def _split_k(low: _Lowering, lowered: list, programs: int) -> None:
 
 
 def lower(graph: Graph, batch: int, programs: int,
-          weight_dtype: torch.dtype | None = None, split_k: bool = True) -> Lowered:
+          weight_dtype: torch.dtype | None = None, split_k: bool = True,
+          counters: TileBlocks | None = None) -> Lowered:
     """The stage (traced at `batch`) compiled, then lowered for `programs` programs; with
     `weight_dtype` the GEMMs' weights are held (and multiplied) in that dtype whatever they
     were traced in (bf16: the bf16 profile's matmuls on tensor cores); `split_k`: GEMMs that
-    can (`_split_k`) cut K when their tiles would not fill the programs."""
+    can (`_split_k`) cut K when their tiles would not fill the programs; `counters`: None, a
+    counter a kernel that its readers wait for whole (the compiler's edges), or tile-level
+    counters (`gpu.wpk.tilecounters`): a block of a kernel's tiles waits only for the blocks
+    whose arena ranges its own overlap."""
     graph = fp32_arena(graph)
-    return lower_compiled(graph, _compiled(graph, batch), programs, weight_dtype, split_k)
+    return lower_compiled(graph, _compiled(graph, batch), programs, weight_dtype, split_k,
+                          counters)
+
+
+def _storage_finder(low: _Lowering):
+    """(kernel, address) → the arena range of the storage of that kernel holding the address:
+    where an operand addressed through data (a gather's source, a scatter's target) may
+    touch. The storages one kernel touches never share bytes, so at most one holds it."""
+    g, kernels = low.g, low.c.kernels
+    dtypes = {v.storage: v.dtype for v in g.values}
+
+    def find(k: int, address: int) -> tuple[int, int]:
+        for sid in kernels[k].reads | kernels[k].writes:
+            where, at = low.places.get(sid, ("", -1))
+            if where != "arena":
+                continue
+            end = at + _numel(g.storages[sid], dtypes[sid])
+            if at <= address < end:
+                return at, end
+        raise ValueError(f"kernel {k}: no storage it touches holds arena element {address}")
+    return find
 
 
 def _compiled(graph: Graph, batch: int) -> Compiled:
@@ -392,7 +427,8 @@ def _compiled(graph: Graph, batch: int) -> Compiled:
 
 
 def lower_compiled(graph: Graph, compiled: Compiled, programs: int,
-                   weight_dtype: torch.dtype | None = None, split_k: bool = True) -> Lowered:
+                   weight_dtype: torch.dtype | None = None, split_k: bool = True,
+                   counters: TileBlocks | None = None) -> Lowered:
     """`lower` of a stage the compiler already ran on (for `programs` programs; the graph
     `fp32_arena`'s, compiled with pointwise runs unfused where it has any)."""
     _check_intermediates(graph, compiled)
@@ -406,7 +442,12 @@ def lower_compiled(graph: Graph, compiled: Compiled, programs: int,
         first.append(len(flat))
         flat += recs
         kern.tiles = sum(tiles for *_, tiles in recs)
-    table, _ = schedule(compiled.kernels, programs)
+    storage_of, blocks = _storage_finder(low), None
+    if counters is None:
+        table, _ = schedule(compiled.kernels, programs)
+    else:
+        blocks = block_graph(lowered, counters, storage_of)
+        table, _ = tile_schedule(blocks, programs, counters.deal)
 
     def task(t: Task) -> Task:
         if not t.args:                      # a join
@@ -425,7 +466,8 @@ def lower_compiled(graph: Graph, compiled: Compiled, programs: int,
         raise ValueError(f"the lowered table is unsound: {problems[:3]}")
     args = np.array([rec + [0] * (T.ARGS - len(rec)) for _, rec, _ in flat], np.int32)
     return Lowered(graph, compiled, table, args.reshape(-1, T.ARGS), [op for op, *_ in flat],
-                   low.places, low.arena, low.weights, low.wdtype, low.fixed)
+                   low.places, low.arena, low.weights, low.wdtype, low.fixed, first,
+                   [tiles for *_, tiles in flat], blocks, storage_of)
 
 
 def coverage(graph: Graph, batch: int) -> dict:

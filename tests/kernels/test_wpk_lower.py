@@ -22,6 +22,7 @@ from gpu.wpk.lower import Unsupported, lower
 from gpu.wpk.stages import _traceable, feed_forward_halves, feed_forward_stage, perception_stage
 from gpu.wpk.sync import interp
 from gpu.wpk.testing import threaded
+from gpu.wpk.tilecounters import TileBlocks
 
 pytestmark = pytest.mark.skipif(not interp(), reason="the interpreter's threaded runs")
 
@@ -179,8 +180,9 @@ def test_coverage_counts_what_lowers_and_names_what_does_not():
     assert any("sort has no task op" in r for r in sort["top_reasons"])
 
 
-@pytest.mark.parametrize("programs,weights", [(2, torch.float32), (3, torch.bfloat16)])
-def test_perceptions_whole_step_lowered_runs_as_the_model(programs, weights):
+@pytest.mark.parametrize("programs,weights,counters", [
+    (2, torch.float32, None), (3, torch.bfloat16, None), (3, torch.float32, TileBlocks(4))])
+def test_perceptions_whole_step_lowered_runs_as_the_model(programs, weights, counters):
     """Perception's streaming step for two sessions (tiny config): every kernel of it — the
     subsampling convolutions and pads, the attention's ring writes, relative-position gather,
     masks and softmax, the convolution module's cache and depthwise convolution, the GEMMs
@@ -188,10 +190,11 @@ def test_perceptions_whole_step_lowered_runs_as_the_model(programs, weights):
     first wrote). Outputs and every state tensor equal the model's (fp32 at 1e-5), or stay
     within bf16's error with bf16 weights. Catches a scatter writing the wrong slot, a
     gather reading the wrong position, a mask or a pad misplaced, a tile count that lets a
-    kernel start early, and an int or bool value mis-held as fp32."""
+    kernel start early, and an int or bool value mis-held as fp32; with tile-level counters,
+    a block that starts before the blocks it reads from."""
     run = perception_stage("tiny", "fp32", 2, device="cpu")
     graph = trace(**_traceable(perception_stage("tiny", "fp32", 2, device="cpu")))
-    low = lower(graph, 2, programs, weight_dtype=weights)
+    low = lower(graph, 2, programs, weight_dtype=weights, counters=counters)
     rows_t, starts = (torch.from_numpy(a) for a in low.table.emit())
     args = torch.from_numpy(low.args)
     counters = torch.zeros(low.table.n_counters, dtype=torch.int32)
