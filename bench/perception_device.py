@@ -9,6 +9,9 @@ session) as one task-table launch, against the same step in a CUDA graph.
   programs (`--per-sm` an SM, if the compiled kernel fits). `fp32 weights` runs the same with
   fp32 weights at one session, the exactness check: its error against the fp32 model is
   the task ops' own.
+- `--counters`: the task table's dependency counters, a run each: `kernel` (a counter a
+  kernel, its readers wait for all of it) or tile-level (`gpu.wpk.tilecounters`): `N` blocks
+  of a kernel's tiles at most, dealt to the programs by rows, or `N:round-robin`.
 - `graph reference` / `graph fp32`: the same step captured in a CUDA graph and replayed, in
   the reference profile (bf16, as the engine runs perception) and in fp32.
 

@@ -604,6 +604,30 @@ NOTES = (
      "session the split drops from 64 to 17 parts: 11.1 ms (32,673 tasks) against 11.9 "
      "(68,769), re-measured at 8c14ad0. Stage 2's target (perception <= 1.5 ms of the beat at 120) is missed: 22.8 "
      "ms, 3.6x the graph. The task table stays off the serving path."),
+    ("kernels", "Stage 2 on the H200: tile-level dependency counters (issue 18)",
+     ("stage2-perception-tiles-h200.json",),
+     "`python bench/perception_device.py --counters kernel,4,8,16,8:round-robin` at ffa4b2e "
+     "(4 warps, 2 programs an SM): perception's whole step with a counter a block of a "
+     "kernel's tiles (`gpu.wpk.tilecounters`: a block waits only for the blocks of earlier "
+     "kernels whose arena ranges its own overlap, found from the task ops' footprints) "
+     "against a counter a kernel. At 120 sessions: a counter a kernel 22.8 ms (241,985 "
+     "tasks); 4 / 8 / 16 blocks a kernel dealt by rows 23.8 / 24.1 / 24.5 ms (371,701 / "
+     "527,107 / 786,587 tasks, most of the added ones joins); 8 blocks dealt round-robin "
+     "22.5 ms. At one session 11.1 against 11.4 / 11.8 / 12.5 and 11.5. Outputs equal to "
+     "the fp32 model as before (6.1e-3 at 120, 5.4e-3 at one). A block still needs two to "
+     "nine blocks of its producer (a GEMM's 64-row tiles read what three norm blocks wrote; "
+     "a gather reads its whole source), so the waits a tile saves are paid back in joins: "
+     "no gain. The waiting is the chain of ~900 dependent kernels, not the width of a "
+     "counter. A counter a kernel stays the default."),
+    ("wpk", "wpk against graph at the tile-counter commit (issue 18)",
+     ("wpk-dense-n290-20261203T160312.json", "graph-dense-n290-20261203T160424.json",
+      "wpk-reference-n120-20261203T160552.json", "graph-reference-n120-20261203T160712.json"),
+     "At ffa4b2e, `--workers 4`, one call, in this order: dense 290 x 1 x 200, p99 143.3 ms "
+     "for wpk against 139.9 for graph (p50 139.1 / 138.3), 0 late each; reference 120 x 1 x "
+     "300, p99 98.9 against 99.7, 0 late each. Host time after the GPU's end (`after_ms` "
+     "p50): 0.49 against 0.47 ms dense, 0.44 against 0.46 reference. Stage 1's targets "
+     "(p99 2 ms below graph's at dense capacity, the host's time after the GPU halved) are "
+     "missed again."),
     ("other", "The wpk executor soaked: 10,000 beats with random host delays (issue 18)",
      ("wpk-soak-h200.json",),
      "`python bench/wpk_soak.py --beats 10000` at 31d030d on the H200 (tiny model, 8 slots, "

@@ -22,9 +22,10 @@ Passes, in order:
    counters only grow within a beat); tiles dealt round-robin to the programs in the IR's
    order (every queue is then in dependency order: nothing deadlocks).
 
-Counters are per kernel (all of a producer's tiles), not per tile: the finer edges (row tile
-to row tile) are not built. The tables run no numerics yet: their ops are the library's kernels
-by name; `gpu.wpk.schedule.run` plays them.
+Counters here are per kernel (all of a producer's tiles); the lowering can instead build
+counters a block of tiles from the task ops' arena footprints (`gpu.wpk.tilecounters`). The
+tables here run no numerics: their ops are the library's kernels by name;
+`gpu.wpk.schedule.run` plays them.
 """
 from __future__ import annotations
 
