@@ -1,51 +1,92 @@
-"""Stream a WAV file into a node as one session and save the reply.
+"""Stream an audio file into a node as one session and save the reply.
 
     python -m transports.wavclient --connect tcp://127.0.0.1:5555 --wav in.wav --out reply.wav
 
-Input is sent in 20 ms chunks at real-time pace (`--pace N`: N times faster), as 16-bit PCM at the
-file's own rate when the protocol allows it (else resampled to 16 kHz here). After the file, the
-client keeps listening for `--tail` seconds, closes the session and prints the node's stats.
+The input is any file libsndfile reads: WAV (8/16/24/32-bit integer, 32/64-bit float), FLAC,
+OGG Vorbis; several channels are mixed to mono. It is sent in 20 ms chunks at real-time pace
+(`--pace N`: N times faster), as 16-bit PCM at the file's own rate when the protocol allows it
+(else resampled to 16 kHz here). After the file, the client keeps listening for `--tail` seconds,
+closes the session and prints the node's stats. The reply is written in the format the output
+path's extension names: .wav (16-bit PCM), .flac (16-bit) or .ogg (Vorbis).
+
+A file it cannot read or write, or a node that does not answer within `--timeout` seconds, ends
+it with one line on stderr and exit status 1.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import sys
 import time
-import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import soundfile as sf
+import zmq
 
 from transports import audio as A
 from transports import protocol as P
-from transports.client import Audio, Closed, Error, FunctionCall, NodeClient, Text
+from transports.client import (Audio, Closed, Error, FunctionCall, NodeClient, NodeUnavailable,
+                               Refused, Text)
 
 CHUNK_MS = 20
+ANSWER_TIMEOUT_S = 5.0      # default wait for the node's first answer
+# The reply's file format (libsndfile's format and subtype) by the output path's extension.
+# The reply arrives as 16-bit PCM, so the lossless formats keep exactly its samples.
+OUT_FORMATS = {".wav": ("WAV", "PCM_16"), ".flac": ("FLAC", "PCM_16"), ".ogg": ("OGG", "VORBIS")}
 
 
-def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
-    """Mono float32 samples and the rate of a 16-bit (or 8/32-bit) PCM WAV file."""
-    with wave.open(str(path), "rb") as w:
-        rate, channels, width = w.getframerate(), w.getnchannels(), w.getsampwidth()
-        raw = w.readframes(w.getnframes())
-    dtype = {1: np.uint8, 2: "<i2", 4: "<i4"}.get(width)
-    if dtype is None:
-        raise ValueError(f"{path}: {8 * width}-bit samples are not supported")
-    x = np.frombuffer(raw, dtype).astype(np.float32)
-    x = (x - 128.0) / 128.0 if width == 1 else x / float(2 ** (8 * width - 1))
-    return x.reshape(-1, channels).mean(axis=1), rate
+class AudioFileError(Exception):
+    """An audio file that cannot be read or written; the message is `<path>: <reason>`."""
+
+    def __init__(self, path: str | Path, reason: str):
+        super().__init__(f"{path}: {reason}")
 
 
-def write_wav(path: str | Path, x: np.ndarray, rate: int) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(A.float_to_int16(x).astype("<i2").tobytes())
+def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
+    """Mono float32 samples and the sample rate of an audio file; channels are averaged."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise AudioFileError(path, exc.strerror or str(exc)) from None
+    try:
+        # Decoded from memory, the format comes from the content alone (soundfile takes a name
+        # ending in `.raw` for headerless audio and would ask for its rate).
+        x, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except sf.SoundFileError as exc:
+        raise AudioFileError(path, f"not a readable audio file ({_reason(exc)})") from None
+    # A float file may hold NaN or infinities, which the resampler would smear over the call.
+    return np.nan_to_num(x.mean(axis=1), nan=0.0, posinf=1.0, neginf=-1.0), rate
+
+
+def out_format(path: str | Path) -> tuple[str, str]:
+    """libsndfile's format and subtype for an output path, by its extension."""
+    ext = Path(path).suffix.lower()
+    if ext not in OUT_FORMATS:
+        what = f"unsupported output extension {ext!r}" if ext else "no output extension"
+        raise AudioFileError(path, f"{what}, use one of {', '.join(OUT_FORMATS)}")
+    return OUT_FORMATS[ext]
+
+
+def write_audio(path: str | Path, x: np.ndarray, rate: int) -> None:
+    """Mono float32 samples to a file in the format `path`'s extension names."""
+    fmt, subtype = out_format(path)
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:      # opened here: OS errors name their cause
+            sf.write(f, x, rate, format=fmt, subtype=subtype)
+    except OSError as exc:
+        raise AudioFileError(path, exc.strerror or str(exc)) from None
+    except sf.SoundFileError as exc:
+        raise AudioFileError(path, f"cannot write {fmt} ({_reason(exc)})") from None
+
+
+def _reason(exc: sf.SoundFileError) -> str:
+    """libsndfile's own words, without soundfile's prefix naming a file object."""
+    return str(getattr(exc, "error_string", exc)).rstrip(".")
 
 
 @dataclass
@@ -120,11 +161,16 @@ def _collect(ev, res: StreamResult, chunks: list) -> None:
 
 
 async def _main(args) -> int:
-    x, rate = read_wav(args.wav)
+    out_format(args.out)                  # a bad output path fails before the call, not after
+    x, rate = read_audio(args.wav)
     async with NodeClient(args.connect) as client:
-        res = await stream(client, args.session, x, rate, args.pace, args.tail,
-                           args.instructions)
-    write_wav(args.out, res.audio, res.rate)
+        await _reach(client, args.timeout)
+        try:
+            res = await stream(client, args.session, x, rate, args.pace, args.tail,
+                               args.instructions)
+        except asyncio.TimeoutError:      # `close` unanswered: the node went away mid-call
+            raise NodeUnavailable(f"the node at {args.connect} stopped answering") from None
+    write_audio(args.out, res.audio, res.rate)
     print(json.dumps({"session": res.session, "out": str(args.out),
                       "seconds_out": round(len(res.audio) / res.rate, 2),
                       "agent_text": res.agent_text[-200:], "user_text": res.user_text[-200:],
@@ -138,22 +184,41 @@ async def _main(args) -> int:
     return 0
 
 
+async def _reach(client: NodeClient, timeout: float) -> None:
+    """A ping before the session: a node that is not there is told apart from one that is slow
+    to open a session (a start can take longer than any answer to a ping)."""
+    try:
+        await client.ping(timeout=timeout)
+    except asyncio.TimeoutError:
+        raise NodeUnavailable(f"no node answered at {client.endpoint} within {timeout:g} s") \
+            from None
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--connect", default="tcp://127.0.0.1:5555")
-    ap.add_argument("--wav", required=True)
-    ap.add_argument("--out", default="reply.wav")
+    ap.add_argument("--wav", required=True, help="input audio file (WAV, FLAC, OGG)")
+    ap.add_argument("--out", default="reply.wav",
+                    help=f"reply file; its extension picks the format ({', '.join(OUT_FORMATS)})")
     ap.add_argument("--session", default=f"wav-{int(time.time())}")
     ap.add_argument("--pace", type=float, default=1.0, help="N times real time")
     ap.add_argument("--tail", type=float, default=1.0, help="seconds to listen after the file")
+    ap.add_argument("--timeout", type=float, default=ANSWER_TIMEOUT_S,
+                    help="seconds to wait for the node's first answer")
     ap.add_argument("--instructions", default="")
     args = ap.parse_args(argv)
     if args.pace <= 0:
         ap.error("--pace must be > 0")
+    if args.timeout <= 0:
+        ap.error("--timeout must be > 0")
     try:
         sys.exit(asyncio.run(_main(args)))
-    except FileNotFoundError as exc:
+    except (AudioFileError, NodeUnavailable) as exc:
         sys.exit(f"wavclient: {exc}")
+    except Refused as exc:
+        sys.exit(f"wavclient: the node at {args.connect} refused the session: {exc}")
+    except zmq.ZMQError as exc:           # e.g. an endpoint zmq cannot parse
+        sys.exit(f"wavclient: {args.connect}: {exc}")
     except KeyboardInterrupt:
         sys.exit(130)
 

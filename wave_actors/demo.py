@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 
 from transports.client import NodeClient
-from transports.wavclient import read_wav, stream, write_wav
+from transports.wavclient import read_audio, stream, write_audio
 
 DEMO_TOOLS = [{"name": "lookup_weather", "description": "Weather for a city",
                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
 
 
 async def run_demo(endpoint: str, args) -> list[dict]:
-    x, rate = read_wav(args.demo_wav)
+    x, rate = read_audio(args.demo_wav)
     seconds = max(1.0, args.demo_seconds - 1.5)
     reps = int(np.ceil(seconds * rate / len(x)))
     x = np.tile(x, reps)[: int(seconds * rate)]
@@ -31,7 +31,7 @@ async def run_demo(endpoint: str, args) -> list[dict]:
     summary = []
     for i, res in enumerate(results):
         path = out / f"demo-reply-{i}.wav"
-        write_wav(path, res.audio, res.rate)
+        write_audio(path, res.audio, res.rate)
         summary.append({"session": res.session, "reply": str(path),
                         "seconds_out": round(len(res.audio) / res.rate, 2),
                         "agent_text": res.agent_text[:60], "user_text": res.user_text[:40],
