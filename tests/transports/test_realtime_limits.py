@@ -21,6 +21,7 @@ from websockets.protocol import State
 from tests.transports.test_realtime_e2e import FRAME_S, start_node, stop, tone, until
 from transports import protocol as P
 from transports.realtime.codec import MAX_AUDIO_MESSAGE_BYTES
+from transports.realtime.feed import FeedPolicy
 from transports.realtime.server import Bridge, BridgeConfig
 
 BIG_ULAW = 200_000                 # bytes: 25 s of 8 kHz μ-law, 8x that once at 16 kHz f32
@@ -56,7 +57,10 @@ def test_big_g711_append_leaves_other_sessions_alive_and_arrives_whole(tmp_path)
     proc, endpoint = start_node(tmp_path)
 
     async def go():
-        bridge = await Bridge(BridgeConfig(node=endpoint, port=0, api_key=None)).start()
+        # a lead as long as the append: it goes to the node at once, as before the feed paced
+        # input (the pace is test_realtime_live's; the message sizes are this test's)
+        bridge = await Bridge(BridgeConfig(node=endpoint, port=0, api_key=None,
+                                           feed=FeedPolicy(lead_s=30.0))).start()
         url = f"ws://127.0.0.1:{bridge.port}/v1/realtime"
         try:
             async with connect(url, max_size=None) as victim, connect(url, max_size=None) as big:
@@ -73,12 +77,15 @@ def test_big_g711_append_leaves_other_sessions_alive_and_arrives_whole(tmp_path)
     # the bridge sent nothing near the node's limit, whatever the client appended
     assert bridge.totals["largest_audio_message"] <= MAX_AUDIO_MESSAGE_BYTES < P.MAX_PAYLOAD_BYTES
     # every sample of the 25 s went to the node: 400 000 at 16 kHz f32 after the final flush
-    assert big.audio_bytes_to_node == BIG_ULAW * 2 * 4
+    # (besides the silence that kept the session live before the append)
+    silence = big.feed.silence_bytes
+    assert big.audio_bytes_to_node - silence == BIG_ULAW * 2 * 4
     # and the node accounted for every frame of it (heard, or counted as dropped by its 4 s
     # jitter buffer, which a 25 s burst overflows): nothing vanished on the way
     stats = big.node_stats
     assert stats is not None, "the node never confirmed the big session's close"
-    expected = -(-BIG_ULAW * 2 // NODE_FRAME_SAMPLES)        # 312.5 frames: the last one partial
+    # 312.5 frames of the append (the last one partial), and the silence's
+    expected = -(-(BIG_ULAW * 2 + silence // 4) // NODE_FRAME_SAMPLES)
     assert stats["frames_in"] + stats["dropped"] == expected, stats
     assert victim.node_stats is not None and victim.node_stats["frames_in"] > 0
 

@@ -1,9 +1,11 @@
 """The Realtime WebSocket bridge: one node session per WebSocket connection at `/v1/realtime`.
 
-Per connection three tasks: the reader parses client events and forwards audio and function
-results to the node as they arrive (nothing is buffered: the model listens continuously); the
-pump turns node events into server events (`Conversation`) and queues them in a bounded
-`Outbox`; the writer sends from the outbox. A client that stops reading fills the outbox: audio
+Per connection four tasks: the reader parses client events, queues audio in the input feed
+(`feed.py`: bounded, a refused append told and counted) and forwards function results; the
+feeder sends the feed's audio to the node at the model's pace, and silence while the client
+sends none (a connected client is a live call: no idle close); the pump turns node events into
+server events (`Conversation`) and queues them in a bounded `Outbox`; the writer sends from
+the outbox. A client that stops reading fills the outbox: audio
 deltas are then dropped and counted, and after `stall_grace_s` of dropping (or once the
 non-droppable events overflow) the connection is aborted. All connections share one `NodeClient`
 (one DEALER socket). The node session opens on the first `session.update` or the first audio,
@@ -29,8 +31,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 
 from transports import client as C
-from transports.realtime.codec import Converter
+from transports.realtime.codec import MAX_AUDIO_MESSAGE_BYTES, Converter
 from transports.realtime.conversation import AUDIO_DELTA_TYPES, Conversation, Ids
+from transports.realtime.feed import FeedPolicy, InputFeed
 from transports.realtime.outbox import Outbox, Overflow
 from transports.realtime.session import (NATIVE_INPUT, NATIVE_OUTPUT, AudioSpec, EventError,
                                          SessionConfig, apply_update, parse_audio_format,
@@ -57,6 +60,7 @@ class BridgeConfig:
     turn_gap_frames: int = 10             # agent/user transcript quiet that ends a turn (800 ms)
     open_timeout_s: float = 10.0
     node_send_timeout_s: float = 5.0      # the node's DEALER queue full this long: node is gone
+    feed: FeedPolicy = FeedPolicy()       # input queued and fed at the model's pace (feed.py)
 
 
 class _Stop(Exception):
@@ -95,7 +99,9 @@ class Bridge:
         # audio_*: node `audio` messages sent for client appends; the largest stays under
         # codec.MAX_AUDIO_MESSAGE_BYTES whatever a client appends
         self.totals = {"connections": 0, "dropped_deltas": 0, "aborted_slow": 0,
-                       "audio_messages": 0, "audio_bytes": 0, "largest_audio_message": 0}
+                       "audio_messages": 0, "audio_bytes": 0, "largest_audio_message": 0,
+                       "silence_bytes": 0, "input_refused_bytes": 0, "input_cleared_bytes": 0,
+                       "input_unheard_bytes": 0}
 
     async def start(self) -> "Bridge":
         self.client = C.NodeClient(self.cfg.node, curve=self.cfg.curve)
@@ -167,6 +173,8 @@ class Connection:
         self.outbox = Outbox(self.cfg.outbox_bytes, self.cfg.outbox_hard_bytes)
         self.abort_reason: str | None = None
         self.audio_bytes_to_node = 0                # converted input sent, all pieces
+        self.feed = InputFeed(self.cfg.feed, NATIVE_INPUT.rate * NATIVE_INPUT.bytes_per_sample,
+                              NATIVE_INPUT.bytes_per_sample, MAX_AUDIO_MESSAGE_BYTES)
         self.node_stats: dict | None = None         # the node's `closed` stats, once it sent them
         self._tasks: list[asyncio.Task] = []
 
@@ -197,6 +205,10 @@ class Connection:
                 log.warning("%s: node did not confirm close", self.node_id)
         elif self.node is not None:
             self.node_stats = self.node.closed.stats
+        if self.feed.queued:
+            self.bridge.totals["input_unheard_bytes"] += self.feed.queued
+            log.info("%s: %.2f s of input still queued at close, never heard", self.node_id,
+                     self.feed.seconds(self.feed.queued))
         ob = self.outbox
         log.info("%s closed: %d audio deltas (%d bytes) dropped for a slow reader, queue high "
                  "water %d bytes, %d frames muted%s; node stats %s", self.node_id, ob.dropped,
@@ -314,8 +326,9 @@ class Connection:
         self.emit(events)
 
     async def on_clear(self, event: dict) -> None:
-        # Input is forwarded to the model as it arrives; the bridge holds none, so the buffer
-        # is already empty. Audio the model has heard cannot be un-heard.
+        # What is still queued is dropped (the client asked); audio the model has heard
+        # cannot be un-heard.
+        self.bridge.totals["input_cleared_bytes"] += self.feed.clear()
         self.emit(self.conv.event("input_audio_buffer.cleared"))
 
     async def on_item_create(self, event: dict) -> None:
@@ -386,6 +399,7 @@ class Connection:
         self.node_out = out
         self._set_converters()
         self._tasks.append(asyncio.create_task(self._pump()))
+        self._tasks.append(asyncio.create_task(self._feed_loop()))
 
     def _set_converters(self, input: bool = True, output: bool = True) -> None:
         if input:
@@ -394,16 +408,35 @@ class Connection:
             self.from_node = Converter(self.node_out, self.session.output)
 
     async def _send_input(self, pieces) -> None:
-        """Converted input to the node, one `audio` message a piece, counted."""
-        totals = self.bridge.totals
-        for pcm in pieces:
-            if not pcm:
-                continue
-            await self._to_node(self.node.send_audio(pcm))
-            self.audio_bytes_to_node += len(pcm)
-            totals["audio_messages"] += 1
-            totals["audio_bytes"] += len(pcm)
-            totals["largest_audio_message"] = max(totals["largest_audio_message"], len(pcm))
+        """Converted input into the feed's queue (`_feed_loop` sends it at the model's pace);
+        an append that does not fit is refused, told and counted."""
+        pieces = list(pieces)
+        refused = 0
+        if not self.feed.push(pieces, asyncio.get_running_loop().time()):
+            refused = sum(map(len, pieces))
+        if refused:
+            self.bridge.totals["input_refused_bytes"] += refused
+            f = self.feed
+            self.emit(self.conv.error(
+                "input_audio_buffer_full", f"{f.seconds(refused):.2f} s of this append refused: "
+                f"{f.seconds(f.queued):.1f} s of input are queued, not yet heard (at most "
+                f"{self.cfg.feed.capacity_s:g} s); the model hears input in real time"))
+
+    async def _feed_loop(self) -> None:
+        """The feed's due audio (and silence while the client sends none) to the node, one
+        `audio` message each, counted."""
+        loop, totals = asyncio.get_running_loop(), self.bridge.totals
+        silence = self.feed.silence_bytes
+        while True:
+            for pcm in self.feed.take(loop.time()):
+                await self._to_node(self.node.send_audio(pcm))
+                self.audio_bytes_to_node += len(pcm)
+                totals["audio_messages"] += 1
+                totals["audio_bytes"] += len(pcm)
+                totals["largest_audio_message"] = max(totals["largest_audio_message"], len(pcm))
+            totals["silence_bytes"] += self.feed.silence_bytes - silence
+            silence = self.feed.silence_bytes
+            await asyncio.sleep(self.cfg.feed.tick_s)
 
     async def _to_node(self, send) -> None:
         try:
