@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, field
 
 AUDIO_DELTA = "response.output_audio.delta"
+FRAME_S = 0.08                  # a node frame
 # The beta dialect's names for the GA ones; None: the beta dialect has no such event.
 BETA_NAMES = {
     "response.output_audio.delta": "response.audio.delta",
@@ -81,6 +82,7 @@ class _Response:
 class _UserItem:
     id: str
     transcript: _Text
+    opened: int = 0                 # the node frame the item opened at (its audio's start)
 
 
 class Conversation:
@@ -93,6 +95,7 @@ class Conversation:
         self.muted = False
         self.muted_frames = 0           # output frames not sent because the client cancelled
         self.last_item: str | None = None   # previous_item_id of the next item added
+        self.frame = 0                  # the latest node frame seen: the input's clock
 
     # ---- event construction -------------------------------------------------------------
 
@@ -113,6 +116,7 @@ class Conversation:
 
     def audio(self, frame: int, payload: bytes) -> list[dict]:
         """One output frame (already in the client's format). Also the clock of turn gaps."""
+        self.frame = max(self.frame, frame)
         out = self._tick(frame)
         if self.muted:
             self.muted_frames += 1
@@ -164,11 +168,11 @@ class Conversation:
         return out + self._close_response("completed", None)
 
     def closed(self) -> list[dict]:
-        """The node closed the session: finish what is open."""
+        """The node closed the session: finish what is open (the API names no reason for a
+        response cut short by its session's end: "incomplete" without one)."""
         out = []
         if self.response:
-            out += self._close_response("incomplete", {"type": "incomplete",
-                                                       "reason": "session_closed"})
+            out += self._close_response("incomplete", {"type": "incomplete"})
         if self.user:
             out += self._close_user()
         return out
@@ -189,7 +193,7 @@ class Conversation:
     def note_input(self) -> None:
         """Input audio or transcript arrived: make sure a user item is open to hold it."""
         if self.user is None:
-            self.user = _UserItem(self.ids("item"), _Text(self.max_transcript))
+            self.user = _UserItem(self.ids("item"), _Text(self.max_transcript), self.frame)
 
     def commit(self) -> list[dict] | None:
         """`input_audio_buffer.commit`: close the user item; None if there was no input."""
@@ -207,10 +211,15 @@ class Conversation:
                 "content_index": 0}
 
     def _part(self, transcript: str) -> dict:
+        """A `response.content_part.*` event's part (both dialects call it "audio")."""
+        return {"type": "audio", "transcript": transcript}
+
+    def _content(self, transcript: str) -> dict:
+        """An assistant message item's content (GA: "output_audio"; beta: "audio")."""
         return {"type": "audio" if self.beta else "output_audio", "transcript": transcript}
 
     def _message(self, r: _Response, status: str) -> dict:
-        content = [] if status == "in_progress" else [self._part(str(r.transcript))]
+        content = [] if status == "in_progress" else [self._content(str(r.transcript))]
         return {"id": r.item_id, "object": "realtime.item", "type": "message",
                 "role": "assistant", "status": status, "content": content}
 
@@ -273,5 +282,8 @@ class Conversation:
                 "status": "completed", "content": [{"type": "input_audio", "transcript": text}]}
         out = self._item_added(item)
         out += self.event("conversation.item.done", item=item)
+        # usage: the item's audio, by the node frames it spans (the model bills no tokens)
+        seconds = max(0, self.frame - u.opened) * FRAME_S
         return out + self.event("conversation.item.input_audio_transcription.completed",
-                                item_id=u.id, content_index=0, transcript=text)
+                                item_id=u.id, content_index=0, transcript=text,
+                                usage={"type": "duration", "seconds": round(seconds, 2)})

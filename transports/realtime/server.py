@@ -33,6 +33,7 @@ from websockets.http11 import Response
 from transports import client as C
 from transports.realtime.codec import MAX_AUDIO_MESSAGE_BYTES, Converter
 from transports.realtime.conversation import AUDIO_DELTA_TYPES, Conversation, Ids
+from transports.realtime.dialect import Dialect, DialectError, dialect_of
 from transports.realtime.feed import FeedPolicy, InputFeed
 from transports.realtime.outbox import Outbox, Overflow
 from transports.realtime.session import (NATIVE_INPUT, NATIVE_OUTPUT, AudioSpec, EventError,
@@ -61,6 +62,9 @@ class BridgeConfig:
     open_timeout_s: float = 10.0
     node_send_timeout_s: float = 5.0      # the node's DEALER queue full this long: node is gone
     feed: FeedPolicy = FeedPolicy()       # input queued and fed at the model's pace (feed.py)
+
+
+CLOSED_AFTER_UNKNOWN_S = 2.0    # after `unknown_session`, how long a `closed` may still come
 
 
 class _Stop(Exception):
@@ -148,23 +152,17 @@ class Bridge:
             self.totals["dropped_deltas"] += conn.outbox.dropped
 
 
-def _dialect_is_beta(ws: ServerConnection) -> bool:
-    """Beta event names on `?dialect=beta`, `OpenAI-Beta: realtime=v1` or the beta subprotocol."""
-    req = ws.request
-    query = parse_qs(urlsplit(req.path).query)
-    if query.get("dialect"):
-        return query["dialect"][0] == "beta"
-    protos = ",".join(req.headers.get_all("Sec-WebSocket-Protocol"))
-    return ("realtime=v1" in req.headers.get("OpenAI-Beta", "")
-            or "openai-beta.realtime-v1" in protos)
-
-
 class Connection:
     def __init__(self, bridge: Bridge, ws: ServerConnection):
         self.bridge, self.ws, self.cfg = bridge, ws, bridge.cfg
         self.ids = Ids()
         self.node_id = f"rt-{self.ids.prefix}-{os.urandom(4).hex()}"
-        self.conv = Conversation(_dialect_is_beta(ws), self.ids, self.cfg.turn_gap_frames)
+        self.dialect_error: str | None = None
+        try:
+            self.dialect = dialect_of(ws.request.path, ws.request.headers)
+        except DialectError as exc:          # told in `run`, before anything else
+            self.dialect, self.dialect_error = Dialect(), str(exc)
+        self.conv = Conversation(self.dialect.beta, self.ids, self.cfg.turn_gap_frames)
         self.session = SessionConfig()
         self.node: C.ClientSession | None = None
         self.to_node: Converter | None = None       # client input -> 16 kHz f32
@@ -177,6 +175,7 @@ class Connection:
                               NATIVE_INPUT.bytes_per_sample, MAX_AUDIO_MESSAGE_BYTES)
         self.node_stats: dict | None = None         # the node's `closed` stats, once it sent them
         self._tasks: list[asyncio.Task] = []
+        self._feeder: asyncio.Task | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -185,8 +184,11 @@ class Connection:
         if sock is not None and self.cfg.sndbuf_bytes:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.cfg.sndbuf_bytes)
         self._tasks.append(asyncio.create_task(self._write_loop()))
-        self.emit(self.conv.event("session.created", session=self._session_obj()))
         try:
+            if self.dialect_error:
+                self.emit(self.conv.error("invalid_dialect", self.dialect_error))
+                await self._close(1008, "invalid dialect")
+            self.emit(self.conv.event("session.created", session=self._session_obj()))
             async for message in self.ws:
                 await self._on_message(message)
         except (ConnectionClosed, _Stop):
@@ -399,7 +401,8 @@ class Connection:
         self.node_out = out
         self._set_converters()
         self._tasks.append(asyncio.create_task(self._pump()))
-        self._tasks.append(asyncio.create_task(self._feed_loop()))
+        self._feeder = asyncio.create_task(self._feed_loop())
+        self._tasks.append(self._feeder)
 
     def _set_converters(self, input: bool = True, output: bool = True) -> None:
         if input:
@@ -421,6 +424,10 @@ class Connection:
                 "input_audio_buffer_full", f"{f.seconds(refused):.2f} s of this append refused: "
                 f"{f.seconds(f.queued):.1f} s of input are queued, not yet heard (at most "
                 f"{self.cfg.feed.capacity_s:g} s); the model hears input in real time"))
+
+    def _stop_feed(self) -> None:
+        if self._feeder is not None:
+            self._feeder.cancel()
 
     async def _feed_loop(self) -> None:
         """The feed's due audio (and silence while the client sends none) to the node, one
@@ -449,8 +456,15 @@ class Connection:
     async def _pump(self) -> None:
         """Node events -> server events, until the node closes the session."""
         node, conv = self.node, self.conv
+        lost: C.Error | None = None
         while True:
-            ev = await node.next_event()
+            try:
+                ev = await (node.next_event() if lost is None else
+                            asyncio.wait_for(node.next_event(), CLOSED_AFTER_UNKNOWN_S))
+            except asyncio.TimeoutError:
+                self.emit(conv.error(lost.code, f"node: {lost.message}", kind="server_error"))
+                self.emit(conv.closed())
+                return await self._flush_and_close(1011, "the node lost the session")
             if isinstance(ev, C.Audio):
                 self.emit(conv.audio(ev.frame, self.from_node(ev.payload)))
             elif isinstance(ev, C.Text):
@@ -460,13 +474,18 @@ class Connection:
                     self.emit(conv.agent_text(ev.frame, ev.text))
             elif isinstance(ev, C.FunctionCall):
                 self.emit(conv.function_call(ev.call_id, ev.name, ev.arguments))
+            elif isinstance(ev, C.Error) and ev.code == "unknown_session":
+                # The node ending the session (a drain) answers input sent meanwhile with this
+                # before its `closed`; a node that lost it (a restart) sends no `closed`.
+                lost = lost or ev
+                self._stop_feed()
             elif isinstance(ev, C.Error):
                 self.emit(conv.error(ev.code, f"node: {ev.message}", kind="server_error"))
-                if ev.code == "unknown_session":         # the node lost it (restart): no way on
-                    self.emit(conv.closed())
-                    return await self._flush_and_close(1011, "the node lost the session")
             elif isinstance(ev, C.Closed):
-                self.emit(conv.closed() + conv.event("session.closed", stats=ev.stats))
+                # `session.closed` is not an OpenAI event: only for a dialect that has it
+                closed = conv.event("session.closed", stats=ev.stats) \
+                    if self.dialect.vllm_omni else []
+                self.emit(conv.closed() + closed)
                 return await self._flush_and_close(1000, "session closed by the node")
 
 

@@ -182,6 +182,8 @@ def session_object(cfg: SessionConfig, session_id: str, beta: bool) -> dict:
               "instructions": cfg.instructions, "tools": tools, "tool_choice": "auto",
               "capabilities": CAPABILITIES}
     if beta:
+        # the beta models know only OpenAI's model names: ours is left out there
+        del common["model"]
         return {**common, "modalities": ["audio", "text"], "voice": cfg.voice,
                 "input_audio_format": cfg.input.beta(), "output_audio_format": cfg.output.beta(),
                 "turn_detection": None, "input_audio_transcription": {"model": "rnnt"}}
