@@ -136,6 +136,10 @@ class ClientSession:
     async def function_result(self, call_id: str, output: str) -> None:
         await self.client.send(P.pack("function_result", self.id, call_id=call_id, output=output))
 
+    async def send_event(self, name: str, value: str) -> None:
+        """A client-side event the model sees (`protocol.EVENT_VALUES`: a key press)."""
+        await self.client.send(P.pack("event", self.id, name=name, value=value))
+
     async def next_event(self, timeout: float | None = None):
         return await asyncio.wait_for(self.events.get(), timeout)
 

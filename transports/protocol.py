@@ -28,7 +28,10 @@ SAMPLE_RATES = (8000, 16000, 22050, 24000, 48000)
 FORMATS = ("pcm_s16le", "pcm_f32le", "pcmu", "pcma")
 BYTES_PER_SAMPLE = {"pcm_s16le": 2, "pcm_f32le": 4, "pcmu": 1, "pcma": 1}
 
-CLIENT_TYPES = ("open", "audio", "function_result", "close", "ping", "resume")
+CLIENT_TYPES = ("open", "audio", "function_result", "event", "close", "ping", "resume")
+# `event`: something that happened on the client's side that the model should see, by name,
+# with the values each name takes (a phone's key press: RFC 4733's sixteen keys)
+EVENT_VALUES = {"dtmf": tuple("0123456789*#ABCD")}
 NODE_TYPES = ("opened", "refused", "audio", "text", "function_call", "closed", "error", "pong",
               "resumed", "heartbeat")
 REFUSE_REASONS = ("capacity", "duplicate", "invalid", "unauthorized", "draining")
@@ -187,6 +190,18 @@ def _check_function_result(msg: Message) -> None:
         raise ProtocolError(TOO_LARGE, "function_result: output is too long", msg.session)
 
 
+def _check_event(msg: Message) -> None:
+    _need_session(msg)
+    _no_payload(msg)
+    name = _need(msg, "name", str, "a str")
+    if name not in EVENT_VALUES:
+        raise ProtocolError(BAD_HEADER, f"event: name must be one of {sorted(EVENT_VALUES)}",
+                            msg.session)
+    if _need(msg, "value", str, "a str") not in EVENT_VALUES[name]:
+        raise ProtocolError(BAD_HEADER, f"event: a {name} value is one of "
+                                        f"{''.join(EVENT_VALUES[name])}", msg.session)
+
+
 def _check_close(msg: Message) -> None:
     _need_session(msg)
     _no_payload(msg)
@@ -206,5 +221,6 @@ def _check_resume(msg: Message) -> None:
 
 
 _CHECKS = {"open": _check_open, "audio": _check_audio,
-           "function_result": _check_function_result, "close": _check_close,
+           "function_result": _check_function_result, "event": _check_event,
+           "close": _check_close,
            "ping": _check_ping, "resume": _check_resume}

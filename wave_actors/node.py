@@ -23,6 +23,7 @@ until SIGINT/SIGTERM, then drains: new opens are refused, every session gets `cl
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -502,6 +503,15 @@ class Node:
         if route is not None:
             self._tell_control(identity, route.actor,
                                FunctionResult(msg.get("call_id"), msg.get("output")))
+
+    def _on_event(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
+        """A client-side event (a key press) reaches the model the only way text reaches it
+        mid-call: as a tool response in its function channel, `{"event": name, "value": v}`."""
+        route = self._bound_route(identity, user_key, conn, msg)
+        if route is not None:
+            output = json.dumps({"event": msg.header["name"], "value": msg.header["value"]})
+            self._tell_control(identity, route.actor,
+                               FunctionResult(f"event:{msg.header['name']}", output))
 
     def _on_close(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
         route = self.bindings.get(identity, msg.session)

@@ -270,3 +270,37 @@ def test_a_prompt_that_does_not_fit_is_refused_invalid_and_holds_no_slot():
             s = await c.open("fits", instructions="x" * 400)     # the one slot is still free
             await s.close()
     asyncio.run(body())
+
+
+def test_an_event_reaches_the_models_function_channel_and_bad_ones_are_refused():
+    """`event` (a phone's key press): the node hands it to the model as a tool response in
+    its function channel; an unknown name or value is `bad_header` and the session goes on.
+    Catches keys that never reach the model (the SIP bridge used to log them only) and
+    arbitrary text pushed into the model under the name of an event."""
+    import json
+    from wave_actors.core.function_calls import result_tokens
+
+    async def body():
+        async with node_on_tcp() as node, client_of(node) as c:
+            seen = []
+            original = node._function_tokens
+            node._function_tokens = lambda actor, ids: (seen.append((actor, ids)),
+                                                         original(actor, ids))
+            s = await c.open("keys", sample_rate=16000, format="pcm_f32le")
+            sender = asyncio.get_running_loop().create_task(_stream_silence(s, 20))
+            await s.send_event("dtmf", "5")
+            for name, value in (("dtmf", "55"), ("dtmf", "x"), ("hangup", "1")):
+                await c.send(P.pack("event", "keys", name=name, value=value))
+            await s.send_event("dtmf", "#")
+            got = await events_until(s, lambda ev, g: sum(isinstance(e, Error) for e in g) >= 3
+                                     and len(seen) >= 2, timeout=10)
+            sender.cancel()
+            errors = [e for e in got if isinstance(e, Error)]
+            assert [e.code for e in errors] == ["bad_header"] * 3
+            actor = seen[0][0]
+            want = [result_tokens(actor._text_codec, json.dumps({"event": "dtmf", "value": v}))
+                    for v in ("5", "#")]
+            assert [ids for _, ids in seen] == want
+            closed = await s.close()                 # the session went on to a normal close
+            assert closed.stats["frames_in"] + closed.stats["dropped"] > 0
+    asyncio.run(body())

@@ -35,6 +35,7 @@ class FakeNode:
         self.audio_in: dict[str, int] = {}        # session -> bytes received
         self.audio: dict[str, bytearray] = {}     # session -> the bytes themselves
         self.opens, self.closes = [], []
+        self.events: dict[str, list] = {}         # session -> (name, value) of each `event`
         self.tasks: list[asyncio.Task] = []
 
     def start(self):
@@ -61,6 +62,9 @@ class FakeNode:
             elif msg.type == "audio":
                 self.audio_in[msg.session] = self.audio_in.get(msg.session, 0) + len(msg.payload)
                 self.audio.setdefault(msg.session, bytearray()).extend(msg.payload)
+            elif msg.type == "event":
+                self.events.setdefault(msg.session, []).append(
+                    (msg.header["name"], msg.header["value"]))
             elif msg.type == "close":
                 self.closes.append(msg.session)
                 if self.live.pop(msg.session, None) is not None:
@@ -142,8 +146,11 @@ class UA(asyncio.DatagramProtocol):
             if pred(msg):
                 return msg
 
-    async def final(self, timeout=3.0):
-        return await self.next(timeout, lambda m: not m.is_request and m.status >= 200)
+    async def final(self, timeout=3.0, call_id=None):
+        """The next final response (to `call_id` only, when given: a refused INVITE's final is
+        resent until its ACK, and may come again while another request waits)."""
+        return await self.next(timeout, lambda m: not m.is_request and m.status >= 200 and
+                               call_id in (None, m.get("Call-ID")))
 
 
 def offer(port, fmt=0, name="PCMU"):
@@ -255,18 +262,23 @@ def test_cancel_while_the_node_is_opening():
     run(scenario, {"open_delay": 0.3})
 
 
-@pytest.mark.parametrize("reason, status", [("capacity", 486), ("draining", 503)])
-def test_node_refusal(reason, status):
+@pytest.mark.parametrize("reason, capacity_status, status, retry_after", [
+    ("capacity", 503, 503, "5"), ("capacity", 486, 486, "5"), ("draining", 503, 503, "5"),
+    ("invalid", 503, 503, None)])
+def test_node_refusal(reason, capacity_status, status, retry_after):
+    """A node at capacity got 486 whatever the configuration; a refusal that cannot pass
+    (`invalid`) must not invite the caller to try again in 5 s."""
     async def scenario(bridge, node, ua, events):
         ua.request(bridge.address, "INVITE", "c3", body=offer(9))
         final = await ua.final()
         assert final.status == status and "node refused" in final.get("Warning")
+        assert final.get("Retry-After") == retry_after
         n = 0
         while n < 2:                                    # the final is resent until the ACK
             n += (await ua.next()).status == status
         ua.request(bridge.address, "ACK", "c3", to_tag=M.parse_name_addr(final.get("To")).tag)
         assert bridge.stats.calls_refused == 1 and not bridge.calls
-    run(scenario, {"refuse": reason})
+    run(scenario, {"refuse": reason}, cfg=replace(CFG, capacity_status=capacity_status))
 
 
 def test_no_node_gets_503():
@@ -355,32 +367,32 @@ def test_request_errors():
         ua.request(dest, "FROBNICATE", "f1")
         assert (await ua.final()).status == 501
         ua.request(dest, "INVITE", "i1", body=offer(9), extra=["Require: 100rel"])
-        resp = await ua.final()
+        resp = await ua.final(call_id="i1")
         assert resp.status == 420 and resp.get("Unsupported") == "100rel"
         ua.request(dest, "INVITE", "i2", body=b"hello", ctype="text/plain")
-        assert (await ua.final()).status == 415
+        assert (await ua.final(call_id="i2")).status == 415
         ua.request(dest, "INVITE", "i3", body=offer(9), contact=False)
-        assert (await ua.final()).status == 400
+        assert (await ua.final(call_id="i3")).status == 400
         ua.request(dest, "INVITE", "i4", body=b"v=0\r\nnot sdp")
-        assert (await ua.final()).status == 400
+        assert (await ua.final(call_id="i4")).status == 400
         ua.request(dest, "INVITE", "i5", body=offer(9, 18, "G729"))
-        resp = await ua.final()
+        resp = await ua.final(call_id="i5")
         assert resp.status == 488 and resp.get("Warning").startswith("305")
         ua.request(dest, "CANCEL", "nothing")
-        assert (await ua.final()).status == 481
+        assert (await ua.final(call_id="nothing")).status == 481
         ua.transport.sendto(b"INVITE sip:x SIP/3.0\r\nVia: SIP/3.0/UDP h;branch=z9hG4bK1\r\n"
                             b"From: <sip:a@b>;tag=1\r\nTo: <sip:b@c>\r\nCall-ID: v\r\n"
                             b"CSeq: 1 INVITE\r\n\r\n", dest)
-        assert (await ua.final()).status == 505
+        assert (await ua.final(call_id="v")).status == 505
         ua.transport.sendto(b"INVITE sip:x SIP/2.0\r\nVia: SIP/2.0/UDP h;branch=z9hG4bK2\r\n"
                             b"From: <sip:a@b>;tag=1\r\nTo: <sip:b@c>\r\n"
                             b"CSeq: 1 INVITE\r\n\r\n", dest)
-        resp = await ua.final()
+        resp = await ua.next(pred=lambda m: not m.is_request and m.get("Call-ID") is None)
         assert resp.status == 400 and "missing Call-ID" in resp.get("Warning")
         for junk in (b"\x00" * 3, os.urandom(500), b"SIP/2.0 200 OK\r\n\r\n", b"\r\n\r\n"):
             ua.transport.sendto(junk, dest)
         ua.request(dest, "OPTIONS", "o2")
-        assert (await ua.final()).status == 200
+        assert (await ua.final(call_id="o2")).status == 200
         s = bridge.stats
         assert s.garbage == 2 and s.keepalives == 1 and s.stray == 1 and s.bad_requests == 3
         assert not bridge.calls and not node.opens
@@ -392,7 +404,7 @@ def test_max_calls_gives_503():
         await establish(bridge, ua, "m1")
         ua.request(bridge.address, "INVITE", "m2", body=offer(9))
         final = await ua.final()
-        assert final.status == 503 and final.get("Retry-After")
+        assert final.status == 503 and final.get("Retry-After") == "5"
     run(scenario, cfg=replace(CFG, max_calls=1))
 
 

@@ -5,8 +5,8 @@ whole module. sipp places 3 concurrent calls; for each, the UDP socket of this t
 names captures the bridge's RTP and, from that socket (symmetric RTP, as phones send it: the
 bridge takes media only from the SDP address, and sipp's pcap player sends from another port),
 plays a generated pcap of G.711 RTP with one reordered pair, one lost and one duplicated packet;
-then BYE. A 4th call while those 3 are up gets 486 from
-the node's refusal. Then: a caller that sends no RTP is hung up on (BYE from the bridge), broken
+then BYE. A 4th call while those 3 are up gets 503 with Retry-After from the node's refusal, and
+the bridge logs it. Then: a caller that sends no RTP is hung up on (BYE from the bridge), broken
 SDP gets 400 and an SDP without G.711 488 (both through sipp), a request missing Call-ID gets 400,
 and random bytes on the SIP and RTP ports are counted, never fatal. sipp is required: without it
 these tests FAIL (CI installs it: `apt-get install sip-tester`).
@@ -411,9 +411,10 @@ def test_bad_offers_get_the_right_error_through_sipp(stack, sdp_text, status):
 
 
 @pytest.mark.slow
-def test_fourth_call_is_busy_while_three_are_up(stack):
-    """The node (3 slots) refuses a 4th session: the caller gets 486 Busy Here, and the three
-    live calls keep getting the node's audio."""
+def test_fourth_call_is_refused_while_three_are_up(stack):
+    """The node (3 slots) refuses a 4th session: the caller gets 503 Service Unavailable with
+    Retry-After (a proxy fails over; 486 only when configured), and the three live calls keep
+    getting the node's audio."""
     port, calls = stack["port"], []
     for i in range(4):
         rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -427,7 +428,12 @@ def test_fourth_call_is_busy_while_three_are_up(stack):
     raw_request(port, "ACK", "busy-3@py", sock=calls[3][0],
                 to_tag=M.parse_name_addr(calls[3][2].get("To")).tag)
     statuses = [final.status for _, _, final in calls]
-    assert statuses == [200, 200, 200, 486], statuses
+    assert statuses == [200, 200, 200, 503], statuses
+    assert calls[3][2].get("Retry-After") == "5"
+    bridge = stack["bridge"]
+    bridge.wait_for(lambda: _refusal(bridge, "busy-3@py"), 5, "call_refused line")
+    line = _refusal(bridge, "busy-3@py")
+    assert (line["status"], line["reason"]) == (503, "node_capacity")
     until = time.monotonic() + 0.8                     # the live calls go on after the refusal
     caps = [capture(rx, until) for _, rx, _ in calls[:3]]
     survived = [any(p.payload != b"\xd5" * 160 for _, p in cap) for cap in caps]
@@ -436,6 +442,10 @@ def test_fourth_call_is_busy_while_three_are_up(stack):
                     to_tag=M.parse_name_addr(final.get("To")).tag, cseq=2)
         assert responses(sock, 3)[-1].status in (200, 481)    # 481: the bridge hung up first
     assert all(survived), "the live calls must go on after a refusal"
+
+
+def _refusal(bridge: Proc, call_id: str) -> dict | None:
+    return next((e for e in bridge.events("call_refused") if e["call_id"] == call_id), None)
 
 
 def test_malformed_requests_and_garbage_never_hurt(stack):

@@ -179,7 +179,7 @@ def test_sdp_roundtrip_and_negotiation_prefers_offer_order():
     assert ans.codec.name == "PCMA" and ans.codec.pt == 8 and ans.remote == ("10.0.0.1", 49170)
     assert ans.direction == "sendrecv" and ans.we_send and ans.peer_sends
     text = ans.sdp.to_bytes().decode()
-    assert "m=audio 40000 RTP/AVP 8\r\n" in text and "a=rtpmap:8 PCMA/8000" in text
+    assert "m=audio 40000 RTP/AVP 8 101\r\n" in text and "a=rtpmap:8 PCMA/8000" in text
     assert "a=ptime:20" in text and "c=IN IP4 127.0.0.1" in text
     again = sdp.parse(ans.sdp.to_bytes())
     assert len(again.media) == 1

@@ -3,6 +3,7 @@
     message   SIP parse/serialise/responses (RFC 3261 subset)
     sdp       SDP parse/serialise, G.711 offer/answer (RFC 4566, RFC 3264)
     rtp       RTP header pack/parse, sender state (RFC 3550)
+    dtmf      RFC 4733 telephone events: payload parse, one report per key press
     jitter    adaptive jitter buffer for the caller's RTP
     pacer     playout buffer and drift-free 20 ms ticks for the node's audio
     call      one call's media: RTP socket, node session, tick/uplink/downlink tasks

@@ -1,8 +1,15 @@
 """`python -m transports.sip --node tcp://127.0.0.1:5555 --listen 127.0.0.1:5060`
 
 Answers SIP calls over UDP and carries each one as a session of the node. Prints one JSON line
-per event (listening, call_start, bye_sent, call_end with node/jitter/playout stats, stats at
-exit) on stdout; stops on SIGINT/SIGTERM after hanging up every call.
+per event (listening, call_start, call_refused with Call-ID/from/reason/status, dtmf for each
+key a caller presses, bye_sent, call_end with node/jitter/playout/dtmf stats, stats at exit) on
+stdout; stops on SIGINT/SIGTERM after hanging up every call.
+
+A call refused for capacity (--max-calls reached, or every node slot taken) gets
+503 Service Unavailable with Retry-After by default, so that a proxy tries another server and
+keeps away from this one for that long; --capacity-status 486 answers Busy Here instead.
+Other transient refusals (node draining or not answering, no RTP port) get 503 with Retry-After
+too; lasting ones (the node refuses our open as invalid or unauthorised) get 503 without it.
 """
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ import ipaddress
 import signal
 from dataclasses import replace
 
-from transports.sip.config import BridgeConfig
+from transports.sip.config import CAPACITY_STATUSES, MAX_RETRY_AFTER, BridgeConfig
 from transports.sip.message import split_hostport
 from transports.sip.server import serve
 
@@ -26,6 +33,17 @@ def parse_args(argv=None) -> BridgeConfig:
     ap.add_argument("--media-ip", default="", help="RTP address for SDP (default: listen host)")
     ap.add_argument("--rtp-ports", default="0-0", help="even RTP ports LO-HI (0-0: ephemeral)")
     ap.add_argument("--max-calls", type=int, default=d.max_calls)
+    ap.add_argument("--capacity-status", type=int, choices=CAPACITY_STATUSES,
+                    default=d.capacity_status,
+                    help="status for a call refused for capacity: 503 Service Unavailable "
+                         "(proxies fail over) or 486 Busy Here (default: %(default)s)")
+    ap.add_argument("--retry-after", type=_retry_after, default=d.retry_after,
+                    metavar="SECONDS",
+                    help="Retry-After on capacity and other transient refusals, whole seconds "
+                         f"0..{MAX_RETRY_AFTER}; 0 sends none (default: %(default)s)")
+    ap.add_argument("--no-telephone-event", action="store_true",
+                    help="do not agree RFC 4733 DTMF events (telephone-event): phones then send "
+                         "keys in the audio as tones, if at all")
     ap.add_argument("--rtp-timeout", type=float, default=d.rtp_timeout,
                     help="seconds without caller RTP before hanging up")
     ap.add_argument("--node-timeout", type=float, default=d.node_timeout)
@@ -41,10 +59,22 @@ def parse_args(argv=None) -> BridgeConfig:
     lo, _, hi = a.rtp_ports.partition("-")
     return BridgeConfig(node=a.node, host=host, port=5060 if port is None else port,
                         media_ip=a.media_ip, rtp_ports=(int(lo), int(hi or lo)),
-                        max_calls=a.max_calls, rtp_timeout=a.rtp_timeout,
+                        max_calls=a.max_calls, capacity_status=a.capacity_status,
+                        retry_after=a.retry_after, telephone_event=not a.no_telephone_event,
+                        rtp_timeout=a.rtp_timeout,
                         node_timeout=a.node_timeout, open_timeout=a.open_timeout,
                         instructions=a.instructions, sip_rcvbuf=a.sip_rcvbuf,
                         playout=replace(d.playout, prebuffer_ms=a.prebuffer_ms))
+
+
+def _retry_after(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not whole seconds") from None
+    if not 0 <= value <= MAX_RETRY_AFTER:
+        raise argparse.ArgumentTypeError(f"{value} is not in 0..{MAX_RETRY_AFTER}")
+    return value
 
 
 async def _main(cfg: BridgeConfig) -> None:

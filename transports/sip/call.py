@@ -18,6 +18,13 @@ Caller media is accepted from one source only (`latch.SourceLatch`: the SDP addr
 valid sender when that is unusable); everything else is counted as `rtp_foreign` and dropped.
 The RTP timeout runs from the last packet accepted from that source, so a stranger who keeps
 sending can neither talk into the call nor keep a dead one alive.
+
+DTMF keys (RFC 4733 telephone-event, when the answer agreed on it) are parsed by
+`dtmf.DtmfReceiver`, each press reported once through `on_key(call, key)`; their packets keep
+the call alive like audio does, hold their sequence numbers in the jitter buffer, and are never
+counted as bad or wrong-payload RTP. Each key goes to the node as an `event` (`name: "dtmf"`,
+`value`: the key; `send_key`), which the node hands the model as a tool response in its
+function channel, the one way text reaches the model during a call.
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from transports import client as C
-from transports.sip import rtp, sockbuf
+from transports.sip import dtmf, rtp, sockbuf
 from transports.sip.config import BridgeConfig
 from transports.sip.jitter import JitterBuffer
 from transports.sip.latch import SourceLatch
@@ -42,7 +49,7 @@ class CallStats:
     rtp_in: int = 0             # datagrams on the RTP port
     rtp_bad: int = 0            # not RTP, or empty: dropped
     rtcp_in: int = 0            # RTCP multiplexed on the RTP port: ignored
-    wrong_pt: int = 0           # a payload type we did not negotiate (e.g. DTMF events): dropped
+    wrong_pt: int = 0           # a payload type we did not negotiate: dropped
     rtp_early: int = 0          # arrived before the call was answered: dropped
     rtp_foreign: int = 0        # from a source other than the latched one: dropped
     rtp_out: int = 0
@@ -104,16 +111,19 @@ async def bind_rtp(cfg: BridgeConfig, call: "Call") -> asyncio.DatagramTransport
 class Call:
     def __init__(self, cfg: BridgeConfig, sip_call_id: str, codec: Codec,
                  on_end: Callable[["Call", str], None], clock: Clock | None = None,
-                 signalling_host: str | None = None):
+                 signalling_host: str | None = None,
+                 on_key: Callable[["Call", dtmf.Key], None] | None = None):
         self.cfg, self.sip_call_id, self.codec = cfg, sip_call_id, codec
         self.session_id = "sip-" + os.urandom(8).hex()
         self.clock = clock or MonotonicClock()
-        self._on_end = on_end
+        self._on_end, self._on_key = on_end, on_key
         self.stats = CallStats()
         self.latch = SourceLatch(signalling_host)   # where the INVITE came from: NAT detection
         self.jitter = JitterBuffer(replace(cfg.jitter, rate=codec.rate), codec.silence)
         self.playout = Playout(replace(cfg.playout, rate=codec.rate, silence=codec.silence))
         self.sender = rtp.RtpSender(codec.pt)
+        self.dtmf = dtmf.DtmfReceiver()
+        self.event_pt: int | None = None        # telephone-event's payload type, once agreed
         self.transport: asyncio.DatagramTransport | None = None
         self.session: C.ClientSession | None = None
         self.answer: Answer | None = None
@@ -122,6 +132,7 @@ class Call:
         self._uplink: asyncio.Queue[bytes] = asyncio.Queue(cfg.uplink_queue)
         self._tasks: list[asyncio.Task] = []
         self._last_rtp = self._last_node = 0.0
+        self._last_audio = 0.0                  # a key held down keeps the call, not the voice
         self._stop_task: asyncio.Task | None = None
 
     @property
@@ -153,8 +164,9 @@ class Call:
     def start(self, answer: Answer) -> None:
         """Media flows from here on (the 200 OK with our answer has been sent)."""
         self.answer = answer
+        self.event_pt = answer.event_pt if answer else None
         self.latch.expect(answer.remote if answer else None)
-        self._last_rtp = self._last_node = self.clock.now()
+        self._last_rtp = self._last_node = self._last_audio = self.clock.now()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick_loop()), loop.create_task(self._uplink_loop()),
                        loop.create_task(self._downlink_loop())]
@@ -163,6 +175,7 @@ class Call:
         """A re-INVITE (or the caller's answer in the ACK) changed where or whether media flows:
         re-latch to its address; the RTP timeout starts afresh."""
         self.answer = answer
+        self.event_pt = answer.event_pt
         self.latch.expect(answer.remote)
         self._last_rtp = self.clock.now()
 
@@ -182,6 +195,9 @@ class Call:
         except rtp.RtpError:
             self.stats.rtp_bad += 1
             return
+        if pkt.payload_type == self.event_pt:
+            self._on_event_packet(pkt, addr)
+            return
         if pkt.payload_type != self.codec.pt:
             self.stats.wrong_pt += 1
             return
@@ -190,9 +206,36 @@ class Call:
             return
         self.latch.learn(addr)
         now = self.clock.now()
-        self._last_rtp = now                   # only the latched source keeps the call alive
+        self._last_rtp = self._last_audio = now   # only the latched source keeps the call alive
         self.jitter.push(pkt, now)
         self._flush_jitter(now)
+
+    def _on_event_packet(self, pkt: rtp.RtpPacket, addr) -> None:
+        try:
+            keys = self.dtmf.push(pkt, self.clock.now())
+        except dtmf.DtmfError:
+            self.stats.rtp_bad += 1
+            return
+        self.latch.learn(addr)
+        now = self.clock.now()
+        self._last_rtp = now
+        self.jitter.push(pkt, now, audio=False)
+        self._flush_jitter(now)
+        for key in keys:
+            self._key(key)
+
+    def _key(self, key: dtmf.Key) -> None:
+        """One key press, reported once."""
+        if self._on_key is not None:
+            self._on_key(self, key)
+
+    def send_key(self, digit: str) -> bool:
+        """The key to the node session, if one is open (sent in the background: a key never
+        waits on the node); whether it was sent."""
+        if self.session is None or self.session.closed is not None:
+            return False
+        asyncio.ensure_future(_quietly(self.session.send_event("dtmf", digit)))
+        return True
 
     def _flush_jitter(self, now: float) -> None:
         for out in self.jitter.pop(now):
@@ -223,9 +266,10 @@ class Call:
             self._check_timeouts(now)
 
     def _fill_silence(self, now: float) -> None:
-        """A caller that pauses (silence suppression, or before its first packet) would starve
-        the node's frames: after `fill_after` without RTP, feed it silence in real time."""
-        if self.jitter.depth == 0 and now - self._last_rtp > self.cfg.fill_after:
+        """A caller that pauses (silence suppression, a key held down, or before its first
+        packet) would starve the node's frames: after `fill_after` without audio, feed it
+        silence in real time."""
+        if self.jitter.depth == 0 and now - self._last_audio > self.cfg.fill_after:
             try:
                 spp = self.playout.cfg.samples_per_packet
                 self._uplink.put_nowait(bytes([self.codec.silence]) * spp)
@@ -302,4 +346,5 @@ class Call:
                 "node_error": node_error, "rtp": asdict(self.stats),
                 "rtp_source": self.latch.source, "rtp_source_learned": self.latch.learned,
                 "jitter": self.jitter.stats.as_dict(), "playout": self.playout.stats.as_dict(),
+                "dtmf": self.dtmf.stats.as_dict(),
                 "sent_packets": self.sender.sent}

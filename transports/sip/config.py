@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from transports.sip.jitter import JitterConfig
 from transports.sip.pacer import PlayoutConfig
 
+CAPACITY_STATUSES = (503, 486)
+MAX_RETRY_AFTER = 86400                    # a day; RFC 3261 allows more, no caller needs it
+
 
 @dataclass(frozen=True)
 class BridgeConfig:
@@ -14,7 +17,14 @@ class BridgeConfig:
     port: int = 5060
     media_ip: str = ""                     # address put in SDP and bound for RTP; "" = host
     rtp_ports: tuple[int, int] = (0, 0)    # RTP port range (even ports); (0, 0) = ephemeral
-    max_calls: int = 64                    # calls at once; more get 503
+    max_calls: int = 64                    # calls at once; more get `capacity_status`
+    # A call refused for capacity (max_calls here, or the node's slots all taken) is answered
+    # 503 Service Unavailable by default: proxies then try another server (RFC 3263) and keep
+    # away from this one for Retry-After seconds (RFC 3261 §21.5.4). 486 Busy Here instead says
+    # the callee is busy, which a proxy passes back to the caller rather than failing over.
+    capacity_status: int = 503             # 503 or 486
+    retry_after: int = 5                   # Retry-After, s, on transient refusals; 0: none
+    telephone_event: bool = True           # agree RFC 4733 DTMF events when offered
     instructions: str = ""                 # system prompt sent with every node `open`
     t1: float = 0.5                        # RFC 3261 timers, s
     t2: float = 4.0
@@ -35,6 +45,13 @@ class BridgeConfig:
     jitter: JitterConfig = field(default_factory=JitterConfig)
     playout: PlayoutConfig = field(default_factory=PlayoutConfig)
     user_agent: str = "wave-sip/1"
+
+    def __post_init__(self):
+        if self.capacity_status not in CAPACITY_STATUSES:
+            raise ValueError(f"capacity_status must be one of {CAPACITY_STATUSES}")
+        if isinstance(self.retry_after, bool) or not isinstance(self.retry_after, int) \
+                or not 0 <= self.retry_after <= MAX_RETRY_AFTER:
+            raise ValueError(f"retry_after must be whole seconds, 0..{MAX_RETRY_AFTER}")
 
     @property
     def rtp_ip(self) -> str:

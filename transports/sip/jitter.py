@@ -14,15 +14,23 @@ capacity) the missing sequence numbers are declared lost and concealed with G.71
 exact length the RTP timestamps imply (for at most `max_conceal` packets of a gap), so the
 node's input timeline stays continuous.
 
+Telephone-event packets (RFC 4733 DTMF) share the audio stream's sequence numbers, and a phone
+usually sends them instead of audio while a key is down: they are pushed as `events` (no audio,
+no jitter sample: their timestamp stays at the key's start while they keep arriving) so that the
+numbers they hold are neither waited for nor counted lost when the audio resumes. Senders repeat
+an event's end packet on purpose, some under one sequence number: such a repeat is `repeated`,
+not a network `duplicate`.
+
 Invariant (checked by the tests): sequence numbers leave in strictly increasing, contiguous
-order, each either `played` once or `lost`; every packet pushed is played once, or counted
-`late` / `duplicate` / `jumped`, or is still buffered (`depth`). A far sequence jump or a new SSRC
-is believed only after two consecutive packets (RFC 3550 A.1 probation): then the buffer resyncs.
+order, each either `played` once (an event packet: counted in `events`, no payload) or `lost`;
+every packet pushed is played once, or counted `late` / `duplicate` / `repeated` / `jumped`, or
+is still buffered (`depth`). A far sequence jump or a new SSRC is believed only after two
+consecutive packets (RFC 3550 A.1 probation): then the buffer resyncs.
 """
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from transports.sip.rtp import RtpPacket
 
@@ -47,11 +55,13 @@ class JitterConfig:
 class JitterStats:
     received: int = 0                # packets pushed
     played: int = 0                  # released in order
+    events: int = 0                  # telephone-event packets released in order (no audio)
     lost: int = 0                    # sequence numbers given up on
     concealed: int = 0               # lost packets replaced by silence
     reordered: int = 0               # arrived after a later packet, still in time: absorbed
     late: int = 0                    # arrived after being declared lost: dropped
     duplicate: int = 0               # arrived twice: dropped
+    repeated: int = 0                # an event packet sent again under its number: dropped
     jumped: int = 0                  # far jump / foreign SSRC that did not resync: dropped
     resyncs: int = 0                 # sequence restarts or SSRC changes believed
     forced: int = 0                  # gaps given up early because the buffer was full
@@ -95,9 +105,12 @@ class JitterBuffer:
     def depth(self) -> int:
         return len(self._buf)
 
-    def push(self, pkt: RtpPacket, now: float) -> None:
-        """Accept one packet that arrived at `now` (seconds, monotonic)."""
+    def push(self, pkt: RtpPacket, now: float, audio: bool = True) -> None:
+        """Accept one packet that arrived at `now` (seconds, monotonic); `audio=False` for a
+        telephone-event packet, which takes its sequence number and leaves without a payload."""
         self.stats.received += 1
+        if not audio:
+            pkt = replace(pkt, payload=b"")
         if self._next is None:
             self._restart(pkt)
         elif self._foreign(pkt):
@@ -113,14 +126,15 @@ class JitterBuffer:
                 self._wait = min(self.cfg.max_wait, self._wait * 1.5 + self.cfg.ptime)
                 self.stats.wait_ms = self._wait * 1000
             else:
-                self.stats.duplicate += 1
+                self._count_duplicate(audio)
             return
         if ext in self._buf:
-            self.stats.duplicate += 1
+            self._count_duplicate(audio)
             return
         if ext < self._max_ext:
             self.stats.reordered += 1
-        self._update_jitter(pkt, now)
+        if audio:
+            self._update_jitter(pkt, now)
         self._buf[ext] = (pkt, now)
         self._max_ext = max(self._max_ext, ext)
         self.stats.max_depth = max(self.stats.max_depth, len(self._buf))
@@ -186,6 +200,11 @@ class JitterBuffer:
         return True
 
     def _release(self, pkt: RtpPacket, out: list[Out]) -> None:
+        if not pkt.payload:                # an event: nothing to hear, nothing to size gaps by
+            out.append(Out(self._next, None))
+            self.stats.events += 1
+            self._next += 1
+            return
         out.append(Out(self._next, pkt.payload))
         self.stats.played += 1
         self._last = pkt
@@ -213,6 +232,12 @@ class JitterBuffer:
             self._remember_lost(self._next)
             self._next += 1
         self.stats.lost += missing
+
+    def _count_duplicate(self, audio: bool) -> None:
+        if audio:
+            self.stats.duplicate += 1
+        else:
+            self.stats.repeated += 1
 
     def _remember_lost(self, ext: int) -> None:
         if len(self._lost) == self._lost.maxlen:

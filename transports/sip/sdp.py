@@ -5,6 +5,11 @@ packets. `negotiate` picks the first offered codec we support (the offerer's pre
 RFC 3264 §6.1), answers every other m= line with port 0 (rejected, same count and order), mirrors
 the direction attribute and raises `NotAcceptable` (-> 488) when no audio stream can be used.
 A description that is not valid SDP raises `SdpError` (-> 400).
+
+DTMF keys (RFC 4733): when the chosen stream offers `telephone-event` at the codec's clock rate,
+the answer lists it too, under the offerer's payload type (RFC 3264 §6.1: the answer uses the
+offer's numbers), with `a=fmtp:<pt> 0-15`: the events we receive are the 16 keys. An offer
+without it gets an answer without it. Our own offer carries it under `EVENT_PT`.
 """
 from __future__ import annotations
 
@@ -42,6 +47,9 @@ class Codec:
 PCMU = Codec("PCMU", 0, 8000, "pcmu")
 PCMA = Codec("PCMA", 8, 8000, "pcma")
 CODECS = {c.name: c for c in (PCMU, PCMA)}
+TELEPHONE_EVENT = "TELEPHONE-EVENT"
+EVENT_PT = 101                    # the dynamic payload type our own offer gives telephone-event
+EVENTS = "0-15"                   # the events we receive: the keys 0-9 * # A-D
 
 
 @dataclass
@@ -136,12 +144,18 @@ def connection_address(value: str) -> str:
     return address
 
 
-def offered_codec(media: Media) -> Codec | None:
-    """The first format of `media` that is a codec we speak, in the offer's order."""
+def _rtpmaps(media: Media) -> dict[str, str]:
+    """Payload type -> encoding (`NAME/rate[/channels]`, the name upper case)."""
     rtpmap = {}
     for value in media.attrs("rtpmap"):
         pt, _, enc = (value or "").strip().partition(" ")
         rtpmap[pt] = enc.strip().upper()
+    return rtpmap
+
+
+def offered_codec(media: Media) -> Codec | None:
+    """The first format of `media` that is a codec we speak, in the offer's order."""
+    rtpmap = _rtpmaps(media)
     for fmt in media.formats:
         if not fmt.isdigit() or int(fmt) > 127:
             continue
@@ -157,6 +171,22 @@ def offered_codec(media: Media) -> Codec | None:
     return None
 
 
+def offered_events(media: Media, codec: Codec) -> int | None:
+    """The payload type `media` gives telephone-event at `codec`'s clock rate (None: none)."""
+    rtpmap = _rtpmaps(media)
+    for fmt in media.formats:
+        if not fmt.isdigit() or int(fmt) > 127 or int(fmt) == codec.pt:
+            continue
+        name, rate, channels = (rtpmap.get(fmt, "").split("/") + ["", ""])[:3]
+        if name == TELEPHONE_EVENT and rate == str(codec.rate) and channels in ("", "1"):
+            return int(fmt)
+    return None
+
+
+def _event_lines(pt: int, rate: int) -> list[tuple[str, str]]:
+    return [("a", f"rtpmap:{pt} telephone-event/{rate}"), ("a", f"fmtp:{pt} {EVENTS}")]
+
+
 @dataclass(frozen=True)
 class Answer:
     codec: Codec
@@ -164,6 +194,7 @@ class Answer:
     direction: str                      # our direction, from the answer
     remote_ptime_ms: int | None
     sdp: Session
+    event_pt: int | None = None         # telephone-event's payload type; None: not agreed
 
     @property
     def we_send(self) -> bool:
@@ -175,8 +206,9 @@ class Answer:
 
 
 def negotiate(offer: Session, local_ip: str, local_port: int, session_id: int,
-              version: int, ptime_ms: int = 20) -> Answer:
-    """Answer `offer` with one G.711 audio stream on local_ip:local_port."""
+              version: int, ptime_ms: int = 20, events: bool = True) -> Answer:
+    """Answer `offer` with one G.711 audio stream on local_ip:local_port (and telephone-event
+    when `events` and the offer has it)."""
     chosen, answer_media = None, []
     for m in offer.media:
         codec = None
@@ -185,16 +217,19 @@ def negotiate(offer: Session, local_ip: str, local_port: int, session_id: int,
         if codec is None:
             answer_media.append(Media(m.media, 0, m.proto, m.formats[:1]))
             continue
-        chosen = (m, codec)
+        event_pt = offered_events(m, codec) if events else None
+        chosen = (m, codec, event_pt)
         direction = next((a for a in DIRECTIONS if m.attrs(a)), None) or \
             next((a for a in DIRECTIONS if _session_attr(offer, a)), "sendrecv")
         ours = _MIRROR[direction]
-        answer_media.append(Media("audio", local_port, m.proto, [str(codec.pt)], [
+        formats = [str(codec.pt)] + ([] if event_pt is None else [str(event_pt)])
+        answer_media.append(Media("audio", local_port, m.proto, formats, [
             ("a", f"rtpmap:{codec.pt} {codec.name}/{codec.rate}"),
+            *([] if event_pt is None else _event_lines(event_pt, codec.rate)),
             ("a", f"ptime:{ptime_ms}"), ("a", ours)]))
     if chosen is None:
         raise NotAcceptable("no audio stream offers PCMU/8000 or PCMA/8000 over RTP/AVP")
-    media, codec = chosen
+    media, codec, event_pt = chosen
     conn = media.connection or offer.get("c")
     if conn is None:
         raise SdpError("the audio stream has no c= address")
@@ -205,7 +240,8 @@ def negotiate(offer: Session, local_ip: str, local_port: int, session_id: int,
     sdp = Session([("v", "0"), ("o", f"wave {session_id} {version} IN {family} {local_ip}"),
                    ("s", "wave"), ("c", f"IN {family} {local_ip}"), ("t", "0 0")],
                   answer_media)
-    return Answer(codec, remote, _MIRROR[direction], int(ptimes[0]) if ptimes else None, sdp)
+    return Answer(codec, remote, _MIRROR[direction], int(ptimes[0]) if ptimes else None, sdp,
+                  event_pt)
 
 
 def _session_attr(session: Session, name: str) -> bool:
@@ -213,11 +249,16 @@ def _session_attr(session: Session, name: str) -> bool:
 
 
 def offer(local_ip: str, local_port: int, session_id: int, version: int = 1,
-          ptime_ms: int = 20, codecs: tuple[Codec, ...] = (PCMU, PCMA)) -> Session:
-    """Our own offer (for an INVITE that came without SDP)."""
+          ptime_ms: int = 20, codecs: tuple[Codec, ...] = (PCMU, PCMA),
+          events: bool = True) -> Session:
+    """Our own offer (for an INVITE that came without SDP); telephone-event under EVENT_PT."""
     family = "IP6" if ":" in local_ip else "IP4"
     rtpmaps = [("a", f"rtpmap:{c.pt} {c.name}/{c.rate}") for c in codecs]
+    formats = [str(c.pt) for c in codecs]
+    if events:
+        rtpmaps += _event_lines(EVENT_PT, codecs[0].rate)
+        formats.append(str(EVENT_PT))
     return Session([("v", "0"), ("o", f"wave {session_id} {version} IN {family} {local_ip}"),
                     ("s", "wave"), ("c", f"IN {family} {local_ip}"), ("t", "0 0")],
-                   [Media("audio", local_port, "RTP/AVP", [str(c.pt) for c in codecs],
+                   [Media("audio", local_port, "RTP/AVP", formats,
                           [*rtpmaps, ("a", f"ptime:{ptime_ms}"), ("a", "sendrecv")])])

@@ -2,11 +2,22 @@
 
 Every datagram is parsed and answered synchronously where it can be (OPTIONS, BYE, CANCEL,
 errors); an INVITE starts a task that binds an RTP port, opens the node session and answers
-200 OK with SDP (486 when the node is at capacity, 503 when it refuses otherwise or does not
-answer). Checks on a request, in RFC 3261 §8.2 order: parse -> version (505) -> mandatory headers
-(400) -> method (405/501) -> Require (420) -> body (415; 400 for broken SDP; 488 when no codec
-matches). Garbage that cannot be addressed is counted, never answered; nothing a datagram holds
-can raise out of `on_datagram`. Retransmissions and timers live in `transaction.Transactions`.
+200 OK with SDP. Checks on a request, in RFC 3261 §8.2 order: parse -> version (505) -> mandatory
+headers (400) -> method (405/501) -> Require (420) -> body (415; 400 for broken SDP; 488 when no
+codec matches). Garbage that cannot be addressed is counted, never answered; nothing a datagram
+holds can raise out of `on_datagram`. Retransmissions and timers live in
+`transaction.Transactions`.
+
+Refused calls. A new call refused for capacity (`max_calls`, or the node's `refused capacity`)
+gets `cfg.capacity_status` (503 by default, 486 by choice) with Retry-After `cfg.retry_after`.
+Other refusals get 503; with Retry-After where trying again later can work (node draining or
+not answering, no RTP port, shutdown, our transaction table full), without it where it cannot
+(the node refuses our `open` as invalid or unauthorised: RFC 3261 §21.5.4 has a 503 without
+Retry-After taken as a 500). A refusal of a well-formed INVITE is a proper INVITE server
+transaction (To tag, resent until the ACK, retransmissions absorbed), so each refused call
+leaves exactly one `call_refused` line in the event log (Call-ID, From, source, reason, status,
+detail) and is counted in `stats.calls_refused` and, by reason, `stats.refusals`. A malformed
+INVITE (400 before it could be read as one, 505) is answered statelessly: one line per copy.
 """
 from __future__ import annotations
 
@@ -17,17 +28,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from transports import client as C
+from transports import protocol as P
 from transports.sip import message as M
 from transports.sip import sdp, sockbuf
 from transports.sip.call import NODE_ERRORS, Call
 from transports.sip.config import BridgeConfig
 from transports.sip.dialog import Dialog, hostport, new_tag
+from transports.sip.dtmf import Key
 from transports.sip.pacer import Clock, MonotonicClock
 from transports.sip.transaction import InviteTx, Transactions, tx_key
 
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
 KNOWN_METHODS = ("REGISTER", "INFO", "UPDATE", "PRACK", "SUBSCRIBE", "NOTIFY", "REFER",
                  "MESSAGE", "PUBLISH")
+RETRYABLE_NODE_REFUSALS = ("capacity", "draining", "duplicate")   # a later try can succeed
+LOGGED_HEADER_CHARS = 256          # a From header is logged at most this long
 
 
 @dataclass
@@ -43,12 +58,14 @@ class BridgeStats:
     stray: int = 0                   # ACKs and responses matching nothing
     calls_offered: int = 0
     calls_answered: int = 0
-    calls_refused: int = 0           # the node said no (486/503)
+    calls_refused: int = 0           # new calls answered with an error (CANCEL's 487 aside)
     calls_cancelled: int = 0
     calls_ended: int = 0
     ack_timeouts: int = 0
     internal_errors: int = 0
+    dtmf_keys: int = 0               # RFC 4733 key presses, each once
     finals: dict = field(default_factory=dict)    # final status sent -> count
+    refusals: dict = field(default_factory=dict)  # refused calls by reason -> count
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -123,7 +140,8 @@ class Bridge:
         for tx in list(self.tx.invites.values()):
             if tx.final is None and tx.task is not None:
                 tx.task.cancel()
-                self.tx.final(tx, 503, headers=[("Retry-After", "5")])
+                self._refuse(tx.request, tx.addr, 503, "shutdown", tx=tx,
+                             headers=self._retry_after())
         ending = hangups + list(self._finishing)
         if ending:
             await asyncio.wait(ending, timeout=timeout)
@@ -186,6 +204,8 @@ class Bridge:
         if msg.version != M.SIP_VERSION:
             if msg.get("Via") and msg.method != "ACK":
                 self.tx.respond(msg, addr, 505)
+                if _new_invite(msg):
+                    self._log_refusal(msg, addr, 505, "bad_version", msg.version)
             else:
                 self.stats.garbage += 1
             return
@@ -203,6 +223,8 @@ class Bridge:
             return
         self.stats.bad_requests += 1
         self.tx.respond(partial, addr, 400, cache=False, headers=[_warning(399, reason)])
+        if _new_invite(partial):
+            self._log_refusal(partial, addr, 400, "bad_request", reason)
 
     # ------------------------------------------------------------------------- requests
 
@@ -210,6 +232,8 @@ class Bridge:
         method = req.method
         if method == "ACK":
             self._on_ack(req)
+            return
+        if method == "INVITE" and self._invite_retransmitted(req):
             return
         if method != "INVITE" and (cached := self.tx.cached(req)) is not None:
             self.stats.retransmits_in += 1
@@ -222,21 +246,26 @@ class Bridge:
             self.tx.respond(req, addr, status, headers=[("Allow", ALLOW)])
             return
         if method != "CANCEL" and (require := req.get("Require")):
-            self.tx.respond(req, addr, 420, headers=[("Unsupported", require)])
+            self._reject(req, addr, 420, "unsupported_extension", [("Unsupported", require)],
+                         require)
             return
         handler(req, addr)
+
+    def _invite_retransmitted(self, req: M.SipMessage) -> bool:
+        """A retransmitted INVITE gets our last response again, and nothing else happens."""
+        tx = self.tx.invites.get(tx_key(req))
+        if tx is None:
+            return False
+        self.stats.retransmits_in += 1
+        if tx.last is not None:
+            self._send(tx.last, tx.addr)
+        return True
 
     def _on_options(self, req: M.SipMessage, addr) -> None:
         self.tx.respond(req, addr, 200, to_tag=new_tag(), headers=[
             ("Allow", ALLOW), ("Accept", "application/sdp"), ("Accept-Language", "en")])
 
     def _on_invite(self, req: M.SipMessage, addr) -> None:
-        tx = self.tx.invites.get(tx_key(req))
-        if tx is not None:                                  # a retransmission
-            self.stats.retransmits_in += 1
-            if tx.last is not None:
-                self._send(tx.last, tx.addr)
-            return
         if M.parse_name_addr(req.get("To")).tag is not None:
             self._on_reinvite(req, addr)
             return
@@ -244,16 +273,23 @@ class Bridge:
         if offer is False:
             return
         if not req.get("Contact"):
-            self._bad_request(req, "missing Contact", addr)
+            self._reject(req, addr, 400, "bad_request", [_warning(399, "missing Contact")],
+                         "missing Contact")
             return
         self.stats.calls_offered += 1
         tx = InviteTx(req, addr, new_tag())
-        if len(self.calls) >= self.cfg.max_calls or not self.tx.add_invite(tx):
-            self.tx.respond(req, addr, 503, headers=[("Retry-After", "5")])
+        if not self.tx.add_invite(tx):
+            self._refuse(req, addr, 503, "overload", headers=self._retry_after(),
+                         detail="INVITE transaction table full", stateless=True)
             return
-        codec = sdp.negotiate(offer, self.cfg.rtp_ip, 0, 0, 0).codec if offer else sdp.PCMU
+        if len(self.calls) >= self.cfg.max_calls:
+            self._refuse(req, addr, self.cfg.capacity_status, "capacity", tx=tx,
+                         headers=self._retry_after(),
+                         detail=f"{len(self.calls)} calls, max_calls {self.cfg.max_calls}")
+            return
+        codec = self._negotiate(offer, 0).codec if offer else sdp.PCMU
         tx.call = Call(self.cfg, req.get("Call-ID"), codec, self._on_call_end, self.clock,
-                       signalling_host=addr[0])
+                       signalling_host=addr[0], on_key=self._on_key)
         self.calls.add(tx.call)
         self.tx.provisional(tx, 100)
         tx.task = self._spawn(self._answer(tx, offer))
@@ -264,39 +300,116 @@ class Bridge:
             return None
         ctype = (req.get("Content-Type") or "").split(";")[0].strip().lower()
         if ctype != "application/sdp":
-            self.tx.respond(req, addr, 415, headers=[("Accept", "application/sdp")])
+            self._reject(req, addr, 415, "unsupported_media_type",
+                         [("Accept", "application/sdp")], ctype)
             return False
         try:
             offer = sdp.parse(req.body)
-            sdp.negotiate(offer, self.cfg.rtp_ip, 0, 0, 0)
+            self._negotiate(offer, 0)
         except sdp.NotAcceptable as exc:
-            self.tx.respond(req, addr, 488, headers=[_warning(305, str(exc))])
+            self._reject(req, addr, 488, "no_common_codec", [_warning(305, str(exc))], str(exc))
             return False
         except sdp.SdpError as exc:
-            self._bad_request(req, f"bad SDP: {exc}", addr)
+            self._reject(req, addr, 400, "bad_sdp", [_warning(399, f"bad SDP: {exc}")], str(exc))
             return False
         return offer
 
+    def _negotiate(self, offer: sdp.Session, port: int, session_id: int = 0,
+                   version: int = 0) -> sdp.Answer:
+        return sdp.negotiate(offer, self.cfg.rtp_ip, port, session_id, version,
+                             events=self.cfg.telephone_event)
+
     async def _answer(self, tx: InviteTx, offer: sdp.Session | None) -> None:
-        """Bind RTP, open the node session, answer 200 OK with SDP (or the right error)."""
+        """Bind RTP, open the node session, answer 200 OK with SDP (or refuse the call)."""
         call = tx.call
         try:
-            await call.bind()
-            self.tx.provisional(tx, 180, self._dialog_headers(tx.request))
-            await call.open_node(self.client)
-        except C.Refused as exc:
-            self.stats.calls_refused += 1
-            status = 486 if exc.reason == "capacity" else 503
-            self.tx.final(tx, status, headers=[_warning(399, f"node refused: {exc}")])
-            return self._discard(call)
-        except NODE_ERRORS as exc:
-            self.tx.final(tx, 503, headers=[("Retry-After", "5"), _warning(
-                399, f"{type(exc).__name__}: node or RTP unavailable")])
-            return self._discard(call)
+            refusal = await self._open_call(tx, call)
         except asyncio.CancelledError:                       # CANCEL or shutdown
             self._discard(call)
             raise
+        if refusal is not None:
+            status, reason, headers, detail = refusal
+            self._refuse(tx.request, tx.addr, status, reason, tx=tx, headers=headers,
+                         detail=detail)
+            return self._discard(call)
         self._establish(tx, call, offer)
+
+    async def _open_call(self, tx: InviteTx, call: Call) -> tuple | None:
+        """Bind RTP and open the node session: None when both worked, else the refusal
+        (status, reason, headers, detail)."""
+        try:
+            await call.bind()
+        except OSError as exc:
+            return 503, "no_rtp_port", [*self._retry_after(), _warning(
+                399, "no RTP port available")], str(exc)
+        self.tx.provisional(tx, 180, self._dialog_headers(tx.request))
+        try:
+            await call.open_node(self.client)
+        except C.Refused as exc:
+            return self._node_refusal(exc)
+        except NODE_ERRORS as exc:
+            return 503, "node_unavailable", [*self._retry_after(), _warning(
+                399, f"{type(exc).__name__}: node unavailable")], repr(exc)
+        return None
+
+    def _node_refusal(self, exc: C.Refused) -> tuple:
+        """The node refused our `open`: capacity as configured; others 503, with Retry-After
+        only where a later try can succeed."""
+        status = self.cfg.capacity_status if exc.reason == "capacity" else 503
+        retry = self._retry_after() if exc.reason in RETRYABLE_NODE_REFUSALS else []
+        reason = f"node_{exc.reason}" if exc.reason in P.REFUSE_REASONS else "node_refused"
+        return status, reason, [*retry, _warning(399, f"node refused: {exc}")], str(exc)
+
+    def _retry_after(self) -> list[tuple[str, str]]:
+        return [("Retry-After", str(self.cfg.retry_after))] if self.cfg.retry_after else []
+
+    # ------------------------------------------------------------------------- refusals
+
+    def _reject(self, req: M.SipMessage, addr, status: int, reason: str, headers,
+                detail: str = "") -> None:
+        """An error for an INVITE (a new call: refused; in a dialog: its re-offer refused) or
+        any other request."""
+        if _new_invite(req):
+            self._refuse(req, addr, status, reason, headers=headers, detail=detail)
+            return
+        if status == 400:
+            self.stats.bad_requests += 1
+        self.tx.respond(req, addr, status, cache=status != 400, headers=headers)
+
+    def _refuse(self, req: M.SipMessage, addr, status: int, reason: str, *, headers=(),
+                detail: str = "", tx: InviteTx | None = None, stateless: bool = False) -> None:
+        """Answer a new call's INVITE with an error as its server transaction's final response
+        (statelessly when the transaction table is full); log and count it once."""
+        if tx is None and not stateless:
+            tx = InviteTx(req, addr, new_tag())
+            if not self.tx.add_invite(tx):
+                tx = None
+        if tx is None:
+            self.tx.respond(req, addr, status, to_tag=new_tag(), headers=headers)
+        elif tx.final is None:
+            self.tx.final(tx, status, headers=headers)
+        else:
+            return                                   # answered already (CANCEL, shutdown)
+        if status == 400:
+            self.stats.bad_requests += 1
+        self._log_refusal(req, addr, status, reason, detail)
+
+    def _log_refusal(self, req: M.SipMessage, addr, status: int, reason: str,
+                     detail="") -> None:
+        self.stats.calls_refused += 1
+        self.stats.refusals[reason] = self.stats.refusals.get(reason, 0) + 1
+        self.emit("call_refused", call_id=req.get("Call-ID"), status=status, reason=reason,
+                  source=hostport(*addr[:2]), detail=str(detail)[:LOGGED_HEADER_CHARS],
+                  **{"from": (req.get("From") or "")[:LOGGED_HEADER_CHARS]})
+
+    def _on_key(self, call: Call, key: Key) -> None:
+        """A key the caller pressed (RFC 4733), once: sent to the model's session as an
+        `event` (call.py), logged and counted."""
+        self.stats.dtmf_keys += 1
+        sent = call.send_key(key.digit)
+        self.emit("dtmf", call_id=call.sip_call_id, session=call.session_id, digit=key.digit,
+                  code=key.event, rtp_timestamp=key.timestamp, ssrc=key.ssrc,
+                  dbm0=-key.volume, sent_to_node=sent)
 
     def _establish(self, tx: InviteTx, call: Call, offer: sdp.Session | None) -> None:
         req, session_id = tx.request, int(call.session_id[4:12], 16)
@@ -322,8 +435,9 @@ class Bridge:
         """Our answer to `offer`; without one, our offer (the caller answers in the ACK)."""
         if offer is None:
             return None, sdp.offer(self.cfg.rtp_ip, call.local_port, session_id, version,
-                                   codecs=(call.codec,)).to_bytes()
-        answer = sdp.negotiate(offer, self.cfg.rtp_ip, call.local_port, session_id, version)
+                                   codecs=(call.codec,),
+                                   events=self.cfg.telephone_event).to_bytes()
+        answer = self._negotiate(offer, call.local_port, session_id, version)
         return answer, answer.sdp.to_bytes()
 
     def _dialog_headers(self, req: M.SipMessage) -> list[tuple[str, str]]:
@@ -353,8 +467,7 @@ class Bridge:
         dialog.confirmed = True
         if tx.offered and req.body:                      # our offer's answer
             try:
-                answer = sdp.negotiate(sdp.parse(req.body), self.cfg.rtp_ip,
-                                       dialog.call.local_port, 0, 1)
+                answer = self._negotiate(sdp.parse(req.body), dialog.call.local_port, 0, 1)
                 if answer.codec.name != dialog.call.codec.name:
                     raise sdp.NotAcceptable("the answer changed the codec")
             except (sdp.SdpError, sdp.NotAcceptable):
@@ -387,7 +500,7 @@ class Bridge:
         call = dialog.call
         tx = InviteTx(req, addr, dialog.local_tag, call=call, dialog=dialog)
         if not self.tx.add_invite(tx):
-            self.tx.respond(req, addr, 503, headers=[("Retry-After", "5")])
+            self.tx.respond(req, addr, 503, headers=self._retry_after())
             return
         answer, body = self._answer_sdp(call, offer, int(call.session_id[4:12], 16), cseq)
         if answer is not None and answer.codec.name != call.codec.name:
@@ -460,6 +573,16 @@ class Bridge:
         self.calls.discard(dialog.call)
         self.stats.calls_ended += 1
         self.emit("call_end", **summary)
+
+
+def _new_invite(msg: M.SipMessage) -> bool:
+    """An INVITE that starts a call (no To tag), as far as a partly parsed one tells."""
+    if not msg.is_request or msg.method != "INVITE":
+        return False
+    try:
+        return M.parse_name_addr(msg.get("To") or "").tag is None
+    except ValueError:
+        return True
 
 
 def _warning(code: int, text: str) -> tuple[str, str]:
