@@ -1,0 +1,402 @@
+"""The bridge's talk page (`/`): its HTTP answers, and a real browser talking through it.
+
+The unit test reads the page's files from an in-process bridge over plain HTTP. The browser test
+runs the sim node and the bridge as subprocesses, then headless Chromium with a fake microphone
+fed from a WAV written here, driven over the DevTools protocol (a small client on `websockets`):
+it enters the key, connects, holds the talk button, and reads what the page shows. Every wait is
+bounded.
+"""
+import asyncio
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from tests.transports.test_realtime_e2e import free_port, start, start_node, stop
+from transports.realtime.server import Bridge, BridgeConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "page-key-123"
+CHROMIUM = Path("/usr/bin/chromium")
+WEB = ROOT / "transports" / "realtime" / "web"
+
+
+# ---- plain HTTP against an in-process bridge ---------------------------------------------
+
+async def http_get(port: int, path: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
+    """One GET; the bridge closes the connection after a non-WebSocket answer."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
+    lines = [f"GET {path} HTTP/1.1", f"Host: 127.0.0.1:{port}",
+             *(f"{k}: {v}" for k, v in (headers or {}).items()), "", ""]
+    writer.write("\r\n".join(lines).encode())
+    await writer.drain()
+    raw = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode().split("\r\n")
+    hdrs = {}
+    for line in header_lines:
+        k, _, v = line.partition(":")
+        hdrs[k.strip().lower()] = v.strip()
+    return int(status_line.split()[1]), hdrs, body
+
+
+def test_page_served_and_endpoint_unchanged():
+    """Catches: the page or one of its files missing, served with a wrong Content-Type (a
+    module script or worklet the browser then refuses), without its CSP, or a CSP that would
+    block the page's own script or its socket; the page's WebSocket path not the bridge's; and
+    the page hook swallowing the endpoint's answers (401 without a key, 426 for a plain GET with
+    one, 404 elsewhere) or answering a WebSocket handshake on `/` with HTML."""
+    async def go():
+        bridge = await Bridge(BridgeConfig(node=f"tcp://127.0.0.1:{free_port()}", port=0,
+                                           path="/v1/rt-test", api_key=KEY)).start()
+        port = bridge.port
+        try:
+            status, headers, body = await http_get(port, "/?x=1")
+            assert status == 200
+            assert headers["content-type"] == "text/html; charset=utf-8"
+            assert int(headers["content-length"]) == len(body)
+            assert headers["x-content-type-options"] == "nosniff"
+            policy = dict(d.strip().split(" ", 1) for d in
+                          headers["content-security-policy"].split(";"))
+            assert policy["default-src"] == "'none'"
+            assert policy["script-src"] == "'self'" and policy["style-src"] == "'self'"
+            assert policy["frame-ancestors"] == "'none'"
+            assert policy["connect-src"].split() == [
+                "'self'", f"ws://127.0.0.1:{port}", f"wss://127.0.0.1:{port}"]
+            page = body.decode()
+            assert '<meta name="wave-realtime-path" content="/v1/rt-test">' in page
+            assert "<script>" not in page and "style=" not in page     # nothing inline
+            # every file the page names is served, with the type a browser will accept
+            wanted = {"/web/mic-worklet.js": "text/javascript"}
+            wanted.update({src: "text/javascript" for src in re.findall(r'src="([^"]+)"', page)})
+            wanted.update({h: "text/css" for h in re.findall(r'stylesheet" href="([^"]+)"', page)})
+            assert set(wanted) == {"/web/app.js", "/web/mic-worklet.js", "/web/style.css"}
+            for path, kind in wanted.items():
+                status, headers, body = await http_get(port, path)
+                assert status == 200, path
+                assert headers["content-type"] == f"{kind}; charset=utf-8", path
+                assert "content-security-policy" in headers
+                assert body == (WEB / path.rsplit("/", 1)[1]).read_bytes()
+            # the endpoint answers as it did before the page existed
+            status, headers, body = await http_get(port, "/v1/rt-test")
+            assert status == 401 and b"invalid_api_key" in body
+            status, _, body = await http_get(port, "/v1/rt-test",
+                                             {"Authorization": f"Bearer {KEY}"})
+            assert status == 426 and b"WebSocket" in body
+            for path in ("/web/", "/web/../server.py", "/index.html", "/favicon.ico"):
+                status, headers, _ = await http_get(port, path)
+                assert status == 404 and headers["content-type"] == "application/json", path
+            with pytest.raises(InvalidStatus) as exc:
+                async with connect(f"ws://127.0.0.1:{port}/", open_timeout=5,
+                                   subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"]):
+                    pass
+            assert exc.value.response.status_code == 404
+            # the way the page passes its key: the subprotocol next to `realtime`
+            async with connect(f"ws://127.0.0.1:{port}/v1/rt-test", open_timeout=5,
+                               subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"]) as ws:
+                assert ws.subprotocol == "realtime"
+                first = json.loads(await asyncio.wait_for(ws.recv(), 5))
+                assert first["type"] == "session.created"
+        finally:
+            await bridge.stop()
+    asyncio.run(asyncio.wait_for(go(), 60))
+
+
+# ---- a real browser ---------------------------------------------------------------------
+
+def voice_like_wav(path: Path, seconds: float = 4.0, rate: int = 48000) -> None:
+    """A pitched buzz in syllable-like bursts: steady enough to be heard over the sim's energy
+    threshold, varying enough that the browser's noise suppression keeps it."""
+    t = np.arange(int(rate * seconds)) / rate
+    f0 = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    buzz = sum(np.sin(k * phase) / k for k in range(1, 8))
+    bursts = np.clip(np.sin(2 * np.pi * 3.0 * t), 0, None) ** 0.5
+    x = 0.25 * buzz * bursts / np.max(np.abs(buzz))
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((x * 32767).astype("<i2").tobytes())
+
+
+class Cdp:
+    """Just enough of the DevTools protocol: calls by id, events kept for the end."""
+
+    def __init__(self, ws):
+        self.ws, self.next_id, self.pending, self.events = ws, 0, {}, []
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for raw in self.ws:
+                msg = json.loads(raw)
+                fut = self.pending.pop(msg.get("id"), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+                elif "method" in msg:
+                    self.events.append(msg)
+        except ConnectionClosed:        # the browser went away: pending calls time out
+            pass
+
+    async def call(self, method: str, timeout: float = 10, **params) -> dict:
+        self.next_id += 1
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[self.next_id] = fut
+        await self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        msg = await asyncio.wait_for(fut, timeout)
+        if "error" in msg:
+            raise RuntimeError(f"{method}: {msg['error']}")
+        return msg["result"]
+
+    async def js(self, expression: str):
+        r = await self.call("Runtime.evaluate", expression=expression, returnByValue=True,
+                            awaitPromise=True)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{expression}: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    async def snapshot(self) -> dict:
+        return await self.js("""({
+            state: document.getElementById('state').textContent,
+            stateName: document.getElementById('state').dataset.state,
+            errors: [...document.querySelectorAll('#errors li')].map(e => e.textContent),
+            user: [...document.querySelectorAll('#transcript li.user .text')]
+                    .map(e => e.textContent).join(' | '),
+            agent: [...document.querySelectorAll('#transcript li.agent .text')]
+                    .map(e => e.textContent).join(' | '),
+            talking: document.getElementById('talk').getAttribute('aria-pressed'),
+            sent: +document.getElementById('sent-chunks').textContent,
+            sentBytes: +document.getElementById('sent-bytes').textContent,
+            received: +document.getElementById('recv-chunks').textContent,
+            played: +document.getElementById('played-chunks').textContent,
+            gaps: +document.getElementById('gaps').textContent,
+        })""")
+
+    async def until(self, check, timeout: float, what: str) -> dict:
+        """Page snapshots until `check(snapshot)` holds; the last one is in the failure."""
+        deadline = time.monotonic() + timeout
+        snap = {}
+        while time.monotonic() < deadline:
+            snap = await self.snapshot()
+            if check(snap):
+                return snap
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"page never showed {what} in {timeout:g} s: {snap}; "
+                             f"console: {self.console()}")
+
+    async def center(self, selector: str) -> tuple[float, float]:
+        r = await self.js(f"(() => {{ const r = document.querySelector({json.dumps(selector)})"
+                          ".getBoundingClientRect(); return [r.x + r.width / 2, "
+                          "r.y + r.height / 2]; })()")
+        return r[0], r[1]
+
+    async def mouse(self, kind: str, x: float, y: float) -> None:
+        await self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left",
+                        buttons=1 if kind == "mousePressed" else 0, clickCount=1)
+
+    async def click(self, selector: str) -> None:
+        x, y = await self.center(selector)
+        await self.mouse("mouseMoved", x, y)
+        await self.mouse("mousePressed", x, y)
+        await self.mouse("mouseReleased", x, y)
+
+    async def type_into(self, selector: str, text: str) -> None:
+        await self.click(selector)
+        await self.js(f"document.querySelector({json.dumps(selector)}).select()")
+        await self.call("Input.insertText", text=text)
+
+    def console(self) -> list[str]:
+        out = []
+        for ev in self.events:
+            if ev["method"] == "Runtime.exceptionThrown":
+                out.append("exception: " + json.dumps(ev["params"]["exceptionDetails"])[:400])
+            elif ev["method"] == "Runtime.consoleAPICalled" and \
+                    ev["params"]["type"] in ("error", "warning"):
+                out.append(" ".join(str(a.get("value", a.get("description")))
+                                    for a in ev["params"]["args"]))
+            elif ev["method"] == "Log.entryAdded" and \
+                    ev["params"]["entry"]["level"] in ("error", "warning"):
+                out.append(ev["params"]["entry"]["text"])
+        return out
+
+
+def launch_chromium(url: str, wav: Path, profile: Path, log: Path) -> tuple[subprocess.Popen, int]:
+    """Headless Chromium on `url` with the WAV as its microphone; (process, DevTools port)."""
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={profile}", "--remote-debugging-port=0",
+             "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
+             f"--use-file-for-fake-audio-capture={wav}", "--window-size=900,1100"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(CHROMIUM), *flags, url], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    port_file = profile / "DevToolsActivePort"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if port_file.exists() and port_file.read_text().strip():
+            return proc, int(port_file.read_text().split()[0])
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    kill_group(proc)
+    raise RuntimeError(f"chromium did not start:\n{log.read_text()[-3000:]}")
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Chromium and the renderer/utility processes it started (its own session)."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def page_target(devtools_port: int, url: str) -> str:
+    """The DevTools WebSocket of the tab showing `url`."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{devtools_port}/json/list",
+                                    timeout=5) as r:
+            for t in json.load(r):
+                if t["type"] == "page" and t["url"].startswith(url):
+                    return t["webSocketDebuggerUrl"]
+        time.sleep(0.2)
+    raise RuntimeError(f"no tab on {url}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs /usr/bin/chromium (Debian's `chromium` "
+                    "package; .ci/run installs it)")
+def test_browser_talks_through_the_page(tmp_path):
+    """Catches: the page failing in a real browser (a CSP that blocks its own script, worklet
+    or socket; a module or worklet error), its key not reaching the bridge the way browsers can
+    send one (subprotocol), a refused key not shown, the microphone not turned into 24 kHz
+    `input_audio_buffer.append`s the model hears (no user transcript) or still streaming after
+    release, output deltas not decoded and played on the audio clock, transcripts not shown,
+    the toggle and keyboard ways to talk broken, and the key not kept for the next visit."""
+    wav = tmp_path / "mic.wav"
+    voice_like_wav(wav)
+    node_proc, endpoint = start_node(tmp_path)
+    port = free_port()
+    bridge_log = tmp_path / "bridge.log"
+    bridge_proc = chrome = profile = None
+    try:
+        bridge_proc = start(["-m", "transports.realtime", "--node", endpoint, "--listen",
+                             f"127.0.0.1:{port}"], "listening on", bridge_log,
+                            env={"WAVE_API_KEY": KEY})
+        url = f"http://127.0.0.1:{port}/"
+        profile = Path(tempfile.mkdtemp(prefix="chromium-", dir=tmp_path))
+        chrome, devtools = launch_chromium(url, wav, profile, tmp_path / "chromium.log")
+
+        async def go() -> dict:
+            async with connect(page_target(devtools, url), max_size=None, open_timeout=10) as ws:
+                cdp = Cdp(ws)
+                for domain in ("Page", "Runtime", "Log"):
+                    await cdp.call(f"{domain}.enable")
+                await cdp.call("Page.reload", ignoreCache=True)   # console seen from the start
+                deadline = time.monotonic() + 20
+                while not await cdp.js("document.readyState === 'complete' && "
+                                       "!!document.getElementById('talk')"):
+                    assert time.monotonic() < deadline, "the page did not load"
+                    await asyncio.sleep(0.1)
+                await cdp.until(lambda s: s["stateName"] == "disconnected", 5, "its first state")
+
+                # a wrong key: refused at the handshake, and the page says so
+                await cdp.type_into("#key", "wrong-key")
+                await cdp.click("#connect")
+                snap = await cdp.until(lambda s: any("401" in e for e in s["errors"]), 15,
+                                       "the refused key")
+                assert snap["stateName"] == "error"
+
+                await cdp.type_into("#key", KEY)
+                await cdp.click("#connect")
+                await cdp.until(lambda s: s["stateName"] == "connected", 20, "connected")
+                assert await cdp.js("localStorage.getItem('wave.realtime.apiKey')") == KEY
+
+                # hold to talk: the fake microphone streams while the button is down
+                x, y = await cdp.center("#talk")
+                await cdp.mouse("mouseMoved", x, y)
+                await cdp.mouse("mousePressed", x, y)
+                pressed = time.monotonic()
+                await cdp.until(lambda s: s["talking"] == "true" and s["sent"] >= 50 and
+                                s["user"], 30, "audio sent and heard")
+                await cdp.mouse("mouseReleased", x, y)
+                held = time.monotonic() - pressed
+                snap = await cdp.until(lambda s: s["talking"] == "false", 5, "the release")
+                sent = snap["sent"]
+                # 24 kHz pcm16 is 48,000 bytes a second of holding: a worklet that skips or
+                # botches the resampling sends twice or half that (the mic starts a little
+                # after the press, hence the wide low side)
+                rate = snap["sentBytes"] / held
+                assert 0.5 * 48000 < rate < 1.25 * 48000, (rate, held, snap)
+                snap = await cdp.until(lambda s: s["played"] >= 25 and "speaking" in s["agent"],
+                                       30, "played audio and the agent's words")
+                # released: the microphone stops (at most the flushed tail goes after)
+                assert snap["sent"] <= sent + 3, snap
+                assert snap["errors"] == [], snap
+                assert not [c for c in cdp.console()
+                            if "exception" in c or "Content Security Policy" in c], cdp.console()
+
+                shot = await cdp.call("Page.captureScreenshot", format="png", timeout=20)
+                png = tmp_path / "realtime-page.png"
+                png.write_bytes(base64.b64decode(shot["data"]))
+                artifacts = ROOT / "tests" / "artifacts"
+                if artifacts.is_dir():
+                    shutil.copy(png, artifacts / "realtime-page.png")
+
+                # the other ways to talk: toggle by click, hold by keyboard
+                await cdp.click("#toggle")
+                await cdp.click("#talk")
+                await cdp.until(lambda s: s["talking"] == "true", 5, "toggled on")
+                await cdp.click("#talk")
+                await cdp.until(lambda s: s["talking"] == "false", 5, "toggled off")
+                await cdp.click("#toggle")
+                await cdp.js("document.getElementById('talk').focus()")
+                space = {"key": " ", "code": "Space", "windowsVirtualKeyCode": 32}
+                await cdp.call("Input.dispatchKeyEvent", type="keyDown", **space)
+                await cdp.until(lambda s: s["talking"] == "true", 5, "held by Space")
+                await cdp.call("Input.dispatchKeyEvent", type="keyUp", **space)
+                await cdp.until(lambda s: s["talking"] == "false", 5, "released by Space")
+
+                # the key is asked for once: a reload finds it stored
+                await cdp.call("Page.reload")
+                deadline = time.monotonic() + 20
+                while await cdp.js("document.getElementById('key')?.value ?? ''") != KEY:
+                    assert time.monotonic() < deadline, "the stored key was not filled in"
+                    await asyncio.sleep(0.1)
+                cdp.reader.cancel()
+                return snap
+
+        snap = asyncio.run(asyncio.wait_for(go(), 150))
+        assert snap["received"] >= snap["played"] >= 25
+        assert snap["sentBytes"] >= 50 * 1920              # 40 ms of 24 kHz pcm16 a chunk
+        assert re.search(r"slot \d+ speaking", snap["agent"]), snap["agent"]
+        assert re.fullmatch(r"[a-z |]+", snap["user"]), snap["user"]
+    finally:
+        if chrome is not None:
+            kill_group(chrome)
+        if profile is not None:                 # tens of MB; the logs and screenshot stay
+            shutil.rmtree(profile, ignore_errors=True)
+        if bridge_proc is not None:
+            stop(bridge_proc)
+        stop(node_proc)
