@@ -76,6 +76,7 @@ class _Response:
     transcript: _Text
     output: list[dict] = field(default_factory=list)     # finished items, in output_index order
     message_open: bool = True
+    spoke: bool = False                # `response.speak` sent (the vllm-omni dialect's)
 
 
 @dataclass
@@ -87,8 +88,12 @@ class _UserItem:
 
 class Conversation:
     def __init__(self, beta: bool = False, ids: Ids | None = None, turn_gap_frames: int = 10,
-                 max_transcript: int = 16384):
-        self.beta, self.ids = beta, ids or Ids()
+                 max_transcript: int = 16384, vllm_omni: bool = False):
+        self.beta, self.ids = beta or vllm_omni, ids or Ids()
+        # vllm-omni's extensions: `response.speak` before a response's first audio, and
+        # `audio_fields` (the delta's format and rate) on every audio delta
+        self.vllm_omni = vllm_omni
+        self.audio_fields: dict = {}
         self.turn_gap_frames, self.max_transcript = turn_gap_frames, max_transcript
         self.response: _Response | None = None
         self.user: _UserItem | None = None
@@ -125,8 +130,13 @@ class Conversation:
             return out
         out += self._open_response()
         r = self.response
+        if self.vllm_omni and not r.spoke:
+            r.spoke = True
+            out += self.event("response.speak", **self._where(r, 0),
+                              metadata={"model_speak": True})
         return out + self.event(AUDIO_DELTA, **self._where(r, 0),
-                                delta=base64.b64encode(payload).decode("ascii"))
+                                delta=base64.b64encode(payload).decode("ascii"),
+                                **self.audio_fields)
 
     def agent_text(self, frame: int, text: str) -> list[dict]:
         if self.muted or not text:

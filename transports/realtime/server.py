@@ -31,12 +31,14 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Response
 
 from transports import client as C
+from transports.realtime import webpage
 from transports.realtime.codec import MAX_AUDIO_MESSAGE_BYTES, Converter
 from transports.realtime.conversation import AUDIO_DELTA_TYPES, Conversation, Ids
 from transports.realtime.dialect import Dialect, DialectError, dialect_of
 from transports.realtime.feed import FeedPolicy, InputFeed
 from transports.realtime.outbox import Outbox, Overflow
-from transports.realtime.session import (NATIVE_INPUT, NATIVE_OUTPUT, AudioSpec, EventError,
+from transports.realtime.session import (FORMAT_NAMES, NAMED, NATIVE_INPUT, NATIVE_OUTPUT,
+                                         VLLM_OMNI_CAPABILITIES, AudioSpec, EventError,
                                          SessionConfig, apply_update, parse_audio_format,
                                          parse_event, session_object)
 from wave_actors.core.frames import OUT_RATE
@@ -62,6 +64,7 @@ class BridgeConfig:
     open_timeout_s: float = 10.0
     node_send_timeout_s: float = 5.0      # the node's DEALER queue full this long: node is gone
     feed: FeedPolicy = FeedPolicy()       # input queued and fed at the model's pace (feed.py)
+    resume_grace_s: float = 30.0          # vllm-omni: a dropped socket's session waits this long
 
 
 CLOSED_AFTER_UNKNOWN_S = 2.0    # after `unknown_session`, how long a `closed` may still come
@@ -100,12 +103,15 @@ class Bridge:
         self.client: C.NodeClient | None = None
         self.server = None
         self.connections: set[Connection] = set()
+        # vllm-omni sessions by their `session_id`: live ones (a second socket naming one is
+        # refused) and parked ones (their socket dropped; a socket naming one takes it over)
+        self.named: dict[str, Connection] = {}
         # audio_*: node `audio` messages sent for client appends; the largest stays under
         # codec.MAX_AUDIO_MESSAGE_BYTES whatever a client appends
         self.totals = {"connections": 0, "dropped_deltas": 0, "aborted_slow": 0,
                        "audio_messages": 0, "audio_bytes": 0, "largest_audio_message": 0,
                        "silence_bytes": 0, "input_refused_bytes": 0, "input_cleared_bytes": 0,
-                       "input_unheard_bytes": 0}
+                       "input_unheard_bytes": 0, "resumed": 0, "parked_events_dropped": 0}
 
     async def start(self) -> "Bridge":
         self.client = C.NodeClient(self.cfg.node, curve=self.cfg.curve)
@@ -130,6 +136,9 @@ class Bridge:
             await self.client.aclose()
 
     def _authorize(self, conn: ServerConnection, request) -> Response | None:
+        page = webpage.respond(request, self.cfg.path)     # the talk page: plain GETs only
+        if page is not None:
+            return page
         if urlsplit(request.path).path.rstrip("/") != self.cfg.path:
             return _reject(404, "not_found", f"the Realtime endpoint is {self.cfg.path}")
         key = self.cfg.api_key
@@ -143,13 +152,19 @@ class Bridge:
 
     async def _handle(self, ws: ServerConnection) -> None:
         conn = Connection(self, ws)
-        self.connections.add(conn)
         self.totals["connections"] += 1
+        held = self.named.get(conn.dialect.session_id) if conn.dialect.vllm_omni else None
+        if held is not None and held.parked:
+            conn = held                       # the same session, on this socket from now on
+            self.totals["resumed"] += 1
+        self.connections.add(conn)
         try:
-            await conn.run()
+            await conn.run(ws)
         finally:
-            self.connections.discard(conn)
-            self.totals["dropped_deltas"] += conn.outbox.dropped
+            if not conn.parked:
+                self.connections.discard(conn)
+                if self.named.get(conn.dialect.session_id) is conn:
+                    del self.named[conn.dialect.session_id]
 
 
 class Connection:
@@ -162,8 +177,12 @@ class Connection:
             self.dialect = dialect_of(ws.request.path, ws.request.headers)
         except DialectError as exc:          # told in `run`, before anything else
             self.dialect, self.dialect_error = Dialect(), str(exc)
-        self.conv = Conversation(self.dialect.beta, self.ids, self.cfg.turn_gap_frames)
-        self.session = SessionConfig()
+        self.conv = Conversation(self.dialect.beta, self.ids, self.cfg.turn_gap_frames,
+                                 vllm_omni=self.dialect.vllm_omni)
+        # vllm-omni's clients take the model's own rate (22.05 kHz pcm16: 3528 bytes a frame)
+        self.session = SessionConfig(output=NATIVE_OUTPUT) if self.dialect.vllm_omni \
+            else SessionConfig()
+        self.closed_sent = False                     # the client was told the session ended
         self.node: C.ClientSession | None = None
         self.to_node: Converter | None = None       # client input -> 16 kHz f32
         self.from_node: Converter | None = None     # node output -> client output format
@@ -176,27 +195,89 @@ class Connection:
         self.node_stats: dict | None = None         # the node's `closed` stats, once it sent them
         self._tasks: list[asyncio.Task] = []
         self._feeder: asyncio.Task | None = None
+        self._writer: asyncio.Task | None = None
+        self.parked = False                 # its socket dropped; it waits to be resumed
+        self._closing = False               # the bridge is ending it: not resumable
+        self._grace: asyncio.Task | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        sock = self.ws.transport.get_extra_info("socket")
-        if sock is not None and self.cfg.sndbuf_bytes:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.cfg.sndbuf_bytes)
-        self._tasks.append(asyncio.create_task(self._write_loop()))
+    async def run(self, ws: ServerConnection) -> None:
+        """Serves `ws` until it closes: the connection's first socket, or (vllm-omni) a later
+        one resuming its parked session."""
+        resuming = self.parked
+        self._attach(ws)
         try:
             if self.dialect_error:
                 self.emit(self.conv.error("invalid_dialect", self.dialect_error))
                 await self._close(1008, "invalid dialect")
-            self.emit(self.conv.event("session.created", session=self._session_obj()))
+            sid = self.dialect.session_id if self.dialect.vllm_omni else None
+            if sid is not None and not resuming:
+                if sid in self.bridge.named:
+                    self.emit(self.conv.error("session_id_in_use", f"session {sid!r} is live "
+                                              "on another connection"))
+                    await self._close(1008, "session_id in use")
+                self.bridge.named[sid] = self
+            self.emit(self.conv.event("session.created", session=self._session_obj(),
+                                      **({"resumed": True} if resuming else {})))
+            if self.dialect.vllm_omni and self.dialect.autostart:
+                await self._open()          # its default session, before any event
             async for message in self.ws:
                 await self._on_message(message)
         except (ConnectionClosed, _Stop):
             pass
         finally:
+            if self._resumable():
+                await self._park()
+            else:
+                await self._shutdown()
+
+    def _attach(self, ws: ServerConnection) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+        if self.parked:
+            log.info("%s resumed (session %s)", self.node_id, self.dialect.session_id)
+        self.ws, self.parked = ws, False
+        self.outbox = Outbox(self.cfg.outbox_bytes, self.cfg.outbox_hard_bytes)
+        self.abort_reason = None
+        sock = ws.transport.get_extra_info("socket")
+        if sock is not None and self.cfg.sndbuf_bytes:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.cfg.sndbuf_bytes)
+        self._writer = asyncio.create_task(self._write_loop())
+        self._tasks.append(self._writer)
+
+    def _resumable(self) -> bool:
+        """A vllm-omni session with an id whose socket dropped (not closed by either side on
+        purpose) waits to be resumed."""
+        return (self.dialect.vllm_omni and self.dialect.session_id is not None
+                and self.bridge.named.get(self.dialect.session_id) is self
+                and not self._closing and not self.closed_sent
+                and self.node is not None and self.node.closed is None)
+
+    async def _park(self) -> None:
+        """Keep the session (the model goes on hearing silence) for `resume_grace_s`; what it
+        says meanwhile is not kept (counted)."""
+        self._writer.cancel()
+        await asyncio.gather(self._writer, return_exceptions=True)
+        self._tasks.remove(self._writer)
+        self.bridge.totals["dropped_deltas"] += self.outbox.dropped
+        self.parked = True
+        log.info("%s: socket dropped; session %s kept %g s for a resume", self.node_id,
+                 self.dialect.session_id, self.cfg.resume_grace_s)
+        self._grace = asyncio.create_task(self._expire(self.cfg.resume_grace_s))
+
+    async def _expire(self, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        if self.parked:
+            log.info("%s: not resumed in %g s; closing", self.node_id, self.cfg.resume_grace_s)
+            self.parked = False
+            self.bridge.connections.discard(self)
+            if self.bridge.named.get(self.dialect.session_id) is self:
+                del self.bridge.named[self.dialect.session_id]
             await self._shutdown()
 
     async def _shutdown(self) -> None:
+        self.bridge.totals["dropped_deltas"] += self.outbox.dropped
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -219,11 +300,17 @@ class Connection:
 
     async def _close(self, code: int, reason: str) -> None:
         """Close from the reader: flush, close, and stop reading."""
+        self._closing = True
         await self._flush_and_close(code, reason)
         raise _Stop
 
     async def _flush_and_close(self, code: int, reason: str) -> None:
         """Let queued events (an error explaining why) go out for up to 1 s, then close."""
+        self._closing = True
+        if self.parked:                    # nobody to tell: end it now, not at the grace's end
+            self._grace.cancel()
+            self._grace = asyncio.create_task(self._expire(0.0))
+            return
         for _ in range(50):
             if not self.outbox:
                 break
@@ -241,6 +328,9 @@ class Connection:
     # ---- outgoing -------------------------------------------------------------------------
 
     def emit(self, events: list[dict]) -> None:
+        if self.parked:                    # no socket: the client misses these
+            self.bridge.totals["parked_events_dropped"] += len(events)
+            return
         for ev in events:
             droppable = ev["type"] in AUDIO_DELTA_TYPES
             try:
@@ -261,6 +351,9 @@ class Connection:
             pass
 
     def _session_obj(self) -> dict:
+        if self.dialect.vllm_omni:
+            return session_object(self.session, self.dialect.session_id or self.node_id, True,
+                                  VLLM_OMNI_CAPABILITIES)
         return session_object(self.session, self.node_id, self.conv.beta)
 
     # ---- incoming -------------------------------------------------------------------------
@@ -286,6 +379,8 @@ class Connection:
 
     async def on_session_update(self, event: dict) -> None:
         new = apply_update(self.session, event.get("session"), opened=self.node is not None)
+        if self.dialect.vllm_omni and new.output == NAMED["pcm16"]:
+            new = replace(new, output=NATIVE_OUTPUT)     # its "pcm16" is the model's rate
         old, self.session = self.session, new
         if self.node is None:
             await self._open()
@@ -409,6 +504,10 @@ class Connection:
             self.to_node = Converter(self.session.input, NATIVE_INPUT)
         if output:
             self.from_node = Converter(self.node_out, self.session.output)
+            if self.dialect.vllm_omni:
+                out = self.session.output
+                self.conv.audio_fields = {"format": FORMAT_NAMES[out.fmt],
+                                          "sample_rate_hz": out.rate}
 
     async def _send_input(self, pieces) -> None:
         """Converted input into the feed's queue (`_feed_loop` sends it at the model's pace);
@@ -463,7 +562,7 @@ class Connection:
                             asyncio.wait_for(node.next_event(), CLOSED_AFTER_UNKNOWN_S))
             except asyncio.TimeoutError:
                 self.emit(conv.error(lost.code, f"node: {lost.message}", kind="server_error"))
-                self.emit(conv.closed())
+                self._tell_closed(None, "lost by the node")
                 return await self._flush_and_close(1011, "the node lost the session")
             if isinstance(ev, C.Audio):
                 self.emit(conv.audio(ev.frame, self.from_node(ev.payload)))
@@ -482,11 +581,38 @@ class Connection:
             elif isinstance(ev, C.Error):
                 self.emit(conv.error(ev.code, f"node: {ev.message}", kind="server_error"))
             elif isinstance(ev, C.Closed):
-                # `session.closed` is not an OpenAI event: only for a dialect that has it
-                closed = conv.event("session.closed", stats=ev.stats) \
-                    if self.dialect.vllm_omni else []
-                self.emit(conv.closed() + closed)
+                self._tell_closed(ev.stats, "closed by the node")
                 return await self._flush_and_close(1000, "session closed by the node")
+
+    def _tell_closed(self, stats: dict | None, reason: str) -> None:
+        """The session's end, told once: what is open finished, and (a dialect that has it:
+        not an OpenAI event) `session.closed`."""
+        if self.closed_sent:
+            return
+        self.closed_sent = True
+        closed = self.conv.event("session.closed", session_id=self.dialect.session_id or
+                                 self.node_id, reason=reason, stats=stats or {}) \
+            if self.dialect.vllm_omni else []
+        self.emit(self.conv.closed() + closed)
+
+    async def on_session_close(self, event: dict) -> None:
+        """vllm-omni's `session.close`: the node session ends, `session.closed` with its stats,
+        then the WebSocket closes (1000)."""
+        if not self.dialect.vllm_omni:
+            raise EventError("unknown_event_type", "unknown event type 'session.close'; close "
+                             "the WebSocket to end the session", "type")
+        self._stop_feed()
+        stats = None
+        if self.node is not None and self.node.closed is None:
+            try:
+                stats = (await asyncio.wait_for(self.node.close(timeout=5.0), 5.0)).stats
+            except (asyncio.TimeoutError, OSError, C.NodeUnavailable):
+                log.warning("%s: node did not confirm close", self.node_id)
+        elif self.node is not None:
+            stats = self.node.closed.stats
+        self.node_stats = stats
+        self._tell_closed(stats, "closed by the client")
+        await self._close(1000, "session closed")
 
 
 HANDLERS = {
@@ -497,6 +623,7 @@ HANDLERS = {
     "conversation.item.create": Connection.on_item_create,
     "response.create": Connection.on_response_create,
     "response.cancel": Connection.on_response_cancel,
+    "session.close": Connection.on_session_close,
     "conversation.item.truncate": Connection.on_unsupported,
     "conversation.item.delete": Connection.on_unsupported,
     "conversation.item.retrieve": Connection.on_unsupported,

@@ -86,6 +86,24 @@ CAPABILITIES = {
 }
 
 
+# vllm-omni's duplex clients read these from `session.created`; they differ from its own
+# server's on purpose in `supports_multi_session` (wave serves many sessions a GPU).
+VLLM_OMNI_CAPABILITIES = {
+    **CAPABILITIES,
+    "supports_core_resumable_request": True,   # a dropped socket's session resumes by its id
+    "supports_session_resume": True,
+    "supports_client_commit": True,
+    "supports_input_append": True,
+    "supports_realtime_endpoint": True,
+    "supports_playback_ack": False,
+    "supports_audio_truncate": False,
+    "supports_external_turn_signal": False,
+    "supports_model_native_turn_policy": True,
+}
+FORMAT_NAMES = {"pcm_s16le": "pcm16", "pcm_f32le": "pcm_f32le", "pcmu": "g711_ulaw",
+                "pcma": "g711_alaw"}
+
+
 def parse_audio_format(value: Any, param: str) -> AudioSpec:
     """`"pcm16"`-style names (beta) or `{type, rate}` objects (GA); rate defaults per type."""
     if isinstance(value, str):
@@ -175,12 +193,13 @@ def apply_update(cfg: SessionConfig, s: Any, opened: bool) -> SessionConfig:
     return replace(cfg, **new)        # other fields (turn_detection, temperature ...) are ignored
 
 
-def session_object(cfg: SessionConfig, session_id: str, beta: bool) -> dict:
+def session_object(cfg: SessionConfig, session_id: str, beta: bool,
+                   capabilities: dict = CAPABILITIES) -> dict:
     """The `session` field of `session.created`/`session.updated` in the connection's dialect."""
     tools = [{"type": "function", **t} for t in cfg.tools]
     common = {"id": session_id, "object": "realtime.session", "model": "nemotron-voicechat",
               "instructions": cfg.instructions, "tools": tools, "tool_choice": "auto",
-              "capabilities": CAPABILITIES}
+              "capabilities": capabilities}
     if beta:
         # the beta models know only OpenAI's model names: ours is left out there
         del common["model"]
