@@ -229,3 +229,49 @@ def test_session_close_and_dialect_errors(tmp_path):
                 await asyncio.wait_for(ws.recv(), 5)
             assert ws.close_code == 1008
     _bridge_run(tmp_path, body)
+
+
+def test_a_dropped_socket_resumes_its_session_by_id_within_the_grace(tmp_path):
+    """vllm-omni's `session_id`: a socket that drops without `session.close` leaves its session
+    running for `resume_grace_s`; a new socket naming the id takes the same session over (the
+    same node session, audio flowing again); a second live socket naming it is refused; past
+    the grace an unclaimed session ends. Catches the id ignored (a dropped socket ending the
+    call), a session two sockets drive at once, and parked sessions that never end."""
+    proc, endpoint = start_node(tmp_path)
+
+    async def go():
+        bridge = await Bridge(BridgeConfig(node=endpoint, port=0, api_key=None,
+                                           resume_grace_s=2.0)).start()
+        url = f"ws://127.0.0.1:{bridge.port}/v1/realtime?duplex=1&session_id="
+        try:
+            ws = await connect(url + "call-1")
+            await _first(ws, "session.created")
+            assert await _node_opened(bridge, "call-1")
+            (conn,) = bridge.connections
+            node_session = conn.node
+            async with connect(url + "call-1") as twin:      # while the first is live
+                err = await _first(twin, "error")
+                assert err["error"]["code"] == "session_id_in_use"
+            ws.transport.abort()                             # the network drops it
+            await asyncio.sleep(0.5)
+            assert conn.parked and conn in bridge.connections
+            async with connect(url + "call-1") as again:
+                created = await _first(again, "session.created")
+                assert created["session"]["id"] == "call-1" and created.get("resumed") is True
+                await _first(again, "response.audio.delta")
+                assert conn.node is node_session and bridge.totals["resumed"] == 1
+                again.transport.abort()
+            await asyncio.sleep(0.3)
+            assert conn.parked
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 6
+            while bridge.connections and loop.time() < end:      # the grace runs out
+                await asyncio.sleep(0.1)
+            assert not bridge.connections and not bridge.named
+            assert node_session.closed is not None
+        finally:
+            await bridge.stop()
+    try:
+        asyncio.run(asyncio.wait_for(go(), 60))
+    finally:
+        stop(proc)
