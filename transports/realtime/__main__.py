@@ -13,6 +13,7 @@ import zmq
 import zmq.auth
 
 from transports.client import CurveKeys
+from transports.realtime.feed import FeedPolicy
 from transports.realtime.server import Bridge, BridgeConfig
 from wave_actors.core.frames import FRAME_MS
 
@@ -49,8 +50,16 @@ def parse_args(argv: list[str] | None = None) -> BridgeConfig:
                    help="seconds a client may leave output unread before it is disconnected")
     p.add_argument("--turn-gap-ms", type=int, default=800,
                    help="transcript quiet that ends a response / user item")
+    p.add_argument("--input-queue", type=float, default=FeedPolicy.capacity_s, metavar="S",
+                   help="seconds of input a session may queue ahead of the model (appends past "
+                        "it get input_audio_buffer_full)")
+    p.add_argument("--resume-grace", type=float, default=BridgeConfig.resume_grace_s,
+                   metavar="S", help="vllm-omni: how long a dropped socket's session waits for "
+                                     "a socket with its session_id")
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
+    if a.input_queue <= 0 or a.resume_grace <= 0:
+        p.error("--input-queue and --resume-grace must be > 0")
     if a.api_key is None and not a.no_auth:
         p.error("set --api-key or WAVE_API_KEY (or --no-auth to serve without one)")
     curve = None
@@ -69,7 +78,9 @@ def parse_args(argv: list[str] | None = None) -> BridgeConfig:
                         outbox_bytes=a.outbox_bytes,
                         outbox_hard_bytes=max(4 * a.outbox_bytes, 1 << 20),
                         stall_grace_s=a.stall_grace,
-                        turn_gap_frames=max(1, a.turn_gap_ms // FRAME_MS))
+                        turn_gap_frames=max(1, a.turn_gap_ms // FRAME_MS),
+                        feed=FeedPolicy(capacity_s=a.input_queue),
+                        resume_grace_s=a.resume_grace)
 
 
 async def serve(cfg: BridgeConfig) -> None:
