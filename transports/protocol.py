@@ -48,6 +48,7 @@ TOO_LARGE = "too_large"
 FORBIDDEN = "forbidden"
 OVERLOADED = "overloaded"
 INTERNAL = "internal"
+INPUT_OVERFLOW = "input_overflow"    # a session's input is past its backlog's bound
 DETACHED = "detached"                # the session is bound to another connection: resume it
 
 

@@ -40,6 +40,7 @@ from wave_actors.bindings import Bindings, Route
 from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import Executor, Handle, SessionSpec
+from wave_actors.core.frames import FRAME_S
 from wave_actors.core.jitter import CapacityError
 from wave_actors.core.prompt import PromptRejected
 from wave_actors.core.start_policy import EagerStarts, StartPolicy
@@ -83,8 +84,11 @@ class NodeConfig:
     # clock; N > 0 runs them in N worker processes (`worker_pool.py`), the clock's loop then
     # only admits, routes and beats.
     workers: int = 0
+    input_hold_s: float = 60.0           # input a session may send ahead of real time
 
     def __post_init__(self) -> None:
+        if self.input_hold_s <= 0:
+            raise ValueError("input_hold_s must be > 0")
         if self.workers < 0:
             raise ValueError("workers must be >= 0 (0: sessions on the node's own loop)")
         if min(self.idle_timeout_s, self.heartbeat_s, self.resume_grace_s) <= 0 \
@@ -604,7 +608,8 @@ class Node:
             self.bindings.drop(route)
             return self._answer_failed_open(route, answered)
         cfg = SessionConfig(msg.session, handle, h["sample_rate"], h["format"],
-                            h["output_sample_rate"], h["output_format"], clock.endpoint)
+                            h["output_sample_rate"], h["output_format"], clock.endpoint,
+                            hold_frames=max(1, round(self.cfg.input_hold_s / FRAME_S)))
         if self.pool is not None:
             try:
                 route.actor = self.pool.open(cfg)

@@ -73,6 +73,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                          f"detach their sessions (docs/PROTOCOL.md)")
     ap.add_argument("--resume-grace", type=float, default=d.resume_grace_s,
                     help="s: a detached session waits this long for `resume`")
+    ap.add_argument("--input-hold", type=float, default=d.input_hold_s,
+                    help="s: input a session may send ahead of real time, held for the model "
+                         "(it hears in real time); past it frames are dropped, counted, and "
+                         "`input_overflow` sent")
     ap.add_argument("--prebuffer", type=int, default=ClockPolicy().prebuffer,
                     help="frames queued before a session starts consuming")
     ap.add_argument("--policy", nargs="+", metavar="WORD",
@@ -95,7 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.start_policy = make_policy(args.policy) if args.policy else None
         args.clock_policy = ClockPolicy(prebuffer=args.prebuffer)
         NodeConfig(idle_timeout_s=args.idle_timeout, heartbeat_s=args.heartbeat,
-                   resume_grace_s=args.resume_grace, workers=args.workers)
+                   resume_grace_s=args.resume_grace, workers=args.workers,
+                   input_hold_s=args.input_hold)
     except (PolicyError, ValueError) as exc:
         ap.error(str(exc))
     return args
@@ -173,7 +178,7 @@ def build(args) -> Node:
                      idle_timeout_s=args.idle_timeout, heartbeat_s=args.heartbeat,
                      resume_grace_s=args.resume_grace, curve_keys=args.curve_keys,
                      metrics_port=args.metrics_port, keep_records=False,
-                     workers=args.workers)
+                     workers=args.workers, input_hold_s=args.input_hold)
     return Node(cfg, executor, clock)
 
 

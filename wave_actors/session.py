@@ -28,7 +28,7 @@ import numpy as np
 from transports import audio as A
 from transports import protocol as P
 from wave_actors.core.contract import NO_TOKEN, Handle, TextCodec
-from wave_actors.core.frames import IN_RATE, OUT_RATE, SAMPLES_IN
+from wave_actors.core.frames import FRAME_S, IN_RATE, OUT_RATE, SAMPLES_IN
 from wave_actors.core.function_calls import FunctionCallParser, result_tokens
 from wave_actors.core.reorder import Released, ReorderBuffer
 from wave_actors.core.text import TextStream
@@ -88,6 +88,8 @@ class SessionCounters:
     dropped_out: int = 0            # output frames the client could not take
     frames_sent: int = 0
     engine_unavailable: int = 0     # frames the clock could not take (it was restarting)
+    held_high: int = 0              # most frames held back at once (input ahead of real time)
+    held_overflow: int = 0          # frames refused past the hold's bound (also in dropped)
 
 
 @dataclass
@@ -99,6 +101,13 @@ class SessionConfig:
     output_sample_rate: int
     output_format: str
     clock_endpoint: str
+    # Input ahead of real time (a file, a burst of frames) waits here, up to `hold_frames`
+    # (60 s), and goes to the clock as real time reaches it, at most `lead_frames` early: the
+    # clock's jitter buffer sheds a standing excess (a stall's backlog, to bring latency back),
+    # so what was sent early would be shed there. Input behind real time (a stall's burst)
+    # goes through at once, for the jitter buffer to handle as before.
+    hold_frames: int = 750
+    lead_frames: int = 2
 
     @property
     def frame_samples(self) -> float:
@@ -141,6 +150,9 @@ class SessionActor(Actor):
         self._out_resampler = A.StreamResampler(OUT_RATE, cfg.output_sample_rate)
         self._pending = np.zeros(0, np.float32)
         self._frame_no = 0
+        self._held: collections.deque[np.ndarray] = collections.deque()
+        self._t0: float | None = None   # when the first frame was cut: the input's real time
+        self._overflowing = False       # an overflow was told; told again after it ends
         self._out_seq = 0
         self._out_pending = np.zeros(0, np.float32)
         self._out_frame_len = cfg.output_sample_rate * 80 // 1000
@@ -257,15 +269,43 @@ class SessionActor(Actor):
         x = self._in_resampler(A.decode(payload, self.cfg.format))
         pending = np.concatenate([self._pending, x]) if len(self._pending) else x
         n = len(pending) // SAMPLES_IN
-        batcher = self._frames() if n else None
+        if n and self._t0 is None:
+            self._t0 = self.clock.now()
+        c, room = self.counters, self.cfg.hold_frames - len(self._held)
         for i in range(n):
+            if i < room:
+                self._held.append(pending[i * SAMPLES_IN:(i + 1) * SAMPLES_IN])
+            else:
+                c.held_overflow += 1
+                c.dropped_samples += round(self.cfg.frame_samples)
+        if n > room and not self._overflowing:
+            self._overflowing = True
+            self._error(P.INPUT_OVERFLOW, f"input is {self.cfg.hold_frames * 80 / 1000:g} s "
+                        "ahead of the model, which hears it in real time; frames past that are "
+                        "dropped (counted) until it catches up")
+        elif n and n <= room:
+            self._overflowing = False
+        self._pending = pending[n * SAMPLES_IN:].copy()
+        self._release()
+        c.held_high = max(c.held_high, len(self._held))
+
+    def _release(self) -> None:
+        """Held frames to the clock up to real time (counted from the first frame) plus
+        `lead_frames`; called as input comes and at every beat's outputs."""
+        if not self._held:
+            return
+        due = int((self.clock.now() - self._t0) / FRAME_S) + 1 + self.cfg.lead_frames
+        n = min(len(self._held), due - self._frame_no)
+        if n <= 0:
+            return
+        batcher = self._frames()
+        for _ in range(n):
+            frame = self._held.popleft()
             if batcher is None:
                 self.counters.engine_unavailable += 1     # the clock is restarting
             else:
-                batcher.add(*self._handle, self._frame_no,
-                            pending[i * SAMPLES_IN:(i + 1) * SAMPLES_IN], self._engine_lost)
+                batcher.add(*self._handle, self._frame_no, frame, self._engine_lost)
             self._frame_no += 1
-        self._pending = pending[n * SAMPLES_IN:].copy()
 
     def _beat_in_turn(self, msg: BeatOut) -> None:
         while self._queued_out and not self._queued_out[0].pending:
@@ -284,6 +324,7 @@ class SessionActor(Actor):
             self._queued_out.popleft().run_now()
 
     def _on_beat(self, msg: BeatOut) -> None:
+        self._release()
         h = msg.header
         pcm = msg.pcm
         for f in range(pcm.shape[0]):
@@ -354,6 +395,8 @@ class SessionActor(Actor):
         c = self.counters
         c.dropped_samples += round(len(self._pending) * self.cfg.sample_rate / IN_RATE)
         self._pending = np.zeros(0, np.float32)
+        c.dropped_samples += round(len(self._held) * self.cfg.frame_samples)
+        self._held.clear()
         c.dropped_samples += sum(len(p) // self._bps for p in self._reorder.take_held())
 
     def input_drops(self) -> int:

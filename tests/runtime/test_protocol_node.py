@@ -304,3 +304,41 @@ def test_an_event_reaches_the_models_function_channel_and_bad_ones_are_refused()
             closed = await s.close()                 # the session went on to a normal close
             assert closed.stats["frames_in"] + closed.stats["dropped"] > 0
     asyncio.run(body())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1])
+def test_input_ahead_of_real_time_is_held_and_heard_whole(workers):
+    """8 s of input sent at once (the clock's jitter buffer holds 4 s and sheds a standing
+    excess): the session holds what is ahead of real time and the model hears every frame,
+    none dropped. Catches a file client losing the half of its audio the jitter buffer could
+    not hold (vllm-omni's gate lost 140 of 190 frames), with and without session workers."""
+    async def body():
+        async with node_on_tcp(workers=workers) as node, client_of(node) as c:
+            s = await c.open("file", sample_rate=16000, format="pcm_f32le")
+            for _ in range(100):
+                await s.send_audio(FRAME_F32)
+            got = await events_until(s, lambda ev, g: sum(isinstance(e, Audio) for e in g)
+                                     >= 104, timeout=20)
+            closed = await s.close()
+            assert not [e for e in got if isinstance(e, Error)]
+            assert closed.stats["frames_in"] == 100 and closed.stats["dropped"] == 0, closed.stats
+    asyncio.run(body())
+
+
+def test_input_past_the_hold_is_refused_with_input_overflow():
+    """A 1 s hold: 3 s sent at once. What fits is held; the rest is dropped, counted in
+    `closed.stats`, and answered `input_overflow` once. Catches an unbounded hold (memory) and
+    a silent drop."""
+    async def body():
+        async with node_on_tcp(input_hold_s=1.0) as node, client_of(node) as c:
+            s = await c.open("burst", sample_rate=16000, format="pcm_f32le")
+            for _ in range(38):
+                await s.send_audio(FRAME_F32)
+            got = await events_until(s, lambda ev, g: isinstance(ev, Error), timeout=5)
+            errors = [e for e in got if isinstance(e, Error)]
+            assert [e.code for e in errors] == ["input_overflow"]
+            closed = await s.close()
+            assert closed.stats["frames_in"] + closed.stats["dropped"] == 38
+            assert closed.stats["dropped"] >= 38 - 13 - 3, closed.stats
+    asyncio.run(body())

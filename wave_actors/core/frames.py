@@ -1,6 +1,7 @@
 """The clock of the model, in one place: every other module derives its sizes from these."""
 
 FRAME_MS = 80
+FRAME_S = FRAME_MS / 1000.0
 FRAMES_PER_BEAT = 2
 BEAT_MS = FRAME_MS * FRAMES_PER_BEAT            # 160: the deadline of one beat
 BEAT_S = BEAT_MS / 1000.0
