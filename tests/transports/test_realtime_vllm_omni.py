@@ -95,6 +95,7 @@ async def wait_for(probe: Probe, done, timeout: float) -> None:
 def test_vllm_omnis_duplex_probe_passes_against_the_bridge(tmp_path):
     proc, endpoint = start_node(tmp_path)
     probe = Probe()
+    probe_conn: list = []
     session_id = f"nemotron-voicechat-{uuid.uuid4().hex}"
 
     async def go():
@@ -109,6 +110,7 @@ def test_vllm_omnis_duplex_probe_passes_against_the_bridge(tmp_path):
                 task = asyncio.create_task(reader())
                 await ws.send(json.dumps(session_update(session_id)))
                 await wait_for(probe, lambda: probe.count("session.updated"), 20)
+                probe_conn.extend(bridge.connections)
                 assert not bridge.connections or all(
                     c.node is not None for c in bridge.connections)
                 for ev in frames():                       # --no-realtime: all at once
@@ -124,7 +126,9 @@ def test_vllm_omnis_duplex_probe_passes_against_the_bridge(tmp_path):
             assert ws.close_code == 1000
             while bridge.connections:                     # its close finished (bounded above)
                 await asyncio.sleep(0.05)
-            return probe.events[-1].get("stats", {}), bridge.totals
+            return probe.events[-1].get("stats", {}), dict(
+                bridge.totals, sent=probe_conn[0].feed.sent,
+                to_node=probe_conn[0].audio_bytes_to_node)
         finally:
             await bridge.stop()
     try:

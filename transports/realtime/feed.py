@@ -71,19 +71,35 @@ class InputFeed:
 
     def take(self, now: float) -> list[bytes]:
         """The messages due by `now` (each at most `max_message_bytes`), in order."""
+        return [data for data, _ in self.take_pieces(now)]
+
+    def requeue(self, pieces: list[tuple[bytes, bool]]) -> None:
+        """Pieces `take_pieces` gave that were not sent after all (the sender was stopped
+        midway): the client's audio back at the front of the queue, in order; the silence
+        forgotten (it is made again if still due)."""
+        for data, silence in reversed(pieces):
+            self.sent -= len(data)
+            if silence:
+                self.silence_bytes -= len(data)
+            else:
+                self._queue.appendleft(data)
+                self.queued += len(data)
+
+    def take_pieces(self, now: float) -> list[tuple[bytes, bool]]:
+        """`take`, each message with whether it is silence the feed made."""
         if self._t0 is None:
             self._t0 = now
         if self._last_push is None:
             self._last_push = now
         real = self._whole((now - self._t0) * self.bps)
-        out: list[bytes] = []
+        out: list[tuple[bytes, bool]] = []
         budget = real + self._whole(self.policy.lead_s * self.bps) - self.sent
         while self._queue and budget > 0:
             head = self._queue[0]
             n = min(len(head), self._whole(budget), self.max_message)
             if n <= 0:
                 break
-            out.append(head[:n])
+            out.append((head[:n], False))
             if n == len(head):
                 self._queue.popleft()
             else:
@@ -95,7 +111,7 @@ class InputFeed:
         if not self._queue and now - self._last_push >= self.policy.silence_after_s:
             while behind > 0:
                 n = min(behind, self.max_message)
-                out.append(bytes(n))            # zeros: silence in f32 and in PCM alike
+                out.append((bytes(n), True))    # zeros: silence in f32 and in PCM alike
                 self.sent += n
                 self.silence_bytes += n
                 behind -= n

@@ -534,12 +534,19 @@ class Connection:
         loop, totals = asyncio.get_running_loop(), self.bridge.totals
         silence = self.feed.silence_bytes
         while True:
-            for pcm in self.feed.take(loop.time()):
-                await self._to_node(self.node.send_audio(pcm))
-                self.audio_bytes_to_node += len(pcm)
-                totals["audio_messages"] += 1
-                totals["audio_bytes"] += len(pcm)
-                totals["largest_audio_message"] = max(totals["largest_audio_message"], len(pcm))
+            due = self.feed.take_pieces(loop.time())
+            try:
+                while due:
+                    pcm = due[0][0]
+                    await self._to_node(self.node.send_audio(pcm))
+                    due.pop(0)
+                    self.audio_bytes_to_node += len(pcm)
+                    totals["audio_messages"] += 1
+                    totals["audio_bytes"] += len(pcm)
+                    totals["largest_audio_message"] = max(totals["largest_audio_message"],
+                                                          len(pcm))
+            finally:                # stopped midway (a close): what was not sent is still queued
+                self.feed.requeue(due)
             totals["silence_bytes"] += self.feed.silence_bytes - silence
             silence = self.feed.silence_bytes
             await asyncio.sleep(self.cfg.feed.tick_s)
