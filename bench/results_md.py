@@ -628,6 +628,16 @@ NOTES = (
      "p50): 0.49 against 0.47 ms dense, 0.44 against 0.46 reference. Stage 1's targets "
      "(p99 2 ms below graph's at dense capacity, the host's time after the GPU halved) are "
      "missed again."),
+    ("wpk", "wpk against graph after the client work of issue 19 (issue 18's final measurement)",
+     ("wpk-dense-n290-20261203T165053.json", "graph-dense-n290-20261203T165200.json",
+      "wpk-reference-n120-20261203T165324.json", "graph-reference-n120-20261203T165439.json"),
+     "At a252090 (the node now holds input ahead of real time; the bench's callers send in "
+     "real time, so nothing is held), `--workers 4`, one call, in this order: dense 290 x 1 x "
+     "200, p99 138.5 ms for wpk against 138.3 for graph (p50 137.7 / 137.3), 0 late each; "
+     "reference 120 x 1 x 300, p99 97.9 against 97.8, 0 late each. Host time after the GPU's "
+     "end (`after_ms` p50): 0.43 against 0.47 ms dense, 0.35 against 0.37 reference. Stage 1's "
+     "targets (p99 2 ms below graph's at dense capacity, the host's time after the GPU "
+     "halved) are missed: the executors are within 0.2 ms of each other."),
     ("other", "The wpk executor soaked: 10,000 beats with random host delays (issue 18)",
      ("wpk-soak-h200.json",),
      "`python bench/wpk_soak.py --beats 10000` at 31d030d on the H200 (tiny model, 8 slots, "
