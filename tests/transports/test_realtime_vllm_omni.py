@@ -161,11 +161,11 @@ def test_vllm_omnis_duplex_probe_passes_against_the_bridge(tmp_path):
     assert queued > 0
 
 
-def _bridge_run(tmp_path, body):
+def _bridge_run(tmp_path, body, **cfg):
     proc, endpoint = start_node(tmp_path)
 
     async def go():
-        bridge = await Bridge(BridgeConfig(node=endpoint, port=0, api_key=None)).start()
+        bridge = await Bridge(BridgeConfig(node=endpoint, port=0, api_key=None, **cfg)).start()
         try:
             return await body(bridge, f"ws://127.0.0.1:{bridge.port}/v1/realtime")
         finally:
@@ -241,41 +241,31 @@ def test_a_dropped_socket_resumes_its_session_by_id_within_the_grace(tmp_path):
     same node session, audio flowing again); a second live socket naming it is refused; past
     the grace an unclaimed session ends. Catches the id ignored (a dropped socket ending the
     call), a session two sockets drive at once, and parked sessions that never end."""
-    proc, endpoint = start_node(tmp_path)
-
-    async def go():
-        bridge = await Bridge(BridgeConfig(node=endpoint, port=0, api_key=None,
-                                           resume_grace_s=2.0)).start()
-        url = f"ws://127.0.0.1:{bridge.port}/v1/realtime?duplex=1&session_id="
-        try:
-            ws = await connect(url + "call-1")
-            await _first(ws, "session.created")
-            assert await _node_opened(bridge, "call-1")
-            (conn,) = bridge.connections
-            node_session = conn.node
-            async with connect(url + "call-1") as twin:      # while the first is live
-                err = await _first(twin, "error")
-                assert err["error"]["code"] == "session_id_in_use"
-            ws.transport.abort()                             # the network drops it
-            await asyncio.sleep(0.5)
-            assert conn.parked and conn in bridge.connections
-            async with connect(url + "call-1") as again:
-                created = await _first(again, "session.created")
-                assert created["session"]["id"] == "call-1" and created.get("resumed") is True
-                await _first(again, "response.audio.delta")
-                assert conn.node is node_session and bridge.totals["resumed"] == 1
-                again.transport.abort()
-            await asyncio.sleep(0.3)
-            assert conn.parked
-            loop = asyncio.get_running_loop()
-            end = loop.time() + 6
-            while bridge.connections and loop.time() < end:      # the grace runs out
-                await asyncio.sleep(0.1)
-            assert not bridge.connections and not bridge.named
-            assert node_session.closed is not None
-        finally:
-            await bridge.stop()
-    try:
-        asyncio.run(asyncio.wait_for(go(), 60))
-    finally:
-        stop(proc)
+    async def body(bridge, base):
+        url = base + "?duplex=1&session_id="
+        ws = await connect(url + "call-1")
+        await _first(ws, "session.created")
+        assert await _node_opened(bridge, "call-1")
+        (conn,) = bridge.connections
+        node_session = conn.node
+        async with connect(url + "call-1") as twin:          # while the first is live
+            err = await _first(twin, "error")
+            assert err["error"]["code"] == "session_id_in_use"
+        ws.transport.abort()                                 # the network drops it
+        await asyncio.sleep(0.5)
+        assert conn.parked and conn in bridge.connections
+        async with connect(url + "call-1") as again:
+            created = await _first(again, "session.created")
+            assert created["session"]["id"] == "call-1" and created.get("resumed") is True
+            await _first(again, "response.audio.delta")
+            assert conn.node is node_session and bridge.totals["resumed"] == 1
+            again.transport.abort()
+        await asyncio.sleep(0.3)
+        assert conn.parked
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 6
+        while bridge.connections and loop.time() < end:      # the grace runs out
+            await asyncio.sleep(0.1)
+        assert not bridge.connections and not bridge.named
+        assert node_session.closed is not None
+    _bridge_run(tmp_path, body, resume_grace_s=2.0)
