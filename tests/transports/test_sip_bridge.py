@@ -362,10 +362,15 @@ def test_request_errors():
         ok = await ua.final()
         assert ok.status == 200 and "BYE" in ok.get("Allow")
         assert M.parse_name_addr(ok.get("To")).tag
-        ua.request(dest, "REGISTER", "r1")
-        assert (await ua.final()).status == 405
+        branch = ua.request(dest, "REGISTER", "r1")
+        refused = await ua.final()
+        # every final answer to a request whose To had no tag carries one (RFC 3261 §8.2.6.2)
+        assert refused.status == 405 and M.parse_name_addr(refused.get("To")).tag
+        ua.request(dest, "REGISTER", "r1", branch=branch)   # its retransmission: the same answer
+        assert (await ua.final()).get("To") == refused.get("To")
         ua.request(dest, "FROBNICATE", "f1")
-        assert (await ua.final()).status == 501
+        unknown = await ua.final()
+        assert unknown.status == 501 and M.parse_name_addr(unknown.get("To")).tag
         ua.request(dest, "INVITE", "i1", body=offer(9), extra=["Require: 100rel"])
         resp = await ua.final(call_id="i1")
         assert resp.status == 420 and resp.get("Unsupported") == "100rel"
@@ -379,7 +384,8 @@ def test_request_errors():
         resp = await ua.final(call_id="i5")
         assert resp.status == 488 and resp.get("Warning").startswith("305")
         ua.request(dest, "CANCEL", "nothing")
-        assert (await ua.final(call_id="nothing")).status == 481
+        gone = await ua.final(call_id="nothing")
+        assert gone.status == 481 and M.parse_name_addr(gone.get("To")).tag
         ua.transport.sendto(b"INVITE sip:x SIP/3.0\r\nVia: SIP/3.0/UDP h;branch=z9hG4bK1\r\n"
                             b"From: <sip:a@b>;tag=1\r\nTo: <sip:b@c>\r\nCall-ID: v\r\n"
                             b"CSeq: 1 INVITE\r\n\r\n", dest)

@@ -19,6 +19,7 @@ from typing import Awaitable, Callable
 
 from transports.sip import message as M
 from transports.sip.config import BridgeConfig
+from transports.sip.dialog import new_tag
 from transports.sip.pacer import Clock
 
 MAX_TRANSACTIONS = 4096
@@ -70,7 +71,11 @@ class Transactions:
     def respond(self, req: M.SipMessage, addr, status: int, reason: str | None = None, *,
                 to_tag: str | None = None, headers=(), body: bytes = b"",
                 cache: bool = True) -> bytes:
-        """Send a response to `addr` (where the request came from: RFC 3581 symmetric)."""
+        """Send a response to `addr` (where the request came from: RFC 3581 symmetric). A final
+        or provisional answer to a request whose To has no tag gets one (RFC 3261 §8.2.6.2),
+        stateless ones included; a retransmission is answered from the cache, same tag."""
+        if to_tag is None and status > 100:
+            to_tag = new_tag()
         hdrs = [("Server", self.cfg.user_agent), *headers]
         if body:
             hdrs.append(("Content-Type", "application/sdp"))
