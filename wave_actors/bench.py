@@ -292,11 +292,11 @@ async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool, cpu
     procs = 0 if loop_virtual else args.client_procs
     k = args.burst
     if procs:
-        callers, late = Generators(node.endpoint, n, procs, args.churn), None
+        callers, late = Generators(node.endpoint, n, procs, args.churn, seed=args.seed), None
 
         def dial() -> None:
             nonlocal late
-            late = Generators(node.endpoint, k, procs, args.churn, first=n)
+            late = Generators(node.endpoint, k, procs, args.churn, first=n, seed=args.seed)
         try:
             records = await _while_alive(callers, _measure_beats(args, node, n, clock,
                                                                  dial if k else None, cpu))
@@ -310,12 +310,13 @@ async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool, cpu
     stop = asyncio.Event()
     async with NodeClient(node.endpoint, ctx=node.ctx) as client:
         loop = asyncio.get_running_loop()
-        driving = loop.create_task(drive_all(client, range(n), clock, stop, args.churn))
+        driving = loop.create_task(drive_all(client, range(n), clock, stop, args.churn,
+                                             args.seed))
         bursting: list[asyncio.Task] = []
 
         def dial() -> None:
             bursting.append(loop.create_task(
-                drive_all(client, range(n, n + k), clock, stop, args.churn)))
+                drive_all(client, range(n, n + k), clock, stop, args.churn, args.seed)))
         records = await _measure_beats(args, node, n, clock, dial if k else None, cpu)
         stop.set()
         stats, refusals, waits = await driving
@@ -420,8 +421,11 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
     results = []
     for r in range(args.runs):
         loop = new_loop(virtual=args.virtual)
+        # run r draws from `--seed` + r (callers and a backend of its own): runs of one
+        # command differ from each other, and the command gives the same runs every time
+        run_args = argparse.Namespace(**{**vars(args), "seed": args.seed + r})
         try:
-            res = loop.run_until_complete(run_once(args, n, args.virtual, backend))
+            res = loop.run_until_complete(run_once(run_args, n, args.virtual, backend))
         finally:
             loop.close()
         print(f"  N={n:4d} run {r + 1}/{args.runs}: p50 {res.p50_ms:7.2f} ms  p99 "
@@ -585,7 +589,9 @@ def parse_args(argv=None):
                     help="find-max stops when the bracket is this narrow (fewer probes)")
     ap.add_argument("--virtual", action="store_true", help="virtual time (sim backend only)")
     ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="every random choice: callers' call lengths and audio, the sim's "
+                         "jitter; run r of --runs uses seed + r (recorded under extra.seeds)")
     ap.add_argument("--burst", type=int, default=0, metavar="N",
                     help="once the --sessions callers are steady, N more dial at once; the "
                          "measured beats begin then, and their opens are reported apart")
@@ -655,7 +661,8 @@ def main(argv=None, command: str | None = None) -> int:
     args.command = command
     offset, max_context, roll = held_context(args)
     # how the measured context was held: every session cycles between these by rolling
-    extra: dict = {"context_held": {"from": offset, "to": max_context, "roll": roll}}
+    extra: dict = {"context_held": {"from": offset, "to": max_context, "roll": roll},
+                   "seeds": [args.seed + r for r in range(args.runs)]}
     backend, ceiling = None, None
     if entry(args.backend).caps.device:
         # One model on the GPU for every run, slots for the most sessions this run may ask for.

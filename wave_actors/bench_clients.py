@@ -35,13 +35,14 @@ def speech_like(seconds: float, seed: int) -> np.ndarray:
 
 
 async def drive_line(client: NodeClient, line: int, clock: Clock, stop: asyncio.Event,
-                     churn_s: float = 0.0) -> tuple[list[dict], int, list[float]]:
+                     churn_s: float = 0.0, seed: int = 0) -> tuple[list[dict], int, list[float]]:
     """Caller line `line` until `stop`: one session (`bench-<line>`) or, with `churn_s` > 0,
-    sessions back to back, each living an exponential time of mean `churn_s` (seeded by the
-    line), as calls end and new ones come in; a refused call dials again after REDIAL_S.
+    sessions back to back, each living an exponential time of mean `churn_s`, as calls end and
+    new ones come in; a refused call dials again after REDIAL_S. Call lengths and audio come
+    from `seed` and the line: one seed, one run.
     Returns the sessions' `closed` stats, the refusals, and how long each open waited for
     `opened` (the session's start on the model)."""
-    rng = np.random.default_rng(line)
+    rng = np.random.default_rng([seed, line])
     stats, refusals, waits = [], 0, []
     for k in itertools.count():
         if stop.is_set():
@@ -62,7 +63,8 @@ async def drive_line(client: NodeClient, line: int, clock: Clock, stop: asyncio.
             await clock.sleep(REDIAL_S)
             continue
         waits.append(clock.now() - asked)
-        stats.append(await _stream(s, clock, stop, clock.now() + life, seed=line + 7919 * k))
+        stats.append(await _stream(s, clock, stop, clock.now() + life,
+                                   seed=int(rng.integers(1 << 31))))
     return stats, refusals, waits
 
 
@@ -88,11 +90,11 @@ async def _discard(s) -> None:
 
 
 async def drive_all(client: NodeClient, ids: range, clock: Clock, stop: asyncio.Event,
-                    churn_s: float = 0.0) -> tuple[list[dict], int, list[float]]:
+                    churn_s: float = 0.0, seed: int = 0) -> tuple[list[dict], int, list[float]]:
     """Caller lines `ids` until `stop` (`drive_line`): all their sessions' stats, refusals and
     open waits."""
-    tasks = [asyncio.get_running_loop().create_task(drive_line(client, i, clock, stop, churn_s))
-             for i in ids]
+    tasks = [asyncio.get_running_loop().create_task(
+        drive_line(client, i, clock, stop, churn_s, seed)) for i in ids]
     stats, refusals, waits = [], 0, []
     for t in tasks:
         got, refused, waited = await t
@@ -103,7 +105,8 @@ async def drive_all(client: NodeClient, ids: range, clock: Clock, stop: asyncio.
 
 
 # -- load-generator processes ------------------------------------------------------------------
-def _generator_main(endpoint: str, first: int, count: int, churn_s: float, stop, out) -> None:
+def _generator_main(endpoint: str, first: int, count: int, churn_s: float, seed: int, stop,
+                    out) -> None:
     async def run() -> tuple[list[dict], int, list[float]]:
         done = asyncio.Event()
 
@@ -114,7 +117,7 @@ def _generator_main(endpoint: str, first: int, count: int, churn_s: float, stop,
         watcher = asyncio.get_running_loop().create_task(watch())
         async with NodeClient(endpoint) as client:
             result = await drive_all(client, range(first, first + count), Clock(), done,
-                                     churn_s)
+                                     churn_s, seed)
             # Lines that were all refused end early; the generator stays until told to stop,
             # so that its exit before then always means it failed.
             await done.wait()
@@ -130,13 +133,14 @@ class Generators:
     """`procs` processes sharing `n` caller lines (ids first..first+n-1) against the node at
     `endpoint`."""
 
-    def __init__(self, endpoint: str, n: int, procs: int, churn_s: float = 0.0, first: int = 0):
+    def __init__(self, endpoint: str, n: int, procs: int, churn_s: float = 0.0, first: int = 0,
+                 seed: int = 0):
         ctx = mp.get_context("spawn")                  # no copy of the parent's GPU or sockets
         self._stop, self._out = ctx.Event(), ctx.Queue()
         shares = np.array_split(np.arange(first, first + n), max(1, min(procs, n)))
         self._procs = [ctx.Process(target=_generator_main, daemon=True, name=f"bench-load-{k}",
-                                   args=(endpoint, int(s[0]), len(s), churn_s, self._stop,
-                                         self._out))
+                                   args=(endpoint, int(s[0]), len(s), churn_s, seed,
+                                         self._stop, self._out))
                        for k, s in enumerate(shares) if len(s)]
         for p in self._procs:
             p.start()
