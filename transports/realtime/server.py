@@ -271,10 +271,10 @@ class Connection:
         if self.parked:
             log.info("%s: not resumed in %g s; closing", self.node_id, self.cfg.resume_grace_s)
             self.parked = False
+            await self._shutdown()          # then gone from the bridge: its session is closed
             self.bridge.connections.discard(self)
             if self.bridge.named.get(self.dialect.session_id) is self:
                 del self.bridge.named[self.dialect.session_id]
-            await self._shutdown()
 
     async def _shutdown(self) -> None:
         self.bridge.totals["dropped_deltas"] += self.outbox.dropped
