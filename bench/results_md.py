@@ -638,6 +638,16 @@ NOTES = (
      "end (`after_ms` p50): 0.43 against 0.47 ms dense, 0.35 against 0.37 reference. Stage 1's "
      "targets (p99 2 ms below graph's at dense capacity, the host's time after the GPU "
      "halved) are missed: the executors are within 0.2 ms of each other."),
+    ("wpk", "wpk against graph at the session's last commit (issue 18, final)",
+     ("wpk-dense-n290-20261203T171315.json", "graph-dense-n290-20261203T171423.json",
+      "wpk-reference-n120-20261203T171551.json", "graph-reference-n120-20261203T171713.json"),
+     "At c13da5e, the same commands and order as at a252090: dense 290 x 1 x 200, p99 139.6 "
+     "ms for wpk against 138.6 for graph (p50 138.4 / 137.4), 0 late each; reference 120 x 1 "
+     "x 300, p99 98.7 against 99.5, 0 late each. Host time after the GPU's end (`after_ms` "
+     "p50): 0.47 against 0.44 ms dense, 0.42 against 0.40 reference. Stage 1's targets are "
+     "missed: wpk's p99 is 1.0 ms above graph's at dense capacity, not 2 ms below, and the "
+     "host's time after the GPU is not halved. Between this and a252090 the two executors "
+     "swapped places by about 1 ms: run-to-run spread, not a difference."),
     ("other", "The wpk executor soaked: 10,000 beats with random host delays (issue 18)",
      ("wpk-soak-h200.json",),
      "`python bench/wpk_soak.py --beats 10000` at 31d030d on the H200 (tiny model, 8 slots, "
