@@ -2,14 +2,18 @@
 
 Invariants, for every slot and at every step:
   - live sessions never exceed the slots, and free + live == slots;
+  - no starvation: every admitted slot is in every beat, with its two frames;
+  - a frame is dropped on arrival only when the buffer is full (one for one);
   - the frame numbers handed to the backend are strictly increasing;
   - every pushed frame is handed over exactly once, or counted dropped (shed included), or
     still queued;
   - silence is counted as an underrun only after the slot started; before, as idle.
 """
 import numpy as np
+import pytest
 from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition, rule,
+                                 run_state_machine_as_test)
 
 from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import BEAT_S
@@ -46,12 +50,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         slot = data.draw(st.sampled_from(sorted(self.s.slots)))
         for _ in range(n):
             f = len(self.pushed[slot])
+            sl = self.s.slots[slot]
+            full, dropped = len(sl.jitter) >= self.s.max_queue, sl.stats.dropped
             self.s.push(slot, f, np.full(1280, f + 1, np.float32))
             self.pushed[slot].append(f)
+            assert sl.stats.dropped == dropped + full, \
+                "a frame dropped with room in the buffer, or none dropped when it was full"
 
     @rule(late=st.booleans())
     def beat(self, late):
+        live = set(self.s.slots)
         plan = self.s.pack(self.inp)
+        assert set(plan.slots) == live, f"slots {sorted(live - set(plan.slots))} not served"
+        assert all(len(plan.frames[slot]) == 2 for slot in live)
         for slot in plan.slots:
             for i, f in enumerate(plan.frames[slot]):
                 # the audio packed is the frame's own (value f+1), or silence
@@ -104,3 +115,33 @@ TestScheduler = SchedulerMachine.TestCase
 TestScheduler.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestSchedulerShedding = SheddingMachine.TestCase
 TestSchedulerShedding.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+# -- the tests above catch what they say: bugs planted one at a time --------------------------
+
+def _starve_lowest(original):
+    def pack(self, inp, ready=None):
+        lowest = min(self.slots) if self.slots else None
+        return original(self, inp, None if lowest is None else set(self.slots) - {lowest})
+    return pack
+
+
+def _drop_early(original):
+    def push(self, slot, frame_no, pcm):
+        s = self.slots[slot]
+        if len(s.jitter) >= self.max_queue - 2 and s.jitter:
+            s.jitter.popleft()
+            s.stats.dropped += 1
+            self.totals.dropped += 1
+        return original(self, slot, frame_no, pcm)
+    return push
+
+
+@pytest.mark.parametrize("method,plant", [("pack", _starve_lowest), ("push", _drop_early)],
+                         ids=["lowest slot never served", "frame dropped with room left"])
+def test_planted_bugs_are_caught(monkeypatch, method, plant):
+    """Each bug, planted in the scheduler, fails the state machine above."""
+    monkeypatch.setattr(BeatScheduler, method, plant(getattr(BeatScheduler, method)))
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(SchedulerMachine, settings=settings(
+            max_examples=200, stateful_step_count=40, deadline=None, database=None))
