@@ -101,6 +101,8 @@ class RunResult:
     # release → the beat's first frame routed, ms at p50 / p99 / max: ahead of the beat's
     # latency when the backend finishes frame 0 early (`Capabilities.first_frame`)
     first_frame: dict = field(default_factory=dict)
+    # every open's wait for `opened`, ms to 0.1, in the order they were asked (`sim.plot`)
+    open_waits_ms: list = field(default_factory=list)
 
 
 @dataclass
@@ -212,7 +214,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     live = np.array([r.sessions for r in records]) if records else np.zeros(1)
     live_seen = {"offered": n + args.burst, "min": int(live.min()), "p50": float(np.percentile(live, 50)),
                  "max": int(live.max())}
-    return RunResult(n, len(records), int(sum(r.late for r in records)),
+    result = RunResult(n, len(records), int(sum(r.late for r in records)),
                      float(np.percentile(lat, 50)), float(np.percentile(lat, 99)),
                      float(lat.max()), float(np.mean(gpu)),
                      sum(s["underruns"] for s in stats), sum(s["dropped"] for s in stats),
@@ -223,6 +225,8 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      len(waits), float(open_p50), float(open_p99), policies,
                      float(open_max), dict(refused_by), live_seen, _host(records, stalls, cpu), burst,
                      ramp, spread_ms(r.first_s for r in records) if records else {})
+    result.open_waits_ms = [round(float(w), 1) for w in opens]
+    return result
 
 
 def _ramp(records: list, k: int = 8) -> dict:
