@@ -103,6 +103,16 @@ def compare_figure(results: dict[str, dict], run: int = 0):
     return fig
 
 
+def names(paths: list[str]) -> list[str]:
+    """A name a result file: its stem, with its folder's name in front where two stems are
+    the same (two runs in one second write the same stem to different folders), and a
+    number after where that is not enough either."""
+    stems = [Path(p).stem for p in paths]
+    out = [f"{Path(p).parent.name}-{stem}" if stems.count(stem) > 1 else stem
+           for p, stem in zip(paths, stems)]
+    return [f"{n}-{i + 1}" if out.count(n) > 1 else n for i, n in enumerate(out)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim.plot", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,7 +122,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     try:
-        results = {Path(p).stem: load(p) for p in args.results}
+        results = {name: load(p) for name, p in zip(names(args.results), args.results)}
         out.mkdir(parents=True, exist_ok=True)
         written = []
         for name, result in results.items():

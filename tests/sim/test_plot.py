@@ -2,7 +2,8 @@
 
 Bugs caught: a beat figure drawn from other numbers than the result's trace (or its live
 sessions shifted against time), an open-wait CDF not over the result's own waits, a missing
-compare figure for an A/B, and a bad file ending in a traceback instead of one line."""
+compare figure for an A/B (two results of one file name, from two folders, taken for one),
+and a bad file ending in a traceback instead of one line."""
 from __future__ import annotations
 
 import json
@@ -27,6 +28,12 @@ def results(tmp_path_factory) -> dict[str, Path]:
                          "--out", str(d)]) == 0
         (out[policy],) = d.glob("*.json")
     return out
+
+
+def test_results_of_the_same_name_keep_apart():
+    """Two runs in one second write one file name to two folders: both are plotted."""
+    assert plot.names(["a/x.json", "b/x.json", "c/y.json"]) == ["a-x", "b-x", "y"]
+    assert plot.names(["a/x.json", "a/x.json"]) == ["a-x-1", "a-x-2"]
 
 
 def test_the_figures_draw_the_results_own_numbers(results):
