@@ -631,7 +631,7 @@ NOTES = (
     ("wpk", "wpk against graph after the client work of issue 19 (issue 18's final measurement)",
      ("wpk-dense-n290-20261203T165053.json", "graph-dense-n290-20261203T165200.json",
       "wpk-reference-n120-20261203T165324.json", "graph-reference-n120-20261203T165439.json"),
-     "At a252090 (the node now holds input ahead of real time; the bench's callers send in "
+     "At aa8900d (the node now holds input ahead of real time; the bench's callers send in "
      "real time, so nothing is held), `--workers 4`, one call, in this order: dense 290 x 1 x "
      "200, p99 138.5 ms for wpk against 138.3 for graph (p50 137.7 / 137.3), 0 late each; "
      "reference 120 x 1 x 300, p99 97.9 against 97.8, 0 late each. Host time after the GPU's "
@@ -641,12 +641,12 @@ NOTES = (
     ("wpk", "wpk against graph at the session's last commit (issue 18, final)",
      ("wpk-dense-n290-20261203T171315.json", "graph-dense-n290-20261203T171423.json",
       "wpk-reference-n120-20261203T171551.json", "graph-reference-n120-20261203T171713.json"),
-     "At c13da5e, the same commands and order as at a252090: dense 290 x 1 x 200, p99 139.6 "
+     "At 6e638cf, the same commands and order as at aa8900d: dense 290 x 1 x 200, p99 139.6 "
      "ms for wpk against 138.6 for graph (p50 138.4 / 137.4), 0 late each; reference 120 x 1 "
      "x 300, p99 98.7 against 99.5, 0 late each. Host time after the GPU's end (`after_ms` "
      "p50): 0.47 against 0.44 ms dense, 0.42 against 0.40 reference. Stage 1's targets are "
      "missed: wpk's p99 is 1.0 ms above graph's at dense capacity, not 2 ms below, and the "
-     "host's time after the GPU is not halved. Between this and a252090 the two executors "
+     "host's time after the GPU is not halved. Between this and aa8900d the two executors "
      "swapped places by about 1 ms: run-to-run spread, not a difference."),
     ("other", "The wpk executor soaked: 10,000 beats with random host delays (issue 18)",
      ("wpk-soak-h200.json",),
