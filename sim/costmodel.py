@@ -8,6 +8,7 @@ GPU measurements can replace the roofline defaults.
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,3 +66,23 @@ class CostModel:
         comp = 2 * n_sessions * (self.bf16_flops_per_frame / self.bf16_flops
                                  + self.tf32_flops_per_frame / self.tf32_flops)
         return max(mem, comp) + self.overhead_s_per_beat
+
+    def rows_time(self, rows: int, capture: int, full_capture: int) -> float:
+        """What `rows` start rows add to a beat, by the row capture the GPU replays for them
+        (`capture` of the executor's `full_capture` rows): the small capture's cost when it
+        holds them and the model has one."""
+        if not rows:
+            return 0.0
+        if self.small_rows_s is not None and capture < full_capture:
+            return self.small_rows_s
+        return self.start_rows_s
+
+    def draw_beat(self, n_live: int, context: float, rows: int, capture: int,
+                  full_capture: int, rng: random.Random) -> float:
+        """One beat's modelled seconds, release to outputs routed: the live rows' time with its
+        jitter, plus the start rows'. The sim executor and the fast mode both draw from here,
+        so for one seed they draw the same beats."""
+        live_s = self.beat_time(n_live, context)
+        if self.jitter_rel:
+            live_s *= max(0.0, 1.0 + self.jitter_rel * rng.gauss(0.0, 1.0))
+        return live_s + self.rows_time(rows, capture, full_capture)

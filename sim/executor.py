@@ -87,12 +87,8 @@ class SimExecutor:
 
     def _rows_s(self, rows: int) -> float:
         """What `rows` start rows add to a beat: by the capture the GPU would replay."""
-        if not rows:
-            return 0.0
-        small = self.cost.small_rows_s
-        if small is not None and self.start_shape.capture_for(rows) < self.start_shape.start_rows:
-            return small
-        return self.cost.start_rows_s
+        return self.cost.rows_time(rows, self.start_shape.capture_for(rows),
+                                   self.start_shape.start_rows)
 
     def __init__(self, options: ExecutorOptions, cost: CostModel | None = None,
                  clock: Clock | None = None, trace: bool = False):
@@ -163,10 +159,10 @@ class SimExecutor:
             else:
                 self._func_queue.pop(slot, None)
         context = self._context(plan)
-        live_s = self.cost.beat_time(len(plan.live), context)
-        if self.cost.jitter_rel:
-            live_s *= max(0.0, 1.0 + self.cost.jitter_rel * self._rng.gauss(0.0, 1.0))
-        rows_s = self._rows_s(len(plan.rows))
+        rows = len(plan.rows)
+        total = self.cost.draw_beat(len(plan.live), context, rows,
+                                    self.start_shape.capture_for(rows),
+                                    self.start_shape.start_rows, self._rng)
         live = np.asarray(plan.live, np.int64)
         if self.trace is not None:                 # what the executor was handed, at hand-over
             for slot, frames in zip(plan.live, inp.rows(live)):
@@ -177,7 +173,6 @@ class SimExecutor:
         # were left there): the clock's loop does not read every frame again. The input
         # buffer is not packed again before this beat is collected.
         self._heard = self._hearing().submit(_heard, inp, live)
-        total = live_s + rows_s
         now = self.clock.now()
         self._inflight = (now + total, total)
         self._first = (now + self.cost.first_frame_share * total, plan, out)

@@ -38,7 +38,8 @@ def main(argv=None) -> int:
                     help="mean call length: calls end and new ones start through the run, so "
                          "session starts compete with live beats (default 0: no churn)")
     ap.add_argument("--policy", nargs="+", metavar="WORD",
-                    help="start policy: budgeted | eager | module:Class, then key=value ...")
+                    help="start policy: eager | budgeted | headroom | forecast | "
+                         "module:Class, then key=value ...")
     ap.add_argument("--seed", type=int, default=0, help="seeds the cost model's jitter")
     ap.add_argument("--find-max", action="store_true")
     ap.add_argument("--out", default=str(bench.RESULTS))

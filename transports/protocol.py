@@ -34,7 +34,7 @@ CLIENT_TYPES = ("open", "audio", "function_result", "event", "close", "ping", "r
 EVENT_VALUES = {"dtmf": tuple("0123456789*#ABCD")}
 NODE_TYPES = ("opened", "refused", "audio", "text", "function_call", "closed", "error", "pong",
               "resumed", "heartbeat")
-REFUSE_REASONS = ("capacity", "duplicate", "invalid", "unauthorized", "draining")
+REFUSE_REASONS = ("capacity", "admission", "duplicate", "invalid", "unauthorized", "draining")
 
 # Stable error codes (the `code` field of `error`).
 BAD_MSGPACK = "bad_msgpack"

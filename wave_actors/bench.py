@@ -618,7 +618,8 @@ def parse_args(argv=None):
                     help="load-generator processes for the sessions (0: the callers share the "
                          "node's process; --virtual always does)")
     ap.add_argument("--policy", nargs="+", metavar="WORD",
-                    help="start policy: budgeted | eager | module:Class, then key=value "
+                    help="start policy: eager | budgeted | headroom | forecast | module:Class, "
+                         "then key=value "
                          "parameters (default: eager); recorded in the result")
     ap.add_argument("--release-hold-ms", type=float, default=1e3 * ClockPolicy().release_hold_s,
                     help="clock policy: session actors' output work waits this long before a "

@@ -41,7 +41,8 @@ from wave_actors.core.jitter import SlotStats
 from wave_actors.core.prompt import PromptRejected
 from wave_actors.core.session_table import END_OF_STREAM, CapacityError, Routed, SessionTable
 from wave_actors.core.slot_book import BookPlan, SlotBook
-from wave_actors.core.start_policy import StartPolicy
+from wave_actors.core.start_policy import StartPolicy, admission
+from wave_actors.core.jitter import AdmissionRefused
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
 from wave_actors import frame_batch
 from wave_actors.frame_batch import FrameBatcher
@@ -171,7 +172,8 @@ class ClockStats:
 
 
 class BeatClockActor(Actor):
-    reply_errors = (CapacityError, PromptRejected)   # answered to the asker; the clock lives on
+    # answered to the asker (AdmissionRefused is a CapacityError); the clock lives on
+    reply_errors = (CapacityError, PromptRejected)
     # Frames read only outside the hold before a release (a clock alone on its loop, whose
     # turns hold nothing else); in one process with the sessions, tests hold the turns at will.
     reads_wait_out_hold = False
@@ -295,6 +297,10 @@ class BeatClockActor(Actor):
             # Tokenized before a slot is taken: a prompt that does not fit raises PromptRejected
             # to the opener and holds nothing.
             tokens = self.executor.prompt_tokens(msg.spec)
+            if self.table.free_slots():                       # full: the table says so below
+                why = admission(self.book.policy, *self.book.occupancy(), len(self.book.slots))
+                if why:
+                    raise AdmissionRefused(why)
             handle = self.table.admit(msg.key, msg.owner)     # raises CapacityError when full
             self._ops.append(("open", handle, (tokens, msg.spec)))
             self._ready_waiters[handle] = asyncio.get_running_loop().create_future()

@@ -41,7 +41,7 @@ from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens,
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import FRAME_S
-from wave_actors.core.jitter import CapacityError
+from wave_actors.core.jitter import AdmissionRefused, CapacityError
 from wave_actors.core.prompt import PromptRejected
 from wave_actors.core.start_policy import EagerStarts, StartPolicy
 from wave_actors.core.timebase import Clock
@@ -581,6 +581,9 @@ class Node:
         key = (route.identity, route.session)
         try:
             handle = await clock.ask(Admit(key, route, SessionSpec(h["instructions"], h["tools"])))
+        except AdmissionRefused as exc:
+            self.bindings.drop(route)
+            return self._refuse(route.identity, msg.session, "admission", str(exc))
         except CapacityError as exc:
             self.bindings.drop(route)
             return self._refuse(route.identity, msg.session, "capacity", str(exc))

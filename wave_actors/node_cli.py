@@ -80,7 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prebuffer", type=int, default=ClockPolicy().prebuffer,
                     help="frames queued before a session starts consuming")
     ap.add_argument("--policy", nargs="+", metavar="WORD",
-                    help="start policy: budgeted | eager | module:Class, then key=value "
+                    help="start policy: eager | budgeted | headroom | forecast | module:Class, "
+                         "then key=value "
                          "parameters (default: eager)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demo", action="store_true", help="serve demo conversations, then stop")

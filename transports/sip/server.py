@@ -41,7 +41,7 @@ from transports.sip.transaction import InviteTx, Transactions, tx_key
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
 KNOWN_METHODS = ("REGISTER", "INFO", "UPDATE", "PRACK", "SUBSCRIBE", "NOTIFY", "REFER",
                  "MESSAGE", "PUBLISH")
-RETRYABLE_NODE_REFUSALS = ("capacity", "draining", "duplicate")   # a later try can succeed
+RETRYABLE_NODE_REFUSALS = ("capacity", "admission", "draining", "duplicate")   # a later try can succeed
 LOGGED_HEADER_CHARS = 256          # a From header is logged at most this long
 
 
@@ -355,7 +355,7 @@ class Bridge:
     def _node_refusal(self, exc: C.Refused) -> tuple:
         """The node refused our `open`: capacity as configured; others 503, with Retry-After
         only where a later try can succeed."""
-        status = self.cfg.capacity_status if exc.reason == "capacity" else 503
+        status = self.cfg.capacity_status if exc.reason in ("capacity", "admission") else 503
         retry = self._retry_after() if exc.reason in RETRYABLE_NODE_REFUSALS else []
         reason = f"node_{exc.reason}" if exc.reason in P.REFUSE_REASONS else "node_refused"
         return status, reason, [*retry, _warning(399, f"node refused: {exc}")], str(exc)

@@ -42,6 +42,11 @@ class CapacityError(Exception):
     pass
 
 
+class AdmissionRefused(CapacityError):
+    """Slots are free, but the start policy's admission test refused the open (its reason
+    says why): answered as `refused admission`, counted apart from `refused capacity`."""
+
+
 @dataclass(frozen=True)
 class Shedding:
     """When a slot sheds the queued audio that the recent jitter never used."""

@@ -14,7 +14,9 @@ import importlib
 import json
 
 BUILT_IN = {"budgeted": "wave_actors.core.start_policy:BudgetedStarts",
-            "eager": "wave_actors.core.start_policy:EagerStarts"}
+            "eager": "wave_actors.core.start_policy:EagerStarts",
+            "headroom": "wave_actors.core.start_policy:HeadroomAdmission",
+            "forecast": "wave_actors.core.start_policy:ForecastAdmission"}
 
 
 class PolicyError(ValueError):

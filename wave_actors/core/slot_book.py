@@ -166,6 +166,11 @@ class SlotBook:
     def phase(self, slot: int) -> str:
         return self.slots[slot].phase
 
+    def occupancy(self) -> tuple[int, int]:
+        """(live, starting) sessions: what an admission test weighs."""
+        live = int(self._live.sum())
+        return live, sum(s.phase != "closed" for s in self.slots) - live
+
     def ready(self, slot: int) -> bool:
         return bool(self._live[slot])
 

@@ -17,6 +17,14 @@ Two policies are built in:
     rows wait for a lighter beat, but never more than `max_hold` beats in a row, so every start
     finishes. For scheduling research: it trades start time for live-beat slack.
 
+Two more add admission control (an `admit` method: the node asks it before an open takes a
+free slot, and refuses with reason `admission` when it says no):
+  - `HeadroomAdmission` ("headroom"): rows as eager; an open is admitted only while the latest
+    measured beat left at least `headroom_s` of the beat spare (a fixed reserve).
+  - `ForecastAdmission` ("forecast"): rows as budgeted; an open is admitted only when a line
+    fitted to the measured beats forecasts that the beat with every live and starting session
+    and this one, carrying start rows, still ends `margin_s` before the deadline.
+
 A policy of one's own implements the `StartPolicy` protocol and is named on the command line as
 `--policy module:Class key=value ...` (`policy_spec`).
 
@@ -26,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
+
+from wave_actors.core.frames import BEAT_S
 
 
 @runtime_checkable
@@ -112,6 +122,81 @@ class BudgetedStarts:
     def describe(self) -> dict:
         return _describe(self) | {"beat_with_rows_ms": {
             n: round(1e3 * s, 2) for (n, rows), s in sorted(self.beat_s.items()) if rows}}
+
+
+def admission(policy, n_live: int, n_starting: int, slots: int) -> str | None:
+    """Why the policy refuses one more open with this many sessions live and starting (None:
+    admitted). Slots being full is the table's to refuse, not the policy's; a policy without
+    an `admit` method admits every open that finds a slot."""
+    admit = getattr(policy, "admit", None)
+    return None if admit is None else admit(n_live, n_starting, slots)
+
+
+@dataclass
+class HeadroomAdmission(EagerStarts):
+    """Eager start rows, and opens only while the latest beat left `headroom_s` spare."""
+    headroom_s: float = 0.02
+    name: str = field(default="headroom", init=False)
+    refused: int = field(default=0, init=False)
+    last_s: float | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.headroom_s < BEAT_S:
+            raise ValueError(f"HeadroomAdmission: 0 <= headroom_s < {BEAT_S}")
+
+    def observe(self, n_live: int, with_rows: bool, seconds: float) -> None:
+        if not with_rows:             # a start's extra cost passes; the live load stays
+            self.last_s = seconds
+
+    def admit(self, n_live: int, n_starting: int, slots: int) -> str | None:
+        if self.last_s is None or self.last_s + self.headroom_s <= BEAT_S:
+            return None
+        self.refused += 1
+        return (f"the last beat took {1e3 * self.last_s:.1f} ms, within the "
+                f"{1e3 * self.headroom_s:.0f} ms headroom of the {1e3 * BEAT_S:.0f} ms beat")
+
+    def describe(self) -> dict:
+        return _describe(self) | {"refused": self.refused}
+
+
+@dataclass
+class ForecastAdmission(BudgetedStarts):
+    """Budgeted start rows, and opens only when the forecast beat still meets the deadline."""
+    margin_s: float = 0.008
+    name: str = field(default="forecast", init=False)
+    refused: int = field(default=0, init=False)
+
+    def forecast(self, n: int) -> float | None:
+        """A beat of n live sessions carrying start rows: the measured beats without rows
+        fitted by a line in the live count (one count seen: scaled in proportion), plus the
+        most the rows were seen to add; None before any beat was measured."""
+        plain = {k: s for (k, rows), s in self.beat_s.items() if not rows and k > 0}
+        if not plain:
+            return None
+        ks = sorted(plain)
+        if len(ks) == 1:
+            base = plain[ks[0]] * n / ks[0]
+        else:
+            mk = sum(ks) / len(ks)
+            ms = sum(plain[k] for k in ks) / len(ks)
+            slope = (sum((k - mk) * (plain[k] - ms) for k in ks)
+                     / sum((k - mk) ** 2 for k in ks))
+            base = ms + max(0.0, slope) * (n - mk)
+        rows = {k: s for (k, r), s in self.beat_s.items() if r}
+        added = max([rows[k] - plain[k] for k in rows if k in plain] or [0.0])
+        return base + max(0.0, added)
+
+    def admit(self, n_live: int, n_starting: int, slots: int) -> str | None:
+        expected = self.forecast(n_live + n_starting + 1)
+        if expected is None or expected + self.margin_s <= BEAT_S:
+            return None
+        self.refused += 1
+        return (f"a beat of {n_live + n_starting + 1} sessions is forecast at "
+                f"{1e3 * expected:.1f} ms, past the {1e3 * BEAT_S:.0f} ms beat less a "
+                f"{1e3 * self.margin_s:.0f} ms margin")
+
+    def describe(self) -> dict:
+        return super().describe() | {"refused": self.refused}
 
 
 @dataclass

@@ -1,0 +1,278 @@
+"""Workloads: when calls arrive, how long they last and how their callers behave.
+
+A workload is a list of `Call`s, read from a file or drawn by a seeded generator:
+
+    --workload calls.csv                      (or .jsonl: one object a line)
+    --workload poisson:rate=2,duration=600,call=90
+    --workload diurnal:peak=3,duration=1200,period=1200,trough=0.2
+    --workload bursty:rate=2,duration=600,on=20,off=40
+    --workload flash:rate=1,duration=600,at=200,calls=150,width=10
+    --workload retry:rate=1,duration=600,at=200,calls=150,width=10,redials=8,after=0.5
+
+A file's columns (CSV header or JSON keys) are `Call`'s fields; only `at_s` and `duration_s`
+are required. Every generator's random choice comes from the seed it is given (the run's
+`--seed`), so one command draws one workload. Time 0 is the run's start; calls are sorted by
+arrival.
+
+Pure data (no sockets, no clock): the benchmark's callers and the fast mode both read it.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Call:
+    at_s: float                     # arrival: seconds from the run's start
+    duration_s: float               # how long the caller stays once the call is opened
+    prompt_chars: int = 0           # system prompt (instructions) length, characters
+    tools: int = 0                  # tools the caller declares
+    talk_s: float = 1.0             # the caller talks in bursts this long ...
+    silence_s: float = 0.7          # ... with pauses this long between them
+    jitter_ms: float = 0.0          # each frame is sent up to this late (uniform)
+    loss: float = 0.0               # share of the caller's frames its network loses
+    redials: int = 0                # a refused call dials again up to this many times
+    redial_after_s: float = 1.0     # after this long, times `redial_backoff` each further try
+    redial_backoff: float = 1.0
+
+    def __post_init__(self) -> None:
+        bad = []
+        if not (math.isfinite(self.at_s) and self.at_s >= 0):
+            bad.append("at_s >= 0")
+        if not (math.isfinite(self.duration_s) and self.duration_s > 0):
+            bad.append("duration_s > 0")
+        if self.prompt_chars < 0 or self.tools < 0 or self.redials < 0:
+            bad.append("prompt_chars, tools and redials >= 0")
+        if self.talk_s <= 0 or self.silence_s < 0:
+            bad.append("talk_s > 0 and silence_s >= 0")
+        if not 0 <= self.loss < 1 or self.jitter_ms < 0:
+            bad.append("0 <= loss < 1 and jitter_ms >= 0")
+        if self.redial_after_s < 0 or self.redial_backoff < 1:
+            bad.append("redial_after_s >= 0 and redial_backoff >= 1")
+        if bad:
+            raise WorkloadError(f"call {self}: needs {', '.join(bad)}")
+
+
+FIELDS = {f.name: f.type for f in fields(Call)}
+_CASTS = {"float": float, "int": int}
+
+
+@dataclass(frozen=True)
+class Workload:
+    calls: tuple[Call, ...]
+    source: dict = field(default_factory=dict)     # how it was made: generator and params, or file
+
+    @property
+    def horizon_s(self) -> float:
+        """Until the last call would end if it were opened on arrival."""
+        return max((c.at_s + c.duration_s for c in self.calls), default=0.0)
+
+    @property
+    def arrivals_end_s(self) -> float:
+        return max((c.at_s for c in self.calls), default=0.0)
+
+    def offered_erlangs(self) -> float:
+        """Offered load: call-seconds asked for over the span arrivals come in."""
+        span = self.arrivals_end_s
+        if span <= 0:
+            return float(len(self.calls))
+        return sum(c.duration_s for c in self.calls) / span
+
+    def describe(self) -> dict:
+        return {**self.source, "calls": len(self.calls), "horizon_s": round(self.horizon_s, 3),
+                "offered_erlangs": round(self.offered_erlangs(), 3)}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        rows = [asdict(c) for c in self.calls]
+        if path.suffix == ".csv":
+            with path.open("w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=list(FIELDS))
+                w.writeheader()
+                w.writerows(rows)
+        else:
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+
+# -- files ------------------------------------------------------------------------------------
+def _call_from(row: dict, where: str) -> Call:
+    unknown = set(row) - set(FIELDS)
+    if unknown:
+        raise WorkloadError(f"{where}: unknown field(s) {sorted(unknown)}; known: {list(FIELDS)}")
+    for need in ("at_s", "duration_s"):
+        if row.get(need) in (None, ""):
+            raise WorkloadError(f"{where}: {need} is required")
+    kw = {}
+    for key, value in row.items():
+        if value in (None, ""):
+            continue
+        try:
+            kw[key] = _CASTS[FIELDS[key]](value) if FIELDS[key] == "float" else \
+                _as_int(value)
+        except (TypeError, ValueError):
+            raise WorkloadError(f"{where}: {key}={value!r} is not a {FIELDS[key]}") from None
+    try:
+        return Call(**kw)
+    except WorkloadError as exc:
+        raise WorkloadError(f"{where}: {exc}") from None
+
+
+def _as_int(value) -> int:
+    number = float(value)
+    if not number.is_integer():
+        raise ValueError(value)
+    return int(number)
+
+
+def load_file(path: str | Path) -> Workload:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise WorkloadError(f"{path}: {exc.strerror or exc}") from None
+    calls = []
+    if path.suffix == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        if not reader.fieldnames:
+            raise WorkloadError(f"{path}: empty (a CSV needs a header: at_s,duration_s,...)")
+        for i, row in enumerate(reader, start=2):
+            calls.append(_call_from(row, f"{path}:{i}"))
+    elif path.suffix in (".jsonl", ".ndjson", ".json"):
+        for i, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{path}:{i}: not JSON: {exc.msg}") from None
+            if not isinstance(row, dict):
+                raise WorkloadError(f"{path}:{i}: a call is a JSON object")
+            calls.append(_call_from(row, f"{path}:{i}"))
+    else:
+        raise WorkloadError(f"{path}: a workload file is .csv or .jsonl")
+    if not calls:
+        raise WorkloadError(f"{path}: no calls")
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return Workload(tuple(sorted(calls, key=lambda c: c.at_s)),
+                    {"kind": "file", "path": str(path), "sha256_16": digest})
+
+
+# -- generators -------------------------------------------------------------------------------
+def _lengths(rng: np.random.Generator, n: int, mean_s: float) -> np.ndarray:
+    """Call lengths: exponential of the mean, at least one beat's worth of a second."""
+    return np.maximum(0.5, rng.exponential(mean_s, n))
+
+
+def _thinned(rng, duration_s: float, peak: float, rate_at) -> np.ndarray:
+    """Arrival times of a Poisson process of rate `rate_at(t)` ≤ `peak` on [0, duration)."""
+    n = rng.poisson(peak * duration_s)
+    t = np.sort(rng.uniform(0.0, duration_s, n))
+    keep = rng.uniform(0.0, peak, n) < rate_at(t)
+    return t[keep]
+
+
+def poisson(rng, rate: float, duration: float, call: float = 90.0) -> np.ndarray:
+    return _thinned(rng, duration, rate, lambda t: np.full_like(t, rate))
+
+
+def diurnal(rng, peak: float, duration: float, period: float = 0.0, trough: float = 0.2,
+            call: float = 90.0) -> np.ndarray:
+    """A day compressed into `period` seconds (default: the whole run): the rate swings as a
+    cosine from `trough`·peak at the start to `peak` half a period in."""
+    period = period or duration
+    shape = lambda t: trough + (1 - trough) * 0.5 * (1 - np.cos(2 * np.pi * t / period))
+    return _thinned(rng, duration, peak, lambda t: peak * shape(t))
+
+
+def bursty(rng, rate: float, duration: float, on: float = 20.0, off: float = 40.0,
+           call: float = 90.0) -> np.ndarray:
+    """On/off (a two-state Markov-modulated Poisson process): periods of `rate` arrivals
+    lasting ~`on` s (exponential), silent periods of ~`off` s between them."""
+    times, t, active = [], 0.0, True
+    while t < duration:
+        span = min(duration - t, rng.exponential(on if active else off))
+        if active:
+            times.append(t + np.sort(rng.uniform(0.0, span, rng.poisson(rate * span))))
+        t += span
+        active = not active
+    return np.concatenate(times) if times else np.zeros(0)
+
+
+def flash(rng, rate: float, duration: float, at: float, calls: int, width: float = 10.0,
+          call: float = 90.0) -> np.ndarray:
+    """Background Poisson arrivals plus `calls` more within `width` s from `at` (a crowd
+    answering the same broadcast)."""
+    base = poisson(rng, rate, duration)
+    crowd = at + rng.uniform(0.0, width, int(calls))
+    return np.sort(np.concatenate([base, crowd[crowd < duration]]))
+
+
+GENERATORS = {"poisson": poisson, "diurnal": diurnal, "bursty": bursty, "flash": flash,
+              "retry": flash}
+# Caller behaviour a generator's spec may set beside its arrival parameters.
+CALLER_KEYS = {"prompt": "prompt_chars", "tools": "tools", "jitter": "jitter_ms", "loss": "loss",
+               "redials": "redials", "after": "redial_after_s", "backoff": "redial_backoff",
+               "talk": "talk_s", "silence": "silence_s"}
+# A retry storm is a flash crowd whose callers redial fast and often when refused.
+RETRY_DEFAULTS = {"redials": 8, "after": 0.5, "backoff": 1.0}
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    name, _, rest = spec.partition(":")
+    if name not in GENERATORS:
+        raise WorkloadError(f"{spec!r}: not a file and not a generator ({', '.join(GENERATORS)})")
+    params = {}
+    for pair in filter(None, rest.split(",")):
+        key, eq, value = pair.partition("=")
+        if not eq:
+            raise WorkloadError(f"{spec!r}: generator parameters are key=value, comma-separated")
+        try:
+            params[key.strip()] = float(value)
+        except ValueError:
+            raise WorkloadError(f"{spec!r}: {key}={value!r} is not a number") from None
+    return name, params
+
+
+def generate(spec: str, seed: int) -> Workload:
+    name, params = parse_spec(spec)
+    if name == "retry":
+        params = {**RETRY_DEFAULTS, **params}
+    caller = {CALLER_KEYS[k]: params.pop(k) for k in list(params) if k in CALLER_KEYS}
+    for key in ("prompt_chars", "tools", "redials"):
+        if key in caller:
+            caller[key] = int(caller[key])
+    gen = GENERATORS[name]
+    rng = np.random.default_rng([seed, 0x5717])
+    mean_call = params.get("call", 90.0)
+    try:
+        at = gen(rng, **params)
+    except TypeError as exc:
+        raise WorkloadError(f"{spec!r}: {exc}") from None
+    if any(v < 0 for v in params.values()) or mean_call <= 0:
+        raise WorkloadError(f"{spec!r}: parameters are >= 0 and call > 0")
+    lengths = _lengths(rng, len(at), mean_call)
+    calls = tuple(Call(at_s=round(float(a), 6), duration_s=round(float(d), 6), **caller)
+                  for a, d in zip(at, lengths))
+    if not calls:
+        raise WorkloadError(f"{spec!r}: drew no calls (raise the rate or the duration)")
+    return Workload(calls, {"kind": name, "spec": spec, "params": {**params, **caller},
+                            "seed": seed})
+
+
+def load(spec: str, seed: int = 0) -> Workload:
+    """A workload file's path, or a generator spec (`name:key=value,...`) drawn from `seed`."""
+    if Path(spec).suffix in (".csv", ".jsonl", ".ndjson", ".json") or Path(spec).exists():
+        return load_file(spec)
+    return generate(spec, seed)
