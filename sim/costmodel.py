@@ -4,6 +4,15 @@ A beat is two frames; each frame reads every weight once for the whole batch and
 state once (MODEL.md §5): mem = 2·(W + N·S(L))/BW, comp = 2·N·(bf16/R_bf16 + tf32/R_tf32), and
 the beat takes max(mem, comp) plus a fixed overhead. Parameters load from JSON so that fitted
 GPU measurements can replace the roofline defaults.
+
+A measured model (`sim.fit`) holds instead the executor's beat measured at some batch sizes
+(`beat_points`), interpolated between them; below the smallest a beat costs the smallest's time,
+because the engine pads a beat's batch to its captured bucket and the bench captures only the
+bucket of the sessions it offers, so a ramp beat with few live sessions replays the full one;
+above the largest the last slope (or the roofline's) carries on. Its jitter is the measured
+beats' relative residuals, and the host's time outside the executor (frames read and packed,
+outputs routed: what virtual time does not take) is a measured sample; both are resampled with
+the executor's seeded rng, so a seed gives the same beats.
 """
 from __future__ import annotations
 
@@ -38,6 +47,14 @@ class CostModel:
     workspace_bytes: float = 4e9
     state_fixed_bytes: float = 166_694_864      # per-session state held (MODEL.md §3)
     state_bytes_per_frame: float = 532_480
+    # Measured (`sim.fit`): ((batch size, executor seconds), ...) ascending, over the contexts
+    # `points_context` (lo, hi) the measured beats held; a context outside shifts by the
+    # roofline's difference from the nearer end (inside, the residuals hold the variation).
+    # Empty: the roofline.
+    beat_points: tuple = ()
+    points_context: tuple = (0.0, float("inf"))
+    residuals: tuple = ()        # measured beat / its point - 1: resampled as the jitter
+    host_s: tuple = ()           # measured release → outputs routed, less the executor's time
 
     @classmethod
     def load(cls, path: str | Path | None = None, profile: str = "reference") -> "CostModel":
@@ -45,7 +62,12 @@ class CostModel:
         if profile not in raw["profiles"]:
             raise ValueError(f"cost model has no profile {profile!r}: {sorted(raw['profiles'])}")
         params = {k: v for k, v in raw.items() if not k.startswith("_") and k != "profiles"}
-        return cls(**params, **raw["profiles"][profile])
+        params.update(raw["profiles"][profile])
+        for key in ("beat_points", "points_context", "residuals", "host_s"):  # lists → tuples
+            if key in params:
+                params[key] = tuple(tuple(v) if isinstance(v, list) else v
+                                    for v in params[key])
+        return cls(**params)
 
     def session_bytes(self, context_frames: float) -> float:
         return self.fixed_bytes + context_frames * self.bytes_per_context_frame
@@ -59,6 +81,31 @@ class CostModel:
         return max(0, int(free // self.state_bytes(context_frames)))
 
     def beat_time(self, n_sessions: int, context_frames: float) -> float:
+        """The executor's beat without jitter or start rows: measured where the model has
+        points, else the roofline."""
+        if self.beat_points:
+            lo, hi = self.points_context
+            n = max(1, n_sessions)
+            shift = (self.roofline_time(n, context_frames)
+                     - self.roofline_time(n, min(max(context_frames, lo), hi)))
+            return self._measured(n_sessions) + shift
+        return self.roofline_time(n_sessions, context_frames)
+
+    def _measured(self, n: int) -> float:
+        pts = self.beat_points
+        if n <= pts[0][0]:
+            return pts[0][1]          # padded to the smallest measured bucket
+        for (n0, t0), (n1, t1) in zip(pts, pts[1:]):
+            if n <= n1:
+                return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+        n_top, t_top = pts[-1]
+        if len(pts) > 1:
+            n0, t0 = pts[-2]
+            return t_top + (t_top - t0) * (n - n_top) / (n_top - n0)
+        return t_top + (self.roofline_time(n, self.points_context[0])
+                        - self.roofline_time(n_top, self.points_context[0]))
+
+    def roofline_time(self, n_sessions: int, context_frames: float) -> float:
         if n_sessions <= 0:
             return self.overhead_s_per_beat
         mem = 2 * (self.weight_bytes_per_frame + n_sessions * self.session_bytes(context_frames))
@@ -80,9 +127,20 @@ class CostModel:
     def draw_beat(self, n_live: int, context: float, rows: int, capture: int,
                   full_capture: int, rng: random.Random) -> float:
         """One beat's modelled seconds, release to outputs routed: the live rows' time with its
-        jitter, plus the start rows'. The sim executor and the fast mode both draw from here,
-        so for one seed they draw the same beats."""
+        jitter, plus the start rows', plus the host's time outside the executor. The sim
+        executor and the fast mode both draw from here, so for one seed they draw the same
+        beats."""
+        executor_s, host_s = self.draw_parts(n_live, context, rows, capture, full_capture, rng)
+        return executor_s + host_s
+
+    def draw_parts(self, n_live: int, context: float, rows: int, capture: int,
+                   full_capture: int, rng: random.Random) -> tuple[float, float]:
+        """`draw_beat`'s two parts: (the executor's seconds, the host's seconds around it).
+        Virtual time gives the host's work no time, so a measured model adds it here."""
         live_s = self.beat_time(n_live, context)
-        if self.jitter_rel:
+        if self.residuals:
+            live_s *= max(0.0, 1.0 + self.residuals[rng.randrange(len(self.residuals))])
+        elif self.jitter_rel:
             live_s *= max(0.0, 1.0 + self.jitter_rel * rng.gauss(0.0, 1.0))
-        return live_s + self.rows_time(rows, capture, full_capture)
+        host = self.host_s[rng.randrange(len(self.host_s))] if self.host_s else 0.0
+        return live_s + self.rows_time(rows, capture, full_capture), host

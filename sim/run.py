@@ -8,6 +8,14 @@ the profile, the context, and the number of sessions.
     python -m sim.run --sessions 280 --profile dense --cost-model sim/costmodel_h200_dense.json --churn 60
     python -m sim.run --sessions 280 --churn 60 --policy eager
     python -m sim.run --sessions 280 --churn 60 --policy budgeted margin_s=0.004 max_hold=6
+    python -m sim.run --sessions 300 --workload diurnal:peak=3,duration=1200 --policy forecast
+    python -m sim.run --sessions 300 --workload calls.csv --fast
+
+`--workload` replaces the steady callers with calls from a file or a seeded generator
+(`sim/workload.py`); `--sessions` is then the node's slots, the run lasts until the last call
+ends, and the result has every call's record and the deadline metrics. `--fast` runs the
+beat-level mode (`sim/fast.py`: the same slot book, policies and cost model, frames as
+counters) instead of the full node: far faster, checked against the full node by its tests.
 
 `--policy` names the start policy (a built-in's short name, or module:Class of one's own,
 then key=value parameters); the result JSON records it under `policy`.
@@ -40,7 +48,13 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", nargs="+", metavar="WORD",
                     help="start policy: eager | budgeted | headroom | forecast | "
                          "module:Class, then key=value ...")
-    ap.add_argument("--seed", type=int, default=0, help="seeds the cost model's jitter")
+    ap.add_argument("--workload", metavar="SPEC",
+                    help="calls from a .csv/.jsonl file or a generator: poisson | diurnal | "
+                         "bursty | flash | retry, e.g. poisson:rate=2,duration=600,call=90")
+    ap.add_argument("--fast", action="store_true",
+                    help="the beat-level mode (sim/fast.py) instead of the full node")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="every random choice: the workload, callers, the cost model's jitter")
     ap.add_argument("--find-max", action="store_true")
     ap.add_argument("--out", default=str(bench.RESULTS))
     args = ap.parse_args(argv)
@@ -53,9 +67,24 @@ def main(argv=None) -> int:
         tmp = Path(tempfile.mkdtemp()) / "costmodel.json"
         tmp.write_text(json.dumps(raw))
         cost = str(tmp)
+    command = "python -m sim.run " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.fast:
+        if args.find_max:
+            ap.error("--fast has no --find-max: `python -m sim.slo` searches capacity")
+        from sim import fast
+        fwd = ["--slots", str(args.sessions), "--beats", str(0 if args.workload else args.beats),
+               "--runs", str(args.runs), "--context", str(args.context), "--profile",
+               args.profile, "--cost-model", cost, "--out", args.out, "--seed", str(args.seed)]
+        fwd += (["--workload", args.workload] if args.workload
+                else ["--lines", str(args.sessions), "--churn", str(args.churn)])
+        if args.policy:
+            fwd += ["--policy", *args.policy]
+        return fast.main(fwd, command)
     forwarded = ["--backend", "sim", "--virtual", "--sessions", str(args.sessions), "--beats",
                  str(args.beats), "--runs", str(args.runs), "--context", str(args.context),
                  "--profile", args.profile, "--cost-model", cost, "--out", args.out]
+    if args.workload:
+        forwarded += ["--workload", args.workload]
     if args.churn:
         forwarded += ["--churn", str(args.churn)]
     if args.policy:
@@ -63,8 +92,7 @@ def main(argv=None) -> int:
     forwarded += ["--seed", str(args.seed)]
     if args.find_max:
         forwarded.append("--find-max")
-    return bench.main(forwarded, "python -m sim.run " + " ".join(
-        sys.argv[1:] if argv is None else argv))
+    return bench.main(forwarded, command)
 
 
 if __name__ == "__main__":

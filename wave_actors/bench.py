@@ -29,8 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
+from sim import deadlines as deadline_metrics
+from sim.workload import WorkloadError
+from sim.workload import load as load_workload
 from transports.client import NodeClient
-from wave_actors.bench_clients import OPEN_TIMEOUT_S, Generators, drive_all
+from wave_actors.bench_clients import OPEN_TIMEOUT_S, Generators, drive_all, drive_workload
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
@@ -103,6 +106,10 @@ class RunResult:
     first_frame: dict = field(default_factory=dict)
     # every open's wait for `opened`, ms to 0.1, in the order they were asked (`sim.plot`)
     open_waits_ms: list = field(default_factory=list)
+    # --workload: every call's record (`sim.deadlines.records`: dialled, opened or blocked,
+    # ended, refusals, its late beats and longest run of them) and the run's deadline metrics
+    calls: list = field(default_factory=list)
+    deadlines: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -188,9 +195,15 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                 backend, clock)
     await node.start()
     try:
+        calls: list = []
         with serving_process():      # as `python -m wave_actors.node` serves
-            records, stats, refusals, waits, burst = await _drive(args, node, n, clock,
-                                                                  loop_virtual, cpu)
+            if args.workload_obj is not None:
+                records, stats, calls, t0 = await _drive_workload(args, node, clock)
+                refusals = sum(len(c.refused) for c in calls)
+                waits, burst = [c.wait_s for c in calls if not c.blocked], {}
+            else:
+                records, stats, refusals, waits, burst = await _drive(args, node, n, clock,
+                                                                      loop_virtual, cpu)
         errors = sum(node.counters.errors.values())
         if errors:
             print(f"           errors the node answered, by code: {node.counters.errors}",
@@ -226,6 +239,12 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      float(open_max), dict(refused_by), live_seen, _host(records, stalls, cpu), burst,
                      ramp, spread_ms(r.first_s for r in records) if records else {})
     result.open_waits_ms = [round(float(w), 1) for w in opens]
+    if args.workload_obj is not None:
+        beats = [(r.release - t0, r.latency_s, r.late) for r in records]
+        result.deadlines = deadline_metrics.summarize(
+            calls, beats, args.workload_obj.offered_erlangs(),
+            run_end_s=max([c.ended_s or 0.0 for c in calls] + [b[0] for b in beats]))
+        result.calls = deadline_metrics.records(calls)
     return result
 
 
@@ -328,6 +347,19 @@ async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool, cpu
     return records, stats + got[0], refusals, waits, _burst(k, *got[1:])
 
 
+async def _drive_workload(args, node: Node, clock: Clock):
+    """The workload's calls through the node, in this process, from the first call's arrival
+    to the last one's end: (every beat with live sessions, the closed stats, the call records,
+    when the workload began)."""
+    stop = asyncio.Event()
+    async with NodeClient(node.endpoint, ctx=node.ctx) as client:
+        first = len(node.clock_actor.stats.records)
+        calls, stats, t0 = await drive_workload(client, args.workload_obj, clock, stop,
+                                                args.seed)
+    records = [r for r in node.clock_actor.stats.records[first:] if r.sessions > 0]
+    return records, stats, calls, t0
+
+
 def _burst(k: int, refusals: int, waits: list[float]) -> dict:
     if not k:
         return {}
@@ -428,6 +460,8 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
         # run r draws from `--seed` + r (callers and a backend of its own): runs of one
         # command differ from each other, and the command gives the same runs every time
         run_args = argparse.Namespace(**{**vars(args), "seed": args.seed + r})
+        if args.workload:           # a generator draws run r's calls from its own seed
+            run_args.workload_obj = load_workload(args.workload, args.seed + r)
         try:
             res = loop.run_until_complete(run_once(run_args, n, args.virtual, backend))
         finally:
@@ -487,7 +521,16 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
             print(f"           live sessions in the measured beats: {res.live['min']} to "
                   f"{res.live['max']} (p50 {res.live['p50']:.0f}) of {res.live['offered']} "
                   f"offered", flush=True)
-        if res.backlog_ms > 1000 * BEAT_S:
+        if res.deadlines:
+            d = res.deadlines
+            print(f"           calls: {d['calls']} offered ({d['offered_erlangs']} Erlangs), "
+                  f"{d['blocked']} blocked ({100 * d['blocking']:.2f} %), "
+                  f"{d['calls_with_late_beats']} heard a late beat (longest run "
+                  f"{d['longest_late_run_beats']} beats); {d['glitch_s_per_call_hour']} "
+                  f"glitch-seconds a call-hour; open wait p50 / p99 "
+                  f"{d['open_wait'].get('p50_ms')} / {d['open_wait'].get('p99_ms')} ms",
+                  flush=True)
+        if res.backlog_ms > 1000 * BEAT_S and not res.deadlines:
             print(f"           the measured beats began {res.backlog_ms / 1000:.2f} s behind the "
                   f"release schedule: the node was still behind after {args.warmup_max} beats of "
                   f"warm-up (a start-up backlog not drained yet, or beats slower than "
@@ -633,6 +676,11 @@ def parse_args(argv=None):
                     default=1e3 * ClockPolicy().frames_every_s,
                     help="clock policy: how often the clock reads the workers' frame batches "
                          "(0: as they arrive)")
+    ap.add_argument("--workload", metavar="SPEC",
+                    help="calls from a workload instead of --sessions steady callers: a CSV or "
+                         "JSONL file, or a generator (poisson:rate=2,duration=600,call=90; "
+                         "see sim/workload.py); --sessions is then the node's slots, and the "
+                         "run lasts until the last call ends")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     if args.virtual and not entry(args.backend).caps.modelled_time:
@@ -657,6 +705,14 @@ def parse_args(argv=None):
     if args.burst < 0 or (args.burst and args.find_max):
         ap.error("--burst is a count of callers (>= 0), and not for --find-max")
     args.fail_fast = args.fail_fast or args.find_max
+    args.workload_obj = None
+    if args.workload:
+        if args.find_max or args.burst or args.churn:
+            ap.error("--workload sets the calls: not with --find-max, --burst or --churn")
+        try:
+            args.workload_obj = load_workload(args.workload, args.seed)
+        except WorkloadError as exc:
+            ap.error(str(exc))
     return args
 
 
@@ -668,6 +724,8 @@ def main(argv=None, command: str | None = None) -> int:
     # how the measured context was held: every session cycles between these by rolling
     extra: dict = {"context_held": {"from": offset, "to": max_context, "roll": roll},
                    "seeds": [args.seed + r for r in range(args.runs)]}
+    if args.workload_obj is not None:
+        extra["workload"] = args.workload_obj.describe()
     backend, ceiling = None, None
     if entry(args.backend).caps.device:
         # One model on the GPU for every run, slots for the most sessions this run may ask for.

@@ -17,9 +17,11 @@ import queue
 
 import numpy as np
 
+from sim.deadlines import CallRecord
+from sim.workload import Call, Workload
 from transports.client import NodeClient, Refused
 from wave_actors.core.timebase import Clock
-from wave_actors.core.frames import IN_RATE, SAMPLES_IN
+from wave_actors.core.frames import FRAME_S, IN_RATE, SAMPLES_IN
 
 OPEN_TIMEOUT_S = 900.0      # the slowest session start of a burst of N opens
 RESULT_TIMEOUT_S = 120.0    # a load generator's report after it was told to stop
@@ -68,16 +70,36 @@ async def drive_line(client: NodeClient, line: int, clock: Clock, stop: asyncio.
     return stats, refusals, waits
 
 
-async def _stream(s, clock: Clock, stop: asyncio.Event, end: float, seed: int) -> dict:
-    """Stream 80 ms chunks of speech-like audio until `stop` or `end`, close; `closed` stats."""
-    audio = speech_like(8.0, seed)
+def talk_pattern(call: Call, seconds: float, seed: int) -> np.ndarray:
+    """The call's audio: speech-like noise in bursts of `talk_s`, silent for `silence_s`."""
+    audio = speech_like(seconds, seed)
+    period = call.talk_s + call.silence_s
+    t = np.arange(len(audio)) / IN_RATE
+    return audio * ((t % period) < call.talk_s)
+
+
+async def _stream(s, clock: Clock, stop: asyncio.Event, end: float, seed: int,
+                  call: Call | None = None) -> dict:
+    """Stream 80 ms chunks of speech-like audio until `stop` or `end`, close; `closed` stats.
+    A workload's `call` shapes it: its talk/silence pattern, each frame sent up to `jitter_ms`
+    late, and a `loss` share of frames lost (their sequence numbers skipped, as a network
+    loses packets)."""
+    rng = np.random.default_rng([seed, 0x10])
+    audio = speech_like(8.0, seed) if call is None else talk_pattern(
+        call, 4 * (call.talk_s + call.silence_s) + 1.0, seed)
+    jitter_s = 0.0 if call is None else call.jitter_ms / 1e3
+    loss = 0.0 if call is None else call.loss
     t0, i = clock.now(), 0
     drain = asyncio.get_running_loop().create_task(_discard(s))
     while not stop.is_set() and clock.now() < end:
         start = (i * SAMPLES_IN) % (len(audio) - SAMPLES_IN)
-        await s.send_audio(audio[start:start + SAMPLES_IN].tobytes())
+        if loss and rng.random() < loss:
+            s.seq += 1
+        else:
+            await s.send_audio(audio[start:start + SAMPLES_IN].tobytes())
         i += 1
-        await clock.sleep_until(t0 + i * 0.08)
+        late = float(rng.uniform(0.0, jitter_s)) if jitter_s else 0.0
+        await clock.sleep_until(t0 + i * FRAME_S + late)
     drain.cancel()
     await asyncio.gather(drain, return_exceptions=True)
     closed = await s.close(timeout=30)
@@ -102,6 +124,55 @@ async def drive_all(client: NodeClient, ids: range, clock: Clock, stop: asyncio.
         refusals += refused
         waits += waited
     return stats, refusals, waits
+
+
+def call_fields(call: Call) -> dict:
+    """The `open` fields of a workload call: a system prompt of its length, its tools."""
+    tools = [{"name": f"tool_{k}", "description": "a tool the caller declares",
+              "parameters": {"type": "object", "properties": {}}} for k in range(call.tools)]
+    return {"instructions": "x" * call.prompt_chars, "tools": tools}
+
+
+async def drive_call(client: NodeClient, index: int, call: Call, clock: Clock, t0: float,
+                     stop: asyncio.Event, seed: int = 0) -> tuple[CallRecord, dict | None]:
+    """One workload call: dial at `t0 + call.at_s`, redial as its policy says while refused,
+    stream for its duration, close. Its record (times from `t0`) and `closed` stats (None
+    when it was never opened)."""
+    await clock.sleep_until(t0 + call.at_s)
+    rec = CallRecord(index, clock.now() - t0)
+    pause = call.redial_after_s
+    while not stop.is_set():
+        rec.tries += 1
+        try:
+            s = await client.open(f"call-{index}-{rec.tries}", sample_rate=IN_RATE,
+                                  format="pcm_f32le", timeout=OPEN_TIMEOUT_S,
+                                  **call_fields(call))
+        except Refused as exc:
+            rec.refused.append(exc.reason)
+            if rec.tries > call.redials:
+                return rec, None
+            await clock.sleep(pause)
+            pause *= call.redial_backoff
+            continue
+        rec.opened_s = clock.now() - t0
+        stats = await _stream(s, clock, stop, clock.now() + call.duration_s,
+                              seed=seed * 1_000_003 + index, call=call)
+        rec.ended_s = clock.now() - t0
+        return rec, stats
+    return rec, None
+
+
+async def drive_workload(client: NodeClient, workload: Workload, clock: Clock,
+                         stop: asyncio.Event, seed: int = 0
+                         ) -> tuple[list[CallRecord], list[dict], float]:
+    """Every call of the workload (`drive_call`), from now: their records, the `closed` stats
+    of those opened, and the time the workload began."""
+    t0 = clock.now()
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(drive_call(client, i, c, clock, t0, stop, seed))
+             for i, c in enumerate(workload.calls)]
+    done = [await t for t in tasks]
+    return [r for r, _ in done], [st for _, st in done if st is not None], t0
 
 
 # -- load-generator processes ------------------------------------------------------------------

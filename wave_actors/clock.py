@@ -297,7 +297,7 @@ class BeatClockActor(Actor):
             # Tokenized before a slot is taken: a prompt that does not fit raises PromptRejected
             # to the opener and holds nothing.
             tokens = self.executor.prompt_tokens(msg.spec)
-            if self.table.free_slots():                       # full: the table says so below
+            if self.table.free_slots:                         # full: the table says so below
                 why = admission(self.book.policy, *self.book.occupancy(), len(self.book.slots))
                 if why:
                     raise AdmissionRefused(why)

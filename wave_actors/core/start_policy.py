@@ -23,7 +23,7 @@ free slot, and refuses with reason `admission` when it says no):
     measured beat left at least `headroom_s` of the beat spare (a fixed reserve).
   - `ForecastAdmission` ("forecast"): rows as budgeted; an open is admitted only when a line
     fitted to the measured beats forecasts that the beat with every live and starting session
-    and this one, carrying start rows, still ends `margin_s` before the deadline.
+    and this one still ends `margin_s` before the deadline.
 
 A policy of one's own implements the `StartPolicy` protocol and is named on the command line as
 `--policy module:Class key=value ...` (`policy_spec`).
@@ -167,24 +167,20 @@ class ForecastAdmission(BudgetedStarts):
     refused: int = field(default=0, init=False)
 
     def forecast(self, n: int) -> float | None:
-        """A beat of n live sessions carrying start rows: the measured beats without rows
-        fitted by a line in the live count (one count seen: scaled in proportion), plus the
-        most the rows were seen to add; None before any beat was measured."""
+        """A beat of n live sessions: the measured beats without start rows fitted by a line
+        in the live count (one count seen: scaled in proportion); None before any beat was
+        measured. Start rows are the budget's to place: admission weighs the load a session
+        adds for its whole call, not its start's one beat."""
         plain = {k: s for (k, rows), s in self.beat_s.items() if not rows and k > 0}
         if not plain:
             return None
         ks = sorted(plain)
         if len(ks) == 1:
-            base = plain[ks[0]] * n / ks[0]
-        else:
-            mk = sum(ks) / len(ks)
-            ms = sum(plain[k] for k in ks) / len(ks)
-            slope = (sum((k - mk) * (plain[k] - ms) for k in ks)
-                     / sum((k - mk) ** 2 for k in ks))
-            base = ms + max(0.0, slope) * (n - mk)
-        rows = {k: s for (k, r), s in self.beat_s.items() if r}
-        added = max([rows[k] - plain[k] for k in rows if k in plain] or [0.0])
-        return base + max(0.0, added)
+            return plain[ks[0]] * max(1.0, n / ks[0])
+        mk = sum(ks) / len(ks)
+        ms = sum(plain[k] for k in ks) / len(ks)
+        slope = sum((k - mk) * (plain[k] - ms) for k in ks) / sum((k - mk) ** 2 for k in ks)
+        return ms + max(0.0, slope) * (n - mk)
 
     def admit(self, n_live: int, n_starting: int, slots: int) -> str | None:
         expected = self.forecast(n_live + n_starting + 1)

@@ -1,0 +1,626 @@
+"""Fast mode: the node's scheduling at beat granularity, without the node.
+
+The production scheduler runs unchanged (the `SlotBook` with the start policy object, the GPU's
+`StartShape`, `admission()`, the cost model's `draw_beat` on `random.Random(seed)` as the sim
+executor draws it); what full emulation spends its time on (sockets, actors, audio arrays,
+the event loop) is replaced by the clock's timing rules and per-slot frame counters:
+
+  - beat k is released at k·160 ms; it is planned at max(release, the previous beat's submit),
+    with `time_left_s` 0 when the previous beat still runs, else the deadline less how late it
+    was planned and the clock's own share of the last 16 beats (as `clock.py`); it runs from
+    max(plan, the previous beat's end) for `draw_beat` seconds; latency = end − release;
+  - the callers' events (dials, ends) and the policy's measurements (`book.observe` at each
+    beat's end) apply in time order between plans; an event at the very instant of a plan comes
+    after it (a caller's message takes loop turns to reach the clock);
+  - an open takes a free slot (else `capacity`) if `admission()` lets it (else `admission`),
+    opens in the book at the next plan, and is `opened` at the plan that makes it live;
+  - each slot's jitter buffer is counters (queued, started, the shedding window) updated for
+    all slots at once with numpy, by the rules of `jitter_arrays.ArrayScheduler`; frames are
+    sent every 80 ms from `opened`, late by up to a call's `jitter_ms`, some lost (`loss`).
+
+Closed loop (`lines`, `churn_s`) measures `beats` beats after every line's first open was
+answered and the beats were steady, polling as the bench's `_wait_live` / `_wait_steady` do, so
+its results compare to `python -m sim.run`'s. A workload runs from the first arrival until the
+last call ends (or `beats` beats).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import datetime as dt
+import heapq
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sim import deadlines
+from sim.costmodel import CostModel
+from sim.workload import Call, Workload, WorkloadError, load
+from wave_actors.bench import (RESULTS, WARMUP_BEATS, WARMUP_MAX, BenchResult, RunResult,
+                               git_commit, write)
+from wave_actors.bench_clients import REDIAL_S, call_fields
+from wave_actors.clock import LATE_AFTER_S
+from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.contract import ExecutorOptions
+from wave_actors.core.policy_spec import PolicyError, make_policy
+from wave_actors.core.frames import BEAT_S, FRAME_S, FRAMES_PER_BEAT
+from wave_actors.core.prompt import fitted_prompt_tokens
+from wave_actors.core.slot_book import SlotBook, StartShape
+from wave_actors.core.spread import spread_ms
+from wave_actors.core.start_policy import EagerStarts, admission
+from wave_actors.core.text import ByteFallbackCodec
+
+HOST_BEATS = 16             # the clock's `_host_s` window
+TICK_EPS = 1e-9             # a frame due at the very instant of a plan is not in that beat
+MAX_BEATS = 2_000_000       # a run that never gets going stops here with an error
+FAR = 1e18                  # "never" as a finite time: arithmetic on it stays finite
+OBSERVE, PLAN, CALLER = 0, 1, 2     # order of events at one instant
+
+
+class FastError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class FastConfig:
+    slots: int                          # the node's max sessions
+    workload: Workload | None = None    # calls to serve; None: closed loop of `lines`
+    lines: int = 0                      # closed loop: caller lines (`drive_line`)
+    churn_s: float = 0.0                # closed loop: mean call length (0: calls never end)
+    beats: int = 0                      # closed loop: beats measured; workload: a cap (0: none)
+    profile: str = "reference"
+    context: int = 1500
+    cost_model: str | None = None       # JSON path (None: the roofline defaults)
+    policy: object = None               # a start-policy object (None: EagerStarts); each run
+                                        # gets a fresh copy, as each bench run a fresh node
+    seed: int = 0
+    runs: int = 1                       # run r draws from seed + r
+    command: str = ""
+    # a generator's spec: run r serves the workload it draws from seed + r (as the bench's
+    # runs do); None: every run serves `workload` as given
+    workload_spec: str | None = None
+    clock: ClockPolicy = field(default_factory=ClockPolicy)     # prebuffer, queue, shedding
+    warmup_max: int = WARMUP_MAX
+
+    def __post_init__(self) -> None:
+        if self.slots < 1 or self.runs < 1 or self.beats < 0:
+            raise FastError("slots and runs must be >= 1 and beats >= 0")
+        if self.workload is None and (self.lines < 1 or self.beats < 1):
+            raise FastError("a closed loop needs lines >= 1 and beats >= 1 (or give a workload)")
+        if not self.churn_s >= 0:
+            raise FastError("churn_s must be >= 0")
+
+    @property
+    def options(self) -> ExecutorOptions:
+        """The executor's options as the bench sizes them (`bench.held_context`): sessions hold
+        the context less two rolls and roll on past it."""
+        roll = ExecutorOptions(max_context=self.context).roll_frames
+        return ExecutorOptions(max_sessions=self.slots, profile=self.profile,
+                               max_context=self.context, cost_model=self.cost_model,
+                               context_offset=max(0, self.context - 2 * roll),
+                               context_roll=roll, seed=self.seed)
+
+
+class Frames:
+    """Every slot's frames as counters: the callers' sends and the network (in flight, lost),
+    and the jitter buffer (`ArrayScheduler`'s rules: prebuffer, bounded queue dropping the
+    oldest, two frames a beat, shedding what the recent window never needed).
+    Conservation, per slot and in total: sent = heard + dropped + lost + queued + in flight."""
+
+    STATS = ("sent", "heard", "underruns", "idle", "dropped", "shed", "lost", "out")
+
+    def __init__(self, slots: int, clock: ClockPolicy, rng: np.random.Generator):
+        self.prebuffer, self.max_queue, self.shedding = (clock.prebuffer, clock.max_queue,
+                                                          clock.shedding)
+        w = self.shedding.window_beats if self.shedding else 1
+        self.rng = rng
+        self.queued = np.zeros(slots, np.int64)
+        self.started = np.zeros(slots, bool)
+        self.window = np.zeros((slots, w), np.int64)    # spares + frames shed before each
+        self.window_beats = np.zeros(slots, np.int64)
+        self.shed_total = np.zeros(slots, np.int64)
+        self.gen = np.zeros(slots, np.int64)            # bumped at every admit of the slot
+        self.stats = {k: np.zeros(slots, np.int64) for k in self.STATS}
+        self.totals = {k: 0 for k in self.STATS}        # of sessions released
+        # The caller on each slot: sends frame i at open_at + i·80 ms (+ its jitter), i < n.
+        self.open_at = np.full(slots, FAR)
+        self.n = np.zeros(slots, np.int64)
+        self.jitter_s = np.zeros(slots)
+        self.loss = np.zeros(slots)
+        # Frames in flight (sent, not yet arrived), flat: slot, arrival time. A release takes
+        # its slot's, so what is here belongs to the slot's current session.
+        self.fly_slot = np.zeros(0, np.int64)
+        self.fly_at = np.zeros(0)
+
+    def admit(self, slot: int) -> None:
+        for a in (self.queued, self.window_beats, self.shed_total):
+            a[slot] = 0
+        self.started[slot] = False
+        self.gen[slot] += 1
+        for a in self.stats.values():
+            a[slot] = 0
+
+    def stream(self, slot: int, at: float, call: Call | None, life_s: float) -> int:
+        """The caller starts sending at `at` for `life_s`; returns its frames (the last sent
+        before `at + life_s`, when it closes)."""
+        n = max(1, math.ceil(life_s / FRAME_S - TICK_EPS)) if math.isfinite(life_s) else 1 << 60
+        self.open_at[slot], self.n[slot] = at, n
+        self.jitter_s[slot] = 0.0 if call is None else call.jitter_ms / 1e3
+        self.loss[slot] = 0.0 if call is None else call.loss
+        return n
+
+    def release(self, slot: int) -> None:
+        """The session closed (after its last frame was due): what it sent and the clock never
+        heard is dropped (queued, in flight, or not yet sent in this model's beat steps)."""
+        s = self.stats
+        mine = self.fly_slot == slot
+        unsent = int(self.n[slot] - s["sent"][slot])
+        s["sent"][slot] += unsent
+        s["dropped"][slot] += int(self.queued[slot]) + int(mine.sum()) + unsent
+        self.queued[slot] = 0
+        keep = ~mine
+        self.fly_slot, self.fly_at = self.fly_slot[keep], self.fly_at[keep]
+        self.open_at[slot], self.n[slot] = FAR, 0
+        for k, a in s.items():
+            self.totals[k] += int(a[slot])
+            a[slot] = 0
+
+    def arrive(self, t: float) -> None:
+        """Frames sent before `t` (ticks at `t` itself are not) that arrived by then, queued."""
+        s = self.stats
+        due = np.minimum(np.ceil((t - self.open_at) / FRAME_S - TICK_EPS).clip(0), self.n)
+        new = due.astype(np.int64) - s["sent"]
+        slots = np.flatnonzero(new > 0)
+        if len(slots):
+            k = new[slots]
+            s["sent"][slots] += k
+            rep = np.repeat(slots, k)
+            # index of each new frame: its slot's first new one, then the next ...
+            first = np.repeat(s["sent"][slots] - k, k)
+            idx = first + np.arange(len(rep)) - np.repeat(np.cumsum(k) - k, k)
+            at = self.open_at[rep] + idx * FRAME_S
+            jit = self.jitter_s[rep]
+            if jit.any():                       # frame 0 goes at once; later ones up to late
+                at = at + np.where(idx > 0, self.rng.uniform(0.0, 1.0, len(rep)) * jit, 0.0)
+            lost = np.zeros(len(rep), bool)
+            if self.loss[slots].any():
+                lost = self.rng.random(len(rep)) < self.loss[rep]
+                np.add.at(s["lost"], rep[lost], 1)
+            self.fly_slot = np.concatenate([self.fly_slot, rep[~lost]])
+            self.fly_at = np.concatenate([self.fly_at, at[~lost]])
+        landed = self.fly_at < t - TICK_EPS
+        if landed.any():
+            got = np.bincount(self.fly_slot[landed], minlength=len(self.queued))
+            self.fly_slot, self.fly_at = self.fly_slot[~landed], self.fly_at[~landed]
+            q = self.queued + got
+            over = np.maximum(0, q - self.max_queue)        # the oldest make room
+            s["dropped"] += over
+            self.queued = q - over
+
+    def pack(self, slots: np.ndarray) -> None:
+        """The beat takes two frames of each live slot (`ArrayScheduler.pack`)."""
+        s = self.stats
+        count = self.queued[slots]
+        started = self.started[slots] | (count >= self.prebuffer)
+        self.started[slots] = started
+        taken = np.where(started, np.minimum(count, FRAMES_PER_BEAT), 0)
+        left = count - taken
+        self.queued[slots] = left
+        missing = FRAMES_PER_BEAT - taken
+        s["heard"][slots] += taken
+        s["underruns"][slots] += np.where(started, missing, 0)
+        s["idle"][slots] += np.where(started, 0, FRAMES_PER_BEAT)
+        if self.shedding:
+            self._shed(slots[started], (left - missing)[started])
+
+    def _shed(self, slots: np.ndarray, spare: np.ndarray) -> None:
+        w = self.window.shape[1]
+        beats = self.window_beats[slots]
+        self.window[slots, beats % w] = spare + self.shed_total[slots]
+        self.window_beats[slots] = beats + 1
+        slots = slots[beats + 1 >= w]
+        if not len(slots):
+            return
+        keep = self.shedding.keep
+        lowest = self.window[slots].min(axis=1) - self.shed_total[slots]
+        n = np.where(lowest > keep, np.minimum(np.minimum(lowest - keep, self.shedding.per_beat),
+                                               self.queued[slots]), 0)
+        self.queued[slots] -= n
+        self.shed_total[slots] += n
+        self.stats["shed"][slots] += n
+        self.stats["dropped"][slots] += n
+
+    def complete(self, slots: np.ndarray, gens: np.ndarray) -> None:
+        """A beat's outputs reach the slots still held by the session packed."""
+        self.stats["out"][slots[self.gen[slots] == gens]] += FRAMES_PER_BEAT
+
+    def total(self, key: str) -> int:
+        return self.totals[key] + int(self.stats[key].sum())
+
+    def in_flight(self) -> int:
+        return len(self.fly_at)
+
+
+@dataclass
+class _Caller:
+    """One call: a workload's, or a closed-loop line's current one."""
+    record: deadlines.CallRecord
+    call: Call | None = None
+    line: int = -1                  # closed loop: its line
+    life_s: float = math.inf
+    pause_s: float = 0.0            # workload: the wait before its next redial
+    slot: int = -1
+
+
+class _Run:
+    """One run: the node's slots, book and clock timing, and its callers, on virtual time."""
+
+    def __init__(self, cfg: FastConfig, seed: int):
+        self.cfg, self.seed = cfg, seed
+        opts = cfg.options
+        self.cost = CostModel.load(cfg.cost_model, cfg.profile)
+        self.offset = opts.context_offset
+        if self.offset and cfg.slots > self.cost.capacity(self.offset):
+            raise FastError(f"{cfg.slots} slots at {self.offset} frames of context do not fit: "
+                            f"the modelled device holds {self.cost.capacity(self.offset)}")
+        self.shape = StartShape()                 # the GPU executor's, as the sim's
+        self.policy = copy.deepcopy(cfg.policy) if cfg.policy is not None else EagerStarts()
+        self.book = SlotBook(cfg.slots, self.shape, self.policy, opts.frames_per_session,
+                             opts.roll_frames)
+        self.rng = random.Random(seed)            # SimExecutor's: one draw_beat a submit
+        self.frames = Frames(cfg.slots, cfg.clock, np.random.default_rng([seed, 0xFA57]))
+        self.codec, self._tokens = ByteFallbackCodec(), {}
+        self.coin = random.Random(seed + 0xC01)  # who wins a close's race with a frame read
+        self.free = list(range(cfg.slots))        # a heap: the lowest free slot first
+        self.held: dict[int, _Caller] = {}
+        self.waiting: dict[int, _Caller] = {}     # admitted, not yet opened
+        self.ops: list[tuple] = []                # slot changes for the next plan
+        self.events: list = []                    # (time, order, seq, fn, args)
+        self._seq = 0
+        self.calls: list[deadlines.CallRecord] = []
+        self.refused: dict[str, int] = {}
+        self.opened_at: list[float] = []          # ascending: opens happen at plans
+        self.refused_at: list[float] = []         # ascending: events run in time order
+        self.waits: list[float] = []
+        self.unfinished = 0                       # workload calls not yet ended or blocked
+        self.lines: list[np.random.Generator] = []
+        # beats that carried sessions, in order (their ends ascend: one beat runs at a time)
+        self.rec = {k: [] for k in ("release", "latency", "compute", "sessions", "begin",
+                                    "end")}
+        self.ramp_compute: list[float] = []       # every executed beat's time (closed loop)
+        self.host: list[float] = []               # the clock's share of recent beats
+        self.prev_submit = self.prev_end = -math.inf
+
+    # -- events -----------------------------------------------------------------------------
+    def at(self, t: float, order: int, fn, *args) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, order, self._seq, fn, args))
+
+    def _events_before(self, t: float) -> None:
+        """Every event before the plan at `t` (a beat's end at `t` itself comes first)."""
+        ev = self.events
+        while ev and (ev[0][0], ev[0][1]) < (t, PLAN):
+            when, _o, _s, fn, args = heapq.heappop(ev)
+            fn(when, *args)
+
+    # -- callers ----------------------------------------------------------------------------
+    def tokens(self, call: Call | None) -> list[int]:
+        key = None if call is None else (call.prompt_chars, call.tools)
+        if key not in self._tokens:
+            f = {"instructions": "", "tools": []} if call is None else call_fields(call)
+            self._tokens[key] = fitted_prompt_tokens(self.codec, f["instructions"], f["tools"],
+                                                     self.shape.max_prompt)
+        return self._tokens[key]
+
+    def _admit(self, caller: _Caller) -> str | None:
+        """The clock's `Admit`: the reason it refuses, or None with the slot taken."""
+        try:
+            tokens = self.tokens(caller.call)
+        except ValueError:                        # PromptRejected: too long for the node
+            return "invalid"
+        if not self.free:
+            return "capacity"
+        if admission(self.policy, *self.book.occupancy(), len(self.book.slots)):
+            return "admission"
+        slot = caller.slot = heapq.heappop(self.free)
+        self.frames.admit(slot)
+        self.held[slot] = self.waiting[slot] = caller
+        self.ops.append(("open", slot, tokens))
+        return None
+
+    def _dial(self, t: float, caller: _Caller) -> None:
+        rec = caller.record
+        rec.tries += 1
+        why = self._admit(caller)
+        if why is None:
+            return
+        rec.refused.append(why)
+        self.refused[why] = self.refused.get(why, 0) + 1
+        self.refused_at.append(t)
+        if caller.call is None:                   # a closed-loop line: a new call shortly
+            if self.cfg.churn_s > 0:
+                self.at(t + REDIAL_S, CALLER, self._line_call, caller.line)
+        elif rec.tries > caller.call.redials:
+            self.unfinished -= 1                  # blocked
+        else:
+            self.at(t + caller.pause_s, CALLER, self._dial, caller)
+            caller.pause_s *= caller.call.redial_backoff
+
+    def _line_call(self, t: float, line: int) -> None:
+        """`drive_line`'s next call on `line`: its length drawn as it dials."""
+        churn = self.cfg.churn_s
+        life = float(self.lines[line].exponential(churn)) if churn > 0 else math.inf
+        rec = deadlines.CallRecord(len(self.calls), t)
+        self.calls.append(rec)
+        self._dial(t, _Caller(rec, line=line, life_s=life))
+
+    def _opened(self, t: float, caller: _Caller) -> None:
+        rec = caller.record
+        rec.opened_s = t
+        self.waits.append(t - rec.asked_s)
+        self.opened_at.append(t)
+        if caller.call is None:
+            self.lines[caller.line].integers(1 << 31)     # the line's audio seed, as drawn
+        n = self.frames.stream(caller.slot, t, caller.call, caller.life_s)
+        if math.isfinite(caller.life_s):
+            self.at(t + n * FRAME_S, CALLER, self._close, caller)
+
+    def _close(self, t: float, caller: _Caller) -> None:
+        """The caller's last frame is out: its session ends once the clock reads its end of
+        stream, at the clock's next frame read (every `frames_every_s`). A read due at that
+        very instant races the close in the node's loop: either wins, as a coin says."""
+        every = self.cfg.clock.frames_every_s
+        if not every:
+            return self._release(t, caller)
+        tick = math.ceil(t / every - TICK_EPS) * every
+        if abs(tick - t) < TICK_EPS and self.coin.random() < 0.5:
+            tick += every
+        self.at(max(t, tick), CALLER, self._release, caller)
+
+    def _release(self, t: float, caller: _Caller) -> None:
+        slot = caller.slot
+        self.frames.release(slot)
+        del self.held[slot]
+        heapq.heappush(self.free, slot)
+        self.ops.append(("close", slot, None))
+        caller.record.ended_s = t
+        if caller.call is None:
+            self._line_call(t, caller.line)
+        else:
+            self.unfinished -= 1
+
+    def _finish(self, t: float, plan, compute: float, slots: np.ndarray,
+                gens: np.ndarray) -> None:
+        """A beat's end: the policy measures it, its outputs reach their sessions."""
+        self.book.observe(plan, compute)
+        self.frames.complete(slots, gens)
+
+    # -- beats ------------------------------------------------------------------------------
+    def beat(self, k: int) -> float:
+        """Beat k (the clock's `_beat` and `_finish`); returns when it was planned."""
+        release = k * BEAT_S
+        plan_t = max(release, self.prev_submit)
+        self._events_before(plan_t)
+        begin = plan_t - release
+        behind = self.prev_end > plan_t
+        left = 0.0 if behind else LATE_AFTER_S - begin - max(self.host[-HOST_BEATS:],
+                                                              default=0.0)
+        for kind, slot, tokens in self.ops:
+            if kind == "open":
+                self.book.open(slot, tokens)
+            elif slot not in self.held:           # a slot taken again opens afresh instead
+                self.book.close(slot)
+        self.ops = []
+        plan = self.book.plan(left)
+        if self.waiting:
+            for slot in [s for s in self.waiting if self.book.ready(s)]:
+                self._opened(plan_t, self.waiting.pop(slot))
+        live = np.asarray(plan.live, np.int64)
+        self.frames.arrive(plan_t)
+        if len(live):
+            self.frames.pack(live)
+        start = self.prev_submit = max(plan_t, self.prev_end)   # waits out an overrun
+        if not (plan.live or plan.rows or plan.resets):
+            return plan_t
+        rows = len(plan.rows)
+        context = self.offset + (float(plan.context.mean()) if len(live) else 0.0)
+        compute = self.cost.draw_beat(len(live), context, rows, self.shape.capture_for(rows),
+                                      self.shape.start_rows, self.rng)
+        end = self.prev_end = start + compute
+        self.ramp_compute.append(compute)
+        if len(live):
+            latency = end - release
+            self.host.append(max(0.0, latency - begin - compute))
+            for key, v in zip(self.rec, (release, latency, compute, len(live), begin, end)):
+                self.rec[key].append(v)
+        self.at(end, OBSERVE, self._finish, plan, compute, live, self.frames.gen[live])
+        return plan_t
+
+    def idle(self) -> bool:
+        return not (self.held or self.ops or self.prev_end > self.prev_submit)
+
+    # -- the two modes ----------------------------------------------------------------------
+    def closed_loop(self) -> slice:
+        """`lines` callers from time 0; the measured beats as the bench picks them: polls every
+        beat from 0 until each line's first open was answered (`_wait_live`), then until 8
+        beats in a row were on time or `warmup_max` beats passed (`_wait_steady`)."""
+        cfg = self.cfg
+        self.lines = [np.random.default_rng([self.seed, line]) for line in range(cfg.lines)]
+        for line in range(cfg.lines):
+            self.at(0.0, CALLER, self._line_call, line)
+        poll, steady_from, first = 0, None, None
+        for k in range(MAX_BEATS):
+            plan_t = self.beat(k)
+            while first is None and poll * BEAT_S <= plan_t:
+                p = poll * BEAT_S
+                n = np.searchsorted(self.rec["end"], p)            # beats ended before p
+                lat = self.rec["latency"][max(0, n - WARMUP_BEATS):n]
+                if steady_from is None:
+                    answered = (np.searchsorted(self.opened_at, p)
+                                + np.searchsorted(self.refused_at, p))
+                    if n and answered >= cfg.lines:
+                        steady_from = n
+                elif n - steady_from >= cfg.warmup_max or (
+                        n - steady_from >= WARMUP_BEATS and max(lat) <= BEAT_S):
+                    first = n
+                poll += 1
+            if first is not None and len(self.rec["end"]) >= first + cfg.beats:
+                return slice(int(first), int(first) + cfg.beats)
+        raise FastError(f"the closed loop never measured {cfg.beats} beats in {MAX_BEATS}")
+
+    def open_workload(self) -> slice:
+        """Every call from its arrival until the last one ends (or `beats` beats ran)."""
+        wl, cap = self.cfg.workload, self.cfg.beats or MAX_BEATS
+        for i, call in enumerate(wl.calls):
+            rec = deadlines.CallRecord(i, call.at_s)
+            self.calls.append(rec)
+            self.at(call.at_s, CALLER, self._dial,
+                    _Caller(rec, call, life_s=call.duration_s, pause_s=call.redial_after_s))
+        self.unfinished = len(wl.calls)
+        k = 0
+        while self.unfinished and k < cap:
+            if self.idle() and self.events:       # nothing runs till the next call: skip there
+                k = max(k, int(self.events[0][0] / BEAT_S) + 1)
+                if k >= cap:
+                    break
+            self.beat(k)
+            k += 1
+        if k >= MAX_BEATS:
+            raise FastError(f"the workload did not end in {MAX_BEATS} beats")
+        return slice(0, len(self.rec["end"]))
+
+    # -- results ----------------------------------------------------------------------------
+    def result(self, measured: slice) -> RunResult:
+        cfg = self.cfg
+        r = {k: np.asarray(v[measured], float) for k, v in self.rec.items()}
+        if not len(r["latency"]):
+            raise FastError("no beat carried a session: nothing to measure")
+        lat, gpu = 1e3 * r["latency"], 1e3 * r["compute"]
+        late = r["latency"] > LATE_AFTER_S
+        ms = np.array(self.waits) * 1e3 if self.waits else np.zeros(1)
+        o50, o99, omax = np.percentile(ms, [50, 99, 100])
+        live = r["sessions"].astype(int)
+        n = cfg.slots if cfg.workload is not None else cfg.lines
+        f = self.frames
+        res = RunResult(
+            n, len(lat), int(late.sum()), float(np.percentile(lat, 50)),
+            float(np.percentile(lat, 99)), float(lat.max()), float(gpu.mean()),
+            f.total("underruns"), f.total("dropped"), sum(self.refused.values()),
+            f.total("heard"), f.total("out"), 0,
+            float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
+            {"latency_ms": [round(x, 1) for x in lat.tolist()],
+             "compute_ms": [round(x, 1) for x in gpu.tolist()],
+             "sessions": live.tolist()},
+            round(1e3 * float(r["begin"][0]), 1), len(self.waits), float(o50), float(o99),
+            {"start": self.policy.describe()}, float(omax), dict(self.refused),
+            {"offered": n, "min": int(live.min()), "p50": float(np.percentile(live, 50)),
+             "max": int(live.max())})
+        if cfg.workload is None:
+            before = self.ramp_compute[:len(self.ramp_compute) - (len(self.rec["end"])
+                                                                  - measured.start)]
+            res.ramp = {"beats": len(before), "compute_ms": spread_ms(before)}
+        res.open_waits_ms = [round(float(w), 1) for w in ms] if self.waits else []
+        return res
+
+    def deadline_beats(self, measured: slice) -> list[tuple[float, float, bool]]:
+        return [(rel, lat, lat > LATE_AFTER_S) for rel, lat in
+                zip(self.rec["release"][measured], self.rec["latency"][measured])]
+
+    def virtual_s(self) -> float:
+        return max(self.rec["end"], default=0.0)
+
+
+def run_one(cfg: FastConfig, seed: int) -> tuple[RunResult, dict, _Run]:
+    """One run of `cfg` drawn from `seed`: its result, its deadline metrics, and the run (for
+    tests: the counters, the book, the call records)."""
+    run = _Run(cfg, seed)
+    measured = run.closed_loop() if cfg.workload is None else run.open_workload()
+    res = run.result(measured)
+    beats = run.deadline_beats(measured)
+    offered = cfg.workload.offered_erlangs() if cfg.workload is not None else None
+    end = max([c.ended_s or 0.0 for c in run.calls] + [b[0] + BEAT_S for b in beats])
+    metrics = deadlines.summarize(run.calls, beats, offered, run_end_s=end)
+    return res, metrics, run
+
+
+def run_fast(cfg: FastConfig) -> BenchResult:
+    """`cfg.runs` runs (run r from seed + r), as a bench result of backend `sim-fast`."""
+    t0, runs, virtual = time.perf_counter(), [], 0.0
+    for r in range(cfg.runs):
+        seed = cfg.seed + r
+        run_cfg = cfg if cfg.workload_spec is None or r == 0 else dataclasses.replace(
+            cfg, workload=load(cfg.workload_spec, seed))
+        res, d, run = run_one(run_cfg, seed)
+        res.deadlines, res.calls = d, deadlines.records(run.calls)
+        runs.append(res)
+        virtual += run.virtual_s()
+    wall = time.perf_counter() - t0
+    extra = {"workload": cfg.workload.describe() if cfg.workload is not None else None,
+             "seeds": [cfg.seed + r for r in range(cfg.runs)],
+             "cost_model": cfg.cost_model, "slots": cfg.slots,
+             "virtual_s": round(virtual, 3), "wall_s": round(wall, 3),
+             "speed": round(virtual / wall, 1) if wall > 0 else None}
+    start = runs[0].policies["start"]
+    return BenchResult(
+        "sim-fast", cfg.profile, cfg.context, runs[0].sessions, cfg.runs,
+        runs[0].beats if cfg.workload is not None else cfg.beats,
+        sum(r.late_beats for r in runs), max(r.p50_ms for r in runs),
+        max(r.p99_ms for r in runs), True, "none (modelled)", git_commit(),
+        dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        cfg.command or "sim.fast.run_fast", {"start": {k: start[k] for k in
+                                                        ("name", "class", "params")}},
+        [dataclasses.asdict(r) for r in runs], extra)
+
+
+def main(argv=None, command: str | None = None) -> int:
+    """`python -m sim.fast`: one fast-mode run, printed (speed included) and written.
+    `command`: the command line to record, when another tool (sim.run) called this one."""
+    ap = argparse.ArgumentParser(prog="python -m sim.fast", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lines", type=int, default=0, help="closed loop: caller lines")
+    ap.add_argument("--slots", type=int, default=0, help="the node's slots (default: --lines)")
+    ap.add_argument("--churn", type=float, default=0.0, metavar="SECONDS")
+    ap.add_argument("--beats", type=int, default=0)
+    ap.add_argument("--workload", metavar="SPEC", help="calls instead of --lines")
+    ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
+    ap.add_argument("--context", type=int, default=1500)
+    ap.add_argument("--cost-model")
+    ap.add_argument("--policy", nargs="+", metavar="WORD")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--out", help=f"folder for the result JSON (default: none; e.g. {RESULTS})")
+    args = ap.parse_args(argv)
+    try:
+        cfg = FastConfig(
+            slots=args.slots or args.lines, lines=args.lines, churn_s=args.churn,
+            beats=args.beats, workload=load(args.workload, args.seed) if args.workload else None,
+            workload_spec=args.workload,
+            profile=args.profile, context=args.context, cost_model=args.cost_model,
+            policy=make_policy(args.policy) if args.policy else None, seed=args.seed,
+            runs=args.runs, command=command or "python -m sim.fast " + " ".join(
+                sys.argv[1:] if argv is None else argv))
+        result = run_fast(cfg)
+    except (FastError, WorkloadError, PolicyError, OSError) as exc:
+        print(f"sim.fast: {exc}", file=sys.stderr)
+        return 2
+    for r in result.per_run:
+        print(f"N={r['sessions']}: {r['beats']} beats, p50 {r['p50_ms']:.2f} ms, p99 "
+              f"{r['p99_ms']:.2f} ms, late {r['late_beats']}, opens {r['opens']} (wait p50 "
+              f"{r['open_p50_ms']:.0f} / p99 {r['open_p99_ms']:.0f} ms), refusals "
+              f"{r['refusals_by_reason']}")
+    x = result.extra
+    print(f"{x['virtual_s']:.1f} s of virtual time in {x['wall_s']:.2f} s: {x['speed']}x real "
+          f"time")
+    if args.out:
+        print(f"written: {write(result, Path(args.out))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

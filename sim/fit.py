@@ -1,0 +1,340 @@
+"""`python -m sim.fit <bench JSON…> [-o sim/costmodel_h200_<profile>.json]`: a cost model
+fitted from measured GPU bench results of one profile, with its held-out error.
+
+What it fits, from every measured beat (`per_run[i].trace`) of the files:
+  - the executor's beat (compute_ms) by batch size. The engine pads a beat's batch to a captured
+    bucket (gpu/engine/graph_executor.py `_graph_for`: the smallest captured bucket that holds
+    the live sessions; `extra.engine.buckets_captured` says which were captured), so a beat's
+    time depends on its bucket, not its live count: beats are grouped by bucket and each group's
+    median is a point (`CostModel.beat_points`);
+  - jitter: each beat's time over its point, less one, kept as quantiles (`residuals`);
+  - the host's time outside the executor: latency − compute of each beat (frames read and
+    packed before the call, the loop's late wake and garbage collection between beats among
+    them, outputs routed after the return), kept as quantiles (`host_s`);
+  - what start rows add: beats that carried rows and reset no slots (each run's
+    `ramp.slowest`, the engine's `slow_beats`), less their bucket's point, median by row
+    capture; without such beats, the engine's own measure at build (`extra.engine.start_rows`,
+    on idle caches);
+  - `first_frame_share` (frame 0 routed, less the host's time before the call, over the
+    executor's beat) and the memory plan (weights, state a session, the ceiling).
+Held-out error: each file left out in turn, the model fitted on the rest predicts its beats
+(p50/p99 latency, mean compute) by drawing at its live counts; a table, and `_heldout`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from sim.costmodel import DEFAULT_PATH, CostModel
+from wave_actors.core.slot_book import StartShape
+
+MIN_BEATS = 10          # beats of one bucket that make a point
+QUANTILES = 256         # values kept of each measured distribution
+START_SHAPE = StartShape()      # the GPU executor's row captures (the sim's too)
+
+
+class FitError(ValueError):
+    """Input the fit cannot use; one line, said to the user."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One GPU bench result's measured beats, every run's in order."""
+    path: str
+    commit: str
+    backend: str
+    profile: str
+    context: int
+    held: tuple                 # (lo, hi): the contexts the measured beats held
+    gpu: str
+    live: np.ndarray            # [beats] live sessions
+    batch: np.ndarray           # [beats] the padded batch the engine replayed
+    compute_s: np.ndarray       # [beats] the executor's time
+    latency_s: np.ndarray       # [beats] release → outputs routed
+    gc_s: np.ndarray            # [beats] garbage collection since the previous beat
+    row_beats: tuple            # ((batch, rows, seconds), ...): beats with rows, no resets
+    first_shares: tuple         # each run's frame-0 share of the executor's beat (p50)
+    engine: dict
+
+
+def padded(live: int, buckets: list[int]) -> int:
+    """The batch a beat of `live` sessions replays: the smallest captured bucket holding it."""
+    return min((b for b in buckets if b >= live), default=live)
+
+
+def read(path: str) -> Measured:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise FitError(f"{path}: not a readable bench result JSON ({exc})") from None
+    if not isinstance(raw, dict) or "per_run" not in raw or "backend" not in raw:
+        raise FitError(f"{path}: not a bench result (no backend or per_run)")
+    if raw["backend"] == "sim" or raw.get("virtual"):
+        raise FitError(f"{path}: a sim result (backend {raw['backend']}); fit from GPU runs")
+    if str(raw.get("gpu", "none")).startswith("none"):
+        raise FitError(f"{path}: measured on no GPU ({raw.get('gpu')!r})")
+    runs = [r for r in raw["per_run"] if (r.get("trace") or {}).get("compute_ms")]
+    if not runs:
+        raise FitError(f"{path}: no per-beat traces (per_run[].trace) to fit from")
+    engine = raw.get("extra", {}).get("engine_after") or raw.get("extra", {}).get("engine", {})
+    buckets = sorted(engine.get("buckets_captured") or [])
+    col = lambda key: np.concatenate([np.asarray(r["trace"][key], float) for r in runs])
+    live = col("sessions").astype(int)
+    return Measured(path, raw.get("commit", "unknown"), raw["backend"], raw["profile"],
+                    int(raw["context"]), held_context(raw), raw["gpu"], live,
+                    np.array([padded(n, buckets) for n in live]), col("compute_ms") / 1e3,
+                    col("latency_ms") / 1e3, col("gc_ms") / 1e3,
+                    _row_beats(raw, runs, buckets), _first_shares(runs), engine)
+
+
+def held_context(raw: dict) -> tuple:
+    """The contexts the measured beats held: the bench holds every session between
+    `extra.context_held.from` and `.to` by rolling (the sim's slot book the same way)."""
+    held = raw.get("extra", {}).get("context_held") or {}
+    if "from" in held and "to" in held:
+        return float(held["from"]), float(held["to"])
+    return float(raw["context"]), float(raw["context"])
+
+
+def _row_beats(raw: dict, runs: list[dict], buckets: list[int]) -> tuple:
+    """Beats that carried start rows and reset no slot (a reset's own cost is not a row's):
+    from each run's slowest ramp beats and the engine's slow beats, once each."""
+    seen = set()
+    for r in runs:
+        for b in (r.get("ramp") or {}).get("slowest", []):
+            seen.add((b["sessions"], b["rows"], b["resets"], b["compute_ms"]))
+    for b in raw.get("extra", {}).get("engine_after", {}).get("slow_beats", []):
+        seen.add((b["live"], b["rows"], b["resets"], b["done_ms"]))
+    return tuple(sorted((padded(live, buckets), rows, ms / 1e3)
+                        for live, rows, resets, ms in seen if rows and not resets))
+
+
+def _first_shares(runs: list[dict]) -> tuple:
+    """(first frame routed − host time before the call) / executor time, p50s, for the runs
+    whose executor routes frame 0 ahead of the beat's end."""
+    shares = []
+    for r in runs:
+        first = (r.get("first_frame") or {}).get("p50")
+        before = ((r.get("host") or {}).get("before_ms") or {}).get("p50", 0.0)
+        if first and r.get("compute_p50_ms") and first < r["p50_ms"] - 1.0:
+            shares.append((first - before) / r["compute_p50_ms"])
+    return tuple(shares)
+
+
+def check_same(measured: list[Measured]) -> None:
+    for what in ("profile", "context"):
+        seen = sorted({str(getattr(m, what)) for m in measured})
+        if len(seen) > 1:
+            raise FitError(f"mixed {what}s {seen}: fit one {what} at a time")
+
+
+def _quantiles(values: np.ndarray, digits: int = 7) -> list[float]:
+    q = (np.arange(QUANTILES) + 0.5) / QUANTILES
+    return [round(float(v), digits) for v in np.quantile(values, q)]
+
+
+def fit_params(measured: list[Measured]) -> dict:
+    """The fitted CostModel fields (seconds), and what they were fitted from (`_fit`)."""
+    batch = np.concatenate([m.batch for m in measured])
+    compute = np.concatenate([m.compute_s for m in measured])
+    groups = {int(b): compute[batch == b] for b in np.unique(batch)}
+    points = sorted((b, float(np.median(v))) for b, v in groups.items() if len(v) >= MIN_BEATS)
+    if not points:
+        raise FitError(f"no batch size with {MIN_BEATS} measured beats or more")
+    at = dict(points)
+    keep = np.isin(batch, list(at))
+    resid = compute[keep] / np.array([at[int(b)] for b in batch[keep]]) - 1.0
+    host = np.clip(np.concatenate([m.latency_s - m.compute_s for m in measured]), 0.0, None)
+    params = {"beat_points": [[b, round(t, 7)] for b, t in points],
+              "points_context": [min(m.held[0] for m in measured),
+                                 max(m.held[1] for m in measured)],
+              "residuals": _quantiles(resid), "host_s": _quantiles(host), "jitter_rel": 0.0}
+    rows, rows_fit = _fit_rows(measured, points)
+    params.update(rows)
+    shares = [s for m in measured for s in m.first_shares]
+    if shares:
+        params["first_frame_share"] = round(float(np.median(shares)), 3)
+    gc = np.concatenate([m.gc_s for m in measured])
+    params["_fit"] = {
+        "beats": int(len(compute)), "beat_ms_by_batch": {b: round(1e3 * t, 2) for b, t in points},
+        "beats_by_batch": {b: int(len(groups[b])) for b, _ in points},
+        "residual_pct": _spread(100 * resid), "host_ms": _spread(1e3 * host),
+        "gc_ms": {**_spread(1e3 * gc), "beats_with_gc": int((gc > 0).sum())},
+        "start_rows": rows_fit, "first_frame_shares": [round(s, 3) for s in shares]}
+    return params
+
+
+def _spread(x: np.ndarray) -> dict:
+    p50, p99, top = np.percentile(x, [50, 99, 100]) if len(x) else (0.0, 0.0, 0.0)
+    return {"p50": round(float(p50), 3), "p99": round(float(p99), 3), "max": round(float(top), 3)}
+
+
+def _fit_rows(measured: list[Measured], points: list) -> tuple[dict, dict]:
+    """start_rows_s / small_rows_s from beats with rows (their bucket's point taken off), by
+    the row capture they replayed; the engine's idle-cache measure where none were seen."""
+    base = CostModel.load(DEFAULT_PATH, measured[0].profile)
+    model = replace(base, beat_points=tuple(tuple(p) for p in points))
+    added: dict[int, list[float]] = {}
+    for m in measured:
+        for batch, rows, seconds in m.row_beats:
+            added.setdefault(START_SHAPE.capture_for(rows), []).append(
+                seconds - model.beat_time(batch, model.points_context[0]))
+    full, small = START_SHAPE.start_rows, START_SHAPE.small_rows
+    eng = (measured[-1].engine.get("start_rows") or {}).get("added_ms_by_rows") or {}
+    out, how = {}, {"beats_by_capture": {c: len(v) for c, v in sorted(added.items())}}
+    if added.get(full):
+        out["start_rows_s"] = float(np.median(added[full]))
+        how["start_rows_from"] = "ramp beats with rows, no resets"
+    elif str(full) in eng:
+        out["start_rows_s"] = eng[str(full)] / 1e3
+        how["start_rows_from"] = "engine at build (idle caches)"
+    if added.get(small):
+        out["small_rows_s"] = float(np.median(added[small]))
+        how["small_rows_from"] = "ramp beats with rows, no resets"
+    elif "start_rows_s" in out and str(small) in eng and eng.get(str(full)):
+        out["small_rows_s"] = out["start_rows_s"] * eng[str(small)] / eng[str(full)]
+        how["small_rows_from"] = "the full capture's, scaled as the engine measured at build"
+    out = {k: round(v, 5) for k, v in out.items()}
+    how["added_ms"] = {k: round(1e3 * v, 2) for k, v in out.items()}
+    return out, how
+
+
+def memory_params(engine: dict) -> dict:
+    """The engine's memory plan as the sim's: a slot's state is reserved at the full context
+    whatever a session holds (so none of it scales with the held context), and the workspace
+    leaves room for exactly the engine's ceiling of sessions."""
+    need = ("weights_bytes", "state_bytes_per_session", "memory_total_bytes",
+            "memory_ceiling_sessions")
+    if not all(engine.get(k) for k in need):
+        return {}
+    state = engine["state_bytes_per_session"]
+    usable = float(engine["memory_total_bytes"])
+    ceiling = engine["memory_ceiling_sessions"]
+    return {"usable_bytes": usable, "weights_bytes": float(engine["weights_bytes"]),
+            "workspace_bytes": usable - engine["weights_bytes"] - (ceiling + 0.5) * state,
+            "state_fixed_bytes": state, "state_bytes_per_frame": 0}
+
+
+def build(measured: list[Measured]) -> dict:
+    """The cost-model JSON: the roofline's defaults (for other contexts and past the largest
+    measured batch) with the fitted fields over them."""
+    check_same(measured)
+    prof_name = measured[0].profile
+    default = json.loads(DEFAULT_PATH.read_text())
+    raw = {k: v for k, v in default.items() if not k.startswith("_") and k != "profiles"}
+    profile = dict(default["profiles"][prof_name])
+    fitted = fit_params(measured)
+    fit_notes = fitted.pop("_fit")
+    if "first_frame_share" in fitted:
+        profile["first_frame_share"] = fitted.pop("first_frame_share")
+    mem = memory_params(measured[-1].engine)
+    for key in ("state_fixed_bytes", "state_bytes_per_frame"):
+        if key in mem:
+            profile[key] = mem.pop(key)
+    if "start_rows_s" in fitted and "small_rows_s" not in fitted:
+        raw["small_rows_s"] = None              # the fitted full capture's cost for both
+    raw.update(fitted)
+    raw.update(mem)
+    sources = [{"file": Path(m.path).name, "commit": m.commit, "backend": m.backend,
+                "beats": int(len(m.compute_s))} for m in measured]
+    return {"_source": f"sim.fit on {len(measured)} measured {measured[0].gpu} bench results, "
+                       f"{prof_name} profile at {measured[0].context} frames of context; "
+                       f"roofline fields from {DEFAULT_PATH.name} (used only for other contexts "
+                       f"and past the largest measured batch)",
+            "_fitted_from": sources, "_fit": fit_notes, **raw, "profiles": {prof_name: profile}}
+
+
+def model_of(doc: dict) -> CostModel:
+    profile = next(iter(doc["profiles"]))
+    params = {k: v for k, v in doc.items() if not k.startswith("_") and k != "profiles"}
+    params.update(doc["profiles"][profile])
+    for key in ("beat_points", "points_context", "residuals", "host_s"):
+        params[key] = tuple(tuple(v) if isinstance(v, list) else v for v in params[key])
+    return CostModel(**params)
+
+
+def predict(model: CostModel, m: Measured, seed: int) -> dict:
+    """Draws for each of `m`'s beats at its live count: p50/p99 latency and mean compute, ms."""
+    rng = random.Random(seed)
+    parts = np.array([model.draw_parts(int(n), sum(m.held) / 2, 0, 0, START_SHAPE.start_rows,
+                                       rng) for n in m.live])
+    lat = 1e3 * parts.sum(axis=1)
+    return {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "mean_compute_ms": float(1e3 * parts[:, 0].mean())}
+
+
+def observed(m: Measured) -> dict:
+    lat = 1e3 * m.latency_s
+    return {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "mean_compute_ms": float(1e3 * m.compute_s.mean())}
+
+
+def heldout(measured: list[Measured], seed: int = 0) -> dict:
+    """Leave one file out: fit on the others, predict it; errors in % of the measured."""
+    if len(measured) < 2:
+        return {"note": "one input file: nothing to hold out", "rows": []}
+    rows = []
+    for i, m in enumerate(measured):
+        model = model_of(build(measured[:i] + measured[i + 1:]))
+        got, want = predict(model, m, seed), observed(m)
+        err = {k: round(100 * (got[k] - want[k]) / want[k], 2) for k in want}
+        rows.append({"file": Path(m.path).name,
+                     "measured": {k: round(v, 2) for k, v in want.items()},
+                     "predicted": {k: round(v, 2) for k, v in got.items()}, "error_pct": err})
+    worst = {k: max(abs(r["error_pct"][k]) for r in rows) for k in rows[0]["error_pct"]}
+    return {"method": "leave one file out; drawn at the held-out file's live counts",
+            "seed": seed, "rows": rows, "max_abs_error_pct": worst}
+
+
+def table(held: dict) -> str:
+    lines = [f"{'held-out file':48} {'p50 ms':>15} {'p99 ms':>15} {'compute ms':>15}  "
+             f"err % p50/p99/compute"]
+    for r in held["rows"]:
+        m, p, e = r["measured"], r["predicted"], r["error_pct"]
+        cell = lambda k: f"{m[k]:6.1f}→{p[k]:6.1f}".rjust(15)
+        lines.append(f"{r['file']:48} {cell('p50_ms')} {cell('p99_ms')} "
+                     f"{cell('mean_compute_ms')}  {e['p50_ms']:+.1f} / {e['p99_ms']:+.1f} / "
+                     f"{e['mean_compute_ms']:+.1f}")
+    return "\n".join(lines) if held["rows"] else held["note"]
+
+
+def default_out(m: Measured) -> Path:
+    gpu = m.gpu.split()[-1].lower()
+    return Path(__file__).with_name(f"costmodel_{gpu}_{m.profile}.json")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sim.fit", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("files", nargs="+", help="GPU bench result JSONs of one profile")
+    ap.add_argument("-o", "--out", help="default: sim/costmodel_<gpu>_<profile>.json")
+    ap.add_argument("--seed", type=int, default=0, help="the held-out prediction's draws")
+    ap.add_argument("--note", help="why these files (recorded as `_note`)")
+    args = ap.parse_args(argv)
+    try:
+        measured = [read(p) for p in args.files]
+        doc = build(measured)
+    except FitError as exc:
+        print(f"sim.fit: {exc}", file=sys.stderr)
+        return 2
+    held = heldout(measured, args.seed)
+    doc = {**({"_note": args.note} if args.note else {}), **doc, "_heldout": held}
+    out = Path(args.out) if args.out else default_out(measured[0])
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    fit = doc["_fit"]
+    print(f"fitted {measured[0].profile} from {len(measured)} files, {fit['beats']} beats: "
+          f"beat ms by batch {fit['beat_ms_by_batch']}, start rows add "
+          f"{fit['start_rows']['added_ms']} ms, host ms {fit['host_ms']}")
+    print(table(held))
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

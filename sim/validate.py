@@ -1,0 +1,209 @@
+"""`python -m sim.validate <GPU result JSON…> [--cost-model F] [--json OUT]`: does the simulator
+reproduce what the GPU measured?
+
+For each GPU bench result it reads the workload (profile, context, sessions, beats, runs,
+churn, burst, start policy, seed, clock-policy flags: from the result's `command`, its fields
+overriding), runs the same workload through the production node on virtual time with the sim
+backend and a fitted cost model (`sim/costmodel_<gpu>_<profile>.json` by default, see
+`sim.fit`), and prints both side by side: p50/p99 beat latency, late beats, open wait p50/p99,
+refusals, with the differences. A file PASSes when the sim's p50 and p99 are within 10 % of
+the GPU's and both agree on whether any beat was late and whether any open was refused; the
+exit status is 1 if any file FAILs, 2 on input it cannot use. The sim's own results go to a
+temporary folder, never bench/results/.
+
+Which GPU results to validate against: those measured on the serving code of today. The beat
+itself got faster up to f22385f (the graph executor timed beats by device events from then on,
+~103 → ~95 ms for 120 reference sessions), the host's loop changed until d236f03, and from
+b20a1bd a beat's frame 0 is routed while frame 1 computes; results from 31d030d on
+(bench/results/*-20261203T07* and later: graph and wpk, reference n120 and dense n290) are the
+current code's, and are the set `sim.fit` and this tool use.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+TOLERANCE = 0.10         # relative difference of p50 / p99 that still passes
+METRICS = ("p50_ms", "p99_ms", "late_beats", "open_p50_ms", "open_p99_ms", "refusals")
+SIM_DIR = Path(__file__).resolve().parent
+
+
+class ValidateError(ValueError):
+    """Input this tool cannot use; one line, said to the user."""
+
+
+def _workload_parser() -> argparse.ArgumentParser:
+    """The bench flags that shape the workload; every other flag (the backend, its workers,
+    its polling) is the GPU's own and does not carry over to the sim."""
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag, kind in (("--profile", str), ("--context", int), ("--sessions", int),
+                       ("--beats", int), ("--runs", int), ("--churn", float), ("--burst", int),
+                       ("--seed", int), ("--start-rows", int), ("--warmup-max", int),
+                       ("--max-sessions", int), ("--release-hold-ms", float),
+                       ("--output-slice", int), ("--frames-every-ms", float)):
+        ap.add_argument(flag, type=kind)
+    ap.add_argument("--hold-inputs", action="store_true")
+    ap.add_argument("--policy", nargs="+")
+    return ap
+
+
+def workload(raw: dict) -> dict:
+    """The workload of a bench result: its command's flags, its fields where it has them."""
+    words = shlex.split(raw.get("command") or "")
+    flags, _ = _workload_parser().parse_known_args(words)
+    got = {k: v for k, v in vars(flags).items() if v not in (None, False)}
+    got.update({k: raw[k] for k in ("profile", "context", "sessions", "beats", "runs")
+                if raw.get(k) is not None})
+    seeds = raw.get("extra", {}).get("seeds")
+    if seeds:
+        got["seed"] = seeds[0]
+    start = (raw.get("policy") or {}).get("start")
+    if "policy" not in got and start and start.get("class"):
+        got["policy"] = [start["class"]] + [f"{k}={v}" for k, v in start["params"].items()]
+    return got
+
+
+def sim_argv(work: dict, cost_model: str, out: str) -> list[str]:
+    argv = ["--backend", "sim", "--virtual", "--cost-model", cost_model, "--out", out]
+    for key, value in work.items():
+        flag = "--" + key.replace("_", "-")
+        if key == "policy":
+            argv += [flag, *value]
+        elif value is True:
+            argv.append(flag)
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def metrics(result: dict) -> dict:
+    """The compared numbers of a bench result: its worst run's p50/p99 (as the result's own
+    headline), late beats and refusals over all runs, the worst run's open waits."""
+    runs = result.get("per_run") or []
+    worst = lambda key: max((float(r.get(key, 0.0)) for r in runs), default=0.0)
+    return {"p50_ms": float(result["p50_ms"]), "p99_ms": float(result["p99_ms"]),
+            "late_beats": int(result["late_beats"]),
+            "open_p50_ms": worst("open_p50_ms"), "open_p99_ms": worst("open_p99_ms"),
+            "refusals": int(sum(r.get("refusals", 0) for r in runs))}
+
+
+def compare(gpu: dict, sim: dict, tolerance: float = TOLERANCE) -> dict:
+    """Side by side, with differences (sim − GPU, ms or counts, and % of the GPU's); PASS when
+    p50 and p99 are within `tolerance` and the late and refusal verdicts (any or none) agree."""
+    rows = {}
+    for key in METRICS:
+        diff = sim[key] - gpu[key]
+        pct = 100.0 * diff / gpu[key] if gpu[key] else (0.0 if not diff else float("inf"))
+        rows[key] = {"gpu": gpu[key], "sim": sim[key], "diff": round(diff, 2),
+                     "diff_pct": round(pct, 1)}
+    why = [f"{key} differs by {rows[key]['diff_pct']:+.1f} %" for key in ("p50_ms", "p99_ms")
+           if not abs(rows[key]["diff_pct"]) <= 100 * tolerance]
+    for key, what in (("late_beats", "late beats"), ("refusals", "refusals")):
+        if (gpu[key] > 0) != (sim[key] > 0):
+            why.append(f"{what}: GPU {gpu[key]}, sim {sim[key]}")
+    return {"metrics": rows, "verdict": "FAIL" if why else "PASS", "why": why}
+
+
+def read_gpu(path: str) -> dict:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValidateError(f"{path}: not a readable bench result JSON ({exc})") from None
+    if not isinstance(raw, dict) or "per_run" not in raw or "p50_ms" not in raw:
+        raise ValidateError(f"{path}: not a bench result (no per_run or p50_ms)")
+    if raw.get("backend") == "sim" or raw.get("virtual"):
+        raise ValidateError(f"{path}: a sim result; validate against a GPU's")
+    return raw
+
+
+def default_model(raw: dict) -> Path:
+    gpu = str(raw.get("gpu") or "none").split()[-1].lower()
+    return SIM_DIR / f"costmodel_{gpu}_{raw['profile']}.json"
+
+
+def run_sim(argv: list[str], out_dir: Path) -> dict:
+    """The bench on the sim backend, in this process; its chatter is kept unless it fails."""
+    from wave_actors import bench
+    chatter = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(chatter):
+            bench.main(argv, "python -m wave_actors.bench " + " ".join(argv))
+    except (Exception, SystemExit) as exc:
+        tail = " | ".join(chatter.getvalue().strip().splitlines()[-3:])
+        raise ValidateError(f"the sim run failed ({exc!r}): {tail}") from None
+    written = sorted(out_dir.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    if not written:
+        raise ValidateError(f"the sim run wrote no result under {out_dir}")
+    return json.loads(written[-1].read_text())
+
+
+def validate_one(path: str, cost_model: str | None) -> dict:
+    raw = read_gpu(path)
+    model = Path(cost_model) if cost_model else default_model(raw)
+    if not model.is_file():
+        raise ValidateError(f"{path}: no cost model {model} (fit one with python -m sim.fit)")
+    fitted_from = {s["file"] for s in json.loads(model.read_text()).get("_fitted_from", [])}
+    work = workload(raw)
+    with tempfile.TemporaryDirectory(prefix="sim-validate-") as tmp:
+        argv = sim_argv(work, str(model), tmp)
+        sim = run_sim(argv, Path(tmp))
+    got = compare(metrics(raw), metrics(sim))
+    return {"file": Path(path).name, "commit": raw.get("commit"), "backend": raw["backend"],
+            "cost_model": model.name, "held_out": Path(path).name not in fitted_from,
+            "sim_command": "python -m wave_actors.bench " + " ".join(
+                a if a != tmp else "<tmp>" for a in argv),
+            "sim_commit": sim.get("commit"), **got}
+
+
+def table(rows: list[dict]) -> str:
+    lines = []
+    for r in rows:
+        lines.append(f"{r['file']} ({r['backend']} at {r['commit']}, "
+                     f"{'held out' if r['held_out'] else 'fitted on'}; {r['cost_model']})")
+        lines.append(f"  {'':12} {'GPU':>9} {'sim':>9} {'diff':>9} {'diff %':>8}")
+        for key, m in r["metrics"].items():
+            lines.append(f"  {key:12} {m['gpu']:9.1f} {m['sim']:9.1f} {m['diff']:+9.1f} "
+                         f"{m['diff_pct']:+8.1f}")
+        lines.append(f"  {r['verdict']}" + (": " + "; ".join(r["why"]) if r["why"] else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sim.validate", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("files", nargs="+", help="GPU bench result JSONs")
+    ap.add_argument("--cost-model", help="default: sim/costmodel_<gpu>_<profile>.json")
+    ap.add_argument("--json", metavar="OUT", help="write the comparison here")
+    args = ap.parse_args(argv)
+    rows = []
+    try:
+        for path in args.files:
+            rows.append(validate_one(path, args.cost_model))
+            print(table(rows[-1:]), flush=True)
+    except ValidateError as exc:
+        print(f"sim.validate: {exc}", file=sys.stderr)
+        return 2
+    failed = [r["file"] for r in rows if r["verdict"] == "FAIL"]
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} PASS" + (f"; FAIL: {failed}" if failed
+                                                              else ""))
+    if args.json:
+        doc = {"_note": __doc__.split("\n\n")[-1].strip(), "tolerance": TOLERANCE,
+               "all_pass": not failed, "files": rows,
+               "max_abs_diff_pct": {k: float(np.max([abs(r["metrics"][k]["diff_pct"])
+                                                      for r in rows]))
+                                    for k in ("p50_ms", "p99_ms")}}
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"written: {args.json}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""sim.fit recovers a known cost model from bench JSONs and refuses what it cannot use; the
+fitted model draws deterministically; sim.validate compares, flags and runs end to end."""
+import json
+import random
+
+import numpy as np
+import pytest
+
+from sim import fit, validate
+from sim.costmodel import DEFAULT_PATH, CostModel
+
+BEAT_S, HOST_S, ROWS_S = 0.100, 0.002, 0.020      # the known model the synthetic runs follow
+
+
+def bench_json(path, profile="reference", sessions=100, beats=200, backend="graph",
+               gpu="NVIDIA H200", seed=0, trace=True, command=None):
+    """A GPU-like bench result whose beats follow BEAT_S (±1 % noise), HOST_S and ROWS_S."""
+    rng = np.random.default_rng(seed)
+    compute = BEAT_S * (1 + 0.01 * rng.standard_normal(beats))
+    latency = compute + HOST_S
+    ms = lambda xs: [round(1e3 * float(x), 3) for x in xs]
+    ramp = [{"beat": b, "compute_ms": 1e3 * (BEAT_S + ROWS_S), "wake_ms": 0.0,
+             "sessions": 16 * b, "rows": 16, "resets": 0, "rolls": 0} for b in range(1, 6)]
+    run = {"sessions": sessions, "beats": beats, "late_beats": 0,
+           "p50_ms": float(np.percentile(1e3 * latency, 50)),
+           "p99_ms": float(np.percentile(1e3 * latency, 99)), "refusals": 0,
+           "open_p50_ms": 300.0, "open_p99_ms": 600.0, "compute_p50_ms": 1e3 * BEAT_S,
+           "ramp": {"beats": 5, "slowest": ramp},
+           "trace": {"latency_ms": ms(latency), "compute_ms": ms(compute),
+                     "gc_ms": [0.0] * beats, "sessions": [sessions] * beats} if trace else {}}
+    doc = {"backend": backend, "profile": profile, "context": 1500, "sessions": sessions,
+           "runs": 1, "beats": beats, "late_beats": 0, "p50_ms": run["p50_ms"],
+           "p99_ms": run["p99_ms"], "virtual": backend == "sim", "gpu": gpu, "commit": "abc1234",
+           "command": command or f"python -m wave_actors.bench --backend {backend} --profile "
+                                 f"{profile} --sessions {sessions} --beats {beats} --out x",
+           "per_run": [run], "extra": {"engine": {"buckets_captured": [sessions]}}}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_fit_recovers_the_beat_host_time_and_start_rows_of_a_known_model(tmp_path):
+    """Catches a fit that mixes the host's time into the executor's beat, keys beats by the
+    wrong size, or takes the start rows' cost without the beat under them."""
+    files = [bench_json(tmp_path / f"g{i}.json", seed=i) for i in range(3)]
+    doc = fit.build([fit.read(f) for f in files])
+    (n, beat_s), = doc["beat_points"]
+    assert n == 100 and beat_s == pytest.approx(BEAT_S, rel=0.005)
+    assert np.median(doc["host_s"]) == pytest.approx(HOST_S, abs=2e-5)
+    assert doc["start_rows_s"] == pytest.approx(ROWS_S, abs=1e-4)
+    assert np.percentile(doc["residuals"], 99) == pytest.approx(0.0233, abs=0.005)   # 1 % std
+    assert [s["file"] for s in doc["_fitted_from"]] == ["g0.json", "g1.json", "g2.json"]
+    assert doc["_fitted_from"][0]["commit"] == "abc1234"
+
+
+def test_a_padded_bucket_costs_its_full_time_whatever_the_live_count(tmp_path):
+    """Catches a model that makes ramp beats (few sessions live, the full bucket replayed)
+    cheaper than the GPU ran them."""
+    model = fit.model_of(fit.build([fit.read(bench_json(tmp_path / "g.json"))]))
+    assert model.beat_time(16, 1500) == model.beat_time(100, 1500)
+    assert model.beat_time(120, 1500) > model.beat_time(100, 1500)     # past it: grows
+
+
+def test_heldout_errors_are_small_for_runs_of_the_same_model(tmp_path):
+    """Catches a held-out prediction that draws from the wrong parts (compute for latency)."""
+    measured = [fit.read(bench_json(tmp_path / f"g{i}.json", seed=i)) for i in range(3)]
+    held = fit.heldout(measured)
+    assert len(held["rows"]) == 3
+    assert all(abs(v) < 1.0 for v in held["max_abs_error_pct"].values())
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"backend": "sim"}, "a sim result"),
+    ({"trace": False}, "no per-beat traces"),
+    ({"gpu": "none (x86_64)"}, "measured on no GPU"),
+])
+def test_fit_refuses_input_it_cannot_use_in_one_line(tmp_path, capsys, kwargs, says):
+    """Catches a fit that silently fits a sim's own output, or a result without beats."""
+    assert fit.main([bench_json(tmp_path / "bad.json", **kwargs), "-o",
+                     str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_fit_refuses_mixed_profiles(tmp_path, capsys):
+    """Catches a model fitted over two profiles' beats (one average of two machines)."""
+    files = [bench_json(tmp_path / "r.json"), bench_json(tmp_path / "d.json", profile="dense")]
+    assert fit.main(files + ["-o", str(tmp_path / "out.json")]) == 2
+    assert "mixed profiles" in capsys.readouterr().err
+
+
+def test_fit_refuses_a_file_that_is_not_json(tmp_path, capsys):
+    """Catches a traceback where a one-line error is due."""
+    (tmp_path / "x.json").write_text("{not json")
+    assert fit.main([str(tmp_path / "x.json")]) == 2
+    assert "not a readable bench result" in capsys.readouterr().err
+
+
+def test_draws_are_deterministic_for_a_seed_and_come_from_the_measured_samples(tmp_path):
+    """Catches draws from an unseeded source (runs not reproducible) or outside the sample."""
+    model = fit.model_of(fit.build([fit.read(bench_json(tmp_path / "g.json"))]))
+    draw = lambda seed: [model.draw_beat(100, 1500, 0, 0, 16, r)
+                         for r in [random.Random(seed)] for _ in range(50)]
+    assert draw(3) == draw(3) and draw(3) != draw(4)
+    lo = model.beat_points[0][1] * (1 + min(model.residuals)) + min(model.host_s)
+    hi = model.beat_points[0][1] * (1 + max(model.residuals)) + max(model.host_s)
+    assert all(lo - 1e-12 <= d <= hi + 1e-12 for d in draw(5))
+
+
+def test_the_roofline_default_still_loads_and_draws_as_before():
+    """Catches a change to the roofline default that existing sims and tests depend on."""
+    m = CostModel.load(DEFAULT_PATH, "reference")
+    assert not m.beat_points and m.beat_time(120, 1500) == m.roofline_time(120, 1500)
+    assert m.draw_beat(120, 1500, 16, 16, 16, random.Random(0)) == pytest.approx(
+        m.beat_time(120, 1500) + m.start_rows_s)
+
+
+GPU = {"p50_ms": 100.0, "p99_ms": 110.0, "late_beats": 0, "open_p50_ms": 300.0,
+       "open_p99_ms": 600.0, "refusals": 0}
+
+
+@pytest.mark.parametrize("change, verdict", [
+    ({"p50_ms": 109.0, "p99_ms": 101.0, "open_p99_ms": 900.0}, "PASS"),
+    ({"p50_ms": 111.0}, "FAIL"),
+    ({"p99_ms": 98.0}, "FAIL"),
+    ({"late_beats": 3}, "FAIL"),
+    ({"refusals": 1}, "FAIL"),
+])
+def test_compare_flags_a_difference_over_ten_percent_and_a_verdict_mismatch(change, verdict):
+    """Catches a comparison that passes a sim 11 % off, or one whose late beats or refusals
+    disagree with the GPU's (zero against some); open waits are shown, not judged."""
+    got = validate.compare(GPU, {**GPU, **change})
+    assert got["verdict"] == verdict
+    assert bool(got["why"]) == (verdict == "FAIL")
+
+
+def test_the_workload_comes_from_the_command_with_the_result_fields_over_it():
+    """Catches flags lost or misread between the GPU's command and the sim's (argparse's
+    prefix matching read `--out` as `--output-slice`)."""
+    raw = {"command": "python -m wave_actors.bench --backend graph --out bench/results "
+                      "--profile dense --sessions 280 --churn 60 --policy budgeted margin_s=0.004 "
+                      "--workers 4 --beats 9", "profile": "dense", "sessions": 290,
+           "context": 1500, "beats": 200, "runs": 1, "extra": {"seeds": [7]}}
+    work = validate.workload(raw)
+    assert work == {"profile": "dense", "context": 1500, "sessions": 290, "beats": 200,
+                    "runs": 1, "churn": 60.0, "seed": 7,
+                    "policy": ["budgeted", "margin_s=0.004"]}
+    argv = validate.sim_argv(work, "m.json", "/tmp/x")
+    assert argv[:3] == ["--backend", "sim", "--virtual"] and "--workers" not in argv
+
+
+def test_validate_replays_a_small_gpu_result_end_to_end(tmp_path, capsys):
+    """Catches a replay that does not run the sim (or writes its result into bench/results),
+    or a comparison that fails a sim run on the very model the GPU result follows."""
+    gpu = bench_json(tmp_path / "graph-reference-n4.json", sessions=4, beats=30)
+    model = tmp_path / "model.json"
+    assert fit.main([gpu, "-o", str(model)]) == 0
+    out = tmp_path / "cmp.json"
+    rc = validate.main([gpu, "--cost-model", str(model), "--json", str(out)])
+    doc = json.loads(out.read_text())
+    row, = doc["files"]
+    assert rc == 0 and row["verdict"] == "PASS", capsys.readouterr().out
+    assert row["held_out"] is False and "<tmp>" in row["sim_command"]
+    assert abs(row["metrics"]["p50_ms"]["diff_pct"]) < 2.0
