@@ -1,13 +1,19 @@
-"""`python -m sim.plot RESULT.json [RESULT.json ...] [--out DIR]`: figures of bench and
-simulator results (`wave_actors.bench`, `sim.run`), as PNGs.
+"""`python -m sim.plot RESULT.json [RESULT.json ...] [--out DIR]`: figures of bench, simulator
+and SLO-search results (`wave_actors.bench`, `sim.run`, `sim.slo`), as PNGs.
 
-For each result (its first run unless `--run` says otherwise):
+For each bench or sim.run result (its first run unless `--run` says otherwise):
 - `<name>-beats.png`: every measured beat's latency (release to outputs routed) against time,
   with the 160 ms deadline, and live sessions on a second axis: the sawtooth of calls under
   churn and the spikes of session starts;
-- `<name>-opens.png`: the distribution of waits for `opened` (a CDF).
-With several results, `compare.png`: their beat-latency CDFs on one axis, each labelled by its
+- `<name>-opens.png`: the distribution of waits for `opened` (a CDF);
+- `<name>-calls.png` (a result with per-call records, i.e. a `--workload` run): histograms of
+  late beats per call and of each call's longest run of consecutive late beats.
+With several of them, `compare.png`: their beat-latency CDFs on one axis, each labelled by its
 file, for an A/B of two policies or settings.
+With any result that has deadline metrics (every run of a `--workload` result; every probe of
+a `sim.slo` result), `blocking.png`: blocking probability against offered Erlangs, one series
+per start policy (its name and parameters), each point one run or probe. An SLO result has no
+beat traces: it gets this figure only.
 """
 from __future__ import annotations
 
@@ -35,10 +41,19 @@ def load(path: str | Path) -> dict:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise PlotError(f"{path}: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("per_run"), list) \
-            or not data["per_run"]:
-        raise PlotError(f"{path}: not a bench or sim.run result (no per_run)")
+    if not isinstance(data, dict):
+        data = {}
+    if is_slo(data):
+        return data
+    if not isinstance(data.get("per_run"), list) or not data["per_run"]:
+        raise PlotError(f"{path}: not a bench, sim.run or sim.slo result (no per_run or "
+                        f"per_seed)")
     return data
+
+
+def is_slo(result: dict) -> bool:
+    """A `sim.slo` result: probes of the load search, no runs and no traces."""
+    return isinstance(result.get("per_seed"), list) and "per_run" not in result
 
 
 def _run(result: dict, run: int) -> dict:
@@ -90,6 +105,84 @@ def opens_figure(result: dict, run: int = 0, title: str = ""):
     return fig
 
 
+def calls_figure(result: dict, run: int = 0, title: str = ""):
+    """Two histograms over the opened calls: late beats each heard, and its longest run of
+    late beats in a row (one audible gap; a run of n is n·160 ms of late audio)."""
+    runs = result["per_run"]
+    if not 0 <= run < len(runs):
+        raise PlotError(f"run {run + 1} asked for; the result has {len(runs)}")
+    opened = [c for c in runs[run].get("calls") or [] if not c.get("blocked")]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, key, xlabel in ((axes[0], "late_beats", "late beats in the call"),
+                            (axes[1], "longest_late_run", "longest run of late beats")):
+        xs = np.asarray([c[key] for c in opened], int)
+        top = int(xs.max()) if len(xs) else 0
+        # one bar per integer value, so a bar's height is the calls with exactly that count
+        ax.hist(xs, bins=np.arange(top + 2) - 0.5, color="tab:blue")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("calls")
+        ax.set_yscale("symlog", linthresh=1)    # the zero bar dwarfs the rest
+    blocked = sum(bool(c.get("blocked")) for c in runs[run].get("calls") or [])
+    fig.suptitle(title or f"{len(opened)} calls opened, {blocked} blocked")
+    fig.tight_layout()
+    return fig
+
+
+def policy_label(start: dict | None) -> str:
+    """A start policy as a legend names it: its name, then its parameters."""
+    if not start:
+        return "eager"          # a result from before policies were recorded ran the default
+    params = " ".join(f"{k}={v}" for k, v in sorted((start.get("params") or {}).items()))
+    return f"{start.get('name', '?')} {params}".strip()
+
+
+def blocking_points(result: dict) -> dict[str, list[tuple[float, float]]]:
+    """(offered Erlangs, blocking) of each run with deadline metrics (or each probe of an SLO
+    search), by start-policy label. A closed-loop run offers no load and is left out."""
+    points: dict[str, list[tuple[float, float]]] = {}
+    if is_slo(result):
+        label = policy_label(result.get("policy"))
+        for seed in result["per_seed"]:
+            for p in seed.get("probes", []):
+                # older searches recorded blocking only when an SLO was on it
+                b = p.get("blocking", p.get("metrics", {}).get("blocking"))
+                if b is not None:
+                    points.setdefault(label, []).append((p["offered_erlangs"], b))
+        return points
+    for r in result["per_run"]:
+        d = r.get("deadlines") or {}
+        if d.get("offered_erlangs") is not None:
+            label = policy_label((r.get("policies") or {}).get("start"))
+            points.setdefault(label, []).append((d["offered_erlangs"], d["blocking"]))
+    return points
+
+
+def slots_of(result: dict) -> int | None:
+    return result.get("slots") or (result.get("extra") or {}).get("slots")
+
+
+def blocking_figure(results: dict[str, dict]):
+    series: dict[str, list[tuple[float, float]]] = {}
+    for result in results.values():
+        for label, pts in blocking_points(result).items():
+            series.setdefault(label, []).extend(pts)
+    if not series:
+        raise PlotError("no result has deadline metrics with an offered load")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, pts in series.items():
+        x, y = zip(*sorted(pts))
+        ax.plot(x, y, marker="o", lw=1, label=label)
+    slots = {slots_of(r) for r in results.values()} - {None}
+    if len(slots) == 1:
+        # Offered load is a mean over the arrivals' span: past the slots, calls must block
+        ax.axvline(slots.pop(), color="grey", ls=":", lw=1, label="node slots")
+    ax.set_xlabel("offered load (Erlangs)")
+    ax.set_ylabel("blocking probability")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
 def compare_figure(results: dict[str, dict], run: int = 0):
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, result in results.items():
@@ -113,6 +206,20 @@ def names(paths: list[str]) -> list[str]:
     return [f"{n}-{i + 1}" if out.count(n) > 1 else n for i, n in enumerate(out)]
 
 
+def figures(results: dict[str, dict], run: int):
+    """(file name, figure) of every figure the results make, built one at a time."""
+    runs = {name: r for name, r in results.items() if not is_slo(r)}
+    for name, result in runs.items():
+        yield f"{name}-beats.png", beats_figure(result, run)
+        yield f"{name}-opens.png", opens_figure(result, run)
+        if result["per_run"][min(run, len(result["per_run"]) - 1)].get("calls"):
+            yield f"{name}-calls.png", calls_figure(result, run)
+    if len(runs) > 1:
+        yield "compare.png", compare_figure(runs, run)
+    if any(blocking_points(r) for r in results.values()):
+        yield "blocking.png", blocking_figure(results)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim.plot", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,22 +228,14 @@ def main(argv=None) -> int:
     ap.add_argument("--run", type=int, default=1, help="which run of each result (1: the first)")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    written = []
     try:
         results = {name: load(p) for name, p in zip(names(args.results), args.results)}
         out.mkdir(parents=True, exist_ok=True)
-        written = []
-        for name, result in results.items():
-            for kind, make in (("beats", beats_figure), ("opens", opens_figure)):
-                fig = make(result, args.run - 1)
-                path = out / f"{name}-{kind}.png"
-                fig.savefig(path, dpi=110)
-                plt.close(fig)
-                written.append(path)
-        if len(results) > 1:
-            fig = compare_figure(results, args.run - 1)
-            written.append(out / "compare.png")
-            fig.savefig(written[-1], dpi=110)
+        for file, fig in figures(results, args.run - 1):
+            fig.savefig(out / file, dpi=110)
             plt.close(fig)
+            written.append(out / file)
     except (PlotError, OSError) as exc:
         print(f"sim.plot: {exc}", file=sys.stderr)
         return 1

@@ -85,8 +85,10 @@ def probe(base: FastConfig, spec: str, slo: dict, scale: float, seed: int) -> di
     wl = scaled(spec, scale, seed)
     res, d, _run = run_one(dataclasses.replace(base, workload=wl, seed=seed), seed)
     got = {k: SLO_KEYS[k](res, d) for k in slo}
+    # blocking whatever the SLO: `sim.plot` draws a search's probes as a blocking curve
     return {"scale": scale, "offered_erlangs": round(wl.offered_erlangs(), 3),
-            "ok": all(got[k] <= slo[k] for k in slo), "metrics": got}
+            "blocking": d["blocking"], "ok": all(got[k] <= slo[k] for k in slo),
+            "metrics": got}
 
 
 def search(base: FastConfig, spec: str, slo: dict, seed: int, tolerance: float) -> dict:

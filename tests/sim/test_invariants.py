@@ -24,11 +24,9 @@ import math
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from sim.executor import SimExecutor
 from tests.nodekit import VirtualNode, coded_frame, decode_code, slow_cost
 from transports.client import Refused
 from wave_actors.core.contract import NO_TOKEN, BeatInput, BeatOutput, SessionSpec

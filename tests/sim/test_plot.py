@@ -1,9 +1,12 @@
-"""`python -m sim.plot`: figures of real `sim.run` results.
+"""`python -m sim.plot`: figures of real `sim.run` and `sim.slo` results.
 
 Bugs caught: a beat figure drawn from other numbers than the result's trace (or its live
 sessions shifted against time), an open-wait CDF not over the result's own waits, a missing
 compare figure for an A/B (two results of one file name, from two folders, taken for one),
-and a bad file ending in a traceback instead of one line."""
+a blocking curve not of the runs' own (offered, blocking) points or with two policies in one
+series, an SLO search refused or drawn with beat figures it has no trace for, per-call
+histograms not of the calls' own counts, and a bad file ending in a traceback instead of one
+line."""
 from __future__ import annotations
 
 import json
@@ -14,9 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim import plot, run
+from sim import plot, run, slo
 
 ROOT = Path(__file__).resolve().parents[2]
+# Small enough to run in a second; dense beats on the H200 fit come near the deadline, and
+# 16 slots under 1.5 calls a second both block and (forecast's admission) refuse.
+DENSE = ["--profile", "dense", "--cost-model", str(ROOT / "sim/costmodel_h200_dense.json")]
+WORKLOAD = "poisson:rate=1.5,duration=60,call=15"
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +35,35 @@ def results(tmp_path_factory) -> dict[str, Path]:
                          "--out", str(d)]) == 0
         (out[policy],) = d.glob("*.json")
     return out
+
+
+@pytest.fixture(scope="module")
+def workload_results(tmp_path_factory) -> dict[str, Path]:
+    """Fast-mode workload runs of two policies, two runs each (run r draws seed + r, so each
+    run offers its own load)."""
+    out = {}
+    for policy in ("eager", "forecast"):
+        d = tmp_path_factory.mktemp(policy)
+        assert run.main(["--fast", "--sessions", "16", *DENSE, "--workload", WORKLOAD,
+                         "--runs", "2", "--seed", "3", "--policy", policy,
+                         "--out", str(d)]) == 0
+        (out[policy],) = d.glob("*.json")
+    return out
+
+
+@pytest.fixture(scope="module")
+def slo_result(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("slo") / "slo.json"
+    assert slo.main(["--workload", WORKLOAD, "--slots", "16", *DENSE, "--slo", "late=0",
+                     "--seeds", "1", "--policy", "budgeted", "max_hold=3",
+                     "--out", str(path)]) == 0
+    return path
+
+
+def series(fig) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    return {line.get_label(): (np.asarray(line.get_xdata(), float),
+                               np.asarray(line.get_ydata(), float))
+            for line in fig.axes[0].lines}
 
 
 def test_results_of_the_same_name_keep_apart():
@@ -66,3 +102,59 @@ def test_the_command_writes_pngs_and_a_comparison(results, tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "per_run" in done.stderr
+
+
+def test_blocking_is_drawn_against_offered_load_one_series_per_policy(workload_results):
+    data = {name: plot.load(path) for name, path in workload_results.items()}
+    drawn = series(plot.blocking_figure(data))
+    assert set(drawn) == {"eager", "forecast margin_s=0.008 max_hold=6 smoothing=0.3",
+                          "node slots"}
+    for name, result in data.items():
+        (label,) = plot.blocking_points(result)
+        x, y = drawn[label]
+        runs = sorted((r["deadlines"]["offered_erlangs"], r["deadlines"]["blocking"])
+                      for r in result["per_run"])
+        assert len(runs) == 2 and runs[0][0] != runs[1][0]      # each run its own load
+        assert np.allclose(x, [r[0] for r in runs]) and np.allclose(y, [r[1] for r in runs])
+    assert set(drawn["node slots"][0]) == {16}
+    # forecast's admission refuses what eager lets in: the A/B the figure is for
+    assert drawn["forecast margin_s=0.008 max_hold=6 smoothing=0.3"][1].sum() > \
+        drawn["eager"][1].sum()
+
+
+def test_an_slo_search_draws_its_probes_as_a_blocking_curve(slo_result, tmp_path):
+    data = plot.load(slo_result)
+    probes = sorted((p["offered_erlangs"], p["blocking"])
+                    for s in data["per_seed"] for p in s["probes"])
+    assert len(probes) > 3 and len({b for _, b in probes}) > 1     # a curve, not a point
+    (label,) = [k for k in series(plot.blocking_figure({"s": data})) if k != "node slots"]
+    assert label == "budgeted margin_s=0.008 max_hold=3 smoothing=0.3"
+    x, y = series(plot.blocking_figure({"s": data}))[label]
+    assert np.allclose(x, [p[0] for p in probes]) and np.allclose(y, [p[1] for p in probes])
+    done = subprocess.run([sys.executable, "-m", "sim.plot", str(slo_result), "--out",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert [p.name for p in tmp_path.glob("*.png")] == ["blocking.png"]   # no trace: no beats
+
+
+def test_the_calls_figure_counts_each_calls_late_beats(workload_results):
+    data = plot.load(workload_results["forecast"])
+    lates = [sum(c["late_beats"] for c in r["calls"]) for r in data["per_run"]]
+    i = int(np.argmax(lates))                    # a run whose calls heard late beats
+    opened = [c for c in data["per_run"][i]["calls"] if not c["blocked"]]
+    fig = plot.calls_figure(data, i)
+    for ax, key in zip(fig.axes, ("late_beats", "longest_late_run")):
+        heights = [p.get_height() for p in ax.patches]
+        assert heights == np.bincount([c[key] for c in opened]).tolist()
+    assert sum(c["late_beats"] for c in opened) > 0      # the bars past zero are drawn too
+
+
+def test_workload_results_get_calls_and_blocking_figures(workload_results, slo_result,
+                                                          tmp_path):
+    paths = [*map(str, workload_results.values()), str(slo_result)]
+    done = subprocess.run([sys.executable, "-m", "sim.plot", *paths, "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    names = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert "blocking.png" in names and "compare.png" in names
+    assert sum(n.endswith("-calls.png") for n in names) == 2 and len(names) == 8
