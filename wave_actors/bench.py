@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -199,11 +200,13 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
         with serving_process():      # as `python -m wave_actors.node` serves
             if args.workload_obj is not None:
                 records, stats, calls, t0 = await _drive_workload(args, node, clock)
-                refusals = sum(len(c.refused) for c in calls)
-                waits, burst = [c.wait_s for c in calls if not c.blocked], {}
+                refusals, burst = sum(len(c.refused) for c in calls), {}
             else:
-                records, stats, refusals, waits, burst = await _drive(args, node, n, clock,
+                records, stats, refusals, calls, burst = await _drive(args, node, n, clock,
                                                                       loop_virtual, cpu)
+                t0 = records[0].release if records else 0.0
+                calls = [shifted(c, t0) for c in calls]
+            waits = [c.wait_s for c in calls if not c.blocked]
         errors = sum(node.counters.errors.values())
         if errors:
             print(f"           errors the node answered, by code: {node.counters.errors}",
@@ -239,13 +242,23 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                      float(open_max), dict(refused_by), live_seen, _host(records, stalls, cpu), burst,
                      ramp, spread_ms(r.first_s for r in records) if records else {})
     result.open_waits_ms = [round(float(w), 1) for w in opens]
-    if args.workload_obj is not None:
-        beats = [(r.release - t0, r.latency_s, r.late) for r in records]
-        result.deadlines = deadline_metrics.summarize(
-            calls, beats, args.workload_obj.offered_erlangs(),
-            run_end_s=max([c.ended_s or 0.0 for c in calls] + [b[0] for b in beats]))
-        result.calls = deadline_metrics.records(calls)
+    # Deadline metrics: a workload's over all its calls and beats; steady callers' over the
+    # measured beats (a call's beats outside them are not counted)
+    beats = [(r.release - t0, r.latency_s, r.late) for r in records]
+    offered = args.workload_obj.offered_erlangs() if args.workload_obj is not None else None
+    end = (max([c.ended_s or 0.0 for c in calls] + [b[0] for b in beats])
+           if args.workload_obj is not None else (beats[-1][0] + BEAT_S if beats else 0.0))
+    result.deadlines = deadline_metrics.summarize(calls, beats, offered, run_end_s=end)
+    result.calls = deadline_metrics.records(calls)
     return result
+
+
+def shifted(call: deadline_metrics.CallRecord, t0: float) -> deadline_metrics.CallRecord:
+    """The call's times from `t0` (the first measured beat's release) instead of the clock's."""
+    def rel(t):
+        return None if t is None else t - t0
+    return dataclasses.replace(call, asked_s=call.asked_s - t0, opened_s=rel(call.opened_s),
+                               ended_s=rel(call.ended_s))
 
 
 def _ramp(records: list, k: int = 8) -> dict:
@@ -311,7 +324,8 @@ def _trace(records: list) -> dict:
 async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool, cpu: dict):
     """n caller lines through the node until the measured beats ran, and `--burst` more dialled
     at once when the n are steady: (records, caller stats, refusals, open waits, the burst's
-    summary). Real time: callers in load-generator processes; virtual: in this loop."""
+    summary). Real time: callers in load-generator processes; virtual: in this loop. The open
+    waits come as call records (`sim.deadlines.CallRecord`), on the clock's time."""
     procs = 0 if loop_virtual else args.client_procs
     k = args.burst
     if procs:
@@ -323,13 +337,13 @@ async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool, cpu
         try:
             records = await _while_alive(callers, _measure_beats(args, node, n, clock,
                                                                  dial if k else None, cpu))
-            stats, refusals, waits = await callers.finish()
+            stats, refusals, calls = await callers.finish()
             got = await late.finish() if late else ([], 0, [])
         finally:
             callers.kill()
             if late:
                 late.kill()
-        return records, stats + got[0], refusals, waits, _burst(k, *got[1:])
+        return records, stats + got[0], refusals, calls, _burst(k, *got[1:])
     stop = asyncio.Event()
     async with NodeClient(node.endpoint, ctx=node.ctx) as client:
         loop = asyncio.get_running_loop()
@@ -342,9 +356,9 @@ async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool, cpu
                 drive_all(client, range(n, n + k), clock, stop, args.churn, args.seed)))
         records = await _measure_beats(args, node, n, clock, dial if k else None, cpu)
         stop.set()
-        stats, refusals, waits = await driving
+        stats, refusals, calls = await driving
         got = await bursting[0] if bursting else ([], 0, [])
-    return records, stats + got[0], refusals, waits, _burst(k, *got[1:])
+    return records, stats + got[0], refusals, calls, _burst(k, *got[1:])
 
 
 async def _drive_workload(args, node: Node, clock: Clock):
@@ -360,9 +374,10 @@ async def _drive_workload(args, node: Node, clock: Clock):
     return records, stats, calls, t0
 
 
-def _burst(k: int, refusals: int, waits: list[float]) -> dict:
+def _burst(k: int, refusals: int, calls: list) -> dict:
     if not k:
         return {}
+    waits = [c.wait_s for c in calls if not c.blocked]
     ms = np.array(waits) * 1000 if waits else np.zeros(1)
     p50, p99, most = np.percentile(ms, [50, 99, 100])
     return {"sessions": k, "opened": len(waits), "refused": refusals,
@@ -523,7 +538,9 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
                   f"offered", flush=True)
         if res.deadlines:
             d = res.deadlines
-            print(f"           calls: {d['calls']} offered ({d['offered_erlangs']} Erlangs), "
+            load = (f" ({d['offered_erlangs']} Erlangs)" if d["offered_erlangs"] is not None
+                    else "")
+            print(f"           calls: {d['calls']} offered{load}, "
                   f"{d['blocked']} blocked ({100 * d['blocking']:.2f} %), "
                   f"{d['calls_with_late_beats']} heard a late beat (longest run "
                   f"{d['longest_late_run_beats']} beats); {d['glitch_s_per_call_hour']} "

@@ -37,37 +37,47 @@ def speech_like(seconds: float, seed: int) -> np.ndarray:
 
 
 async def drive_line(client: NodeClient, line: int, clock: Clock, stop: asyncio.Event,
-                     churn_s: float = 0.0, seed: int = 0) -> tuple[list[dict], int, list[float]]:
+                     churn_s: float = 0.0, seed: int = 0) -> tuple[list[dict], int,
+                                                                   list[CallRecord]]:
     """Caller line `line` until `stop`: one session (`bench-<line>`) or, with `churn_s` > 0,
     sessions back to back, each living an exponential time of mean `churn_s`, as calls end and
     new ones come in; a refused call dials again after REDIAL_S. Call lengths and audio come
     from `seed` and the line: one seed, one run.
-    Returns the sessions' `closed` stats, the refusals, and how long each open waited for
-    `opened` (the session's start on the model)."""
+    Returns the sessions' `closed` stats, the refusals, and a record of each call (times on
+    the clock, not from a start: the bench makes them relative), one per session dialled until
+    it opened."""
     rng = np.random.default_rng([seed, line])
-    stats, refusals, waits = [], 0, []
+    stats, refusals, calls = [], 0, []
+    call = None
     for k in itertools.count():
         if stop.is_set():
             break
         sid = f"bench-{line}" if k == 0 else f"bench-{line}-{k}"
         life = float(rng.exponential(churn_s)) if churn_s > 0 else math.inf
         asked = clock.now()
+        if call is None:
+            call = CallRecord(line, asked)
+            calls.append(call)
+        call.tries += 1
         try:
             # A burst of N opens at once: the GPU starts them only in beats with room, so the
             # last `opened` can take a while at full load (bench only; a real opener waits for
             # fewer).
             s = await client.open(sid, sample_rate=IN_RATE, format="pcm_f32le",
                                   timeout=OPEN_TIMEOUT_S)
-        except Refused:
+        except Refused as exc:
             refusals += 1
+            call.refused.append(exc.reason)
             if churn_s <= 0:
                 break
             await clock.sleep(REDIAL_S)
             continue
-        waits.append(clock.now() - asked)
+        # the wait a caller saw is this dial's: a redial's pause is its own choice
+        call.asked_s, call.opened_s = asked, clock.now()
         stats.append(await _stream(s, clock, stop, clock.now() + life,
                                    seed=int(rng.integers(1 << 31))))
-    return stats, refusals, waits
+        call.ended_s, call = clock.now(), None
+    return stats, refusals, calls
 
 
 def talk_pattern(call: Call, seconds: float, seed: int) -> np.ndarray:
@@ -112,18 +122,19 @@ async def _discard(s) -> None:
 
 
 async def drive_all(client: NodeClient, ids: range, clock: Clock, stop: asyncio.Event,
-                    churn_s: float = 0.0, seed: int = 0) -> tuple[list[dict], int, list[float]]:
+                    churn_s: float = 0.0, seed: int = 0
+                    ) -> tuple[list[dict], int, list[CallRecord]]:
     """Caller lines `ids` until `stop` (`drive_line`): all their sessions' stats, refusals and
-    open waits."""
+    call records."""
     tasks = [asyncio.get_running_loop().create_task(
         drive_line(client, i, clock, stop, churn_s, seed)) for i in ids]
-    stats, refusals, waits = [], 0, []
+    stats, refusals, calls = [], 0, []
     for t in tasks:
-        got, refused, waited = await t
+        got, refused, called = await t
         stats += got
         refusals += refused
-        waits += waited
-    return stats, refusals, waits
+        calls += called
+    return stats, refusals, calls
 
 
 def call_fields(call: Call) -> dict:
@@ -178,7 +189,7 @@ async def drive_workload(client: NodeClient, workload: Workload, clock: Clock,
 # -- load-generator processes ------------------------------------------------------------------
 def _generator_main(endpoint: str, first: int, count: int, churn_s: float, seed: int, stop,
                     out) -> None:
-    async def run() -> tuple[list[dict], int, list[float]]:
+    async def run() -> tuple[list[dict], int, list[CallRecord]]:
         done = asyncio.Event()
 
         async def watch() -> None:
@@ -223,11 +234,11 @@ class Generators:
                 return f"{p.name} exited with code {p.exitcode} before the run ended"
         return None
 
-    async def finish(self) -> tuple[list[dict], int, list[float]]:
-        """Tell every generator to close its sessions; their stats, refusals and open waits."""
+    async def finish(self) -> tuple[list[dict], int, list[CallRecord]]:
+        """Tell every generator to close its sessions; their stats, refusals and calls."""
         self._stop.set()
         loop = asyncio.get_running_loop()
-        stats, refusals, waits = [], 0, []
+        stats, refusals, calls = [], 0, []
         for _ in self._procs:
             try:
                 kind, got, refused, waited = await loop.run_in_executor(
@@ -238,10 +249,10 @@ class Generators:
                 raise RuntimeError(f"a load generator failed: {got}")
             stats += got
             refusals += refused
-            waits += waited
+            calls += waited
         for p in self._procs:        # off the loop: the node still beats for the calls ending
             await loop.run_in_executor(None, p.join, 10)
-        return stats, refusals, waits
+        return stats, refusals, calls
 
     def kill(self) -> None:
         """Stop every generator still running (after `finish`, or when the run failed)."""
