@@ -447,7 +447,7 @@ class Node:
             if msg.type == "audio":
                 route, _code, _why = self.bindings.check(identity, user_key, conn, msg.session)
                 if route is not None:
-                    route.actor.count_flooded(msg.payload)
+                    route.actor.count_flooded(msg.payload, msg.header["seq"])
             return
         getattr(self, f"_on_{msg.type}")(identity, user_key, conn, sender, msg)
 

@@ -37,6 +37,9 @@ from wave_actors.runtime import Actor, ActorStopped
 from wave_actors.frame_batch import FrameBatcher
 from wave_actors.turns import Turn
 
+# In the reorder buffer, the place of an audio message dropped before it (`_mark_lost`).
+LOST = object()
+
 log = logging.getLogger("wave.session")
 
 
@@ -166,11 +169,24 @@ class SessionActor(Actor):
         if isinstance(msg, AudioIn):
             self.counters.dropped_in_mailbox += 1
             self._drop_samples(len(msg.payload))
+            self._mark_lost(msg.seq)
 
-    def count_flooded(self, payload: bytes) -> None:
+    def count_flooded(self, payload: bytes, seq: int | None = None) -> None:
         """An audio message of this session that the node's flood limit dropped."""
         self.counters.flooded += 1
         self._drop_samples(len(payload))
+        if seq is not None:
+            self._mark_lost(seq)
+
+    def _mark_lost(self, seq: int) -> None:
+        """A message dropped, and counted, before it reached the reorder buffer: its place there
+        is filled with a marker that is released like audio but heard as nothing, so the gap it
+        leaves is not given up on and counted lost a second time."""
+        if self._reorder.in_order(seq):
+            return
+        out = self._reorder.push(seq, LOST, self.clock.now())
+        if not out.rejected:          # rejected: its gap was given up on already (and counted)
+            self._take(out)
 
     def _drop_samples(self, nbytes: int) -> None:
         self.counters.dropped_samples += -(-nbytes // self._bps)
@@ -234,7 +250,8 @@ class SessionActor(Actor):
         if out.n_skipped:
             self._skip(out.n_skipped)
         for payload in out.items:
-            self._ingest(payload)
+            if payload is not LOST:
+                self._ingest(payload)
         deadline = self._reorder.deadline()
         if deadline is not None and self._gap_timer is None:
             self._gap_timer = asyncio.get_running_loop().create_task(self._gap_due(deadline))

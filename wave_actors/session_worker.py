@@ -245,7 +245,7 @@ class SessionWorker:
         elif op == "func":
             self._tell(actor, FunctionResult(args[1], args[2]))
         elif op == "flooded":
-            actor.count_flooded(b"\0" * args[1])
+            actor.count_flooded(b"\0" * args[1], args[2] if len(args) > 2 else None)
         elif op == "finish":
             actor.take_queued_audio()
             actor.flush_outputs()

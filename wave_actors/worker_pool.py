@@ -91,9 +91,9 @@ class RemoteSession:
         else:
             raise TypeError(f"unexpected message {type(msg).__name__}")
 
-    def count_flooded(self, payload: bytes) -> None:
+    def count_flooded(self, payload: bytes, seq: int | None = None) -> None:
         if self.worker.alive:
-            self.pool.send(self.worker, W.ctrl("flooded", self.rid, len(payload)))
+            self.pool.send(self.worker, W.ctrl("flooded", self.rid, len(payload), seq))
 
     def sent(self, ok: bool) -> None:
         if ok:

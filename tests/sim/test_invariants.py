@@ -244,7 +244,7 @@ def check_conservation(sessions: list, once: bool = False) -> dict:
     """Sends each session's bursts (a burst goes out without yielding to the node), closes them
     and checks every frame sent is heard by the model (the sim's trace) or counted in `closed`;
     returns the drops seen by kind, so a test can show which paths it took. `once`: also that
-    no frame is counted twice (heard + dropped == sent exactly; see the xfail below). The flood
+    no frame is counted twice (heard + dropped == sent exactly). The flood
     limit is low and the sessions' mailboxes small, so bursts overflow both (a mailbox overflows
     when more audio arrives between two turns of its actor than it holds: on a busy loop)."""
     cap, SessionActor.audio_cap = SessionActor.audio_cap, MAILBOX
@@ -310,22 +310,19 @@ def test_every_frame_sent_is_heard_or_counted(sessions):
     """Catches: frames lost without a count anywhere between the socket and the model (a
     mailbox that drops audio uncounted, a jitter buffer or release that forgets queued frames,
     held frames not counted at close), and frames counted as heard that the model never got."""
-    check_conservation(sessions)
+    check_conservation(sessions, once=True)
 
 
 def test_conservation_covers_mailbox_drops():
     """The property holds with drops in play: a burst overflows the session's mailbox and the
     flood limit; held frames and queued ones are counted at close."""
-    kinds = check_conservation(CONSERVATION_CASE)
+    kinds = check_conservation(CONSERVATION_CASE, once=True)
     assert kinds["mailbox"] > 0 and kinds["flood"] > 0, kinds
 
 
 CONSERVATION_CASE = [(1, [(200, 2)]), (2, [(20, 1), (3, 0)])]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an audio message dropped by the session's mailbox "
-                   "(or the flood limit) and followed by later audio is counted twice in "
-                   "`closed.stats.dropped_in`: as a mailbox/flood drop, then as a seq gap")
 def test_a_dropped_message_is_counted_once():
     """Catches frames counted as dropped twice: `closed` then reports more frames than the
     client sent, and drop rates read high."""
