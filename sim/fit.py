@@ -68,17 +68,23 @@ def padded(live: int, buckets: list[int]) -> int:
     return min((b for b in buckets if b >= live), default=live)
 
 
-def read(path: str) -> Measured:
+def gpu_result(path: str) -> dict:
+    """A bench result measured on a GPU, or FitError saying why the file is not one."""
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise FitError(f"{path}: not a readable bench result JSON ({exc})") from None
     if not isinstance(raw, dict) or "per_run" not in raw or "backend" not in raw:
         raise FitError(f"{path}: not a bench result (no backend or per_run)")
-    if raw["backend"] == "sim" or raw.get("virtual"):
-        raise FitError(f"{path}: a sim result (backend {raw['backend']}); fit from GPU runs")
+    if str(raw["backend"]).startswith("sim") or raw.get("virtual"):
+        raise FitError(f"{path}: a sim result (backend {raw['backend']}); use GPU runs")
     if str(raw.get("gpu", "none")).startswith("none"):
         raise FitError(f"{path}: measured on no GPU ({raw.get('gpu')!r})")
+    return raw
+
+
+def read(path: str) -> Measured:
+    raw = gpu_result(path)
     runs = [r for r in raw["per_run"] if (r.get("trace") or {}).get("compute_ms")]
     if not runs:
         raise FitError(f"{path}: no per-beat traces (per_run[].trace) to fit from")

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.fit import FitError, gpu_result
+
 TOLERANCE = 0.10         # relative difference of p50 / p99 that still passes
 METRICS = ("p50_ms", "p99_ms", "late_beats", "open_p50_ms", "open_p99_ms", "refusals")
 SIM_DIR = Path(__file__).resolve().parent
@@ -114,14 +116,9 @@ def compare(gpu: dict, sim: dict, tolerance: float = TOLERANCE) -> dict:
 
 def read_gpu(path: str) -> dict:
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ValidateError(f"{path}: not a readable bench result JSON ({exc})") from None
-    if not isinstance(raw, dict) or "per_run" not in raw or "p50_ms" not in raw:
-        raise ValidateError(f"{path}: not a bench result (no per_run or p50_ms)")
-    if raw.get("backend") == "sim" or raw.get("virtual"):
-        raise ValidateError(f"{path}: a sim result; validate against a GPU's")
-    return raw
+        return gpu_result(path)
+    except FitError as exc:
+        raise ValidateError(str(exc)) from None
 
 
 def default_model(raw: dict) -> Path:

@@ -1,13 +1,13 @@
 """Start policies as plug-ins of the simulator (and the bench): `python -m sim.run --policy …`
 builds the named policy with its parameters, runs it on virtual time through the production
 node, and the result JSON says which policy made it."""
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.sim.simrun import sim_run as run
 from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.start_policy import BudgetedStarts, EagerStarts
 
@@ -15,14 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def sim_run(tmp_path: Path, *policy: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "sim.run", "--sessions", "6", "--beats", "30",
-                          "--churn", "3", "--seed", "1", "--out", str(tmp_path), "--policy",
-                          *policy], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    (path,) = tmp_path.glob("sim-*.json")
-    result = json.loads(path.read_text())
-    path.unlink()
-    return result
+    return run(tmp_path, "--sessions", "6", "--beats", "30", "--churn", "3", "--seed", "1",
+               "--policy", *policy, timeout=120)
 
 
 @pytest.mark.slow

@@ -1,7 +1,6 @@
 """Workloads (sim/workload.py) and the full node serving one (`--workload`): files and seeded
 generators give the calls, the bench's callers dial, redial and stream as each call says, and
 every call comes back as a record with its deadline metrics."""
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 
 from sim import workload as wl
 from sim.deadlines import CallRecord, summarize
+from tests.sim.simrun import sim_run
 from wave_actors.core.frames import BEAT_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,16 +100,6 @@ def test_deadline_metrics_count_each_calls_late_beats_and_longest_gap():
     assert d["on_time_session_s"] == pytest.approx(3 * BEAT_S)
 
 
-def _sim_run(tmp_path: Path, *args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "sim.run", "--out", str(tmp_path), *args],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    (path,) = tmp_path.glob("sim-*.json")
-    result = json.loads(path.read_text())
-    path.unlink()
-    return result
-
-
 @pytest.mark.slow
 def test_the_full_node_serves_a_workload_and_reports_every_call(tmp_path):
     """A flash crowd larger than the node's slots through the production node on virtual time:
@@ -122,7 +112,7 @@ def test_the_full_node_serves_a_workload_and_reports_every_call(tmp_path):
         + [wl.Call(at_s=1.0, duration_s=2.0, redials=2, redial_after_s=1.5)]
         + [wl.Call(at_s=1.2, duration_s=2.0, loss=0.3)]))
     path = calls.save(tmp_path / "crowd.csv")
-    res = _sim_run(tmp_path, "--sessions", "6", "--workload", str(path), "--seed", "3")
+    res = sim_run(tmp_path, "--sessions", "6", "--workload", str(path), "--seed", "3")
     run = res["per_run"][0]
     recs = {c["call"]: c for c in run["calls"]}
     assert sorted(recs) == list(range(8))
@@ -151,7 +141,7 @@ def test_lost_frames_of_a_workload_call_show_as_underruns(tmp_path):
     calls = wl.Workload((wl.Call(at_s=0.2, duration_s=4.0, loss=0.3),
                          wl.Call(at_s=0.2, duration_s=4.0)))
     path = calls.save(tmp_path / "lossy.jsonl")
-    res = _sim_run(tmp_path, "--sessions", "2", "--workload", str(path), "--seed", "1")
+    res = sim_run(tmp_path, "--sessions", "2", "--workload", str(path), "--seed", "1")
     assert res["per_run"][0]["underruns"] > 5
 
 
