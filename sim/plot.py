@@ -6,8 +6,8 @@ For each bench or sim.run result (its first run unless `--run` says otherwise):
   with the 160 ms deadline, and live sessions on a second axis: the sawtooth of calls under
   churn and the spikes of session starts;
 - `<name>-opens.png`: the distribution of waits for `opened` (a CDF);
-- `<name>-calls.png` (a result with per-call records, i.e. a `--workload` run): histograms of
-  late beats per call and of each call's longest run of consecutive late beats.
+- `<name>-calls.png` (a result with per-call records): histograms of late beats per call and
+  of each call's longest run of consecutive late beats.
 With several of them, `compare.png`: their beat-latency CDFs on one axis, each labelled by its
 file, for an A/B of two policies or settings.
 With any result that has deadline metrics (every run of a `--workload` result; every probe of
@@ -131,7 +131,7 @@ def calls_figure(result: dict, run: int = 0, title: str = ""):
 def policy_label(start: dict | None) -> str:
     """A start policy as a legend names it: its name, then its parameters."""
     if not start:
-        return "eager"          # a result from before policies were recorded ran the default
+        return "policy not recorded"
     params = " ".join(f"{k}={v}" for k, v in sorted((start.get("params") or {}).items()))
     return f"{start.get('name', '?')} {params}".strip()
 
@@ -178,6 +178,7 @@ def blocking_figure(results: dict[str, dict]):
         ax.axvline(slots.pop(), color="grey", ls=":", lw=1, label="node slots")
     ax.set_xlabel("offered load (Erlangs)")
     ax.set_ylabel("blocking probability")
+    ax.set_ylim(bottom=0)           # two close points must not read as far apart
     ax.legend()
     fig.tight_layout()
     return fig

@@ -93,7 +93,9 @@ def test_the_command_writes_pngs_and_a_comparison(results, tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     names = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert "compare.png" in names and len(names) == 5
+    # beats, opens and calls of each (the bench records closed-loop calls too), a comparison;
+    # no blocking: a closed loop offers no load
+    assert "compare.png" in names and "blocking.png" not in names and len(names) == 7
     for p in tmp_path.glob("*.png"):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
     bad = tmp_path / "bad.json"

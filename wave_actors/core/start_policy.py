@@ -168,15 +168,16 @@ class ForecastAdmission(BudgetedStarts):
 
     def forecast(self, n: int) -> float | None:
         """A beat of n live sessions: the measured beats without start rows fitted by a line
-        in the live count (one count seen: scaled in proportion); None before any beat was
-        measured. Start rows are the budget's to place: admission weighs the load a session
-        adds for its whole call, not its start's one beat."""
+        in the live count, never falling with it; one count seen: its time (a slope needs two,
+        and an engine that pads its batch to a captured size takes the same time at every
+        count); None before any beat was measured. Start rows are the budget's to place:
+        admission weighs the load a session adds for its whole call, not its start's beat."""
         plain = {k: s for (k, rows), s in self.beat_s.items() if not rows and k > 0}
         if not plain:
             return None
         ks = sorted(plain)
         if len(ks) == 1:
-            return plain[ks[0]] * max(1.0, n / ks[0])
+            return plain[ks[0]]
         mk = sum(ks) / len(ks)
         ms = sum(plain[k] for k in ks) / len(ks)
         slope = sum((k - mk) * (plain[k] - ms) for k in ks) / sum((k - mk) ** 2 for k in ks)
