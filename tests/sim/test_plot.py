@@ -119,9 +119,6 @@ def test_blocking_is_drawn_against_offered_load_one_series_per_policy(workload_r
         assert len(runs) == 2 and runs[0][0] != runs[1][0]      # each run its own load
         assert np.allclose(x, [r[0] for r in runs]) and np.allclose(y, [r[1] for r in runs])
     assert set(drawn["node slots"][0]) == {16}
-    # forecast's admission refuses what eager lets in: the A/B the figure is for
-    assert drawn["forecast margin_s=0.008 max_hold=6 smoothing=0.3"][1].sum() > \
-        drawn["eager"][1].sum()
 
 
 def test_an_slo_search_draws_its_probes_as_a_blocking_curve(slo_result, tmp_path):
