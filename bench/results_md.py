@@ -656,6 +656,40 @@ NOTES = (
      "7 bucket captures between beats (the controller drained and relaunched each time): every "
      "beat rung through the doorbell, none fell back, no hang, no torn frame, no non-finite "
      "output; a beat's wall time 7.1 / 12.9 / 20.1 ms (p50 / p99 / max)."),
+    ("graph", "Admission policies on the H200: dense 290 under churn (issue 20)",
+     ("graph-dense-n290-20261203T195602-churn60-forecast.json",
+      "graph-dense-n290-20261203T195719-churn60-headroom.json"),
+     "`python -m wave_actors.bench --backend graph --profile dense --context 1500 --sessions 290 "
+     "--beats 250 --runs 1 --workers 4 --churn 60 --policy forecast|headroom` at 1c1e1f8, one "
+     "device call. `forecast` (budgeted start rows, opens admitted while a line through the "
+     "measured beats stays 8 ms under the deadline): 29 late of 250, p50 138.4 / p99 177.6 ms, "
+     "no refusal, opens wait 0.97 / 3.1 s (p50 / p99). `headroom` (eager rows, opens refused "
+     "while the last beat left under 20 ms): 62 late, p50 153.8 / p99 176.5 ms, 3 refused "
+     "`admission`, opens 0.51 / 3.0 s. Under 60 s calls about one session starts a beat; at 290 "
+     "dense sessions a beat with start rows passes 160 ms whatever the policy: eager rows ride "
+     "most beats (p50 +15 ms), held rows pile up into full captures (+31 ms). The late beats "
+     "carried rows and, most of them, context rolls. Neither policy is the default."),
+    ("other", "The fitted cost models against the H200 (issue 20)",
+     ("sim-validate-h200.json",),
+     "`python -m sim.validate` at 2113abc replays each GPU run on the simulated node with "
+     "`sim/costmodel_h200_<profile>.json` (fitted by `python -m sim.fit` from the current-code "
+     "runs of 31d030d to ffa4b2e; leave-one-file-out error p50 <= 1.0 %, p99 <= 1.8 %). The 8 "
+     "held-out runs (graph and wpk, reference 120 and dense 290, at aa8900d and 6e638cf): p50 "
+     "within 1.2 %, p99 within 2.1 %, no late beat or refusal on either side: PASS. The dense "
+     "290 churn runs measured afterwards: `forecast` PASS (p99 177.6 vs 176.4 ms, 29 vs 26 "
+     "late); `headroom` FAIL (p99 176.5 vs 157.7 ms, 62 late vs 0, 3 vs 2 refusals): its late "
+     "beats carried start rows and context rolls, and the model has no cost for rolls or slot "
+     "resets (the bench's trace does not say which beat rolled). Open waits are shown, not "
+     "judged: the sim's callers all dial at one instant, so its waits come in whole beats "
+     "(reference: +20 to +30 %)."),
+    ("sim-fast", "Fast mode's speed at 300 sessions (issue 20)",
+     ("sim-fast-dense-n300-20261203T201425.json", "sim-fast-dense-n300-20261203T201428.json"),
+     "On this 2-core machine at 2113abc: `python -m sim.run --fast --sessions 300 --churn 60 "
+     "--beats 3000 --profile dense --cost-model sim/costmodel_h200_dense.json` ran 488.9 s of "
+     "virtual time in 0.92 s (534x real time); the guide's diurnal day (`--workload "
+     "diurnal:peak=4,duration=1800,call=90 --seed 1`) 2167 s in 3.05 s (711x). The full node "
+     "runs about 1x at 300 sessions. `tests/sim/test_fast.py` checks the fast mode against it "
+     "on one closed loop: every measured beat's latency equal, opens within 2 %."),
 )
 
 
