@@ -657,18 +657,24 @@ NOTES = (
      "beat rung through the doorbell, none fell back, no hang, no torn frame, no non-finite "
      "output; a beat's wall time 7.1 / 12.9 / 20.1 ms (p50 / p99 / max)."),
     ("graph", "Admission policies on the H200: dense 290 under churn (issue 20)",
-     ("graph-dense-n290-20261203T195602-churn60-forecast.json",
+     ("graph-dense-n290-20261203T202411-churn60-forecast.json",
+      "graph-dense-n290-20261203T202537-churn60-headroom.json",
+      "graph-dense-n290-20261203T195602-churn60-forecast.json",
       "graph-dense-n290-20261203T195719-churn60-headroom.json"),
      "`python -m wave_actors.bench --backend graph --profile dense --context 1500 --sessions 290 "
-     "--beats 250 --runs 1 --workers 4 --churn 60 --policy forecast|headroom` at 1c1e1f8, one "
-     "device call. `forecast` (budgeted start rows, opens admitted while a line through the "
-     "measured beats stays 8 ms under the deadline): 29 late of 250, p50 138.4 / p99 177.6 ms, "
-     "no refusal, opens wait 0.97 / 3.1 s (p50 / p99). `headroom` (eager rows, opens refused "
-     "while the last beat left under 20 ms): 62 late, p50 153.8 / p99 176.5 ms, 3 refused "
-     "`admission`, opens 0.51 / 3.0 s. Under 60 s calls about one session starts a beat; at 290 "
-     "dense sessions a beat with start rows passes 160 ms whatever the policy: eager rows ride "
-     "most beats (p50 +15 ms), held rows pile up into full captures (+31 ms). The late beats "
-     "carried rows and, most of them, context rolls. Neither policy is the default."),
+     "--beats 250 --runs 1 --workers 4 --churn 60 --policy forecast|headroom`, each pair in one "
+     "device call; T2024/T2025 at 6d138e3 (the final serving code), T1956/T1957 at 1c1e1f8 "
+     "(before `forecast` stopped scaling a single measured count). `forecast` (budgeted start "
+     "rows; opens admitted while a line through the measured beats stays 8 ms under the "
+     "deadline): 24 late of 250, p50 138.6 / p99 178.0 ms, no refusal, opens wait 0.97 / 3.0 s "
+     "(p50 / p99); earlier 29 late, p99 177.6. `headroom` (eager rows; opens refused while the "
+     "last beat left under 20 ms): 82 late, p50 155.4 / p99 176.6 ms, 1 refused `admission`, "
+     "opens 0.45 / 3.1 s; earlier 62 late, 3 refused. Per call: 457 of 505 (forecast) and of "
+     "514 (headroom) calls heard a late beat; 342 and 1,178 glitch-seconds a call-hour; the "
+     "longest run of late beats 1 and 8. Under 60 s calls about one session starts a beat; at "
+     "290 dense sessions a beat with start rows passes 160 ms whatever the policy: eager rows "
+     "ride most beats (p50 +17 ms), held rows pile up into full captures (+31 ms). Neither "
+     "policy is the default."),
     ("other", "The fitted cost models against the H200 (issue 20)",
      ("sim-validate-h200.json",),
      "`python -m sim.validate` at 2113abc replays each GPU run on the simulated node with "

@@ -39,10 +39,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sim import deadlines
+from wave_actors import deadlines
 from sim.costmodel import CostModel
 from sim.frame_counters import TICK_EPS, Frames
-from sim.workload import Call, Workload, WorkloadError, load
+from wave_actors.workload import Call, Workload, WorkloadError, load
 from wave_actors.bench import (RESULTS, WARMUP_BEATS, WARMUP_MAX, BenchResult, RunResult,
                                git_commit, write)
 from wave_actors.bench_clients import REDIAL_S, call_fields

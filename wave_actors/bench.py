@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sim import deadlines as deadline_metrics
-from sim.workload import WorkloadError
-from sim.workload import load as load_workload
+from wave_actors import deadlines as deadline_metrics
+from wave_actors.workload import WorkloadError
+from wave_actors.workload import load as load_workload
 from transports.client import NodeClient
 from wave_actors.bench_clients import OPEN_TIMEOUT_S, Generators, drive_all, drive_workload
 from wave_actors.core.clock_policy import ClockPolicy
@@ -107,7 +107,7 @@ class RunResult:
     first_frame: dict = field(default_factory=dict)
     # every open's wait for `opened`, ms to 0.1, in the order they were asked (`sim.plot`)
     open_waits_ms: list = field(default_factory=list)
-    # --workload: every call's record (`sim.deadlines.records`: dialled, opened or blocked,
+    # every call's record (`wave_actors.deadlines.records`: dialled, opened or blocked,
     # ended, refusals, its late beats and longest run of them) and the run's deadline metrics
     calls: list = field(default_factory=list)
     deadlines: dict = field(default_factory=dict)
@@ -325,7 +325,7 @@ async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool, cpu
     """n caller lines through the node until the measured beats ran, and `--burst` more dialled
     at once when the n are steady: (records, caller stats, refusals, open waits, the burst's
     summary). Real time: callers in load-generator processes; virtual: in this loop. The open
-    waits come as call records (`sim.deadlines.CallRecord`), on the clock's time."""
+    waits come as call records (`wave_actors.deadlines.CallRecord`), on the clock's time."""
     procs = 0 if loop_virtual else args.client_procs
     k = args.burst
     if procs:
@@ -547,7 +547,7 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
                   f"glitch-seconds a call-hour; open wait p50 / p99 "
                   f"{d['open_wait'].get('p50_ms')} / {d['open_wait'].get('p99_ms')} ms",
                   flush=True)
-        if res.backlog_ms > 1000 * BEAT_S and not res.deadlines:
+        if res.backlog_ms > 1000 * BEAT_S and not args.workload:
             print(f"           the measured beats began {res.backlog_ms / 1000:.2f} s behind the "
                   f"release schedule: the node was still behind after {args.warmup_max} beats of "
                   f"warm-up (a start-up backlog not drained yet, or beats slower than "
@@ -696,7 +696,8 @@ def parse_args(argv=None):
     ap.add_argument("--workload", metavar="SPEC",
                     help="calls from a workload instead of --sessions steady callers: a CSV or "
                          "JSONL file, or a generator (poisson:rate=2,duration=600,call=90; "
-                         "see sim/workload.py); --sessions is then the node's slots, and the "
+                         "see wave_actors/workload.py); --sessions is then the node's slots, "
+                         "and the "
                          "run lasts until the last call ends")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)

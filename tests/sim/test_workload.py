@@ -1,6 +1,6 @@
-"""Workloads (sim/workload.py) and the full node serving one (`--workload`): files and seeded
-generators give the calls, the bench's callers dial, redial and stream as each call says, and
-every call comes back as a record with its deadline metrics."""
+"""Workloads (wave_actors/workload.py) and the full node serving one (`--workload`): files and
+seeded generators give the calls, the bench's callers dial, redial and stream as each call
+says, and every call comes back as a record with its deadline metrics."""
 import subprocess
 import sys
 from pathlib import Path
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim import workload as wl
-from sim.deadlines import CallRecord, summarize
+from wave_actors import workload as wl
+from wave_actors.deadlines import CallRecord, summarize
 from tests.sim.simrun import sim_run
 from wave_actors.core.frames import BEAT_S
 
