@@ -15,6 +15,7 @@ consecutive late beats is one longer, audible gap. From these:
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -92,20 +93,13 @@ def summarize(calls: list[CallRecord], beats: list[tuple[float, float, bool]],
         "blocking": round((len(calls) - len(opened)) / len(calls), 6) if calls else 0.0,
         "offered_erlangs": None if offered_erlangs is None else round(offered_erlangs, 3),
         "carried_erlangs": round(live_s / end, 3) if end > 0 else 0.0,
-        "refusals_by_reason": _count(r for c in calls for r in c.refused),
+        "refusals_by_reason": dict(Counter(r for c in calls for r in c.refused)),
         "open_wait": _spread([c.wait_s for c in opened]),
         "calls_with_late_beats": sum(c.late_beats > 0 for c in opened),
         "longest_late_run_beats": max(runs, default=0),
         "glitch_s_per_call_hour": round(glitch_s / (live_s / 3600), 3) if live_s else 0.0,
         "on_time_session_s": round(live_s - glitch_s, 3),
     }
-
-
-def _count(reasons) -> dict:
-    out: dict[str, int] = {}
-    for r in reasons:
-        out[r] = out.get(r, 0) + 1
-    return out
 
 
 def records(calls: list[CallRecord]) -> list[dict]:

@@ -65,7 +65,6 @@ class Call:
 
 
 FIELDS = {f.name: f.type for f in fields(Call)}
-_CASTS = {"float": float, "int": int}
 
 
 @dataclass(frozen=True)
@@ -119,8 +118,7 @@ def _call_from(row: dict, where: str) -> Call:
         if value in (None, ""):
             continue
         try:
-            kw[key] = _CASTS[FIELDS[key]](value) if FIELDS[key] == "float" else \
-                _as_int(value)
+            kw[key] = float(value) if FIELDS[key] == "float" else _as_int(value)
         except (TypeError, ValueError):
             raise WorkloadError(f"{where}: {key}={value!r} is not a {FIELDS[key]}") from None
     try:
@@ -253,15 +251,14 @@ def generate(spec: str, seed: int) -> Workload:
     for key in ("prompt_chars", "tools", "redials"):
         if key in caller:
             caller[key] = int(caller[key])
-    gen = GENERATORS[name]
-    rng = np.random.default_rng([seed, 0x5717])
     mean_call = params.get("call", 90.0)
-    try:
-        at = gen(rng, **params)
-    except TypeError as exc:
-        raise WorkloadError(f"{spec!r}: {exc}") from None
     if any(v < 0 for v in params.values()) or mean_call <= 0:
         raise WorkloadError(f"{spec!r}: parameters are >= 0 and call > 0")
+    rng = np.random.default_rng([seed, 0x5717])
+    try:
+        at = GENERATORS[name](rng, **params)
+    except TypeError as exc:
+        raise WorkloadError(f"{spec!r}: {exc}") from None
     lengths = _lengths(rng, len(at), mean_call)
     calls = tuple(Call(at_s=round(float(a), 6), duration_s=round(float(d), 6), **caller)
                   for a, d in zip(at, lengths))
