@@ -663,7 +663,7 @@ NOTES = (
       "graph-dense-n290-20261203T195719-churn60-headroom.json"),
      "`python -m wave_actors.bench --backend graph --profile dense --context 1500 --sessions 290 "
      "--beats 250 --runs 1 --workers 4 --churn 60 --policy forecast|headroom`, each pair in one "
-     "device call; T2024/T2025 at 6d138e3 (the final serving code), T1956/T1957 at 1c1e1f8 "
+     "device call; T2024/T2025 at 98c44c0 (the final serving code), T1956/T1957 at 1c1e1f8 "
      "(before `forecast` stopped scaling a single measured count). `forecast` (budgeted start "
      "rows; opens admitted while a line through the measured beats stays 8 ms under the "
      "deadline): 24 late of 250, p50 138.6 / p99 178.0 ms, no refusal, opens wait 0.97 / 3.0 s "
@@ -682,7 +682,7 @@ NOTES = (
      "runs of 31d030d to ffa4b2e; leave-one-file-out error p50 <= 1.0 %, p99 <= 1.8 %). The 8 "
      "held-out runs (graph and wpk, reference 120 and dense 290, at aa8900d and 6e638cf): p50 "
      "within 1.2 %, p99 within 2.1 %, no late beat or refusal on either side: PASS. The dense "
-     "290 churn runs measured afterwards, at 6d138e3 (and at 1c1e1f8): `forecast` PASS (p99 "
+     "290 churn runs measured afterwards, at 98c44c0 (and at 1c1e1f8): `forecast` PASS (p99 "
      "178.0 vs 176.4 ms, 24 vs 26 late; 177.6, 29); `headroom` FAIL (p99 176.6 vs 157.7 ms, 82 "
      "late vs 0, 1 vs 2 refusals; 176.5, 62, 3): its late "
      "beats carried start rows and context rolls, and the model has no cost for rolls or slot "
