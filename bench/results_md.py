@@ -690,11 +690,12 @@ NOTES = (
      "judged: the sim's callers all dial at one instant, so its waits come in whole beats "
      "(reference: +20 to +30 %)."),
     ("sim-fast", "Fast mode's speed at 300 sessions (issue 20)",
-     ("sim-fast-dense-n300-20261203T201425.json", "sim-fast-dense-n300-20261203T201428.json"),
-     "On this 2-core machine at 2113abc: `python -m sim.run --fast --sessions 300 --churn 60 "
-     "--beats 3000 --profile dense --cost-model sim/costmodel_h200_dense.json` ran 488.9 s of "
-     "virtual time in 0.92 s (534x real time); the guide's diurnal day (`--workload "
-     "diurnal:peak=4,duration=1800,call=90 --seed 1`) 2167 s in 3.05 s (711x). The full node "
+     ("sim-fast-dense-n300-20261203T210611.json", "sim-fast-dense-n300-20261203T210614.json"),
+     "On this 2-core machine at the final code (de7af0d's tree): `python -m sim.run --fast "
+     "--sessions 300 --churn 60 --beats 3000 --profile dense --cost-model "
+     "sim/costmodel_h200_dense.json` ran 488.9 s of virtual time in 0.81 s (602x real time); "
+     "the guide's diurnal day (`--workload diurnal:peak=4,duration=1800,call=90 --seed 1`) "
+     "2167 s in 2.58 s (839x). At 2113abc the same runs gave the same beats, at 534x and 711x. The full node "
      "runs about 1x at 300 sessions. `tests/sim/test_fast.py` checks the fast mode against it "
      "on one closed loop: every measured beat's latency equal, opens within 2 %."),
 )
