@@ -30,7 +30,7 @@ from transports import protocol as P
 from wave_actors.core.contract import NO_TOKEN, Handle, TextCodec
 from wave_actors.core.frames import FRAME_S, IN_RATE, OUT_RATE, SAMPLES_IN
 from wave_actors.core.function_calls import FunctionCallParser, result_tokens
-from wave_actors.core.reorder import Released, ReorderBuffer
+from wave_actors.core.reorder import Released, ReorderBuffer, SkipLedger
 from wave_actors.core.text import TextStream
 from wave_actors.core.timebase import Clock
 from wave_actors.runtime import Actor, ActorStopped
@@ -84,6 +84,7 @@ class SessionCounters:
     reordered: int = 0
     duplicates: int = 0             # messages
     seq_gaps: int = 0               # seqs never received (skipped)
+    after_gap: int = 0              # messages that came after their seq was skipped (dropped)
     bad_payloads: int = 0           # messages
     dropped_in_mailbox: int = 0     # audio messages the mailbox dropped under overload
     flooded: int = 0                # audio messages the node's flood limit dropped
@@ -148,6 +149,7 @@ class SessionActor(Actor):
         self.counters = SessionCounters()
         self.mailbox.on_drop = self._count_mailbox_drop
         self._reorder = ReorderBuffer()
+        self._skips = SkipLedger()
         self._gap_timer: asyncio.Task | None = None
         self._in_resampler = A.StreamResampler(cfg.sample_rate, IN_RATE)
         self._out_resampler = A.StreamResampler(OUT_RATE, cfg.output_sample_rate)
@@ -185,8 +187,11 @@ class SessionActor(Actor):
         if self._reorder.in_order(seq):
             return
         out = self._reorder.push(seq, LOST, self.clock.now())
-        if not out.rejected:          # rejected: its gap was given up on already (and counted)
-            self._take(out)
+        if out.rejected:
+            # Its gap was given up on already and counted at an estimate; the drop has just
+            # counted its real size.
+            self.counters.dropped_samples -= self._skips.take(seq) or 0
+        self._take(out)
 
     def _drop_samples(self, nbytes: int) -> None:
         self.counters.dropped_samples += -(-nbytes // self._bps)
@@ -240,15 +245,27 @@ class SessionActor(Actor):
             self.counters.reordered += 1
         out = self._reorder.push(msg.seq, msg.payload, self.clock.now())
         if out.rejected:
-            self.counters.duplicates += 1
-            self._drop_samples(len(msg.payload))
-            self._error(P.BAD_SEQ, f"seq {msg.seq} is a duplicate or arrived after its turn "
-                                   f"(expected {self._reorder.next_seq}); dropped")
+            self._reject(msg)
         self._take(out)
 
+    def _reject(self, msg: AudioIn) -> None:
+        c = self.counters
+        self._drop_samples(len(msg.payload))
+        estimate = self._skips.take(msg.seq)
+        if estimate is None:
+            c.duplicates += 1
+            self._error(P.BAD_SEQ, f"seq {msg.seq} is a duplicate or arrived after its turn "
+                                   f"(expected {self._reorder.next_seq}); dropped")
+            return
+        # Counted lost at an estimate when its gap was given up on: now at its real size.
+        c.after_gap += 1
+        c.dropped_samples -= estimate
+        self._error(P.BAD_SEQ, f"seq {msg.seq} arrived after the wait for it had ended "
+                               f"(expected {self._reorder.next_seq}); dropped, counted once")
+
     def _take(self, out: Released) -> None:
-        if out.n_skipped:
-            self._skip(out.n_skipped)
+        if out.skipped:
+            self._skip(out.skipped)
         for payload in out.items:
             if payload is not LOST:
                 self._ingest(payload)
@@ -266,14 +283,18 @@ class SessionActor(Actor):
         except ActorStopped:
             pass
 
-    def _skip(self, missing: int) -> None:
+    def _skip(self, skipped: tuple[range, ...]) -> None:
         """Seqs given up on: their audio is unknown, so each counts as a message of the mean
-        size taken so far (a frame when nothing was taken yet)."""
+        size taken so far (a frame when nothing was taken yet), remembered in case it comes."""
         c = self.counters
-        c.seq_gaps += missing
-        taken = c.messages_in - c.duplicates - c.bad_payloads - self._reorder.held()
-        mean = c.samples_in / taken if taken > 0 and c.samples_in else self.cfg.frame_samples
-        c.dropped_samples += round(missing * mean)
+        taken = (c.messages_in - c.duplicates - c.after_gap - c.bad_payloads
+                 - self._reorder.held())
+        each = round(c.samples_in / taken if taken > 0 and c.samples_in
+                     else self.cfg.frame_samples)
+        for seqs in skipped:
+            c.seq_gaps += len(seqs)
+            c.dropped_samples += len(seqs) * each
+            self._skips.add(seqs, each)
 
     def _ingest(self, payload: bytes) -> None:
         if len(payload) % self._bps:

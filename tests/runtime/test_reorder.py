@@ -161,3 +161,19 @@ def test_the_in_order_fast_path_agrees_with_push():
         got_b = b.push(seq, seq, now).seqs
         assert got_a == got_b and a.next_seq == b.next_seq, (seq, got_a, got_b)
     assert not a.in_order(a.next_seq + 1)
+
+
+def test_skip_ledger_gives_each_skipped_seq_once_and_forgets_the_oldest_runs():
+    """Bug it catches: a message arriving after its gap was given up on counted lost twice
+    (as a gap, then as stale), or one arriving twice uncounted the second time."""
+    from wave_actors.core.reorder import SkipLedger
+    ledger = SkipLedger(max_runs=2)
+    ledger.add(range(3, 6), 320)
+    ledger.add(range(0), 99)                    # an empty run is not a run
+    assert ledger.take(4) == 320
+    assert ledger.take(4) is None               # the second arrival is a duplicate
+    assert ledger.take(3) == 320 and ledger.take(5) == 320 and ledger.take(6) is None
+    ledger.add(range(10, 11), 1)
+    ledger.add(range(20, 21), 2)
+    ledger.add(range(30, 31), 3)                # the bound forgets the run of seq 10
+    assert ledger.take(10) is None and ledger.take(20) == 2 and ledger.take(30) == 3

@@ -15,6 +15,7 @@ strictly increasing seq order.
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
 # 50 ms: shorter than the frame (80 ms) the jitter buffer keeps in reserve past its lowest recent
@@ -25,6 +26,9 @@ GAP_WAIT_S = 0.05
 # Messages held at most: past it the earliest gap is given up at once. A bound on memory against
 # a client that skips far ahead; at 80 ms a message it is never reached within GAP_WAIT_S.
 MAX_HELD = 64
+# Runs of given-up seqs remembered (`SkipLedger`): a message that arrives after its gap was given
+# up on comes within a few runs; an older one is counted as a stale message.
+SKIPS_REMEMBERED = 64
 
 
 @dataclass(frozen=True)
@@ -129,3 +133,28 @@ class ReorderBuffer:
         out.items.append(item)
         out.seqs.append(seq)
         self._next = seq + 1
+
+
+class SkipLedger:
+    """Seqs given up on (`Released.skipped`) and the samples each was counted as lost, so that
+    one arriving after all is counted once: its estimate gives way to its real size. Bounded:
+    the oldest runs are forgotten first."""
+
+    def __init__(self, max_runs: int = SKIPS_REMEMBERED):
+        self._runs: collections.deque[tuple[range, int]] = collections.deque(maxlen=max_runs)
+
+    def add(self, seqs: range, each: int) -> None:
+        if len(seqs):
+            self._runs.append((seqs, each))
+
+    def take(self, seq: int) -> int | None:
+        """The estimate `seq` was counted as, if it was given up on and not taken before; the
+        ledger forgets it (a second arrival is a duplicate)."""
+        for i, (run, each) in enumerate(self._runs):
+            if seq in run:
+                del self._runs[i]
+                for part in (range(run.start, seq), range(seq + 1, run.stop)):
+                    if len(part) and len(self._runs) < (self._runs.maxlen or 0):
+                        self._runs.append((part, each))
+                return each
+        return None
