@@ -37,6 +37,11 @@ class CostModel:
     overhead_s_per_beat: float = 0.0
     start_rows_s: float = 0.0             # what a beat's start rows add to it
     small_rows_s: float | None = None     # the same for the small row capture (None: as above)
+    # What a beat's other work beside its live rows adds (`sim.fit`, from beats that carried
+    # it): each slot reset for a session opened, and each session whose context rolls after it
+    # (its cache rows moved). The roofline has neither.
+    reset_s: float = 0.0
+    roll_s: float = 0.0
     jitter_rel: float = 0.0
     # By this share of a beat's time its frame 0 is done and routed (frame 1 computes on): the
     # engine's beat hears both frames, then thinks, speaks and decodes frame 0 before frame 1.
@@ -125,22 +130,28 @@ class CostModel:
         return self.start_rows_s
 
     def draw_beat(self, n_live: int, context: float, rows: int, capture: int,
-                  full_capture: int, rng: random.Random) -> float:
+                  full_capture: int, rng: random.Random, resets: int = 0,
+                  rolls: int = 0) -> float:
         """One beat's modelled seconds, release to outputs routed: the live rows' time with its
         jitter, plus the start rows', plus the host's time outside the executor. The sim
         executor and the fast mode both draw from here, so for one seed they draw the same
         beats."""
-        executor_s, host_s = self.draw_parts(n_live, context, rows, capture, full_capture, rng)
+        executor_s, host_s = self.draw_parts(n_live, context, rows, capture, full_capture, rng,
+                                             resets, rolls)
         return executor_s + host_s
 
     def draw_parts(self, n_live: int, context: float, rows: int, capture: int,
-                   full_capture: int, rng: random.Random) -> tuple[float, float]:
+                   full_capture: int, rng: random.Random, resets: int = 0,
+                   rolls: int = 0) -> tuple[float, float]:
         """`draw_beat`'s two parts: (the executor's seconds, the host's seconds around it).
-        Virtual time gives the host's work no time, so a measured model adds it here."""
-        live_s = self.beat_time(n_live, context)
+        Virtual time gives the host's work no time, so a measured model adds it here. The
+        jitter scales the whole executor's beat (a fitted model's residuals are measured
+        against the whole)."""
+        live_s = (self.beat_time(n_live, context) + self.rows_time(rows, capture, full_capture)
+                  + resets * self.reset_s + rolls * self.roll_s)
         if self.residuals:
             live_s *= max(0.0, 1.0 + self.residuals[rng.randrange(len(self.residuals))])
         elif self.jitter_rel:
             live_s *= max(0.0, 1.0 + self.jitter_rel * rng.gauss(0.0, 1.0))
         host = self.host_s[rng.randrange(len(self.host_s))] if self.host_s else 0.0
-        return live_s + self.rows_time(rows, capture, full_capture), host
+        return live_s, host

@@ -162,7 +162,8 @@ class SimExecutor:
         rows = len(plan.rows)
         total = self.cost.draw_beat(len(plan.live), context, rows,
                                     self.start_shape.capture_for(rows),
-                                    self.start_shape.start_rows, self._rng)
+                                    self.start_shape.start_rows, self._rng,
+                                    resets=len(plan.resets), rolls=len(plan.roll))
         live = np.asarray(plan.live, np.int64)
         if self.trace is not None:                 # what the executor was handed, at hand-over
             for slot, frames in zip(plan.live, inp.rows(live)):

@@ -151,7 +151,7 @@ class _Run:
         self.lines: list[np.random.Generator] = []
         # beats that carried sessions, in order (their ends ascend: one beat runs at a time)
         self.rec = {k: [] for k in ("release", "latency", "compute", "sessions", "begin",
-                                    "end")}
+                                    "end", "rows", "resets", "rolls")}
         self.ramp_compute: list[float] = []       # every executed beat's time (closed loop)
         self.host: list[float] = []               # the clock's share of recent beats
         self.prev_submit = self.prev_end = -math.inf
@@ -290,13 +290,15 @@ class _Run:
         rows = len(plan.rows)
         context = self.offset + (float(plan.context.mean()) if len(live) else 0.0)
         compute = self.cost.draw_beat(len(live), context, rows, self.shape.capture_for(rows),
-                                      self.shape.start_rows, self.rng)
+                                      self.shape.start_rows, self.rng,
+                                      resets=len(plan.resets), rolls=len(plan.roll))
         end = self.prev_end = start + compute
         self.ramp_compute.append(compute)
         if len(live):
             latency = end - release
             self.host.append(max(0.0, latency - begin - compute))
-            for key, v in zip(self.rec, (release, latency, compute, len(live), begin, end)):
+            for key, v in zip(self.rec, (release, latency, compute, len(live), begin, end,
+                                         rows, len(plan.resets), len(plan.roll))):
                 self.rec[key].append(v)
         self.at(end, OBSERVE, self._finish, plan, compute, live, self.frames.gen[live])
         return plan_t
@@ -375,7 +377,8 @@ class _Run:
             float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
             {"latency_ms": [round(x, 1) for x in lat.tolist()],
              "compute_ms": [round(x, 1) for x in gpu.tolist()],
-             "sessions": live.tolist()},
+             "sessions": live.tolist(),
+             **{k: r[k].astype(int).tolist() for k in ("rows", "resets", "rolls")}},
             round(1e3 * float(r["begin"][0]), 1), len(self.waits), float(o50), float(o99),
             {"start": self.policy.describe()}, float(omax), dict(self.refused),
             {"offered": n, "min": int(live.min()), "p50": float(np.percentile(live, 50)),

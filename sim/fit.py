@@ -11,10 +11,17 @@ What it fits, from every measured beat (`per_run[i].trace`) of the files:
   - the host's time outside the executor: latency − compute of each beat (frames read and
     packed before the call, the loop's late wake and garbage collection between beats among
     them, outputs routed after the return), kept as quantiles (`host_s`);
-  - what start rows add: beats that carried rows and reset no slots (each run's
-    `ramp.slowest`, the engine's `slow_beats`), less their bucket's point, median by row
-    capture; without such beats, the engine's own measure at build (`extra.engine.start_rows`,
-    on idle caches);
+  - what a beat's other work adds: where every file's trace says what each beat carried
+    (`rows`, `resets`, `rolls`), the beats are fitted together by least squares: a time per
+    bucket (its point, at no other work) plus one per row capture replayed (full, small), per
+    slot reset and per context roll (`start_rows_s`, `small_rows_s`, `reset_s`, `roll_s`);
+    once, then again without the beats the first fit missed by more than TRIM_MADS median
+    absolute deviations (a GC pause, a stall), and a part the beats cannot tell (never carried,
+    or a fitted time below zero) is left out and taken from elsewhere. Traces without those
+    columns (older results): the bucket's median is its point, and start rows come from beats
+    that carried rows and reset no slots (each run's `ramp.slowest`, the engine's
+    `slow_beats`), less their bucket's point, median by row capture; without such beats, the
+    engine's own measure at build (`extra.engine.start_rows`, on idle caches);
   - `first_frame_share` (frame 0 routed, less the host's time before the call, over the
     executor's beat) and the memory plan (weights, state a session, the ceiling).
 Held-out error: each file left out in turn, the model fitted on the rest predicts its beats
@@ -35,6 +42,7 @@ from sim.costmodel import DEFAULT_PATH, CostModel
 from wave_actors.core.slot_book import StartShape
 
 MIN_BEATS = 10          # beats of one bucket that make a point
+TRIM_MADS = 6.0         # a beat this far off the first least-squares fit is left out of the second
 QUANTILES = 256         # values kept of each measured distribution
 START_SHAPE = StartShape()      # the GPU executor's row captures (the sim's too)
 
@@ -58,6 +66,7 @@ class Measured:
     compute_s: np.ndarray       # [beats] the executor's time
     latency_s: np.ndarray       # [beats] release → outputs routed
     gc_s: np.ndarray            # [beats] garbage collection since the previous beat
+    carried: np.ndarray | None  # [beats, 3] rows, resets, rolls; None: the trace has no columns
     row_beats: tuple            # ((batch, rows, seconds), ...): beats with rows, no resets
     first_shares: tuple         # each run's frame-0 share of the executor's beat (p50)
     engine: dict
@@ -92,11 +101,16 @@ def read(path: str) -> Measured:
     buckets = sorted(engine.get("buckets_captured") or [])
     col = lambda key: np.concatenate([np.asarray(r["trace"][key], float) for r in runs])
     live = col("sessions").astype(int)
+    carried = (np.stack([col(k) for k in CARRIED], axis=1).astype(int)
+               if all(k in r["trace"] for r in runs for k in CARRIED) else None)
     return Measured(path, raw.get("commit", "unknown"), raw["backend"], raw["profile"],
                     int(raw["context"]), held_context(raw), raw["gpu"], live,
                     np.array([padded(n, buckets) for n in live]), col("compute_ms") / 1e3,
-                    col("latency_ms") / 1e3, col("gc_ms") / 1e3,
+                    col("latency_ms") / 1e3, col("gc_ms") / 1e3, carried,
                     _row_beats(raw, runs, buckets), _first_shares(runs), engine)
+
+
+CARRIED = ("rows", "resets", "rolls")       # a trace's columns of what a beat carried
 
 
 def held_context(raw: dict) -> tuple:
@@ -150,18 +164,30 @@ def fit_params(measured: list[Measured]) -> dict:
     batch = np.concatenate([m.batch for m in measured])
     compute = np.concatenate([m.compute_s for m in measured])
     groups = {int(b): compute[batch == b] for b in np.unique(batch)}
-    points = sorted((b, float(np.median(v))) for b, v in groups.items() if len(v) >= MIN_BEATS)
-    if not points:
+    sizes = sorted(b for b, v in groups.items() if len(v) >= MIN_BEATS)
+    if not sizes:
         raise FitError(f"no batch size with {MIN_BEATS} measured beats or more")
-    at = dict(points)
-    keep = np.isin(batch, list(at))
-    resid = compute[keep] / np.array([at[int(b)] for b in batch[keep]]) - 1.0
+    keep = np.isin(batch, sizes)
+    if all(m.carried is not None for m in measured):
+        carried = np.concatenate([m.carried for m in measured])[keep]
+        points, extra, predicted, rows_fit = _least_squares(batch[keep], carried, compute[keep],
+                                                            sizes)
+        rows = {k: round(v, 5) for k, v in extra.items()}
+        if not {"start_rows_s", "small_rows_s"} <= set(rows):
+            found, how = _fit_rows(measured, points)
+            rows = {**found, **rows}
+            rows_fit["rows_elsewhere"] = how
+    else:
+        points = [(b, float(np.median(groups[b]))) for b in sizes]
+        at = dict(points)
+        predicted = np.array([at[int(b)] for b in batch[keep]])
+        rows, rows_fit = _fit_rows(measured, points)
+    resid = compute[keep] / predicted - 1.0
     host = np.clip(np.concatenate([m.latency_s - m.compute_s for m in measured]), 0.0, None)
     params = {"beat_points": [[b, round(t, 7)] for b, t in points],
               "points_context": [min(m.held[0] for m in measured),
                                  max(m.held[1] for m in measured)],
               "residuals": _quantiles(resid), "host_s": _quantiles(host), "jitter_rel": 0.0}
-    rows, rows_fit = _fit_rows(measured, points)
     params.update(rows)
     shares = [s for m in measured for s in m.first_shares]
     if shares:
@@ -174,6 +200,38 @@ def fit_params(measured: list[Measured]) -> dict:
         "gc_ms": {**_spread(1e3 * gc), "beats_with_gc": int((gc > 0).sum())},
         "start_rows": rows_fit, "first_frame_shares": [round(s, 3) for s in shares]}
     return params
+
+
+def _least_squares(batch: np.ndarray, carried: np.ndarray, compute: np.ndarray,
+                   sizes: list[int]) -> tuple[list, dict, np.ndarray, dict]:
+    """Each beat's executor time as its bucket's time plus what it carried (module doc):
+    (points, {field: seconds} for the parts the beats tell, each beat's prediction, notes)."""
+    rows, resets, rolls = carried.T
+    capture = np.array([START_SHAPE.capture_for(int(r)) for r in rows])
+    parts = {"start_rows_s": (rows > 0) & (capture == START_SHAPE.start_rows),
+             "small_rows_s": (rows > 0) & (capture < START_SHAPE.start_rows),
+             "reset_s": resets, "roll_s": rolls}
+    names = [k for k, v in parts.items() if np.any(v)]
+    base = (batch[:, None] == np.array(sizes)[None, :]).astype(float)
+    used = np.ones(len(compute), bool)
+    for _ in range(2):                  # the fit; then without the beats it missed far
+        while True:
+            x = np.hstack([base] + [np.asarray(parts[k], float)[:, None] for k in names])
+            coef, *_ = np.linalg.lstsq(x[used], compute[used], rcond=None)
+            negative = [k for k, c in zip(names, coef[len(sizes):]) if c < 0]
+            if not negative:
+                break
+            names = [k for k in names if k not in negative]
+        miss = compute - x @ coef
+        mad = float(np.median(np.abs(miss[used] - np.median(miss[used])))) or 1e-9
+        used = np.abs(miss - np.median(miss[used])) <= TRIM_MADS * mad
+    extra = dict(zip(names, (float(c) for c in coef[len(sizes):])))
+    notes = {"method": "least squares over every measured beat (rows, resets, rolls)",
+             "beats_used": int(used.sum()), "beats_trimmed": int((~used).sum()),
+             "beats_carrying": {k: int(np.count_nonzero(v)) for k, v in parts.items()},
+             "added_ms": {k: round(1e3 * v, 2) for k, v in extra.items()},
+             "not_told": [k for k in parts if k not in extra]}
+    return ([(b, float(c)) for b, c in zip(sizes, coef[:len(sizes)])], extra, x @ coef, notes)
 
 
 def _spread(x: np.ndarray) -> dict:
@@ -268,8 +326,11 @@ def model_of(doc: dict) -> CostModel:
 def predict(model: CostModel, m: Measured, seed: int) -> dict:
     """Draws for each of `m`'s beats at its live count: p50/p99 latency and mean compute, ms."""
     rng = random.Random(seed)
-    parts = np.array([model.draw_parts(int(n), sum(m.held) / 2, 0, 0, START_SHAPE.start_rows,
-                                       rng) for n in m.live])
+    carried = m.carried if m.carried is not None else np.zeros((len(m.live), 3), int)
+    parts = np.array([model.draw_parts(int(n), sum(m.held) / 2, int(rows),
+                                       START_SHAPE.capture_for(int(rows)),
+                                       START_SHAPE.start_rows, rng, int(resets), int(rolls))
+                      for n, (rows, resets, rolls) in zip(m.live, carried)])
     lat = 1e3 * parts.sum(axis=1)
     return {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
             "mean_compute_ms": float(1e3 * parts[:, 0].mean())}
@@ -335,8 +396,8 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(doc, indent=1) + "\n")
     fit = doc["_fit"]
     print(f"fitted {measured[0].profile} from {len(measured)} files, {fit['beats']} beats: "
-          f"beat ms by batch {fit['beat_ms_by_batch']}, start rows add "
-          f"{fit['start_rows']['added_ms']} ms, host ms {fit['host_ms']}")
+          f"beat ms by batch {fit['beat_ms_by_batch']}, what a beat "
+          f"carried adds {fit['start_rows']['added_ms']} ms, host ms {fit['host_ms']}")
     print(table(held))
     print(f"written: {out}")
     return 0

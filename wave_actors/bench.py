@@ -318,7 +318,11 @@ def _trace(records: list) -> dict:
             "loop_cpu_ms": ms(r.loop_cpu_s for r in records),
             "returned_ms": ms(r.returned_s for r in records),
             "frames_read": [r.frames_read for r in records],
-            "sessions": [r.sessions for r in records]}
+            "sessions": [r.sessions for r in records],
+            # what the beat carried beside its live rows: what a cost model fits their cost from
+            "rows": [r.rows for r in records],
+            "resets": [r.resets for r in records],
+            "rolls": [r.rolls for r in records]}
 
 
 async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool, cpu: dict):

@@ -116,7 +116,8 @@ def test_bench_writes_json(tmp_path):
     trace = res["per_run"][0]["trace"]
     assert {len(v) for v in trace.values()} == {25}
     assert set(trace) == {"latency_ms", "compute_ms", "begin_ms", "wake_ms", "gc_ms",
-                          "loop_cpu_ms", "returned_ms", "frames_read", "sessions"}
+                          "loop_cpu_ms", "returned_ms", "frames_read", "sessions", "rows",
+                          "resets", "rolls"}
     # the loop's CPU a beat is real work, part of the process's (virtual time runs it anyway)
     host = res["per_run"][0]["host"]
     assert 0 < host["loop_cpu_ms"]["p50"] <= host["process_cpu_ms"]["p50"] + 0.1

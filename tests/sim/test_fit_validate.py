@@ -162,3 +162,49 @@ def test_validate_replays_a_small_gpu_result_end_to_end(tmp_path, capsys):
     assert rc == 0 and row["verdict"] == "PASS", capsys.readouterr().out
     assert row["held_out"] is False and "<tmp>" in row["sim_command"]
     assert abs(row["metrics"]["p50_ms"]["diff_pct"]) < 2.0
+
+
+RESET_S, ROLL_S, SMALL_S = 0.003, 0.0015, 0.008
+
+
+def carried_json(path, seed=0, beats=400, sessions=100):
+    """A GPU-like result whose trace says what each beat carried, and whose beats cost
+    BEAT_S + the rows' capture + RESET_S a reset + ROLL_S a roll (±0.5 % noise), with a few
+    GC-like spikes the fit must not take for work."""
+    rng = np.random.default_rng(seed)
+    rows = rng.choice([0, 0, 0, 1, 3, 16], beats)
+    resets = np.where(rows > 0, rng.integers(0, 3, beats), 0)
+    rolls = rng.integers(0, 5, beats)
+    capture = np.array([fit.START_SHAPE.capture_for(int(r)) for r in rows])
+    compute = (BEAT_S + np.where(rows == 0, 0.0, np.where(capture < 16, SMALL_S, ROWS_S))
+               + RESET_S * resets + ROLL_S * rolls) * (1 + 0.005 * rng.standard_normal(beats))
+    compute[::97] += 0.030
+    path = bench_json(path, sessions=sessions, beats=beats, seed=seed)
+    doc = json.loads(open(path).read())
+    ms = lambda xs: [round(1e3 * float(x), 3) for x in xs]
+    doc["per_run"][0]["trace"].update(compute_ms=ms(compute), latency_ms=ms(compute + HOST_S),
+                                      rows=rows.tolist(), resets=resets.tolist(),
+                                      rolls=rolls.tolist())
+    open(path, "w").write(json.dumps(doc))
+    return path
+
+
+def test_fit_separates_rows_resets_and_rolls_when_the_trace_says_what_each_beat_carried(
+        tmp_path):
+    """Catches a model blind to resets and context rolls (a churn run's slow beats then come
+    out on time in the sim), costs taken from GC spikes, or the bucket's time including the
+    average roll (counted twice once the sim adds rolls)."""
+    files = [carried_json(tmp_path / f"c{i}.json", seed=i) for i in range(2)]
+    doc = fit.build([fit.read(f) for f in files])
+    (n, beat_s), = doc["beat_points"]
+    assert n == 100 and beat_s == pytest.approx(BEAT_S, rel=0.005)
+    assert doc["start_rows_s"] == pytest.approx(ROWS_S, rel=0.05)
+    assert doc["small_rows_s"] == pytest.approx(SMALL_S, rel=0.05)
+    assert doc["reset_s"] == pytest.approx(RESET_S, rel=0.1)
+    assert doc["roll_s"] == pytest.approx(ROLL_S, rel=0.1)
+    assert doc["_fit"]["start_rows"]["beats_trimmed"] >= 8            # the spikes
+    model = fit.model_of(doc)
+    assert model.draw_parts(100, 1500, 0, 0, 16, random.Random(0), resets=2, rolls=4)[0] \
+        == pytest.approx(BEAT_S + 2 * RESET_S + 4 * ROLL_S, rel=0.03)
+    held = fit.heldout([fit.read(f) for f in files])
+    assert all(abs(v) < 2.0 for v in held["max_abs_error_pct"].values()), held
