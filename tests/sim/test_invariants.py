@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from tests.nodekit import VirtualNode, coded_frame, decode_code, slow_cost
 from transports.client import Refused
@@ -360,7 +360,7 @@ def run_starts(make_executor, opens: list, beats: int = 40) -> tuple[list, list,
     clock.book.plan = recorded
 
     async def one(i, at, chars, stay):
-        await asyncio.sleep(at * BEAT_S + 0.01)
+        await asyncio.sleep(at * BEAT_S + 0.01 + 0.002 * i)     # in a set order
         t, answer = await _open(vn, f"s{i}", chars)
         if isinstance(answer, Refused):
             return (i, round(t, 9), answer.reason)
@@ -394,14 +394,19 @@ def check_same_starts(opens: list) -> int:
     return held
 
 
-# Fixed cases: a burst of long prompts, staggered opens and closes, a full node.
-SAME_STARTS = [[(0, 480, 5), (0, 120, 3), (1, 0, 8)],
-               [(0, 40, 2), (2, 300, 4), (3, 300, 1), (5, 0, 6)],
-               [(0, 0, 10), (0, 0, 10), (0, 0, 10), (0, 0, 10), (0, 0, 10), (0, 0, 10),
-                (1, 200, 3)]]
+# Opens (beat it comes at, prompt characters, beats it stays): up to one more than the slots,
+# prompts from none to several chunks. Opens of one beat go out 2 ms apart, in a set order:
+# sent at one instant, their arrival order (and so their slots) would be the sockets' choice.
+OPENS_5 = st.lists(st.tuples(st.integers(0, 6), st.sampled_from([0, 40, 120, 200, 300, 480]),
+                             st.integers(1, 10)), min_size=1, max_size=SLOTS_5 + 1)
 
 
-@pytest.mark.parametrize("opens", SAME_STARTS)
+@settings(max_examples=30, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(OPENS_5)
+@example([(0, 480, 5), (0, 120, 3), (1, 0, 8)])                    # a burst of long prompts
+@example([(0, 40, 2), (2, 300, 4), (3, 300, 1), (5, 0, 6)])        # staggered opens and closes
+@example([(0, 0, 10)] * SLOTS_5 + [(1, 200, 3)])                   # a full node
 def test_sim_and_engine_make_the_same_start_decisions(opens):
     """Catches: the sim cutting starts into rows unlike the engine (another start shape, prompts
     fitted differently), or any start decision made by an executor rather than by the shared
