@@ -39,9 +39,11 @@ class CostModel:
     small_rows_s: float | None = None     # the same for the small row capture (None: as above)
     # What a beat's other work beside its live rows adds (`sim.fit`, from beats that carried
     # it): each slot reset for a session opened, and each session whose context rolls after it
-    # (its cache rows moved). The roofline has neither.
+    # (its cache rows moved), more in a beat that also carries start rows (measured so: the
+    # rows' work does not overlap the moves). The roofline has none of them.
     reset_s: float = 0.0
     roll_s: float = 0.0
+    row_roll_s: float = 0.0
     jitter_rel: float = 0.0
     # By this share of a beat's time its frame 0 is done and routed (frame 1 computes on): the
     # engine's beat hears both frames, then thinks, speaks and decodes frame 0 before frame 1.
@@ -148,7 +150,8 @@ class CostModel:
         jitter scales the whole executor's beat (a fitted model's residuals are measured
         against the whole)."""
         live_s = (self.beat_time(n_live, context) + self.rows_time(rows, capture, full_capture)
-                  + resets * self.reset_s + rolls * self.roll_s)
+                  + resets * self.reset_s
+                  + rolls * (self.roll_s + (self.row_roll_s if rows else 0.0)))
         if self.residuals:
             live_s *= max(0.0, 1.0 + self.residuals[rng.randrange(len(self.residuals))])
         elif self.jitter_rel:

@@ -10,11 +10,15 @@ What it fits, from every measured beat (`per_run[i].trace`) of the files:
   - jitter: each beat's time over its point, less one, kept as quantiles (`residuals`);
   - the host's time outside the executor: latency − compute of each beat (frames read and
     packed before the call, the loop's late wake and garbage collection between beats among
-    them, outputs routed after the return), kept as quantiles (`host_s`);
+    them, outputs routed after the return), kept as quantiles (`host_s`). A beat after one
+    that overran is left out: its executor call first waited for the GPU to finish the
+    previous beat, a wait the simulator makes itself (it starts a beat at the previous one's
+    end at the earliest), so counting it as host time would count it twice;
   - what a beat's other work adds: where every file's trace says what each beat carried
     (`rows`, `resets`, `rolls`), the beats are fitted together by least squares: a time per
     bucket (its point, at no other work) plus one per row capture replayed (full, small), per
-    slot reset and per context roll (`start_rows_s`, `small_rows_s`, `reset_s`, `roll_s`);
+    slot reset and per context roll, and per roll in a beat with rows (`start_rows_s`,
+    `small_rows_s`, `reset_s`, `roll_s`, `row_roll_s`);
     once, then again without the beats the first fit missed by more than TRIM_MADS median
     absolute deviations (a GC pause, a stall), and a part the beats cannot tell (never carried,
     or a fitted time below zero) is left out and taken from elsewhere. Traces without those
@@ -39,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.costmodel import DEFAULT_PATH, CostModel
+from wave_actors.core.frames import BEAT_S
 from wave_actors.core.slot_book import StartShape
 
 MIN_BEATS = 10          # beats of one bucket that make a point
@@ -66,6 +71,7 @@ class Measured:
     compute_s: np.ndarray       # [beats] the executor's time
     latency_s: np.ndarray       # [beats] release → outputs routed
     gc_s: np.ndarray            # [beats] garbage collection since the previous beat
+    host_s: np.ndarray          # latency − compute of the beats after one on time (module doc)
     carried: np.ndarray | None  # [beats, 3] rows, resets, rolls; None: the trace has no columns
     row_beats: tuple            # ((batch, rows, seconds), ...): beats with rows, no resets
     first_shares: tuple         # each run's frame-0 share of the executor's beat (p50)
@@ -106,11 +112,21 @@ def read(path: str) -> Measured:
     return Measured(path, raw.get("commit", "unknown"), raw["backend"], raw["profile"],
                     int(raw["context"]), held_context(raw), raw["gpu"], live,
                     np.array([padded(n, buckets) for n in live]), col("compute_ms") / 1e3,
-                    col("latency_ms") / 1e3, col("gc_ms") / 1e3, carried,
+                    col("latency_ms") / 1e3, col("gc_ms") / 1e3, _host(runs), carried,
                     _row_beats(raw, runs, buckets), _first_shares(runs), engine)
 
 
 CARRIED = ("rows", "resets", "rolls")       # a trace's columns of what a beat carried
+
+
+def _host(runs: list[dict]) -> np.ndarray:
+    """Each run's latency − compute, seconds, of the beats whose previous beat was on time."""
+    out = []
+    for r in runs:
+        lat, comp = (np.asarray(r["trace"][k], float) / 1e3 for k in ("latency_ms", "compute_ms"))
+        after_late = np.r_[False, lat[:-1] > BEAT_S]
+        out.append((lat - comp)[~after_late])
+    return np.concatenate(out)
 
 
 def held_context(raw: dict) -> tuple:
@@ -183,7 +199,7 @@ def fit_params(measured: list[Measured]) -> dict:
         predicted = np.array([at[int(b)] for b in batch[keep]])
         rows, rows_fit = _fit_rows(measured, points)
     resid = compute[keep] / predicted - 1.0
-    host = np.clip(np.concatenate([m.latency_s - m.compute_s for m in measured]), 0.0, None)
+    host = np.clip(np.concatenate([m.host_s for m in measured]), 0.0, None)
     params = {"beat_points": [[b, round(t, 7)] for b, t in points],
               "points_context": [min(m.held[0] for m in measured),
                                  max(m.held[1] for m in measured)],
@@ -210,7 +226,7 @@ def _least_squares(batch: np.ndarray, carried: np.ndarray, compute: np.ndarray,
     capture = np.array([START_SHAPE.capture_for(int(r)) for r in rows])
     parts = {"start_rows_s": (rows > 0) & (capture == START_SHAPE.start_rows),
              "small_rows_s": (rows > 0) & (capture < START_SHAPE.start_rows),
-             "reset_s": resets, "roll_s": rolls}
+             "reset_s": resets, "roll_s": rolls, "row_roll_s": np.where(rows > 0, rolls, 0)}
     names = [k for k, v in parts.items() if np.any(v)]
     base = (batch[:, None] == np.array(sizes)[None, :]).astype(float)
     used = np.ones(len(compute), bool)

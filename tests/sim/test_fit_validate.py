@@ -134,6 +134,20 @@ def test_compare_flags_a_difference_over_ten_percent_and_a_verdict_mismatch(chan
     assert bool(got["why"]) == (verdict == "FAIL")
 
 
+@pytest.mark.parametrize("refused, verdict", [((1, 0, 2), "PASS"), ((1, 1, 2), "FAIL")])
+def test_over_seeds_a_verdict_agrees_when_some_seed_gives_the_gpus(refused, verdict):
+    """Catches a multi-seed comparison that fails a rare event's chance absence (no refusal on
+    the GPU, one in some seeds) or passes a sim that refused in every seed; p50/p99 are
+    compared by their mean over the seeds."""
+    sims = [{**GPU, "refusals": n, "p50_ms": p} for n, p in zip(refused, (100.0, 104.0, 110.0))]
+    got = validate.compare(GPU, sims)
+    assert got["verdict"] == verdict, got["why"]
+    assert got["metrics"]["p50_ms"]["sim"] == pytest.approx(104.667, abs=1e-3)
+    assert got["metrics"]["refusals"]["sim_seeds"] == list(refused)
+    assert validate.seeds_for({"seed": 3, "runs": 2}, 3) == [3, 5, 7]
+    assert validate.seeds_for({}, 2) == [0, 1]
+
+
 def test_the_workload_comes_from_the_command_with_the_result_fields_over_it():
     """Catches flags lost or misread between the GPU's command and the sim's (argparse's
     prefix matching read `--out` as `--output-slice`)."""
@@ -162,14 +176,20 @@ def test_validate_replays_a_small_gpu_result_end_to_end(tmp_path, capsys):
     assert rc == 0 and row["verdict"] == "PASS", capsys.readouterr().out
     assert row["held_out"] is False and "<tmp>" in row["sim_command"]
     assert abs(row["metrics"]["p50_ms"]["diff_pct"]) < 2.0
+    assert validate.main([gpu, "--cost-model", str(model), "--seeds", "2", "--json", str(out)]) == 0
+    row, = json.loads(out.read_text())["files"]
+    assert [c.split("--seed ")[1].split()[0] for c in row["sim_commands"]] == ["0", "1"]
+    assert len(row["metrics"]["p99_ms"]["sim_seeds"]) == 2
+    assert validate.main([gpu, "--seeds", "0"]) == 2
 
 
-RESET_S, ROLL_S, SMALL_S = 0.003, 0.0015, 0.008
+RESET_S, ROLL_S, ROW_ROLL_S, SMALL_S = 0.003, 0.0015, 0.001, 0.008
 
 
 def carried_json(path, seed=0, beats=400, sessions=100):
     """A GPU-like result whose trace says what each beat carried, and whose beats cost
-    BEAT_S + the rows' capture + RESET_S a reset + ROLL_S a roll (±0.5 % noise), with a few
+    BEAT_S + the rows' capture + RESET_S a reset + ROLL_S a roll, ROW_ROLL_S more in a beat
+    with rows (±0.5 % noise), with a few
     GC-like spikes the fit must not take for work."""
     rng = np.random.default_rng(seed)
     rows = rng.choice([0, 0, 0, 1, 3, 16], beats)
@@ -177,7 +197,8 @@ def carried_json(path, seed=0, beats=400, sessions=100):
     rolls = rng.integers(0, 5, beats)
     capture = np.array([fit.START_SHAPE.capture_for(int(r)) for r in rows])
     compute = (BEAT_S + np.where(rows == 0, 0.0, np.where(capture < 16, SMALL_S, ROWS_S))
-               + RESET_S * resets + ROLL_S * rolls) * (1 + 0.005 * rng.standard_normal(beats))
+               + RESET_S * resets + (ROLL_S + ROW_ROLL_S * (rows > 0)) * rolls) \
+        * (1 + 0.005 * rng.standard_normal(beats))
     compute[::97] += 0.030
     path = bench_json(path, sessions=sessions, beats=beats, seed=seed)
     doc = json.loads(open(path).read())
@@ -202,9 +223,12 @@ def test_fit_separates_rows_resets_and_rolls_when_the_trace_says_what_each_beat_
     assert doc["small_rows_s"] == pytest.approx(SMALL_S, rel=0.05)
     assert doc["reset_s"] == pytest.approx(RESET_S, rel=0.1)
     assert doc["roll_s"] == pytest.approx(ROLL_S, rel=0.1)
+    assert doc["row_roll_s"] == pytest.approx(ROW_ROLL_S, rel=0.2)
     assert doc["_fit"]["start_rows"]["beats_trimmed"] >= 8            # the spikes
     model = fit.model_of(doc)
     assert model.draw_parts(100, 1500, 0, 0, 16, random.Random(0), resets=2, rolls=4)[0] \
         == pytest.approx(BEAT_S + 2 * RESET_S + 4 * ROLL_S, rel=0.03)
+    assert model.draw_parts(100, 1500, 16, 16, 16, random.Random(0), rolls=4)[0] \
+        == pytest.approx(BEAT_S + ROWS_S + 4 * (ROLL_S + ROW_ROLL_S), rel=0.03)
     held = fit.heldout([fit.read(f) for f in files])
     assert all(abs(v) < 2.0 for v in held["max_abs_error_pct"].values()), held
