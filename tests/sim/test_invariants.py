@@ -329,11 +329,14 @@ def test_a_dropped_message_is_counted_once():
     check_conservation([(1, [(60, 3)])], once=True)
 
 
+REORDER_BOUND_CASE = [(1, [(102, 0), (128, 0)])]
+
+
 def test_frames_past_the_reorder_buffers_bound_are_counted_once():
     """Catches frames counted twice when a gap is given up on while its messages still wait in
     the mailbox (flood drops ahead of them hold the reorder buffer past its bound): counted as
     a seq gap, then again as stale when they arrive (sent 230, heard + dropped 246)."""
-    check_conservation([(1, [(102, 0), (128, 0)])], once=True)
+    check_conservation(REORDER_BOUND_CASE, once=True)
 
 
 # -- 5. the sim and another executor decide starts alike --------------------------------------

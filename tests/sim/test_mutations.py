@@ -20,6 +20,7 @@ from wave_actors.core.frames import BEAT_S
 from wave_actors.core.jitter import CapacityError
 from wave_actors.core.jitter_arrays import ArrayScheduler
 from wave_actors.core.prompt import fitted_prompt_tokens
+from wave_actors.core.reorder import SkipLedger
 from wave_actors.core.session_table import SessionTable
 from wave_actors.core.slot_book import StartShape
 from wave_actors.core.start_policy import EagerStarts, StartQueue
@@ -147,7 +148,7 @@ def _held_not_counted(original):
 
 
 # Bursts that the node takes whole (no flood, no mailbox overflow): the frames lost at close are
-# then not hidden by the seq gaps counted twice (test_a_dropped_message_is_counted_once).
+# then the only drops.
 QUIET_CASE = [(1, [(12, 2)]), (2, [(5, 1)])]
 
 
@@ -161,6 +162,15 @@ def test_conservation_catches_frames_lost_without_a_count(monkeypatch, cls, meth
     monkeypatch.setattr(cls, method, plant(getattr(cls, method)))
     with pytest.raises(AssertionError, match="without a count"):
         inv.check_conservation(case)
+
+
+def test_conservation_catches_a_skipped_seq_counted_again_when_it_comes(monkeypatch):
+    """The session forgets what it counted a given-up seq as: its message, arriving after all
+    (still in the mailbox while flood drops ahead of it held the reorder buffer past its
+    bound), is counted lost a second time."""
+    monkeypatch.setattr(SkipLedger, "take", lambda self, seq: None)
+    with pytest.raises(AssertionError, match="counted twice"):
+        inv.check_conservation(inv.REORDER_BOUND_CASE, once=True)
 
 
 # -- 5. the same start decisions ---------------------------------------------------------------
