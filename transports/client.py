@@ -303,13 +303,28 @@ class NodeClient:
         try:
             if self.auth_failed:
                 raise Refused("unauthorized", self._why_unavailable())
-            await self.send(P.pack("open", session, sample_rate=sample_rate, format=format,
-                                   **fields), timeout)
+            # The send blocks while no handshake has completed; a CURVE refusal seen meanwhile
+            # (the monitor fails `fut`) ends the wait at once instead of at the timeout.
+            sending = asyncio.ensure_future(self.send(
+                P.pack("open", session, sample_rate=sample_rate, format=format, **fields),
+                timeout))
+            try:
+                await asyncio.wait({sending, fut}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not sending.done():
+                    sending.cancel()
+                    await asyncio.gather(sending, return_exceptions=True)
+            if not sending.cancelled():
+                sending.result()                    # NodeUnavailable past the timeout
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
             raise NodeUnavailable(self._why_unavailable()) from None
         finally:
             self._pending_open.pop(session, None)
+            if fut.done() and not fut.cancelled():
+                fut.exception()                     # a refusal after we stopped waiting: seen
+            else:
+                fut.cancel()
 
     async def ping(self, nonce: Any = 0, timeout: float = 5.0) -> None:
         fut = asyncio.get_running_loop().create_future()

@@ -87,10 +87,13 @@ def test_curve_keys_gate_connections_and_sessions(keys):
     asyncio.run(body())
 
 
-def test_a_late_curve_refusal_still_reads_as_a_refusal(keys):
+@pytest.mark.parametrize("blocked_send", [False, True], ids=["open sent", "open's send blocked"])
+def test_a_late_curve_refusal_still_reads_as_a_refusal(keys, blocked_send):
     """The node's authenticator refuses the key late (as on a loaded machine), while the open
-    already waits for its answer: the open ends with Refused('unauthorized') when the refusal
-    comes, not with NodeUnavailable at its timeout."""
+    already waits for its answer, or still waits to be sent (a socket with no pipe to the node
+    blocks on send: here `immediate`, as after a refused handshake dropped the pipe): the open
+    ends with Refused('unauthorized') when the refusal comes, not with NodeUnavailable or a
+    caller's timeout at the open's own timeout."""
     async def body():
         ctx = zmq.asyncio.Context()
         server = ctx.socket(zmq.ROUTER)
@@ -106,12 +109,14 @@ def test_a_late_curve_refusal_still_reads_as_a_refusal(keys):
             await zap.send_multipart([b"1.0", request[1], b"400", b"not listed", b"", b""])
         zapper = asyncio.get_running_loop().create_task(refuse_late())
         mallory = NodeClient(f"tcp://127.0.0.1:{port}", curve=keys["mallory"])
+        if blocked_send:
+            mallory.sock.immediate = True
         try:
             mallory.connect()
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             with pytest.raises(Refused) as exc:
-                await mallory.open("evil", timeout=5)
+                await asyncio.wait_for(mallory.open("evil", timeout=5), 5)
             assert exc.value.reason == "unauthorized"
             assert loop.time() - t0 < 4                # the refusal, not the open's timeout
             await zapper
