@@ -9,7 +9,8 @@ A measured model (`sim.fit`) holds instead the executor's beat measured at some 
 (`beat_points`), interpolated between them; below the smallest a beat costs the smallest's time,
 because the engine pads a beat's batch to its captured bucket and the bench captures only the
 bucket of the sessions it offers, so a ramp beat with few live sessions replays the full one;
-above the largest the last slope (or the roofline's) carries on. Its jitter is the measured
+above the largest the measured stages' growth (`sim/stages.py`) or else the last slope (or the
+roofline's) carries on. Its jitter is the measured
 beats' relative residuals, and the host's time outside the executor (frames read and packed,
 outputs routed: what virtual time does not take) is a measured sample; both are resampled with
 the executor's seeded rng, so a seed gives the same beats.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_PATH = Path(__file__).with_name("costmodel.json")
@@ -62,6 +63,11 @@ class CostModel:
     points_context: tuple = (0.0, float("inf"))
     residuals: tuple = ()        # measured beat / its point - 1: resampled as the jitter
     host_s: tuple = ()           # measured release → outputs routed, less the executor's time
+    # Per-stage shape (`sim/stages.py`): {stage: (fixed s, s a session)} a beat. Past the
+    # largest measured batch the beat grows as their sum does; `stage_speedup` {stage: factor}
+    # divides a stage's share of every beat (a what-if). Empty: neither.
+    stages: dict = field(default_factory=dict)
+    stage_speedup: dict = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str | Path | None = None, profile: str = "reference") -> "CostModel":
@@ -95,8 +101,21 @@ class CostModel:
             n = max(1, n_sessions)
             shift = (self.roofline_time(n, context_frames)
                      - self.roofline_time(n, min(max(context_frames, lo), hi)))
-            return self._measured(n_sessions) + shift
-        return self.roofline_time(n_sessions, context_frames)
+            return (self._measured(n_sessions) + shift) * self._speedup(n_sessions)
+        return self.roofline_time(n_sessions, context_frames) * self._speedup(n_sessions)
+
+    def stage_time(self, n: int, speedup: bool = False) -> float:
+        """The stages' beat at batch n (their lines' sum), each divided by its speedup."""
+        sp = self.stage_speedup if speedup else {}
+        return sum((a + b * n) / sp.get(name, 1.0) for name, (a, b) in self.stages.items())
+
+    def _speedup(self, n: int) -> float:
+        """The share of a beat left when stages run `stage_speedup` times faster (1: none);
+        at the padded bucket's size, the batch the GPU replays."""
+        if not (self.stages and self.stage_speedup):
+            return 1.0
+        n = max(n, self.beat_points[0][0] if self.beat_points else 1)
+        return self.stage_time(n, speedup=True) / self.stage_time(n)
 
     def _measured(self, n: int) -> float:
         pts = self.beat_points
@@ -106,6 +125,8 @@ class CostModel:
             if n <= n1:
                 return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
         n_top, t_top = pts[-1]
+        if self.stages:                  # as the measured stages grow
+            return t_top * self.stage_time(n) / self.stage_time(n_top)
         if len(pts) > 1:
             n0, t0 = pts[-2]
             return t_top + (t_top - t0) * (n - n_top) / (n_top - n0)

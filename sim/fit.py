@@ -28,6 +28,10 @@ What it fits, from every measured beat (`per_run[i].trace`) of the files:
     engine's own measure at build (`extra.engine.start_rows`, on idle caches);
   - `first_frame_share` (frame 0 routed, less the host's time before the call, over the
     executor's beat) and the memory plan (weights, state a session, the ceiling).
+With `--stages` (bench/graph_stages.py results of the profile) the model also holds each
+stage's line in the batch size (`sim/stages.py`): the beat grows as their sum past the largest
+measured batch, and `--stage-speedup stage=factor` makes a what-if model with those stages
+faster.
 Held-out error: each file left out in turn, the model fitted on the rest predicts its beats
 (p50/p99 latency, mean compute) by drawing at its live counts; a table, and `_heldout`.
 """
@@ -42,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim import stages as sim_stages
 from sim.costmodel import DEFAULT_PATH, CostModel
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.slot_book import StartShape
@@ -301,9 +306,10 @@ def memory_params(engine: dict) -> dict:
             "state_fixed_bytes": state, "state_bytes_per_frame": 0}
 
 
-def build(measured: list[Measured]) -> dict:
+def build(measured: list[Measured], stages: dict | None = None) -> dict:
     """The cost-model JSON: the roofline's defaults (for other contexts and past the largest
-    measured batch) with the fitted fields over them."""
+    measured batch) with the fitted fields over them; `stages` (`sim.stages.read`, with its
+    `stage_speedup` if any): the beat's per-stage shape."""
     check_same(measured)
     prof_name = measured[0].profile
     default = json.loads(DEFAULT_PATH.read_text())
@@ -321,13 +327,19 @@ def build(measured: list[Measured]) -> dict:
         raw["small_rows_s"] = None              # the fitted full capture's cost for both
     raw.update(fitted)
     raw.update(mem)
+    stage_notes = {}
+    if stages:
+        raw["stages"] = stages["stages"]
+        raw["stage_speedup"] = stages.get("stage_speedup", {})
+        stage_notes = {"_stages_from": stages["_stages_from"]}
     sources = [{"file": Path(m.path).name, "commit": m.commit, "backend": m.backend,
                 "beats": int(len(m.compute_s))} for m in measured]
     return {"_source": f"sim.fit on {len(measured)} measured {measured[0].gpu} bench results, "
                        f"{prof_name} profile at {measured[0].context} frames of context; "
                        f"roofline fields from {DEFAULT_PATH.name} (used only for other contexts "
                        f"and past the largest measured batch)",
-            "_fitted_from": sources, "_fit": fit_notes, **raw, "profiles": {prof_name: profile}}
+            "_fitted_from": sources, **stage_notes, "_fit": fit_notes, **raw,
+            "profiles": {prof_name: profile}}
 
 
 def model_of(doc: dict) -> CostModel:
@@ -399,11 +411,23 @@ def main(argv=None) -> int:
     ap.add_argument("-o", "--out", help="default: sim/costmodel_<gpu>_<profile>.json")
     ap.add_argument("--seed", type=int, default=0, help="the held-out prediction's draws")
     ap.add_argument("--note", help="why these files (recorded as `_note`)")
+    ap.add_argument("--stages", nargs="+", metavar="STAGES_JSON", default=[],
+                    help="bench/graph_stages.py results of the profile: the beat's per-stage "
+                         "shape (sim/stages.py)")
+    ap.add_argument("--stage-speedup", nargs="+", metavar="STAGE=FACTOR", default=[],
+                    help="with --stages: run these stages FACTOR times faster (a what-if)")
     args = ap.parse_args(argv)
+    if args.stage_speedup and not args.stages:
+        print("sim.fit: --stage-speedup needs --stages", file=sys.stderr)
+        return 2
     try:
         measured = [read(p) for p in args.files]
-        doc = build(measured)
-    except FitError as exc:
+        stages = None
+        if args.stages:
+            stages = sim_stages.read(args.stages, measured[0].profile)
+            stages["stage_speedup"] = sim_stages.speedups(args.stage_speedup, stages["stages"])
+        doc = build(measured, stages)
+    except (FitError, sim_stages.StagesError) as exc:
         print(f"sim.fit: {exc}", file=sys.stderr)
         return 2
     held = heldout(measured, args.seed)
