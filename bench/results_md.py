@@ -675,6 +675,38 @@ NOTES = (
      "290 dense sessions a beat with start rows passes 160 ms whatever the policy: eager rows "
      "ride most beats (p50 +17 ms), held rows pile up into full captures (+31 ms). Neither "
      "policy is the default."),
+    ("graph", "Traces that say what each beat carried: the cost models' new sources (issue 20)",
+     ("graph-dense-n290-20261203T220225.json",
+      "graph-dense-n290-20261203T220338-churn60-headroom.json",
+      "graph-dense-n290-20261203T220450-churn60-forecast.json",
+      "graph-reference-n120-20261203T220626.json",
+      "graph-reference-n120-20261203T220741-churn60.json"),
+     "At 984fc85, two device calls: `python -m wave_actors.bench --backend graph --profile "
+     "dense --context 1500 --sessions 290 --beats 250 --runs 1 --workers 4` steady, then with "
+     "`--churn 60 --policy headroom` and `--policy forecast`; `--profile reference --sessions "
+     "120 --beats 300` steady and with `--churn 60` (eager). Each beat's trace now records its "
+     "start `rows`, slot `resets` and context `rolls`. Dense steady: 0 late, p50 138.2 / p99 "
+     "139.4 ms. Dense churn: `headroom` 28 late, p99 164.6 ms, no refusal (the same command "
+     "at 98c44c0 gave 82 late, 1 refusal: run-to-run spread of a policy at its threshold); "
+     "`forecast` 26 late, p99 176.8 ms (24 at 98c44c0). Reference steady 0 late, p99 99.1 ms; "
+     "with churn 0 late, p99 116.8 ms. What the traces show, dense: a beat without start "
+     "rows costs 135 ms with or without 4 rolls (+0.5 ms); with one row (the small capture) "
+     "152 ms with no roll and 157 ms with 4; a reset adds about 1.5 ms to a beat without rows. "
+     "`sim.fit` on these files prices the full row capture at +31.9 ms, the small at +15.6, a "
+     "reset +0.75, a roll +0.08 and +1.35 more in a beat with rows (reference: small +16.8, "
+     "reset +0.34, roll +0.58 and +0.82)."),
+    ("other", "Stage by stage at the current code: the cost models' shape (issue 20)",
+     ("graph-stages-dense-n64-290-h200.json", "graph-stages-reference-n32-120-h200.json"),
+     "At ad348cd on the H200, `python3 bench/graph_stages.py --sessions 64,128,200,290 "
+     "--kernels 0 --beat --profile dense` and `--sessions 32,64,96,120 --profile reference` "
+     "(without `--beat`: capturing the streamed beat at 120 ran out of memory beside the "
+     "stage graphs). Each stage as its own graph, ms a frame at the largest batch: dense 290 "
+     "thinker 33.7, talker 23.4, codec 8.7, perception 4.2, RNNT 1.1, mel 0.08 (71.2 a frame; "
+     "the whole beat 142.2 ms on one stream, 139.7 on several); reference 120 talker 28.0, "
+     "thinker 16.8, perception 2.5, codec 3.7, RNNT 0.9, mel 0.06 (51.9 a frame). `sim.fit "
+     "--stages` fits each stage's line over the batch sizes: the beat grows as their sum past "
+     "the measured batch (dense 290 → 320 sessions: 135.4 → 147.2 ms; reference 120 → 150: "
+     "94.2 → 112.2), and `--stage-speedup` gives what-if models."),
     ("other", "The fitted cost models against the H200 (issue 20)",
      ("sim-validate-h200.json",),
      "`python -m sim.validate` at 2113abc replays each GPU run on the simulated node with "

@@ -4,7 +4,8 @@
 A fitted cost model measures whole beats at the batch sizes a GPU bench ran. The stages say how
 the beat grows past them (instead of the roofline's slope) and what a faster stage would give:
 a model's `stage_speedup` ({stage: factor}, edited into the JSON or given to `sim.fit`) divides
-that stage's share of each beat by its factor, for a what-if study on measured shapes.
+that stage's share of each beat's live rows by its factor (start rows, resets and rolls keep
+their measured cost), for a what-if study on measured shapes.
 """
 from __future__ import annotations
 

@@ -59,5 +59,6 @@ def test_every_command_of_the_guide_runs(tmp_path):
     assert sum(n.endswith("-calls.png") for n in plots) == 2
     assert {p.name for p in (out / "plots-slo").glob("*.png")} == {"blocking.png"}
     assert (out / "day.csv").exists() and (out / "fit.json").exists()
+    assert (out / "fast-talker.json").exists()
     assert len(list((out / "full-eager").glob("*.json"))) == 1
     assert sorted(p.name for p in results.iterdir()) == before
