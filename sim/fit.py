@@ -244,7 +244,7 @@ def _least_squares(batch: np.ndarray, carried: np.ndarray, compute: np.ndarray,
                 break
             names = [k for k in names if k not in negative]
         miss = compute - x @ coef
-        mad = float(np.median(np.abs(miss[used] - np.median(miss[used])))) or 1e-9
+        mad = max(float(np.median(np.abs(miss[used] - np.median(miss[used])))), 1e-6)
         used = np.abs(miss - np.median(miss[used])) <= TRIM_MADS * mad
     extra = dict(zip(names, (float(c) for c in coef[len(sizes):])))
     notes = {"method": "least squares over every measured beat (rows, resets, rolls)",
