@@ -62,6 +62,7 @@ class CostModel:
     beat_points: tuple = ()
     points_context: tuple = (0.0, float("inf"))
     residuals: tuple = ()        # measured beat / its point - 1: resampled as the jitter
+    row_residuals: tuple = ()    # the same of beats with start rows (empty: `residuals`)
     host_s: tuple = ()           # measured release → outputs routed, less the executor's time
     # Per-stage shape (`sim/stages.py`): {stage: (fixed s, s a session)} a beat. Past the
     # largest measured batch the beat grows as their sum does; `stage_speedup` {stage: factor}
@@ -76,7 +77,8 @@ class CostModel:
             raise ValueError(f"cost model has no profile {profile!r}: {sorted(raw['profiles'])}")
         params = {k: v for k, v in raw.items() if not k.startswith("_") and k != "profiles"}
         params.update(raw["profiles"][profile])
-        for key in ("beat_points", "points_context", "residuals", "host_s"):  # lists → tuples
+        for key in ("beat_points", "points_context", "residuals", "row_residuals",
+                    "host_s"):                                          # lists → tuples
             if key in params:
                 params[key] = tuple(tuple(v) if isinstance(v, list) else v
                                     for v in params[key])
@@ -173,8 +175,9 @@ class CostModel:
         live_s = (self.beat_time(n_live, context) + self.rows_time(rows, capture, full_capture)
                   + resets * self.reset_s
                   + rolls * (self.roll_s + (self.row_roll_s if rows else 0.0)))
-        if self.residuals:
-            live_s *= max(0.0, 1.0 + self.residuals[rng.randrange(len(self.residuals))])
+        pool = self.row_residuals if rows and self.row_residuals else self.residuals
+        if pool:
+            live_s *= max(0.0, 1.0 + pool[rng.randrange(len(pool))])
         elif self.jitter_rel:
             live_s *= max(0.0, 1.0 + self.jitter_rel * rng.gauss(0.0, 1.0))
         host = self.host_s[rng.randrange(len(self.host_s))] if self.host_s else 0.0

@@ -7,7 +7,11 @@ What it fits, from every measured beat (`per_run[i].trace`) of the files:
     the live sessions; `extra.engine.buckets_captured` says which were captured), so a beat's
     time depends on its bucket, not its live count: beats are grouped by bucket and each group's
     median is a point (`CostModel.beat_points`);
-  - jitter: each beat's time over its point, less one, kept as quantiles (`residuals`);
+  - jitter: each beat's time over its point (or, fitted by least squares, over its
+    prediction), less one, kept as quantiles (`residuals`); where the trace says which beats
+    carried start rows, theirs apart (`row_residuals`): a row's work spreads far more than a
+    live beat's, and a policy that reads the beats without rows (`headroom`) must see their
+    own spread;
   - the host's time outside the executor: latency − compute of each beat (frames read and
     packed before the call, the loop's late wake and garbage collection between beats among
     them, outputs routed after the return), kept as quantiles (`host_s`). A beat after one
@@ -204,11 +208,16 @@ def fit_params(measured: list[Measured]) -> dict:
         predicted = np.array([at[int(b)] for b in batch[keep]])
         rows, rows_fit = _fit_rows(measured, points)
     resid = compute[keep] / predicted - 1.0
+    with_rows = (np.concatenate([m.carried[:, 0] for m in measured])[keep] > 0
+                 if all(m.carried is not None for m in measured) else np.zeros(len(resid), bool))
+    apart = with_rows.sum() >= MIN_BEATS and (~with_rows).sum() >= MIN_BEATS
     host = np.clip(np.concatenate([m.host_s for m in measured]), 0.0, None)
     params = {"beat_points": [[b, round(t, 7)] for b, t in points],
               "points_context": [min(m.held[0] for m in measured),
                                  max(m.held[1] for m in measured)],
-              "residuals": _quantiles(resid), "host_s": _quantiles(host), "jitter_rel": 0.0}
+              "residuals": _quantiles(resid[~with_rows] if apart else resid),
+              "row_residuals": _quantiles(resid[with_rows]) if apart else [],
+              "host_s": _quantiles(host), "jitter_rel": 0.0}
     params.update(rows)
     shares = [s for m in measured for s in m.first_shares]
     if shares:
@@ -217,7 +226,9 @@ def fit_params(measured: list[Measured]) -> dict:
     params["_fit"] = {
         "beats": int(len(compute)), "beat_ms_by_batch": {b: round(1e3 * t, 2) for b, t in points},
         "beats_by_batch": {b: int(len(groups[b])) for b, _ in points},
-        "residual_pct": _spread(100 * resid), "host_ms": _spread(1e3 * host),
+        "residual_pct": _spread(100 * resid[~with_rows] if apart else 100 * resid),
+        "row_residual_pct": _spread(100 * resid[with_rows]) if apart else None,
+        "host_ms": _spread(1e3 * host),
         "gc_ms": {**_spread(1e3 * gc), "beats_with_gc": int((gc > 0).sum())},
         "start_rows": rows_fit, "first_frame_shares": [round(s, 3) for s in shares]}
     return params
@@ -346,8 +357,9 @@ def model_of(doc: dict) -> CostModel:
     profile = next(iter(doc["profiles"]))
     params = {k: v for k, v in doc.items() if not k.startswith("_") and k != "profiles"}
     params.update(doc["profiles"][profile])
-    for key in ("beat_points", "points_context", "residuals", "host_s"):
-        params[key] = tuple(tuple(v) if isinstance(v, list) else v for v in params[key])
+    for key in ("beat_points", "points_context", "residuals", "row_residuals", "host_s"):
+        params[key] = tuple(tuple(v) if isinstance(v, list) else v
+                            for v in params.get(key, ()))
     return CostModel(**params)
 
 
