@@ -72,7 +72,11 @@ class CostModel:
 
     @classmethod
     def load(cls, path: str | Path | None = None, profile: str = "reference") -> "CostModel":
-        raw = json.loads(Path(path or DEFAULT_PATH).read_text())
+        return cls.from_doc(json.loads(Path(path or DEFAULT_PATH).read_text()), profile)
+
+    @classmethod
+    def from_doc(cls, raw: dict, profile: str) -> "CostModel":
+        """A cost-model JSON document (as `load` reads, or `sim.fit` builds) for one profile."""
         if profile not in raw["profiles"]:
             raise ValueError(f"cost model has no profile {profile!r}: {sorted(raw['profiles'])}")
         params = {k: v for k, v in raw.items() if not k.startswith("_") and k != "profiles"}

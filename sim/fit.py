@@ -193,7 +193,8 @@ def fit_params(measured: list[Measured]) -> dict:
     if not sizes:
         raise FitError(f"no batch size with {MIN_BEATS} measured beats or more")
     keep = np.isin(batch, sizes)
-    if all(m.carried is not None for m in measured):
+    columns = all(m.carried is not None for m in measured)
+    if columns:
         carried = np.concatenate([m.carried for m in measured])[keep]
         points, extra, predicted, rows_fit = _least_squares(batch[keep], carried, compute[keep],
                                                             sizes)
@@ -209,7 +210,7 @@ def fit_params(measured: list[Measured]) -> dict:
         rows, rows_fit = _fit_rows(measured, points)
     resid = compute[keep] / predicted - 1.0
     with_rows = (np.concatenate([m.carried[:, 0] for m in measured])[keep] > 0
-                 if all(m.carried is not None for m in measured) else np.zeros(len(resid), bool))
+                 if columns else np.zeros(len(resid), bool))
     apart = with_rows.sum() >= MIN_BEATS and (~with_rows).sum() >= MIN_BEATS
     host = np.clip(np.concatenate([m.host_s for m in measured]), 0.0, None)
     params = {"beat_points": [[b, round(t, 7)] for b, t in points],
@@ -354,13 +355,7 @@ def build(measured: list[Measured], stages: dict | None = None) -> dict:
 
 
 def model_of(doc: dict) -> CostModel:
-    profile = next(iter(doc["profiles"]))
-    params = {k: v for k, v in doc.items() if not k.startswith("_") and k != "profiles"}
-    params.update(doc["profiles"][profile])
-    for key in ("beat_points", "points_context", "residuals", "row_residuals", "host_s"):
-        params[key] = tuple(tuple(v) if isinstance(v, list) else v
-                            for v in params.get(key, ()))
-    return CostModel(**params)
+    return CostModel.from_doc(doc, next(iter(doc["profiles"])))
 
 
 def predict(model: CostModel, m: Measured, seed: int) -> dict:
