@@ -45,6 +45,13 @@ class CostModel:
     reset_s: float = 0.0
     roll_s: float = 0.0
     row_roll_s: float = 0.0
+    # What the first beat that rolls a context adds, once in an executor's life, where it
+    # carries no start rows: the graph executor runs rolls eagerly, outside its captured
+    # graphs, and their first use loads kernels and builds the RoPE turn tables on the host
+    # (beside start rows' work it hides within their spread; the wpk executor warms the roll
+    # before serving, and its runs show no such beat). A policy that reads a single slow beat
+    # without rows (`headroom`) sees it.
+    first_roll_s: float = 0.0
     jitter_rel: float = 0.0
     # By this share of a beat's time its frame 0 is done and routed (frame 1 computes on): the
     # engine's beat hears both frames, then thinks, speaks and decodes frame 0 before frame 1.
@@ -160,25 +167,26 @@ class CostModel:
 
     def draw_beat(self, n_live: int, context: float, rows: int, capture: int,
                   full_capture: int, rng: random.Random, resets: int = 0,
-                  rolls: int = 0) -> float:
+                  rolls: int = 0, first_roll: bool = False) -> float:
         """One beat's modelled seconds, release to outputs routed: the live rows' time with its
         jitter, plus the start rows', plus the host's time outside the executor. The sim
         executor and the fast mode both draw from here, so for one seed they draw the same
-        beats."""
+        beats. `first_roll`: no earlier beat of this executor rolled a context."""
         executor_s, host_s = self.draw_parts(n_live, context, rows, capture, full_capture, rng,
-                                             resets, rolls)
+                                             resets, rolls, first_roll)
         return executor_s + host_s
 
     def draw_parts(self, n_live: int, context: float, rows: int, capture: int,
                    full_capture: int, rng: random.Random, resets: int = 0,
-                   rolls: int = 0) -> tuple[float, float]:
+                   rolls: int = 0, first_roll: bool = False) -> tuple[float, float]:
         """`draw_beat`'s two parts: (the executor's seconds, the host's seconds around it).
         Virtual time gives the host's work no time, so a measured model adds it here. The
         jitter scales the whole executor's beat (a fitted model's residuals are measured
         against the whole)."""
         live_s = (self.beat_time(n_live, context) + self.rows_time(rows, capture, full_capture)
                   + resets * self.reset_s
-                  + rolls * (self.roll_s + (self.row_roll_s if rows else 0.0)))
+                  + rolls * (self.roll_s + (self.row_roll_s if rows else 0.0))
+                  + (self.first_roll_s if rolls and first_roll and not rows else 0.0))
         pool = self.row_residuals if rows and self.row_residuals else self.residuals
         if pool:
             live_s *= max(0.0, 1.0 + pool[rng.randrange(len(pool))])

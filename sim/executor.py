@@ -118,6 +118,7 @@ class SimExecutor:
         for slot, phrase in enumerate(phrases):
             self._phrases[slot, :len(phrase)] = phrase
         self._inflight: tuple[float, float] | None = None
+        self._rolled = False                  # a beat of this executor rolled a context
         self._first: tuple | None = None      # (when frame 0 is done, its plan and outputs)
         self._hearer: concurrent.futures.ThreadPoolExecutor | None = None
         self._heard: concurrent.futures.Future | None = None
@@ -159,11 +160,13 @@ class SimExecutor:
             else:
                 self._func_queue.pop(slot, None)
         context = self._context(plan)
-        rows = len(plan.rows)
+        rows, rolls = len(plan.rows), len(plan.roll)
         total = self.cost.draw_beat(len(plan.live), context, rows,
                                     self.start_shape.capture_for(rows),
                                     self.start_shape.start_rows, self._rng,
-                                    resets=len(plan.resets), rolls=len(plan.roll))
+                                    resets=len(plan.resets), rolls=rolls,
+                                    first_roll=not self._rolled)
+        self._rolled = self._rolled or rolls > 0
         live = np.asarray(plan.live, np.int64)
         if self.trace is not None:                 # what the executor was handed, at hand-over
             for slot, frames in zip(plan.live, inp.rows(live)):

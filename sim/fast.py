@@ -133,6 +133,7 @@ class _Run:
         self.book = SlotBook(cfg.slots, self.shape, self.policy, opts.frames_per_session,
                              opts.roll_frames)
         self.rng = random.Random(seed)            # SimExecutor's: one draw_beat a submit
+        self.rolled = False                       # a beat rolled a context (its first costs)
         self.frames = Frames(cfg.slots, cfg.clock, np.random.default_rng([seed, 0xFA57]))
         self.codec, self._tokens = ByteFallbackCodec(), {}
         self.coin = random.Random(seed + 0xC01)  # who wins a close's race with a frame read
@@ -291,7 +292,9 @@ class _Run:
         context = self.offset + (float(plan.context.mean()) if len(live) else 0.0)
         compute = self.cost.draw_beat(len(live), context, rows, self.shape.capture_for(rows),
                                       self.shape.start_rows, self.rng,
-                                      resets=len(plan.resets), rolls=len(plan.roll))
+                                      resets=len(plan.resets), rolls=len(plan.roll),
+                                      first_roll=not self.rolled)
+        self.rolled = self.rolled or bool(plan.roll)
         end = self.prev_end = start + compute
         self.ramp_compute.append(compute)
         if len(live):

@@ -21,8 +21,10 @@ What it fits, from every measured beat (`per_run[i].trace`) of the files:
   - what a beat's other work adds: where every file's trace says what each beat carried
     (`rows`, `resets`, `rolls`), the beats are fitted together by least squares: a time per
     bucket (its point, at no other work) plus one per row capture replayed (full, small), per
-    slot reset and per context roll, and per roll in a beat with rows (`start_rows_s`,
-    `small_rows_s`, `reset_s`, `roll_s`, `row_roll_s`);
+    slot reset and per context roll, per roll in a beat with rows, and once for each file's
+    first beat that rolled, where it carried no start rows (the roll path's first use;
+    beside the rows' work it hid within their spread: `start_rows_s`, `small_rows_s`,
+    `reset_s`, `roll_s`, `row_roll_s`, `first_roll_s`);
     once, then again without the beats the first fit missed by more than TRIM_MADS median
     absolute deviations (a GC pause, a stall), and a part the beats cannot tell (never carried,
     or a fitted time below zero) is left out and taken from elsewhere. Traces without those
@@ -128,6 +130,16 @@ def read(path: str) -> Measured:
 CARRIED = ("rows", "resets", "rolls")       # a trace's columns of what a beat carried
 
 
+def first_rolls(carried: np.ndarray) -> np.ndarray:
+    """[beats] True at the file's first beat that rolled a context: its runs share one
+    executor (the bench prepares its backend once), whose first roll runs cold."""
+    first = np.zeros(len(carried), bool)
+    rolled = np.flatnonzero(carried[:, 2] > 0)
+    if len(rolled):
+        first[rolled[0]] = True
+    return first
+
+
 def _host(runs: list[dict]) -> np.ndarray:
     """Each run's latency − compute, seconds, of the beats whose previous beat was on time."""
     out = []
@@ -196,8 +208,9 @@ def fit_params(measured: list[Measured]) -> dict:
     columns = all(m.carried is not None for m in measured)
     if columns:
         carried = np.concatenate([m.carried for m in measured])[keep]
-        points, extra, predicted, rows_fit = _least_squares(batch[keep], carried, compute[keep],
-                                                            sizes)
+        first = np.concatenate([first_rolls(m.carried) for m in measured])[keep]
+        points, extra, predicted, rows_fit = _least_squares(batch[keep], carried, first,
+                                                            compute[keep], sizes)
         rows = {k: round(v, 5) for k, v in extra.items()}
         if not {"start_rows_s", "small_rows_s"} <= set(rows):
             found, how = _fit_rows(measured, points)
@@ -235,15 +248,16 @@ def fit_params(measured: list[Measured]) -> dict:
     return params
 
 
-def _least_squares(batch: np.ndarray, carried: np.ndarray, compute: np.ndarray,
-                   sizes: list[int]) -> tuple[list, dict, np.ndarray, dict]:
+def _least_squares(batch: np.ndarray, carried: np.ndarray, first_roll: np.ndarray,
+                   compute: np.ndarray, sizes: list[int]) -> tuple[list, dict, np.ndarray, dict]:
     """Each beat's executor time as its bucket's time plus what it carried (module doc):
     (points, {field: seconds} for the parts the beats tell, each beat's prediction, notes)."""
     rows, resets, rolls = carried.T
     capture = np.array([START_SHAPE.capture_for(int(r)) for r in rows])
     parts = {"start_rows_s": (rows > 0) & (capture == START_SHAPE.start_rows),
              "small_rows_s": (rows > 0) & (capture < START_SHAPE.start_rows),
-             "reset_s": resets, "roll_s": rolls, "row_roll_s": np.where(rows > 0, rolls, 0)}
+             "reset_s": resets, "roll_s": rolls, "row_roll_s": np.where(rows > 0, rolls, 0),
+             "first_roll_s": first_roll & (rows == 0)}
     names = [k for k, v in parts.items() if np.any(v)]
     base = (batch[:, None] == np.array(sizes)[None, :]).astype(float)
     used = np.ones(len(compute), bool)
@@ -364,8 +378,10 @@ def predict(model: CostModel, m: Measured, seed: int) -> dict:
     carried = m.carried if m.carried is not None else np.zeros((len(m.live), 3), int)
     parts = np.array([model.draw_parts(int(n), sum(m.held) / 2, int(rows),
                                        START_SHAPE.capture_for(int(rows)),
-                                       START_SHAPE.start_rows, rng, int(resets), int(rolls))
-                      for n, (rows, resets, rolls) in zip(m.live, carried)])
+                                       START_SHAPE.start_rows, rng, int(resets), int(rolls),
+                                       bool(first))
+                      for n, (rows, resets, rolls), first in zip(m.live, carried,
+                                                                first_rolls(carried))])
     lat = 1e3 * parts.sum(axis=1)
     return {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
             "mean_compute_ms": float(1e3 * parts[:, 0].mean())}

@@ -148,6 +148,42 @@ def test_over_seeds_a_verdict_agrees_when_some_seed_gives_the_gpus(refused, verd
     assert validate.seeds_for({}, 2) == [0, 1]
 
 
+@pytest.mark.parametrize("gpu_refused, sim_refusing, verdict", [
+    (1, 30, "PASS"),            # the GPU refused; the sim in 30 % of its runs
+    (0, 30, "PASS"),            # the GPU did not; the sim neither in 70 %
+    (1, 3, "FAIL"),             # the sim refused in 3 % of its runs only
+    (0, 98, "FAIL"),            # ... or took every open in 2 % only
+])
+def test_with_draws_a_verdict_agrees_when_the_gpus_answer_is_not_rare_in_the_sim(
+        gpu_refused, sim_refusing, verdict):
+    """Catches a yes/no verdict judged on a few seeds alone: three seeds without a refusal
+    failed a GPU run that refused by an event the sim gives in 30 % of runs (the first plain
+    beat that rolls, under `headroom`), and one lucky seed passed an answer the sim gives
+    once in fifty."""
+    gpu = {**GPU, "refusals": gpu_refused}
+    draws = [{**GPU, "refusals": int(i < sim_refusing)} for i in range(100)]
+    seeds = [{**GPU, "refusals": 1 - gpu_refused}] * 3        # no seed gave the GPU's answer
+    got = validate.compare(gpu, seeds, draws=draws)
+    assert got["verdict"] == verdict, got["why"]
+    assert got["verdicts"]["refusals"] == {"runs": 103, "with_some": sim_refusing + 3 * (
+        1 - gpu_refused), "share": pytest.approx((sim_refusing + 3 * (1 - gpu_refused)) / 103,
+                                                 abs=1e-3)}
+    assert validate.compare(gpu, seeds)["verdict"] == "FAIL"     # the seeds alone
+
+
+def test_fast_mode_draws_replay_the_workload_or_leave_a_workload_it_does_not_model(tmp_path):
+    """Catches draws that ignore the GPU run's policy or churn (every draw then a steady run
+    that refuses nothing), or that replay a burst the fast mode has no notion of."""
+    work = {"profile": "dense", "context": 1500, "sessions": 290, "beats": 120, "runs": 1,
+            "churn": 60.0, "policy": ["headroom", "headroom_s=0.1"]}
+    model = validate.SIM_DIR / "costmodel_h200_dense.json"
+    draws = validate.fast_draws(work, model, [0, 1])
+    assert len(draws) == 2 and all(d["refusals"] > 0 for d in draws)   # 60 ms of headroom
+    steady = validate.fast_draws({**work, "churn": 0.0, "policy": ["eager"]}, model, [0])
+    assert steady[0]["refusals"] == 0
+    assert validate.fast_draws({**work, "burst": 10}, model, [0]) is None
+
+
 def test_the_workload_comes_from_the_command_with_the_result_fields_over_it():
     """Catches flags lost or misread between the GPU's command and the sim's (argparse's
     prefix matching read `--out` as `--output-slice`)."""
@@ -180,25 +216,32 @@ def test_validate_replays_a_small_gpu_result_end_to_end(tmp_path, capsys):
     row, = json.loads(out.read_text())["files"]
     assert [c.split("--seed ")[1].split()[0] for c in row["sim_commands"]] == ["0", "1"]
     assert len(row["metrics"]["p99_ms"]["sim_seeds"]) == 2
+    row, = json.loads(out.read_text())["files"]
+    assert row["verdicts"]["refusals"]["runs"] == 2 + validate.DRAWS
     assert validate.main([gpu, "--seeds", "0"]) == 2
+    assert validate.main([gpu, "--draws", "-1"]) == 2
 
 
 RESET_S, ROLL_S, ROW_ROLL_S, SMALL_S = 0.003, 0.0015, 0.001, 0.008
 
 
-def carried_json(path, seed=0, beats=400, sessions=100, row_noise=0.005):
+def carried_json(path, seed=0, beats=400, sessions=100, row_noise=0.005, first_roll_s=0.0):
     """A GPU-like result whose trace says what each beat carried, and whose beats cost
     BEAT_S + the rows' capture + RESET_S a reset + ROLL_S a roll, ROW_ROLL_S more in a beat
     with rows (±0.5 % noise), with a few
-    GC-like spikes the fit must not take for work."""
+    GC-like spikes the fit must not take for work. With `first_roll_s`, no beat rolls before
+    beat 20, which rolls without start rows and costs that much more."""
     rng = np.random.default_rng(seed)
     rows = rng.choice([0, 0, 0, 1, 3, 16], beats)
     resets = np.where(rows > 0, rng.integers(0, 3, beats), 0)
     rolls = rng.integers(0, 5, beats)
+    if first_roll_s:
+        rolls[:20], rolls[20], rows[20], resets[20] = 0, 2, 0, 0
     capture = np.array([fit.START_SHAPE.capture_for(int(r)) for r in rows])
     compute = (BEAT_S + np.where(rows == 0, 0.0, np.where(capture < 16, SMALL_S, ROWS_S))
                + RESET_S * resets + (ROLL_S + ROW_ROLL_S * (rows > 0)) * rolls) \
         * (1 + np.where(rows > 0, row_noise, 0.005) * rng.standard_normal(beats))
+    compute[20] += first_roll_s
     compute[::97] += 0.030
     path = bench_json(path, sessions=sessions, beats=beats, seed=seed)
     doc = json.loads(open(path).read())
