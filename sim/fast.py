@@ -115,6 +115,7 @@ class _Caller:
     life_s: float = math.inf
     pause_s: float = 0.0            # workload: the wait before its next redial
     slot: int = -1
+    dialed_s: float = 0.0           # its latest dial
 
 
 class _Run:
@@ -197,32 +198,38 @@ class _Run:
     def _dial(self, t: float, caller: _Caller) -> None:
         rec = caller.record
         rec.tries += 1
+        caller.dialed_s = t
         why = self._admit(caller)
         if why is None:
             return
         rec.refused.append(why)
         self.refused[why] = self.refused.get(why, 0) + 1
         self.refused_at.append(t)
-        if caller.call is None:                   # a closed-loop line: a new call shortly
+        if caller.call is None:                   # a closed-loop line: the call dials again
             if self.cfg.churn_s > 0:
-                self.at(t + REDIAL_S, CALLER, self._line_call, caller.line)
+                self.at(t + REDIAL_S, CALLER, self._line_call, caller.line, rec)
         elif rec.tries > caller.call.redials:
             self.unfinished -= 1                  # blocked
         else:
             self.at(t + caller.pause_s, CALLER, self._dial, caller)
             caller.pause_s *= caller.call.redial_backoff
 
-    def _line_call(self, t: float, line: int) -> None:
-        """`drive_line`'s next call on `line`: its length drawn as it dials."""
+    def _line_call(self, t: float, line: int,
+                   rec: deadlines.CallRecord | None = None) -> None:
+        """`drive_line`'s next dial on `line`: a new call, or `rec`'s again after a refusal
+        (one call, as `drive_line` records it); its length drawn as it dials."""
         churn = self.cfg.churn_s
         life = float(self.lines[line].exponential(churn)) if churn > 0 else math.inf
-        rec = deadlines.CallRecord(len(self.calls), t)
-        self.calls.append(rec)
+        if rec is None:
+            rec = deadlines.CallRecord(line, t)           # `drive_line` numbers by line
+            self.calls.append(rec)
         self._dial(t, _Caller(rec, line=line, life_s=life))
 
     def _opened(self, t: float, caller: _Caller) -> None:
         rec = caller.record
         rec.opened_s = t
+        if caller.call is None:         # a line's call waited from the dial that opened it
+            rec.asked_s = caller.dialed_s
         self.waits.append(t - rec.asked_s)
         self.opened_at.append(t)
         if caller.call is None:

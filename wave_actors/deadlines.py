@@ -26,7 +26,9 @@ from wave_actors.core.frames import BEAT_S
 @dataclass
 class CallRecord:
     call: int                       # index of the call in its workload (or its caller line)
-    asked_s: float                  # first dial, seconds from the run's start
+    # Seconds from the run's start: a workload call's first dial; a closed-loop line's call,
+    # the dial that opened it (the line redials a refusal after the bench's own pause).
+    asked_s: float
     opened_s: float | None = None   # when `opened` came (None: blocked)
     ended_s: float | None = None    # when the call closed (None: still live at the run's end)
     tries: int = 0                  # opens sent, redials included
@@ -42,7 +44,7 @@ class CallRecord:
 
     @property
     def wait_s(self) -> float | None:
-        """First dial to `opened`: redials included, as the caller waited."""
+        """`asked_s` to `opened`: a workload call's redials included, as its caller waited."""
         return None if self.opened_s is None else self.opened_s - self.asked_s
 
 

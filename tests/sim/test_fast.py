@@ -177,3 +177,25 @@ def test_a_bad_config_is_refused_with_the_reason():
         FastConfig(slots=0, lines=1, beats=1)
     res = run_one(FastConfig(slots=2, lines=2, beats=5), 0)[0]
     assert res.policies["start"]["class"].endswith(":EagerStarts")     # None: eager
+
+
+def test_a_closed_loop_line_redials_one_call_and_headroom_never_locks_it_out(monkeypatch):
+    """Catches two bugs a closed loop under `headroom` near its threshold showed: each refused
+    dial recorded as a call of its own, blocked (the full node's `drive_line` keeps one call
+    that redials: blocking read 0.2 % in the fast mode and 0 on the node), and the policy
+    refusing every open for good once all calls had ended after a slow beat (the loop then
+    never measured its beats)."""
+    monkeypatch.setattr(fast, "MAX_BEATS", 5000)
+    from wave_actors.core.policy_spec import make_policy
+    res, _, run = run_one(FastConfig(slots=16, lines=16, churn_s=5, beats=150, profile="dense",
+                                     cost_model=str(DENSE), seed=3,
+                                     policy=make_policy(["headroom", "headroom_s=0.0245"])), 3)
+    assert res.refusals > 50                              # the policy refused, often
+    calls = run.calls
+    by_line: dict = {}
+    for c in calls:
+        by_line.setdefault(c.call, []).append(c)
+        assert c.tries == len(c.refused) + (c.opened_s is not None), c
+    for line, cs in by_line.items():
+        assert all(c.opened_s is not None for c in cs[:-1]), (line, cs)   # only the last waits
+    assert len(by_line) == 16 and sum(c.tries for c in calls) == res.opens + res.refusals

@@ -190,6 +190,21 @@ def test_both_kinds_of_refusal_happen_where_due():
     assert check_refusals("headroom", ops) == {"admission": 1}
 
 
+def test_headroom_admits_again_once_the_load_it_measured_has_left():
+    """Catches the headroom policy holding a slow beat's time after every session left: an
+    idle node runs no beat that would replace it, and every open from then on was refused
+    (a closed loop under `headroom` near its threshold never opened a call again)."""
+    policy = HeadroomAdmission(headroom_s=0.03)
+    policy.observe(3, False, 0.150)
+    assert policy.admit(3, 0, SLOTS_2) is not None            # 150 + 30 ms: past the beat
+    assert policy.admit(0, 1, SLOTS_2) is not None            # one starting: still that load
+    assert policy.admit(0, 0, SLOTS_2) is None                # nothing live or starting
+    policy.observe(1, True, 0.150)                            # a beat with rows: not read
+    assert policy.admit(1, 0, SLOTS_2) is not None
+    policy.observe(1, False, 0.120)
+    assert policy.admit(1, 0, SLOTS_2) is None
+
+
 # -- 3. bounded time to opened -----------------------------------------------------------------
 
 def open_bound_beats(chunks: list[int], rows: int) -> list[int]:

@@ -149,7 +149,10 @@ class HeadroomAdmission(EagerStarts):
             self.last_s = seconds
 
     def admit(self, n_live: int, n_starting: int, slots: int) -> str | None:
-        if self.last_s is None or self.last_s + self.headroom_s <= BEAT_S:
+        # An idle node runs no beat to measure: the last one's time is of a load that left,
+        # and holding it would refuse every open from then on.
+        if (self.last_s is None or self.last_s + self.headroom_s <= BEAT_S
+                or n_live + n_starting == 0):
             return None
         self.refused += 1
         return (f"the last beat took {1e3 * self.last_s:.1f} ms, within the "
