@@ -2,8 +2,8 @@
 does the simulator reproduce what the GPU measured?
 
 For each GPU bench result it reads the workload (profile, context, sessions, beats, runs,
-churn, burst, start policy, seed, clock-policy flags: from the result's `command`, its fields
-overriding), runs the same workload through the production node on virtual time with the sim
+churn, burst, `--workload`, start policy, seed, clock-policy flags: from the result's
+`command`, its fields overriding), runs the same workload through the production node on virtual time with the sim
 backend and a fitted cost model (`sim/costmodel_<gpu>_<profile>.json` by default, see
 `sim.fit`), and prints both side by side: p50/p99 beat latency, late beats, open wait p50/p99,
 refusals, with the differences. A file PASSes when the sim's p50 and p99 are within 10 % of
@@ -20,8 +20,8 @@ cost model, frames as counters; a run in well under a second), for the verdicts 
 are yes/no answers with a probability, and a few runs cannot tell a 30 % event from none. A
 verdict (some late beats or none, some refusals or none) agrees when the GPU's answer is one
 the sim's runs gave, seeds and draws together, in at least ALPHA of them (with only a few
-runs: in one). A workload the fast mode does not model (a burst, clock-policy or start-row
-flags) is judged on its seeds alone, and says so.
+runs: in one). A run whose flags the draws do not replay (a burst, a workload, clock-policy
+or start-row flags) is judged on its seeds alone, and says so.
 
 Which GPU results to validate against: those measured on the serving code of today. The beat
 itself got faster up to f22385f (the graph executor timed beats by device events from then on,
@@ -73,6 +73,7 @@ def _workload_parser() -> argparse.ArgumentParser:
         ap.add_argument(flag, type=kind)
     ap.add_argument("--hold-inputs", action="store_true")
     ap.add_argument("--policy", nargs="+")
+    ap.add_argument("--workload")
     return ap
 
 
@@ -222,7 +223,8 @@ def validate_one(path: str, cost_model: str | None, seeds: int = 1,
     got = compare(metrics(raw), [metrics(s) for s in sims], draws=fast)
     full = f"{seeds} full-node run{'s' if seeds > 1 else ''}"
     how = (f"{full} and {draws} fast-mode runs" if fast
-           else full + (" alone: a workload the fast mode does not model" if draws else ""))
+           else full + (f" alone: the draws do not replay {sorted(set(work) - FAST_KEYS)}"
+                        if draws else ""))
     return {"file": Path(path).name, "commit": raw.get("commit"), "backend": raw["backend"],
             "cost_model": model.name, "held_out": Path(path).name not in fitted_from,
             "sim_command": commands[0], **({"sim_commands": commands} if seeds > 1 else {}),

@@ -182,6 +182,7 @@ def test_fast_mode_draws_replay_the_workload_or_leave_a_workload_it_does_not_mod
     steady = validate.fast_draws({**work, "churn": 0.0, "policy": ["eager"]}, model, [0])
     assert steady[0]["refusals"] == 0
     assert validate.fast_draws({**work, "burst": 10}, model, [0]) is None
+    assert validate.fast_draws({**work, "workload": "poisson:rate=2"}, model, [0]) is None
 
 
 def test_the_workload_comes_from_the_command_with_the_result_fields_over_it():
@@ -197,6 +198,9 @@ def test_the_workload_comes_from_the_command_with_the_result_fields_over_it():
                     "policy": ["budgeted", "margin_s=0.004"]}
     argv = validate.sim_argv(work, "m.json", "/tmp/x")
     assert argv[:3] == ["--backend", "sim", "--virtual"] and "--workers" not in argv
+    calls = validate.workload({**raw, "command": raw["command"] + " --workload poisson:rate=2"})
+    assert calls["workload"] == "poisson:rate=2"
+    assert "poisson:rate=2" in validate.sim_argv(calls, "m.json", "/tmp/x")
 
 
 def test_validate_replays_a_small_gpu_result_end_to_end(tmp_path, capsys):
