@@ -701,6 +701,15 @@ NOTES = (
      "`sim.fit` on all six prices the full row capture at +30.9 ms, the small at +16.4, a "
      "reset +0.74, a roll +0.07 and +1.78 more in a beat with rows (reference: small +17.2, "
      "reset +0.36, roll +0.51 and +0.98)."),
+    ("graph", "A fifth `headroom` run, at the final serving code (issue 20)",
+     ("graph-dense-n290-20261204T034901-churn60-headroom.json",),
+     "At 6d43f45: `python -m wave_actors.bench --backend graph --profile dense --context 1500 "
+     "--sessions 290 --beats 250 --runs 1 --workers 4 --churn 60 --policy headroom`. 67 late, "
+     "p50 153.6 / p99 176.5 ms, 2 refused `admission`. As the cost model now says: the first "
+     "beat that rolled a context (beat 46) carried no start rows and took 141.6 ms (135.0 "
+     "before and after it), and both refused opens were asked in the 0.3 s that followed, "
+     "while that beat was the last without rows. `headroom` has refused in four of its five "
+     "runs here."),
     ("other", "Stage by stage at the current code: the cost models' shape (issue 20)",
      ("graph-stages-dense-n64-290-h200.json", "graph-stages-reference-n32-120-h200.json"),
      "At ad348cd on the H200, `python3 bench/graph_stages.py --sessions 64,128,200,290 "
@@ -715,29 +724,36 @@ NOTES = (
      "94.2 → 112.2), and `--stage-speedup` gives what-if models."),
     ("other", "The fitted cost models against the H200 (issue 20)",
      ("sim-validate-h200.json",),
-     "`python -m sim.validate <19 GPU runs> --seeds 3` at c59bd1c (the final simulator code): "
-     "each GPU run replayed on the simulated node three times (its seed, then two more); the "
-     "sim's mean is compared, and a verdict agrees when some seed gives the GPU's. The cost "
-     "models are fitted on the seven runs whose traces say what each beat carried (984fc85, "
-     "f6f7cc8); the 12 earlier current-code runs are held out. p50 within 2.0 % and p99 within "
-     "7.0 % on all 19 (held out: 1.5 % and 1.3 %); late-beat verdicts agree on all. 16 of 19 "
-     "PASS. The three FAILs are `headroom` churn runs (dense 290) on refusals alone: the GPU "
-     "refused 3, 1 and 1 opens, the sim none in any seed (the fourth `headroom` run, with no "
-     "refusal, passes). That policy refuses an open while the last beat without start rows "
-     "took over 140 ms; such beats are rare on the GPU (2 of ~470 in the traces) and the sim's "
-     "jitter for them, measured on those beats, reaches past 140 ms too rarely to refuse. "
-     "Pooling every beat's jitter (the model before c59bd1c) made the sim refuse 3-7 opens in "
-     "every seed instead, failing the run with none. Open waits are shown, not judged: the "
-     "sim's callers all dial at one instant, so its waits come in whole beats."),
+     "`python -m sim.validate <20 GPU runs> --seeds 3 --draws 100` at 6d43f45 (the final "
+     "simulator code): each GPU run replayed on the simulated node three times (its seed, then "
+     "two more), the sim's mean compared, and 100 times more in the fast mode for the late and "
+     "refusal verdicts, which agree when the GPU's answer is one the sim gives in at least 5 % "
+     "of its 103 runs. The cost models are fitted on the seven runs whose traces say what each "
+     "beat carried (984fc85, f6f7cc8); the 12 earlier current-code runs and a fifth `headroom` "
+     "run at 6d43f45 are held out. All 20 PASS: p50 within 2.0 % and p99 within 7.0 % (held "
+     "out: 1.5 % and 1.1 %), late and "
+     "refusal verdicts agree. The `headroom` churn runs (dense 290) had failed on refusals "
+     "(GPU 3, 1, 1 and 0; the sim none in three seeds). Their refusals come from one beat: the "
+     "first that rolls a context runs the graph executor's eager roll kernels cold (+7 to +11 "
+     "ms where it carries no start rows; every graph trace shows it, no wpk trace: that "
+     "executor warms them before serving). Such a beat takes over 140 ms, and `headroom` "
+     "refuses the opens that come before the next beat without rows. The cost models now "
+     "price it (`first_roll_s`: 8.9 ms dense, 5.0 reference), and the sim refuses in 29 of 103 "
+     "runs of that workload, the GPU in 4 of 5 (the fifth, measured after the model, refused "
+     "2 opens right after its first rolling beat, 141.6 ms without rows). The three full-node "
+     "seeds happen to carry "
+     "start rows in that beat; seeds 9, 10, 14 and 18 do not, and refuse on the full node as "
+     "the fast mode says. Open waits are shown, not judged: the sim's callers all dial at one "
+     "instant, so its waits come in whole beats."),
     ("sim-fast", "Fast mode's speed at 300 sessions (issue 20)",
-     ("sim-fast-dense-n300-20261203T234115.json", "sim-fast-dense-n300-20261203T234118.json"),
-     "On this 2-core machine at c59bd1c (the final simulator code, with resets and rolls in "
-     "each drawn beat): `python -m sim.run --fast --sessions 300 --churn 60 --beats 3000 "
-     "--profile dense --cost-model sim/costmodel_h200_dense.json` ran 493.1 s of virtual time "
-     "in 0.66 s (745x real time); the guide's diurnal day (`--workload "
-     "diurnal:peak=4,duration=1800,call=90 --seed 1`) 2167 s in 2.10 s (1032x). The full node "
-     "runs about 1x at 300 sessions. `tests/sim/test_fast.py` checks the fast mode against it "
-     "on one closed loop: every measured beat's latency equal, opens within 2 %."),
+     ("sim-fast-dense-n300-20261204T034309.json", "sim-fast-dense-n300-20261204T034312.json"),
+     "On this 2-core machine at 6d43f45 (the final simulator code): `python -m sim.run --fast "
+     "--sessions 300 --churn 60 --beats 3000 --profile dense --cost-model "
+     "sim/costmodel_h200_dense.json` ran 493.1 s of virtual time in 0.63 s (779x real time); "
+     "the guide's diurnal day (`--workload diurnal:peak=4,duration=1800,call=90 --seed 1`) "
+     "2167 s in 2.01 s (1077x). The full node runs about 1x at 300 sessions. "
+     "`tests/sim/test_fast.py` checks the fast mode against it on one closed loop: every "
+     "measured beat's latency equal, opens within 2 %."),
 )
 
 

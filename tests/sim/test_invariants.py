@@ -382,7 +382,9 @@ def run_starts(make_executor, opens: list, beats: int = 40) -> tuple[list, list,
         t, answer = await _open(vn, f"s{i}", chars)
         if isinstance(answer, Refused):
             return (i, round(t, 9), answer.reason)
-        await asyncio.sleep(stay * BEAT_S)
+        # off the beat's instants and in a set order, as the opens: two closes at the instant
+        # a beat is planned race it, and which one the plan sees is the loop's choice
+        await asyncio.sleep(stay * BEAT_S + 0.003 + 0.002 * i)
         await answer.close()
         return (i, round(t, 9), answer.opened["slot"])
 
@@ -425,6 +427,7 @@ OPENS_5 = st.lists(st.tuples(st.integers(0, 6), st.sampled_from([0, 40, 120, 200
 @example([(0, 480, 5), (0, 120, 3), (1, 0, 8)])                    # a burst of long prompts
 @example([(0, 40, 2), (2, 300, 4), (3, 300, 1), (5, 0, 6)])        # staggered opens and closes
 @example([(0, 0, 10)] * SLOTS_5 + [(1, 200, 3)])                   # a full node
+@example([(0, 40, 7), (0, 120, 5), (0, 120, 5), (0, 120, 6), (0, 120, 6)])   # closes together
 def test_sim_and_engine_make_the_same_start_decisions(opens):
     """Catches: the sim cutting starts into rows unlike the engine (another start shape, prompts
     fitted differently), or any start decision made by an executor rather than by the shared
