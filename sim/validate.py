@@ -1,15 +1,15 @@
-"""`python -m sim.validate <GPU result JSON…> [--cost-model F] [--seeds K] [--draws M] [--json OUT]`:
-does the simulator reproduce what the GPU measured?
+"""`python -m sim.validate <GPU result JSON…> [--cost-model F] [--seeds K] [--draws M]
+[--json OUT]`: does the simulator reproduce what the GPU measured?
 
 For each GPU bench result it reads the workload (profile, context, sessions, beats, runs,
 churn, burst, `--workload`, start policy, seed, clock-policy flags: from the result's
-`command`, its fields overriding), runs the same workload through the production node on virtual time with the sim
-backend and a fitted cost model (`sim/costmodel_<gpu>_<profile>.json` by default, see
-`sim.fit`), and prints both side by side: p50/p99 beat latency, late beats, open wait p50/p99,
-refusals, with the differences. A file PASSes when the sim's p50 and p99 are within 10 % of
-the GPU's and both agree on whether any beat was late and whether any open was refused; the
-exit status is 1 if any file FAILs, 2 on input it cannot use. The sim's own results go to a
-temporary folder, never bench/results/.
+`command`, its fields overriding), runs the same workload through the production node on
+virtual time with the sim backend and a fitted cost model
+(`sim/costmodel_<gpu>_<profile>.json` by default, see `sim.fit`), and prints both side by side:
+p50/p99 beat latency, late beats, open wait p50/p99, refusals, with the differences. A file
+PASSes when the sim's p50 and p99 are within 10 % of the GPU's and both agree on whether any
+beat was late and whether any open was refused; the exit status is 1 if any file FAILs, 2 on
+input it cannot use. The sim's own results go to a temporary folder, never bench/results/.
 
 One GPU run is one draw of its beats' jitter; so is one sim run. A rare event (one refused
 open in 500 under an admission policy at its threshold) comes or not by chance on either
@@ -19,8 +19,8 @@ the workload M more times in the fast mode (`sim.fast`: the same node's book, po
 cost model, frames as counters; a run in well under a second), for the verdicts alone: they
 are yes/no answers with a probability, and a few runs cannot tell a 30 % event from none. A
 verdict (some late beats or none, some refusals or none) agrees when the GPU's answer is one
-the sim's runs gave, seeds and draws together, in at least ALPHA of them (with only a few
-runs: in one). A run whose flags the draws do not replay (a burst, a workload, clock-policy
+the sim's runs gave, seeds and draws together, in at least ALPHA (5 %) of them (with only a
+few runs: in one). A run whose flags the draws do not replay (a burst, a workload, clock-policy
 or start-row flags) is judged on its seeds alone, and says so.
 
 Which GPU results to validate against: those measured on the serving code of today. The beat
