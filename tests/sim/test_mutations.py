@@ -7,11 +7,14 @@ of the kind their property tests generate, chosen to reach the bug.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 
 from sim.executor import SimExecutor
+from tests import nodekit
 from tests.runtime import test_invariants_jitter as jit
 from tests.sim import test_invariants as inv
 from wave_actors import clock as clock_module
@@ -99,6 +102,18 @@ def test_refusals_catch_admission_refused_though_the_policy_admits(monkeypatch):
                         lambda policy, live, starting, slots: "busy" if live else None)
     with pytest.raises(AssertionError, match="policy admitted"):
         inv.check_refusals("eager", [("open", 0), ("wait", 2), ("open", 0)])
+
+
+def test_refusals_catch_a_start_given_up_after_one_beat(monkeypatch):
+    """The issue's "start refused after 1 beat without room instead of 31", in today's design:
+    an admitted session whose start (its prompt's rows) is given up after one beat instead of
+    the node's start timeout, and refused `capacity` with its slot free again."""
+    monkeypatch.setattr(nodekit, "NodeConfig",
+                        functools.partial(nodekit.NodeConfig, start_timeout_s=BEAT_S))
+    with pytest.raises(AssertionError, match="capacity with"):
+        inv.check_refusals("eager", [("open", 300)])
+    monkeypatch.undo()
+    assert inv.check_refusals("eager", [("open", 300)]) == {}      # the case itself is fine
 
 
 # -- 3. time to opened -------------------------------------------------------------------------
