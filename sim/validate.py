@@ -190,17 +190,16 @@ def fast_draws(work: dict, model: Path, seeds: list[int]) -> list[dict] | None:
     the workload has a flag the fast mode does not model."""
     if set(work) - FAST_KEYS:
         return None
-    out = []
-    for seed in seeds:
-        try:
-            cfg = FastConfig(slots=int(work["sessions"]), lines=int(work["sessions"]),
-                             churn_s=float(work.get("churn", 0.0)), beats=int(work["beats"]),
-                             profile=work["profile"], context=int(work["context"]),
-                             cost_model=str(model), runs=int(work.get("runs", 1)), seed=seed,
-                             policy=make_policy(work["policy"]) if "policy" in work else None)
-            out.append(metrics(dataclasses.asdict(run_fast(cfg))))
-        except (FastError, PolicyError) as exc:
-            raise ValidateError(f"the fast-mode draws failed: {exc}") from None
+    try:
+        cfg = FastConfig(slots=int(work["sessions"]), lines=int(work["sessions"]),
+                         churn_s=float(work.get("churn", 0.0)), beats=int(work["beats"]),
+                         profile=work["profile"], context=int(work["context"]),
+                         cost_model=str(model), runs=int(work.get("runs", 1)),
+                         policy=make_policy(work["policy"]) if "policy" in work else None)
+        out = [metrics(dataclasses.asdict(run_fast(dataclasses.replace(cfg, seed=seed))))
+               for seed in seeds]           # each run copies the policy afresh
+    except (FastError, PolicyError) as exc:
+        raise ValidateError(f"the fast-mode draws failed: {exc}") from None
     return out
 
 
