@@ -41,6 +41,7 @@ from wave_actors.core.jitter import SlotStats
 from wave_actors.core.prompt import PromptRejected
 from wave_actors.core.session_table import END_OF_STREAM, CapacityError, Routed, SessionTable
 from wave_actors.core.slot_book import BookPlan, SlotBook
+from wave_actors.core.snapshots import snapshot_index
 from wave_actors.core.start_policy import StartPolicy, admission
 from wave_actors.core.jitter import AdmissionRefused
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
@@ -198,7 +199,8 @@ class BeatClockActor(Actor):
         self.table = SessionTable(executor.max_sessions, epoch, policy.prebuffer, policy.max_queue,
                                   policy.shedding, frames_ring)
         self.book = SlotBook(executor.max_sessions, executor.start_shape, start_policy,
-                             opts.frames_per_session, opts.roll_frames)
+                             opts.frames_per_session, opts.roll_frames,
+                             snapshot_index(executor, executor.start_shape.prefill_chunk))
         self.stats = ClockStats()
         self._on_beat, self._keep_records = on_beat, keep_records
         self._frames_read = 0           # since the last release (BeatRecord.frames_read)

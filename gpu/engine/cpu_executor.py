@@ -26,6 +26,7 @@ THREADS = 1                 # torch intra-op threads: tiny ops lose more to thre
 # Start rows on the CPU: every starting session in every beat, 64 prompt positions a row; the
 # prompt may be long (the CPU has host memory to spare).
 CPU_SHAPE = dict(prefill_chunk=64, start_rows=1 << 30, max_prompt=2048)
+SNAPSHOT_BYTES = 64e6       # prompt snapshots kept in host memory (the tiny model's are ~MB)
 
 
 class CpuExecutor:
@@ -43,7 +44,10 @@ class CpuExecutor:
         torch.set_num_threads(THREADS)
         check_host_memory(cfg, self.profile, options, self.start_shape.max_prompt)
         model = load_model(cfg, self.profile, options, "cpu", char_table)
-        self.runner = ModelRunner(model, options, self.start_shape, options.max_sessions)
+        self.runner = ModelRunner(model, options, self.start_shape, options.max_sessions,
+                                  SNAPSHOT_BYTES if options.snapshot_mb < 0
+                                  else options.snapshot_mb * 1e6)
+        self.snapshot_space = self.runner.snapshots.space
         self.beat_cpu_s: deque[float] = deque(maxlen=1024)   # worker CPU time of recent beats
         self._worker = ThreadPoolExecutor(1, "wave-cpu", initializer=torch.set_num_threads,
                                           initargs=(THREADS,))
@@ -105,6 +109,7 @@ class CpuExecutor:
                     runner.frames(plan, inp.audio, out, lambda f: f == 0 and first())
                 runner.roll(plan)
                 runner.start_rows(plan)
+                runner.save(plan)
         finally:
             first()
         self.beat_cpu_s.append(time.thread_time() - c0)

@@ -15,6 +15,7 @@ import math
 import numpy as np
 import torch
 
+from gpu.engine.snapshot_rows import SnapshotRows, model_salt, space_for
 from gpu.model.checkpoint import available_host_memory, load_checkpoint
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.talker_text import CharTable
@@ -69,9 +70,13 @@ class ModelRunner:
     executor (on its device, with its kernels); `slots` rows of state (a GPU executor adds a
     trash row for padded batch entries)."""
 
-    def __init__(self, model: VoiceChat, opts: ExecutorOptions, shape: StartShape, slots: int):
+    def __init__(self, model: VoiceChat, opts: ExecutorOptions, shape: StartShape, slots: int,
+                 snapshot_bytes: float = 0.0):
         self.model, self.opts, self.shape = model, opts, shape
         self.state = model.alloc_state(slots, opts.max_context, shape.max_prompt)
+        salt = model_salt(model.cfg, opts.profile, str(self.state.thinker.k.dtype),
+                          opts.checkpoint or f"random seed {opts.seed}", opts.tokenizer)
+        self.snapshots = SnapshotRows(self.state, space_for(self.state, snapshot_bytes, salt))
 
     @property
     def device(self) -> torch.device:
@@ -101,11 +106,17 @@ class ModelRunner:
 
     def reset(self, plan: BookPlan) -> None:
         """The plan's slot resets (sessions opened), before anything else of it; the talker's
-        warm-up is copied in with them (it is the same for every session)."""
+        warm-up is copied in with them (it is the same for every session); then the prompt
+        snapshots that starting slots copy."""
         if plan.resets:
             slots = self.index(plan.resets)
             self.state.reset(slots)
             self.model.warm(self.state, slots)
+        self.snapshots.copy_in(plan.copies)
+
+    def save(self, plan: BookPlan) -> None:
+        """The plan's snapshot saves, after its start rows."""
+        self.snapshots.save(plan.saves)
 
     def roll(self, plan: BookPlan) -> None:
         """The plan's context rolls, after its frames (nothing read back: queued on a device,
@@ -131,9 +142,11 @@ class ModelRunner:
         if not plan.rows:
             return
         slots, tokens, valid = self.row_tokens(plan.rows, len(plan.rows))
-        need = max(start + len(part) for _, part, start in plan.rows)
-        self.model.prefill_chunk(self.window(need, 1), self.index(slots), self.index(tokens),
-                                 self.index(valid))
+        # One window for every batch (the prompt's positions and a chunk past them), not the
+        # longest row's: a row's numbers then do not depend on which rows share its beat, so a
+        # prompt snapshot equals the state any later prefill of that prompt leaves, bit for bit.
+        self.model.prefill_chunk(self.window(self.shape.max_prompt + self.shape.prefill_chunk, 1),
+                                 self.index(slots), self.index(tokens), self.index(valid))
 
     def frames(self, plan: BookPlan, audio: np.ndarray, out: BeatOutput, on_frame=None) -> None:
         """The live rows' two frames, eagerly, outputs into `out`'s slot rows; audio [S, 2,

@@ -240,10 +240,10 @@ def test_node_serves_a_wav_file_through_the_cpu_backend(tmp_path):
 
 
 def test_three_sessions_go_live_together_and_every_beat_is_timed():
-    """The node's default (tiny config, reference profile): three short prompts start in one
-    beat, then every beat carries all three and records the worker's CPU time (printed: what a
-    beat costs here, not asserted)."""
-    backend = CpuExecutor(ExecutorOptions(max_sessions=3))
+    """The node's default (tiny config, reference profile) without prompt snapshots: three
+    short prompts start in one beat, then every beat carries all three and records the
+    worker's CPU time (printed: what a beat costs here, not asserted)."""
+    backend = CpuExecutor(ExecutorOptions(max_sessions=3, snapshot_mb=0))
     driver = BeatDriver(backend)
     try:
         for s in range(3):

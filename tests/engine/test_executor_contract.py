@@ -114,8 +114,9 @@ def test_a_sessions_outputs_do_not_depend_on_its_neighbours(name):
         driver = BeatDriver(executor)
 
         async def body():
-            for s in [2, *neighbours]:
-                driver.open(s, SessionSpec("Hi."))
+            driver.open(2, SessionSpec("Hi."))
+            for s in neighbours:    # prompts of their own: no one waits for slot 2's snapshot
+                driver.open(s, SessionSpec(f"Hi, {s}."))
             await until_ready(driver, [2, *neighbours])
             got = []
             for k in range(4):

@@ -11,6 +11,7 @@ import numpy as np
 from wave_actors.core.contract import BeatOutput, Executor, SessionSpec
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.slot_book import BookPlan, SlotBook
+from wave_actors.core.snapshots import snapshot_index
 from wave_actors.core.start_policy import EagerStarts, StartPolicy
 
 
@@ -19,7 +20,8 @@ class BeatDriver:
         opts = executor.options
         self.executor = executor
         self.book = SlotBook(executor.max_sessions, executor.start_shape,
-                             policy or EagerStarts(), opts.frames_per_session, opts.roll_frames)
+                             policy or EagerStarts(), opts.frames_per_session, opts.roll_frames,
+                             snapshot_index(executor, executor.start_shape.prefill_chunk))
         self.inp, self.out = executor.alloc_input(), executor.alloc_output()
         self.beats = 0
 

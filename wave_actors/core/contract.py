@@ -114,6 +114,8 @@ class ExecutorOptions:
                                         # to run on (0: `roll_frames` picks an eighth)
     beat_wait: str = "poll"             # graph: how the loop learns a beat is done (poll | thread)
     start_rows: int = 0                 # starting sessions a beat advances (0: the executor's)
+    snapshot_mb: float = -1.0           # device memory for prompt snapshots (-1: the executor's
+                                        # default, 0: none; every start then prefills)
     first_poll_ms: float = 0.0          # graph: frame 0's count polled every loop turn from
                                         # just before the fastest recent frame 0 (0), or
                                         # slept to it and polled every this many ms
@@ -122,6 +124,8 @@ class ExecutorOptions:
         if self.max_sessions < 0:
             raise ValueError("max_sessions must be at least 1, or 0 for a device executor to "
                              "size its slots")
+        if not (self.snapshot_mb >= 0 or self.snapshot_mb == -1):
+            raise ValueError(f"snapshot_mb {self.snapshot_mb}: -1 (the default), 0 (none) or more")
         if self.start_rows < 0:
             raise ValueError("start_rows must be 0 (the executor's default) or more")
         if not self.first_poll_ms >= 0:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from wave_actors.core.frames import FRAMES_PER_BEAT
+from wave_actors.core.snapshots import SnapshotIndex
 from wave_actors.core.start_policy import StartPolicy, StartQueue
 
 
@@ -77,6 +78,7 @@ class SlotState:
     prompt_done: int = 0                # thinker positions prefilled
     forced: deque = field(default_factory=deque)    # function-result tokens still to force
     spec: Any = None                    # the SessionSpec it opened with (handed over at reset)
+    save_at: int = 0                    # a shared prefix's end: its state is kept as a snapshot
 
 
 @dataclass
@@ -97,7 +99,14 @@ class BookPlan:
     rows: list[tuple[int, list[int], int]] = field(default_factory=list)  # start rows: (slot,
                                         # its next prompt chunk, the chunk's first position)
     started: list[int] = field(default_factory=list)  # prompts finished by this beat's rows
+                                        # or copies
     opened: dict[int, Any] = field(default_factory=dict)  # resets: slot → its SessionSpec
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, snapshot entry,
+                                        # positions): copied into the slot after the resets,
+                                        # before the frames (a start from a prompt snapshot)
+    saves: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, snapshot entry,
+                                        # positions): the slot's start state kept in the entry
+                                        # after this beat's start rows
 
 
 def carry_start_rows(slots: list, starts: StartQueue, shape: StartShape, plan: BookPlan) -> None:
@@ -120,9 +129,13 @@ class SlotBook:
     each slot's `SlotState`, read only for the few slots starting or forcing."""
 
     def __init__(self, slots: int, shape: StartShape, policy: StartPolicy,
-                 frames_per_session: int, roll_frames: int):
-        """`frames_per_session` and `roll_frames` come from ExecutorOptions, which checks them."""
+                 frames_per_session: int, roll_frames: int,
+                 snapshots: SnapshotIndex | None = None):
+        """`frames_per_session` and `roll_frames` come from ExecutorOptions, which checks them;
+        `snapshots`: the executor's prompt snapshots (None: every start prefills)."""
         self.shape, self.policy = shape, policy
+        self.snapshots = snapshots if snapshots is not None and snapshots.enabled else None
+        self._placing: dict[int, str] = {}       # opened slots not yet started: slot → prompt key
         self.frames_per_session, self.roll_frames = frames_per_session, roll_frames
         self.slots = [SlotState() for _ in range(slots)]
         self._live = np.zeros(slots, bool)
@@ -143,10 +156,18 @@ class SlotBook:
         self.slots[slot] = SlotState("starting", list(tokens), spec=spec)
         self._set(slot, live=False, reset=True, session=self._sessions, prompt_len=len(tokens))
         self._forcing.discard(slot)
-        self.starts.open(slot)
+        if self.snapshots is None:
+            self.starts.open(slot)
+        else:                   # a copy, a wait for the same prompt's rows, or rows: at the plan
+            self._placing[slot] = self.snapshots.key(tokens)
         return self._sessions
 
     def close(self, slot: int) -> None:
+        self._placing.pop(slot, None)
+        if self.snapshots is not None:
+            key = self.snapshots.key(self.slots[slot].prompt)
+            if self.snapshots.pending.get(key) == slot:   # a slot waiting on it prefills instead
+                del self.snapshots.pending[key]
         self.slots[slot] = SlotState()
         self._set(slot, live=False, reset=False, session=0, prompt_len=0)
         self._forcing.discard(slot)
@@ -211,12 +232,57 @@ class SlotBook:
         self._beat += 1
         self._frames[idx] += FRAMES_PER_BEAT
         self._rolled[rolling] += self.roll_frames
+        if self._placing:
+            self._place_starts(plan)
         if self.starts.running and self.policy.carry_rows(len(live), time_left_s):
             carry_start_rows(self.slots, self.starts, self.shape, plan)
+            if self.snapshots is not None:
+                self._keep_snapshots(plan)
         for i in self.starts.going_live():
             self.slots[i].phase = "live"          # in the beats from the next one on
             self._live[i] = True
         return plan
+
+    def _place_starts(self, plan: BookPlan) -> None:
+        """Opened slots (reset in this plan or before) start: from their prompt's snapshot (a
+        copy; live from the next beat), from a prefix's snapshot (a copy, then rows for the
+        rest), after the rows of another slot with the same prompt (they wait for its
+        snapshot), or by rows. In open order."""
+        index = self.snapshots
+        for slot, key in list(self._placing.items()):
+            s = self.slots[slot]
+            if index.pending.get(key, slot) != slot and index.fits(len(s.prompt)):
+                continue                         # the same prompt's snapshot is being made
+            del self._placing[slot]
+            snap = index.find(s.prompt)
+            self.starts.open(slot)
+            if snap is not None:
+                plan.copies.append((slot, snap.entry, snap.positions))
+                s.prompt_done = snap.positions
+            if s.prompt_done >= len(s.prompt):
+                self.starts.finished(slot)
+                plan.started.append(slot)
+                continue
+            if snap is None:
+                s.save_at = index.shared_prefix(
+                    s.prompt, [self.slots[i].prompt for i in index.pending.values()])
+            index.pending[key] = slot
+
+    def _keep_snapshots(self, plan: BookPlan) -> None:
+        """After this plan's rows: a finished prompt's state, and a shared prefix's as the rows
+        pass its end, are kept (saved by the executor behind the rows)."""
+        index, done = self.snapshots, set(plan.started)
+        for slot, _, _ in plan.rows:
+            s = self.slots[slot]
+            if s.save_at and s.prompt_done == s.save_at:
+                snap = index.reserve(s.prompt[:s.save_at])
+                if snap is not None:
+                    plan.saves.append((slot, snap.entry, snap.positions))
+            if slot in done:
+                index.pending.pop(index.key(s.prompt), None)
+                snap = index.reserve(s.prompt)
+                if snap is not None:
+                    plan.saves.append((slot, snap.entry, snap.positions))
 
     def _rolling(self, live: np.ndarray, context: np.ndarray) -> np.ndarray:
         """The live slots that roll after this beat's frames (the executor queues the roll

@@ -1,0 +1,92 @@
+"""Prompt snapshots on the device: rows of thinker state that sessions start from by a copy.
+
+A start's state is a reset (the same for every session), the talker's warm-up (a fixed
+template) and the prompt prefilled into the thinker: its Mamba SSM and conv states, its KV rows
+[0, prompt) and its length. Only the thinker part differs by prompt, so a snapshot is a row of a
+second `ThinkerState` with room for the prompt's positions (`max_prompt`), kept in the same
+dtypes as the serving state: a copy in is bit for bit the state the prefill left. The slot book
+(`wave_actors/core/snapshots.py`) decides which rows hold what; this class only copies, in the
+plan's order: `copy_in` right after the slots' resets, `save` after the beat's start rows.
+
+Bytes per snapshot: fixed = ssm + conv of one slot; per position = one K and one V row of every
+attention layer. A copy moves them once each way.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import torch
+
+from gpu.model.thinker import ThinkerState
+from gpu.model.voicechat_state import VoiceChatState
+from wave_actors.core.snapshots import SnapshotSpace
+
+
+def space_for(state: VoiceChatState, capacity_bytes: float, salt: str) -> SnapshotSpace:
+    th = state.thinker
+    fixed = (th.ssm[:, 0].numel() * th.ssm.element_size()
+             + th.conv[:, 0].numel() * th.conv.element_size())
+    per_position = 2 * th.k[:, 0, 0].numel() * th.k.element_size()
+    entries = int(capacity_bytes // (fixed + per_position * state.max_prompt)) \
+        if capacity_bytes > 0 else 0
+    return SnapshotSpace(entries, capacity_bytes, fixed, per_position, salt)
+
+
+def model_salt(*parts) -> str:
+    """What a snapshot's key must also name: the model (config, profile, dtypes, weights)."""
+    return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
+
+
+class SnapshotRows:
+    def __init__(self, state: VoiceChatState, space: SnapshotSpace):
+        th = state.thinker
+        self.space, self.state = space, state
+        self.rows = None
+        if space.entries:
+            n, d = space.entries, th.k.device
+            self.rows = ThinkerState(
+                th.ssm.new_zeros(th.ssm.shape[0], n, *th.ssm.shape[2:]),
+                th.conv.new_zeros(th.conv.shape[0], n, *th.conv.shape[2:]),
+                th.k.new_zeros(th.k.shape[0], n, state.max_prompt, *th.k.shape[3:]),
+                th.v.new_zeros(th.v.shape[0], n, state.max_prompt, *th.v.shape[3:]),
+                torch.zeros(n, dtype=torch.long, device=d))
+
+    def nbytes(self) -> int:
+        if self.rows is None:
+            return 0
+        r = self.rows
+        return sum(t.numel() * t.element_size() for t in (r.ssm, r.conv, r.k, r.v))
+
+    def _index(self, pairs: list[tuple[int, int, int]]):
+        dev = self.state.thinker.k.device
+        a = np.asarray(pairs, np.int64)
+        as_dev = lambda col: torch.as_tensor(a[:, col], device=dev)  # noqa: E731
+        return as_dev(0), as_dev(1), as_dev(2), int(a[:, 2].max())
+
+    def copy_in(self, copies: list[tuple[int, int, int]]) -> None:
+        """(slot, entry, positions): the entry's state into the slot (after its reset). KV rows
+        past a snapshot's own positions are copied too when a longer one shares the copy;
+        the slot's length says where its cache ends, and nothing reads past it."""
+        if not copies:
+            return
+        slots, entries, positions, p = self._index(copies)
+        th, r = self.state.thinker, self.rows
+        th.ssm[:, slots] = r.ssm[:, entries]
+        th.conv[:, slots] = r.conv[:, entries]
+        th.k[:, slots, :p] = r.k[:, entries, :p]
+        th.v[:, slots, :p] = r.v[:, entries, :p]
+        th.length[slots] = positions
+
+    def save(self, saves: list[tuple[int, int, int]]) -> None:
+        """(slot, entry, positions): the slot's thinker state (its rows just ran up to
+        `positions`) kept in the entry."""
+        if not saves:
+            return
+        slots, entries, positions, p = self._index(saves)
+        th, r = self.state.thinker, self.rows
+        r.ssm[:, entries] = th.ssm[:, slots]
+        r.conv[:, entries] = th.conv[:, slots]
+        r.k[:, entries, :p] = th.k[:, slots, :p]
+        r.v[:, entries, :p] = th.v[:, slots, :p]
+        r.length[entries] = positions
