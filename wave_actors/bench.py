@@ -3,10 +3,15 @@
     python -m wave_actors.bench --backend sim --sessions 64 --beats 500
     python -m wave_actors.bench --backend sim --sessions 120 --beats 500 --virtual --find-max
 
-Every session streams 80 ms chunks of speech-like audio at real-time pace over TCP; after a
-warm-up the benchmark measures `--beats` beats at the server boundary (beat release to outputs
-routed): p50/p99 latency, late beats, underruns, drops, refusals, frames in/out. `--runs R` repeats
-the measurement; `--find-max` searches for the largest N with zero late beats in every run.
+Every session streams 80 ms chunks of speech-like audio at real-time pace over TCP. Latency is
+taken at the server boundary (beat release to outputs routed). The headline numbers (late beats,
+p50/p99 latency, calls that heard a late beat) count every beat that had a live session, from the
+first open to the last close: the ramp while callers dial in, the `--beats` beats measured once
+all are live and a warm-up is on time, and the drain while they hang up; each window is also
+reported on its own (`windows` in the JSON). Underruns, drops, refusals and frames in/out cover
+the whole run; the backend's and host's times and the trace cover the measured beats. `--runs R`
+repeats the run; `--find-max` searches for the largest N with zero late beats (of all beats) in
+every run.
 `--virtual` runs node and clients on virtual time (exact, faster than real time; only for the
 sim backend, whose time is modelled). Results are printed as a table and written as JSON under
 bench/results/.
@@ -31,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from wave_actors import deadlines as deadline_metrics
-from wave_actors.workload import WorkloadError
+from wave_actors.workload import FILL_HOLDS, WorkloadError
 from wave_actors.workload import load as load_workload
 from transports.client import NodeClient
 from wave_actors.bench_clients import OPEN_TIMEOUT_S, Generators, drive_all, drive_workload
@@ -54,10 +59,27 @@ WARMUP_MAX = 64             # beats of warm-up at most
 CLIENT_PROCS = max(1, min(4, (os.cpu_count() or 2) // 4))   # callers' processes, real time
 
 
+# Which beats each number of a run covers (written into the bench's results as `window_of`;
+# a result without it, such as the fast mode's, says nothing of its windows).
+WINDOW_OF = {
+    "all": "every beat with a live session, from the first open to the last close (ramp + "
+           "measured + drain): beats, late_beats, p50_ms, p99_ms, max_ms, deadlines (each call "
+           "over its whole life), calls, opens and open waits, refusals, underruns, dropped, "
+           "frames_in, frames_out",
+    "measured": "the --beats beats once every caller is live and the warm-up is on time (a "
+                "workload: its window_s after the fill, else every beat): windows.measured, "
+                "trace, mean_compute_ms, compute_p50_ms, compute_p99_ms, backlog_ms, live, host, "
+                "first_frame",
+    "ramp": "the beats before the measured ones (callers dialling in, the warm-up): "
+            "windows.ramp; `ramp` breaks the backend's time down, start-only beats included",
+    "drain": "the beats after the measured ones until the last close: windows.drain",
+}
+
+
 @dataclass
 class RunResult:
     sessions: int
-    beats: int
+    beats: int            # all beats (WINDOW_OF); windows.measured.beats: the --beats window
     late_beats: int
     p50_ms: float
     p99_ms: float
@@ -111,6 +133,10 @@ class RunResult:
     # ended, refusals, its late beats and longest run of them) and the run's deadline metrics
     calls: list = field(default_factory=list)
     deadlines: dict = field(default_factory=dict)
+    # beats, late_beats, p50_ms, p99_ms, max_ms and from_s / to_s (releases, seconds from the
+    # run's start) of each window: all, ramp, measured, drain (WINDOW_OF)
+    windows: dict = field(default_factory=dict)
+    window_of: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -120,8 +146,8 @@ class BenchResult:
     context: int
     sessions: int
     runs: int
-    beats: int
-    late_beats: int
+    beats: int            # --beats: the measured window of each run
+    late_beats: int       # of all beats of every run (beats_all); p50_ms, p99_ms: the worst run's
     p50_ms: float
     p99_ms: float
     virtual: bool
@@ -132,6 +158,10 @@ class BenchResult:
     policy: dict = field(default_factory=dict)      # start and clock: name, class, parameters
     per_run: list[dict] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    beats_all: int = 0    # beats late_beats counts: all beats of every run (WINDOW_OF)
+    # the measured windows alone: their beats and late beats over the runs, the worst p50 / p99
+    measured: dict = field(default_factory=dict)
+    window_of: dict = field(default_factory=dict)   # as RunResult's, and the top's fields
 
 
 def held_context(args) -> tuple[int, int, int]:
@@ -199,12 +229,15 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
         calls: list = []
         with serving_process():      # as `python -m wave_actors.node` serves
             if args.workload_obj is not None:
-                records, stats, calls, t0 = await _drive_workload(args, node, clock)
+                everything, stats, calls, t0 = await _drive_workload(args, node, clock)
+                records = _workload_window(everything, t0, args.workload_obj.window_s)
                 refusals, burst = sum(len(c.refused) for c in calls), {}
             else:
+                t0 = clock.now()     # the run's start: its callers dial from here
                 records, stats, refusals, calls, burst = await _drive(args, node, n, clock,
                                                                       loop_virtual, cpu)
-                t0 = records[0].release if records else 0.0
+                # every beat with a live session: the callers have all closed by now
+                everything = _live_records(node)
                 calls = [shifted(c, t0) for c in calls]
             waits = [c.wait_s for c in calls if not c.blocked]
         errors = sum(node.counters.errors.values())
@@ -222,39 +255,73 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
         await node.drain()
         if own:
             backend.close()
-    lat = np.array([r.latency_s for r in records]) * 1000
-    gpu = np.array([r.compute_s for r in records]) * 1000
+    windows = _windows(everything, records, t0)
+    whole = windows["all"]
+    gpu = np.array([r.compute_s for r in records] or [0.0]) * 1000
     opens = np.array(waits) * 1000
     open_p50, open_p99, open_max = (np.percentile(opens, [50, 99, 100]) if waits
                                     else (0.0, 0.0, 0.0))
     live = np.array([r.sessions for r in records]) if records else np.zeros(1)
     live_seen = {"offered": n + args.burst, "min": int(live.min()), "p50": float(np.percentile(live, 50)),
                  "max": int(live.max())}
-    result = RunResult(n, len(records), int(sum(r.late for r in records)),
-                     float(np.percentile(lat, 50)), float(np.percentile(lat, 99)),
-                     float(lat.max()), float(np.mean(gpu)),
-                     sum(s["underruns"] for s in stats), sum(s["dropped"] for s in stats),
-                     refusals, sum(s["frames_in"] for s in stats),
-                     sum(s["frames_out"] for s in stats), errors,
-                     float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
-                     _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0,
-                     len(waits), float(open_p50), float(open_p99), policies,
-                     float(open_max), dict(refused_by), live_seen, _host(records, stalls, cpu), burst,
-                     ramp, spread_ms(r.first_s for r in records) if records else {})
+    result = RunResult(n, whole["beats"], whole["late_beats"], whole.get("p50_ms", 0.0),
+                       whole.get("p99_ms", 0.0), whole.get("max_ms", 0.0), float(np.mean(gpu)),
+                       sum(s["underruns"] for s in stats), sum(s["dropped"] for s in stats),
+                       refusals, sum(s["frames_in"] for s in stats),
+                       sum(s["frames_out"] for s in stats), errors,
+                       float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
+                       _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0,
+                       len(waits), float(open_p50), float(open_p99), policies,
+                       float(open_max), dict(refused_by), live_seen, _host(records, stalls, cpu),
+                       burst, ramp, spread_ms(r.first_s for r in records) if records else {})
     result.open_waits_ms = [round(float(w), 1) for w in opens]
-    # Deadline metrics: a workload's over all its calls and beats; steady callers' over the
-    # measured beats (a call's beats outside them are not counted)
-    beats = [(r.release - t0, r.latency_s, r.late) for r in records]
+    result.windows, result.window_of = windows, dict(WINDOW_OF)
+    # Deadline metrics over every beat with a live session: each call's whole life, from the
+    # run's start (its first open) to its last close, the ramp and the drain included
+    beats = [(r.release - t0, r.latency_s, r.late) for r in everything]
     offered = args.workload_obj.offered_erlangs() if args.workload_obj is not None else None
-    end = (max([c.ended_s or 0.0 for c in calls] + [b[0] for b in beats])
-           if args.workload_obj is not None else (beats[-1][0] + BEAT_S if beats else 0.0))
+    end = max([c.ended_s or 0.0 for c in calls] + [b[0] + BEAT_S for b in beats])
     result.deadlines = deadline_metrics.summarize(calls, beats, offered, run_end_s=end)
     result.calls = deadline_metrics.records(calls)
     return result
 
 
+def _window(records: list, t0: float) -> dict:
+    """Beats, late beats, latency p50 / p99 / max (ms) and the span of releases (s from `t0`)
+    of a window of beat records."""
+    if not records:
+        return {"beats": 0, "late_beats": 0}
+    lat = np.array([r.latency_s for r in records]) * 1000
+    p50, p99, top = np.percentile(lat, [50, 99, 100])
+    return {"beats": len(records), "late_beats": int(sum(r.late for r in records)),
+            "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(top),
+            "from_s": round(records[0].release - t0, 3),
+            "to_s": round(records[-1].release - t0 + BEAT_S, 3)}
+
+
+def _windows(everything: list, measured: list, t0: float) -> dict:
+    """Every beat with a live session, and its three parts: the ramp before the measured beats,
+    the measured beats, the drain after them (WINDOW_OF)."""
+    if measured:
+        first, last = measured[0].beat, measured[-1].beat
+        ramp = [r for r in everything if r.beat < first]
+        drain = [r for r in everything if r.beat > last]
+    else:                            # no measured beat (a run ended at a late ramp beat)
+        ramp, drain = everything, []
+    return {"all": _window(everything, t0), "ramp": _window(ramp, t0),
+            "measured": _window(measured, t0), "drain": _window(drain, t0)}
+
+
+def _workload_window(records: list, t0: float, span: tuple[float, float] | None) -> list:
+    """A workload's measured beats: those released in its steady `span` (s from `t0`, after the
+    occupancy form's fill), or every one."""
+    if span is None:
+        return list(records)
+    return [r for r in records if span[0] <= r.release - t0 < span[1]]
+
+
 def shifted(call: deadline_metrics.CallRecord, t0: float) -> deadline_metrics.CallRecord:
-    """The call's times from `t0` (the first measured beat's release) instead of the clock's."""
+    """The call's times from `t0` (the run's start) instead of the clock's."""
     def rel(t):
         return None if t is None else t - t0
     return dataclasses.replace(call, asked_s=call.asked_s - t0, opened_s=rel(call.opened_s),
@@ -393,9 +460,14 @@ async def _measure_beats(args, node: Node, n: int, clock: Clock, dial=None,
                          cpu: dict | None = None) -> list:
     """Once all n sessions are live and a start-up backlog has drained, the next `--beats`
     beat records; with `dial`, it is called then (the burst) and its opens wait out in them.
-    `cpu` gets the node's processes' CPU over those beats (`Node.process_cpu`)."""
-    await _wait_live(node, n, clock)
-    await _wait_steady(node, clock, args.warmup_max)
+    `cpu` gets the node's processes' CPU over those beats (`Node.process_cpu`). With
+    `--fail-fast` a late beat anywhere, the ramp's included, ends the run at once (none
+    measured when it came before them)."""
+    failed = _late_seen(node) if args.fail_fast else (lambda: False)
+    await _wait_live(node, n, clock, failed)
+    await _wait_steady(node, clock, args.warmup_max, failed)
+    if failed():
+        return []
     first = len(_live_records(node))
     if dial is not None:
         dial()
@@ -439,19 +511,27 @@ async def _while_alive(callers: Generators, work):
     return task.result()
 
 
-async def _wait_live(node: Node, n: int, clock: Clock) -> None:
+def _late_seen(node: Node):
+    """Whether a beat with a live session has been late in this run (any window)."""
+    return lambda: node.clock_actor.stats.late_beats > 0
+
+
+async def _wait_live(node: Node, n: int, clock: Clock, failed=lambda: False) -> None:
     """Until each of the n caller lines had its first open answered: `opened` (the session is
-    past its start and in the beats) or refused (slots full or draining: the run counts it)."""
+    past its start and in the beats) or refused (slots full or draining: the run counts it);
+    or until `failed()`."""
     while (not node.clock_actor.stats.recent
            or node.counters.opened + sum(node.counters.refusals.values()) < n):
+        if failed():
+            return
         await clock.sleep(BEAT_S)
 
 
-async def _wait_steady(node: Node, clock: Clock, most: int) -> None:
+async def _wait_steady(node: Node, clock: Clock, most: int, failed=lambda: False) -> None:
     """Warm-up: until WARMUP_BEATS beats in a row were on time (a backlog from session starts
-    has drained), at most `most` beats."""
+    has drained), at most `most` beats; or until `failed()`."""
     start = node.clock_actor.stats.beats
-    while node.clock_actor.stats.beats - start < most:
+    while node.clock_actor.stats.beats - start < most and not failed():
         recent = list(node.clock_actor.stats.recent)[-WARMUP_BEATS:]
         if node.clock_actor.stats.beats - start >= WARMUP_BEATS and max(recent) <= BEAT_S:
             return
@@ -467,7 +547,7 @@ async def _wait_beats(node: Node, first: int, beats: int, clock: Clock, fail_fas
     stop at the first late one (the run has failed; find-max needs no more of it)."""
     while True:
         measured = _live_records(node)[first:]
-        if len(measured) >= beats or (fail_fast and any(r.late for r in measured)):
+        if len(measured) >= beats or (fail_fast and node.clock_actor.stats.late_beats):
             return
         await clock.sleep(BEAT_S)
 
@@ -480,15 +560,18 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
         # command differ from each other, and the command gives the same runs every time
         run_args = argparse.Namespace(**{**vars(args), "seed": args.seed + r})
         if args.workload:           # a generator draws run r's calls from its own seed
-            run_args.workload_obj = load_workload(args.workload, args.seed + r)
+            run_args.workload_obj = load_workload(args.workload, args.seed + r,
+                                                  **workload_context(args))
         try:
             res = loop.run_until_complete(run_once(run_args, n, args.virtual, backend))
         finally:
             loop.close()
         print(f"  N={n:4d} run {r + 1}/{args.runs}: p50 {res.p50_ms:7.2f} ms  p99 "
-              f"{res.p99_ms:7.2f} ms  late {res.late_beats:3d}/{res.beats}  underruns "
-              f"{res.underruns}  dropped {res.dropped}  (backend p50 {res.compute_p50_ms:.1f} / "
-              f"p99 {res.compute_p99_ms:.1f} ms)", flush=True)
+              f"{res.p99_ms:7.2f} ms  late {res.late_beats:3d}/{res.beats} (all beats)  "
+              f"underruns {res.underruns}  dropped {res.dropped}  (backend p50 "
+              f"{res.compute_p50_ms:.1f} / p99 {res.compute_p99_ms:.1f} ms, measured beats)",
+              flush=True)
+        print(f"           by window: {_by_window(res.windows)}", flush=True)
         if res.first_frame and res.first_frame["p99"] < res.p99_ms:
             f = res.first_frame
             print(f"           first frame routed {f['p50']:.2f} / {f['p99']:.2f} ms after the "
@@ -530,7 +613,8 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
                       f"{st['samples']} samples in " + " <- ".join(top["frames"][:3]), flush=True)
         if res.ramp:
             rp = res.ramp
-            print(f"           ramp: {rp['beats']} beats before the measured ones, backend "
+            print(f"           ramp: {rp['beats']} beats before the measured ones (start-only "
+                  f"beats too), backend "
                   f"{rp['compute_ms']['p50']:.1f} / {rp['compute_ms']['p99']:.1f} / "
                   f"{rp['compute_ms']['max']:.1f} ms; slowest: "
                   + "  ".join(f"{b['compute_ms']:.0f} ms @{b['beat']} ({b['sessions']} live, "
@@ -546,9 +630,9 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
                     else "")
             print(f"           calls: {d['calls']} offered{load}, "
                   f"{d['blocked']} blocked ({100 * d['blocking']:.2f} %), "
-                  f"{d['calls_with_late_beats']} heard a late beat (longest run "
-                  f"{d['longest_late_run_beats']} beats); {d['glitch_s_per_call_hour']} "
-                  f"glitch-seconds a call-hour; open wait p50 / p99 "
+                  f"{d['calls_with_late_beats']} heard a late beat in their whole life "
+                  f"(longest run {d['longest_late_run_beats']} beats); "
+                  f"{d['glitch_s_per_call_hour']} glitch-seconds a call-hour; open wait p50 / p99 "
                   f"{d['open_wait'].get('p50_ms')} / {d['open_wait'].get('p99_ms')} ms",
                   flush=True)
         if res.backlog_ms > 1000 * BEAT_S and not args.workload:
@@ -613,16 +697,37 @@ def _gpu_name() -> str:
     return f"none ({platform.processor() or platform.machine()})"
 
 
+def _by_window(windows: dict) -> str:
+    """'ramp 40 beats, 2 late, p99 171.0 ms; measured ...': each window of a run."""
+    def one(name: str) -> str:
+        w = windows.get(name) or {"beats": 0}
+        if not w["beats"]:
+            return f"{name} 0 beats"
+        return (f"{name} {w['beats']} beats, {w['late_beats']} late, p50 / p99 "
+                f"{w['p50_ms']:.1f} / {w['p99_ms']:.1f} ms")
+    return "; ".join(one(k) for k in ("ramp", "measured", "drain"))
+
+
 def summarize(args, n: int, runs: list[RunResult], extra: dict) -> BenchResult:
     policy = {kind: {k: d[k] for k in ("name", "class", "params")}
               for kind, d in runs[0].policies.items()} if runs and runs[0].policies else {}
+    measured = [r.windows.get("measured") or {"beats": 0, "late_beats": 0} for r in runs]
     return BenchResult(args.backend, args.profile, args.context, n, len(runs), args.beats,
                        sum(r.late_beats for r in runs), max(r.p50_ms for r in runs),
                        max(r.p99_ms for r in runs), args.virtual, _gpu_name(), git_commit(),
                        dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        getattr(args, "command", None)
                        or "python -m wave_actors.bench " + " ".join(sys.argv[1:]),
-                       policy, [asdict(r) for r in runs], extra)
+                       policy, [asdict(r) for r in runs], extra,
+                       beats_all=sum(r.beats for r in runs),
+                       window_of={"beats": "measured", "beats_all, late_beats, p50_ms, p99_ms":
+                                  "all", **WINDOW_OF},
+                       measured={"beats": sum(m["beats"] for m in measured),
+                                 "late_beats": sum(m["late_beats"] for m in measured),
+                                 "p50_ms": max((m.get("p50_ms", 0.0) for m in measured),
+                                               default=0.0),
+                                 "p99_ms": max((m.get("p99_ms", 0.0) for m in measured),
+                                               default=0.0)})
 
 
 def write(result: BenchResult, out_dir: Path) -> Path:
@@ -644,14 +749,18 @@ def parse_args(argv=None):
                          "sessions run past it by rolling, as a node with that --max-context does")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--max-sessions", type=int, default=0, help="slots (default: --sessions)")
-    ap.add_argument("--beats", type=int, default=500)
+    ap.add_argument("--beats", type=int, default=500,
+                    help="beats in the measured window, once every caller is live and the "
+                         "warm-up is on time (a workload: after its fill); the headline late "
+                         "beats and p50/p99 count every beat from the first open to the last "
+                         "close, this window's are reported apart")
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--warmup-max", type=int, default=WARMUP_MAX,
                     help="beats to wait at most for a start-up backlog to drain")
     ap.add_argument("--find-max", action="store_true")
     ap.add_argument("--fail-fast", action="store_true",
-                    help="end a run at its first late beat (and skip that N's other runs); "
-                         "on by default with --find-max")
+                    help="end a run at its first late beat, in any window (and skip that N's "
+                         "other runs); on by default with --find-max")
     ap.add_argument("--max-find", type=int, default=1024)
     ap.add_argument("--find-step", type=int, default=1,
                     help="find-max stops when the bracket is this narrow (fewer probes)")
@@ -666,7 +775,8 @@ def parse_args(argv=None):
     ap.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
                     help="calls end and new ones start: each session lives an exponential time "
                          "of this mean, and its caller opens a new one (default 0: sessions "
-                         "live the whole run)")
+                         "live the whole run); a closed loop, every slot busy: its open-loop "
+                         "companion is --workload poisson:occupancy=X,hold=SECONDS")
     ap.add_argument("--start-rows", type=int, default=0,
                     help="starting sessions each beat advances (0: the backend's default)")
     ap.add_argument("--beat-wait", choices=("poll", "thread"), default="poll",
@@ -701,8 +811,12 @@ def parse_args(argv=None):
                     help="calls from a workload instead of --sessions steady callers: a CSV or "
                          "JSONL file, or a generator (poisson:rate=2,duration=600,call=90; "
                          "see wave_actors/workload.py); --sessions is then the node's slots, "
-                         "and the "
-                         "run lasts until the last call ends")
+                         "and the run lasts until the last call ends.\n"
+                         "poisson:occupancy=0.95,hold=120: Poisson arrivals at rate "
+                         "occupancy * slots / hold (slots: --sessions, or slots=N), call "
+                         "lengths exponential of mean hold seconds; without duration=, calls "
+                         f"arrive for a fill of {FILL_HOLDS:g} holds plus --beats beats, and "
+                         "those beats after the fill are the measured window")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     if args.virtual and not entry(args.backend).caps.modelled_time:
@@ -732,10 +846,16 @@ def parse_args(argv=None):
         if args.find_max or args.burst or args.churn:
             ap.error("--workload sets the calls: not with --find-max, --burst or --churn")
         try:
-            args.workload_obj = load_workload(args.workload, args.seed)
+            args.workload_obj = load_workload(args.workload, args.seed, **workload_context(args))
         except WorkloadError as exc:
             ap.error(str(exc))
     return args
+
+
+def workload_context(args) -> dict:
+    """What a workload spec may leave to the bench: the node's slots (an occupancy's share of
+    them) and the beats to measure after its fill."""
+    return {"slots": max(args.sessions, args.max_sessions or 0), "beats": args.beats}
 
 
 def main(argv=None, command: str | None = None) -> int:
@@ -799,10 +919,17 @@ def main(argv=None, command: str | None = None) -> int:
     result = summarize(args, n, runs, extra)
     path = write(result, Path(args.out))
     print(f"\n{'backend':8} {'profile':10} {'context':>7} {'sessions':>8} {'runs':>4} "
-          f"{'beats':>6} {'late':>5} {'p50 ms':>8} {'p99 ms':>8}")
+          f"{'beats':>6} {'late':>5} {'p50 ms':>8} {'p99 ms':>8}   (all beats: first open to "
+          f"last close)")
     print(f"{result.backend:8} {result.profile:10} {result.context:7d} {result.sessions:8d} "
-          f"{result.runs:4d} {result.beats:6d} {result.late_beats:5d} {result.p50_ms:8.2f} "
+          f"{result.runs:4d} {result.beats_all:6d} {result.late_beats:5d} {result.p50_ms:8.2f} "
           f"{result.p99_ms:8.2f}")
+    m, wl = result.measured, args.workload_obj
+    where = (f"--beats {result.beats} a run, once all callers were live" if wl is None
+             else f"the workload's window {list(wl.window_s)} s, after its fill" if wl.window_s
+             else "every beat: a workload without a fill")
+    print(f"of which measured ({where}): {m['beats']} beats, {m['late_beats']} late, "
+          f"p50 / p99 {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms")
     for kind, pol in result.policy.items():
         print(f"{kind} policy: {pol['name']} ({pol['class']}) {pol['params']}")
     if "baseline" in extra:

@@ -3,7 +3,9 @@
 Input is two plain lists, the same from a full emulation and from the fast mode:
   - call records (`CallRecord`): when the call first dialled, when it was opened (or that it
     was blocked: refused on every try), when it ended, and its refusals;
-  - beats: (release time, latency, late) for every beat of the run.
+  - beats: (release time, latency, late) for every beat of the run with a live session, from
+    the first open to the last close: not a measured window of them, or a call's late beats
+    outside the window would go unheard (`summarize` says how many beats it matched).
 
 A call hears a late beat as a glitch (160 ms of audio that came after its deadline); a run of
 consecutive late beats is one longer, audible gap. From these:
@@ -57,7 +59,8 @@ def _longest_run(late: np.ndarray) -> int:
 
 def per_call(calls: list[CallRecord], releases: np.ndarray, late: np.ndarray,
              run_end_s: float) -> None:
-    """Each opened call's beats: those released while it was live, [opened, ended)."""
+    """Each opened call's beats: those released while it was live, [opened, ended), its whole
+    life (as far as `releases` reach: give them all)."""
     for c in calls:
         if c.opened_s is None:
             continue
@@ -101,6 +104,8 @@ def summarize(calls: list[CallRecord], beats: list[tuple[float, float, bool]],
         "longest_late_run_beats": max(runs, default=0),
         "glitch_s_per_call_hour": round(glitch_s / (live_s / 3600), 3) if live_s else 0.0,
         "on_time_session_s": round(live_s - glitch_s, 3),
+        # the beats the calls were matched against (every beat of the run: see the module doc)
+        "beats_counted": int(len(releases)), "late_beats_counted": int(late.sum()),
     }
 
 

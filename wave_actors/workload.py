@@ -4,10 +4,19 @@ A workload is a list of `Call`s, read from a file or drawn by a seeded generator
 
     --workload calls.csv                      (or .jsonl: one object a line)
     --workload poisson:rate=2,duration=600,call=90
+    --workload poisson:occupancy=0.95,hold=120[,slots=300][,duration=1000]
     --workload diurnal:peak=3,duration=1200,period=1200,trough=0.2
     --workload bursty:rate=2,duration=600,on=20,off=40
     --workload flash:rate=1,duration=600,at=200,calls=150,width=10
     --workload retry:rate=1,duration=600,at=200,calls=150,width=10,redials=8,after=0.5
+
+`poisson:occupancy=X,hold=H` is Poisson arrivals at a target occupancy: X (0 < X <= 1) of the
+node's slots busy on average with calls of exponential length, mean H seconds (`hold` is `call`'s
+other name), so the rate is X * slots / H a second. The slots come from `slots=N` or, without
+it, from whoever loads the spec (the bench passes its --sessions). Without `duration` the calls
+arrive for a fill of FILL_HOLDS mean holds (the occupancy reaches 1 - e^-3 = 95 % of its target)
+plus a measured span (`beats` beats, default DEFAULT_BEATS: the bench passes its --beats); the
+workload records that span as `window_s`, where a run measures its steady state.
 
 A file's columns (CSV header or JSON keys) are `Call`'s fields; only `at_s` and `duration_s`
 are required. Every generator's random choice comes from the seed it is given (the run's
@@ -26,6 +35,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
+
+from wave_actors.core.frames import BEAT_S
 
 
 class WorkloadError(ValueError):
@@ -80,6 +91,13 @@ class Workload:
     @property
     def arrivals_end_s(self) -> float:
         return max((c.at_s for c in self.calls), default=0.0)
+
+    @property
+    def window_s(self) -> tuple[float, float] | None:
+        """The steady span a run measures (the occupancy form's, after its fill), seconds from
+        the start; None: no fill, every beat is steady."""
+        span = (self.source.get("occupancy") or {}).get("window_s")
+        return tuple(span) if span else None
 
     def offered_erlangs(self) -> float:
         """Offered load: call-seconds asked for over the span arrivals come in."""
@@ -243,14 +261,70 @@ def parse_spec(spec: str) -> tuple[str, dict]:
     return name, params
 
 
-def generate(spec: str, seed: int) -> Workload:
+FILL_HOLDS = 3.0        # occupancy form: arrivals fill the node for this many mean holds ...
+DEFAULT_BEATS = 500     # ... then run this many beats (without a `beats` from the caller)
+
+
+def _occupancy(spec: str, name: str, params: dict, slots: int | None,
+               beats: int | None) -> dict:
+    """poisson:occupancy=X,hold=H[,slots=N][,duration=D]: the rate X * slots / H put into
+    `params` (and a default duration); what was resolved, for the workload's record."""
+    occupancy, given = params.pop("occupancy", None), params.pop("slots", None)
+    if occupancy is None:
+        if given is not None:
+            raise WorkloadError(f"{spec!r}: slots= is only for the occupancy form "
+                                f"(poisson:occupancy=0.95,hold=120,slots=N)")
+        return {}
+    if name != "poisson":
+        raise WorkloadError(f"{spec!r}: occupancy= is poisson's (poisson:occupancy=0.95,hold=120)")
+    if "rate" in params:
+        raise WorkloadError(f"{spec!r}: give rate= or occupancy=, not both (occupancy sets the "
+                            f"rate: occupancy * slots / hold)")
+    if not 0 < occupancy <= 1:
+        raise WorkloadError(f"{spec!r}: occupancy is the share of the slots busy on average: "
+                            f"0 < occupancy <= 1")
+    hold = params.get("call", 90.0)
+    if not hold > 0:
+        raise WorkloadError(f"{spec!r}: hold (the mean call length, seconds) must be > 0")
+    if given is not None:
+        slots = given
+    if slots is None:
+        raise WorkloadError(f"{spec!r}: occupancy needs the node's slots: add slots=N (the bench "
+                            f"passes its --sessions)")
+    if not (float(slots).is_integer() and slots >= 1):
+        raise WorkloadError(f"{spec!r}: slots={slots!r} must be a whole number >= 1")
+    slots = int(slots)
+    params["rate"] = occupancy * slots / hold
+    fill_s, measure_s = FILL_HOLDS * hold, (beats or DEFAULT_BEATS) * BEAT_S
+    if params.get("duration") is None:
+        params["duration"] = fill_s + measure_s
+    if not params["duration"] > 0:
+        raise WorkloadError(f"{spec!r}: duration (seconds of arrivals) must be > 0")
+    end = min(params["duration"], fill_s + measure_s)
+    return {"occupancy": occupancy, "slots": slots, "hold_s": hold,
+            "rate_per_s": round(params["rate"], 6), "target_erlangs": round(occupancy * slots, 3),
+            "fill_s": fill_s,
+            # the steady span a run measures: after the fill, while calls still arrive
+            "window_s": [round(fill_s, 3), round(end, 3)] if end > fill_s else None}
+
+
+def generate(spec: str, seed: int, *, slots: int | None = None,
+             beats: int | None = None) -> Workload:
+    """The generator `spec` drawn from `seed`. `slots` (the node's) and `beats` (to measure)
+    fill in what the occupancy form does not say (`slots=` and `duration=` in the spec win)."""
     name, params = parse_spec(spec)
     if name == "retry":
         params = {**RETRY_DEFAULTS, **params}
+    if "hold" in params:
+        if "call" in params:
+            raise WorkloadError(f"{spec!r}: hold and call are both the mean call length: give "
+                                f"one")
+        params["call"] = params.pop("hold")
     caller = {CALLER_KEYS[k]: params.pop(k) for k in list(params) if k in CALLER_KEYS}
     for key in ("prompt_chars", "tools", "redials"):
         if key in caller:
             caller[key] = int(caller[key])
+    resolved = _occupancy(spec, name, params, slots, beats)
     mean_call = params.get("call", 90.0)
     if any(v < 0 for v in params.values()) or mean_call <= 0:
         raise WorkloadError(f"{spec!r}: parameters are >= 0 and call > 0")
@@ -264,12 +338,16 @@ def generate(spec: str, seed: int) -> Workload:
                   for a, d in zip(at, lengths))
     if not calls:
         raise WorkloadError(f"{spec!r}: drew no calls (raise the rate or the duration)")
-    return Workload(calls, {"kind": name, "spec": spec, "params": {**params, **caller},
-                            "seed": seed})
+    source = {"kind": name, "spec": spec, "params": {**params, **caller}, "seed": seed}
+    if resolved:
+        source["occupancy"] = resolved
+    return Workload(calls, source)
 
 
-def load(spec: str, seed: int = 0) -> Workload:
-    """A workload file's path, or a generator spec (`name:key=value,...`) drawn from `seed`."""
+def load(spec: str, seed: int = 0, *, slots: int | None = None,
+         beats: int | None = None) -> Workload:
+    """A workload file's path, or a generator spec (`name:key=value,...`) drawn from `seed`
+    (`slots`, `beats`: the occupancy form's defaults, `generate`)."""
     if Path(spec).suffix in (".csv", ".jsonl", ".ndjson", ".json") or Path(spec).exists():
         return load_file(spec)
-    return generate(spec, seed)
+    return generate(spec, seed, slots=slots, beats=beats)

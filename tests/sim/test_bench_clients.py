@@ -17,7 +17,8 @@ def test_a_real_time_run_through_two_generator_processes_accounts_for_every_sess
     args = bench.parse_args(["--backend", "sim", "--sessions", "5", "--beats", "12",
                              "--client-procs", "2", "--warmup-max", "8", "--out", str(tmp_path)])
     (res,) = bench.measure(args, 5)
-    assert res.beats == 12 and res.refusals == 0 and res.errors == 0
+    assert res.windows["measured"]["beats"] == 12 and res.refusals == 0 and res.errors == 0
+    assert res.beats == sum(res.windows[w]["beats"] for w in ("ramp", "measured", "drain"))
     # every session reported its `closed` stats through its generator: frames went both ways
     assert res.frames_in > 5 * 12 and res.frames_out > 5 * 12
 
@@ -52,7 +53,8 @@ def test_churn_on_virtual_time_starts_new_calls_without_a_late_beat(tmp_path):
     args = bench.parse_args(["--backend", "sim", "--sessions", "4", "--beats", "150", "--virtual",
                              "--churn", "2", "--cost-model", str(cost), "--out", str(tmp_path)])
     (res,) = bench.measure(args, 4)
-    assert res.beats == 150 and res.late_beats == 0 and res.errors == 0 and res.refusals == 0
+    assert res.windows["measured"]["beats"] == 150 and res.beats > 150
+    assert res.late_beats == 0 and res.errors == 0 and res.refusals == 0
     assert res.opens >= 4 + 10                          # ~24 s of calls of 2 s on 4 lines
     assert res.open_p99_ms <= 4 * 160                   # a start rides the next beats
     assert min(res.trace["sessions"]) >= 1 and max(res.trace["sessions"]) <= 4
@@ -78,7 +80,7 @@ def test_a_generator_whose_callers_were_all_refused_does_not_end_the_run(tmp_pat
         (res,) = bench.measure(args, 4, backend)
     finally:
         backend.close()
-    assert res.beats == 12 and res.opens == 3 and res.refusals == 1
+    assert res.windows["measured"]["beats"] == 12 and res.opens == 3 and res.refusals == 1
     assert res.refusals_by_reason == {"capacity": 1}
     assert res.live == {"offered": 4, "min": 3, "p50": 3.0, "max": 3}
     assert res.open_max_ms >= res.open_p99_ms > 0

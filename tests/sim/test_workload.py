@@ -46,6 +46,65 @@ def test_generators_shape_their_arrivals():
     assert rate.offered_erlangs() == pytest.approx(60, rel=0.1)
 
 
+def test_the_occupancy_form_draws_poisson_arrivals_at_occupancy_times_slots_over_hold():
+    """poisson:occupancy=0.95,hold=120 on 100 slots: arrivals at 0.95 * 100 / 120 a second, call
+    lengths exponential of mean 120 s. Catches a rate not derived from the slots (or the hold),
+    and holding times not of the mean asked. Bounds: 4 standard deviations of a Poisson count
+    (sqrt of its mean) and of a mean of exponentials (hold / sqrt(n)); the seed is fixed."""
+    duration, rate = 4000.0, 0.95 * 100 / 120
+    w = wl.generate(f"poisson:occupancy=0.95,hold=120,duration={duration:g}", 7, slots=100)
+    expected = rate * duration
+    assert w.source["params"]["rate"] == pytest.approx(rate)
+    assert abs(len(w.calls) - expected) <= 4 * np.sqrt(expected)
+    holds = np.array([c.duration_s for c in w.calls])
+    assert abs(holds.mean() - 120) <= 4 * 120 / np.sqrt(len(holds))
+    assert w.source["occupancy"]["target_erlangs"] == pytest.approx(95)
+    # slots= in the spec is the same as slots from the caller, and wins over it
+    same = wl.generate(f"poisson:occupancy=0.95,hold=120,duration={duration:g},slots=100", 7,
+                       slots=3)
+    assert same.calls == w.calls
+    # the arrivals' mean over seeds: no bias beyond the noise of 20 draws
+    counts = [len(wl.generate("poisson:occupancy=0.5,hold=10,duration=400", s, slots=20).calls)
+              for s in range(20)]
+    assert abs(np.mean(counts) - 400) <= 4 * np.sqrt(400 / 20)
+
+
+def test_the_occupancy_form_lasts_a_fill_and_the_measured_beats_unless_told():
+    """Without duration=: arrivals for FILL_HOLDS mean holds, then the beats the caller (the
+    bench's --beats) measures, which the workload records as its window. Catches a default that
+    ignores the hold or the beats, and a window that begins before the fill is over."""
+    w = wl.generate("poisson:occupancy=0.8,hold=30", 1, slots=50, beats=400)
+    fill = wl.FILL_HOLDS * 30
+    assert w.source["params"]["duration"] == pytest.approx(fill + 400 * BEAT_S)
+    assert w.window_s == pytest.approx((fill, fill + 400 * BEAT_S))
+    assert max(c.at_s for c in w.calls) < fill + 400 * BEAT_S
+    short = wl.generate("poisson:occupancy=0.8,hold=30", 1, slots=50)   # DEFAULT_BEATS
+    assert short.source["params"]["duration"] == pytest.approx(fill + wl.DEFAULT_BEATS * BEAT_S)
+    told = wl.generate("poisson:occupancy=0.8,hold=30,duration=100", 1, slots=50, beats=400)
+    assert told.source["params"]["duration"] == 100 and told.window_s == (90, 100)
+    assert wl.generate("poisson:occupancy=0.8,hold=30,duration=60", 1, slots=50).window_s is None
+    assert wl.generate("poisson:rate=1,duration=60", 1).window_s is None
+
+
+@pytest.mark.parametrize("spec,says", [
+    ("poisson:occupancy=0,hold=120,slots=10", "0 < occupancy <= 1"),
+    ("poisson:occupancy=-0.5,hold=120,slots=10", "0 < occupancy <= 1"),
+    ("poisson:occupancy=1.01,hold=120,slots=10", "0 < occupancy <= 1"),
+    ("poisson:occupancy=0.9,hold=0,slots=10", "hold .* must be > 0"),
+    ("poisson:occupancy=0.9,hold=-3,slots=10", "hold .* must be > 0"),
+    ("poisson:occupancy=0.9,rate=2,hold=120,slots=10", "rate= or occupancy=, not both"),
+    ("poisson:occupancy=0.9,hold=120", "needs the node's slots"),
+    ("poisson:occupancy=0.9,hold=120,slots=0", "slots=0.0 must be a whole number"),
+    ("poisson:occupancy=0.9,hold=120,slots=2.5", "slots=2.5 must be a whole number"),
+    ("poisson:occupancy=0.9,hold=120,call=60,slots=10", "hold and call"),
+    ("poisson:rate=1,duration=60,slots=10", "only for the occupancy form"),
+    ("diurnal:occupancy=0.9,peak=2,duration=60,slots=10", "occupancy= is poisson's"),
+])
+def test_a_bad_occupancy_spec_is_refused_with_its_reason(spec, says):
+    with pytest.raises(wl.WorkloadError, match=says):
+        wl.generate(spec, 0)
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
 def test_a_workload_file_round_trips(tmp_path, suffix):
     """Catches a writer and a reader that disagree on a column or a type."""
