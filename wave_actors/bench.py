@@ -216,8 +216,6 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     # Virtual time needs every message to be readable the moment it is sent, which inproc ZMQ
     # gives and TCP (through ZMQ's I/O thread) does not: the loop would skip ahead of it.
     bind = f"inproc://bench-{id(clock)}" if loop_virtual else "tcp://127.0.0.1:0"
-    if hasattr(backend, "prepare"):
-        backend.prepare(n + args.burst)   # capture the graph its beats use before any runs
     cpu: dict = {}                   # the node's processes' CPU over the measured beats
     node = Node(NodeConfig(bind=bind, max_sessions=backend.max_sessions, idle_timeout_s=60.0,
                            start_timeout_s=OPEN_TIMEOUT_S, start_policy=args.start_policy,
@@ -792,9 +790,9 @@ def parse_args(argv=None):
                     help="load-generator processes for the sessions (0: the callers share the "
                          "node's process; --virtual always does)")
     ap.add_argument("--policy", nargs="+", metavar="WORD",
-                    help="start policy: eager | budgeted | headroom | forecast | module:Class, "
-                         "then key=value "
-                         "parameters (default: eager); recorded in the result")
+                    help="start policy: guarded | eager | budgeted | headroom | forecast | "
+                         "module:Class, then key=value parameters (default: the node's, "
+                         "guarded); recorded in the result")
     ap.add_argument("--release-hold-ms", type=float, default=1e3 * ClockPolicy().release_hold_s,
                     help="clock policy: session actors' output work waits this long before a "
                          "release until the beat is queued (0: off)")

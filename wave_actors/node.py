@@ -43,7 +43,7 @@ from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import FRAME_S
 from wave_actors.core.jitter import AdmissionRefused, CapacityError
 from wave_actors.core.prompt import PromptRejected
-from wave_actors.core.start_policy import EagerStarts, StartPolicy
+from wave_actors.core.start_policy import GuardedStarts, StartPolicy
 from wave_actors.core.timebase import Clock
 from wave_actors.engine_host import ClockProxy, EngineHost
 from wave_actors.engine_process import ExecutorSpec
@@ -68,7 +68,7 @@ class NodeConfig:
     bind: str = "tcp://127.0.0.1:5555"
     max_sessions: int = 8
     clock_policy: ClockPolicy = field(default_factory=ClockPolicy)
-    start_policy: StartPolicy | None = None     # None: EagerStarts (rows in every beat that starts)
+    start_policy: StartPolicy | None = None     # None: GuardedStarts (start work only where it fits)
     idle_timeout_s: float = 10.0         # a session that hears nothing of its own this long ends
     heartbeat_s: float = 1.0             # a client sends something at least this often
     heartbeat_liveness: int = 3          # heartbeats missed before its sessions are detached
@@ -155,7 +155,7 @@ class Node:
         self.metrics = NodeMetrics()
         self.counters = NodeCounters()
         self.supervisor = Supervisor()
-        self.start_policy = cfg.start_policy or EagerStarts()
+        self.start_policy = cfg.start_policy or GuardedStarts()
         self.bindings = Bindings()
         self.flood = FloodGate(cfg.flood)
         self._clock_incarnation = 0

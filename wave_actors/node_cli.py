@@ -43,8 +43,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "device serves on time, from its memory and its measured beat; "
                          f"otherwise {CPU_SLOTS})")
     ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
-    ap.add_argument("--config", choices=("tiny", "full"), default="tiny",
-                    help="model size for the cpu backend")
+    ap.add_argument("--config", choices=("tiny", "full"),
+                    help="model size (default: full on a GPU backend, tiny on the cpu one)")
+    ap.add_argument("--snapshot-mb", type=float, default=-1.0,
+                    help="memory for prompt snapshots: a session whose prompt was seen starts "
+                         "by one copy, not a prefill (default: the backend's, 500 on a GPU; "
+                         "0: every start prefills)")
     ap.add_argument("--max-context", type=int, default=1500,
                     help="frames of attention context each slot holds; a longer call rolls its "
                          "oldest frames out (its prompt stays) and talks on")
@@ -80,9 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--prebuffer", type=int, default=ClockPolicy().prebuffer,
                     help="frames queued before a session starts consuming")
     ap.add_argument("--policy", nargs="+", metavar="WORD",
-                    help="start policy: eager | budgeted | headroom | forecast | module:Class, "
+                    help="start policy: guarded | eager | budgeted | headroom | forecast | module:Class, "
                          "then key=value "
-                         "parameters (default: eager)")
+                         "parameters (default: guarded: start rows and snapshot copies only where "
+                         "the beat has room for them)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demo", action="store_true", help="serve demo conversations, then stop")
     ap.add_argument("--demo-sessions", type=int, default=2)
@@ -91,6 +96,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--out", default="out")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
+    if args.config is None:
+        args.config = "full" if entry(args.backend).caps.device else "tiny"
+    if not (args.snapshot_mb >= 0 or args.snapshot_mb == -1):
+        ap.error("--snapshot-mb must be 0 or more (or -1, the backend's default)")
     if args.max_sessions is not None and args.max_sessions < 1:
         ap.error("--max-sessions must be at least 1 (leave it out for a GPU backend to size "
                  "its slots)")
@@ -157,7 +166,7 @@ def sized_slots(slots: dict) -> str:
     """A device executor's `describe()["slots"]` in words: the count, how it was decided and
     the measured beats it rests on."""
     return (f"{slots['sessions']}, by {slots['decided_by']}; device memory holds "
-            f"{slots['memory_ceiling']}; beat with start rows at full context (ms by sessions): "
+            f"{slots['memory_ceiling']}; beat at full context (ms by sessions): "
             f"{slots['beat_ms_at_context']}, budget {slots['budget_ms']} ms")
 
 
@@ -166,7 +175,8 @@ def build(args) -> Node:
                            config=args.config, max_context=args.max_context,
                            context_offset=args.context_offset, context_roll=args.context_roll,
                            cost_model=args.cost_model, checkpoint=args.checkpoint,
-                           tokenizer=args.tokenizer, seed=args.seed, start_rows=args.start_rows)
+                           tokenizer=args.tokenizer, seed=args.seed, start_rows=args.start_rows,
+                           snapshot_mb=args.snapshot_mb)
     clock = Clock()
     if args.workers:
         # The executor is built in the engine process (progress logged while a GPU model

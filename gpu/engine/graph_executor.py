@@ -66,10 +66,19 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
 # a base plus a share per slot, with margin over the measured slope.
 WORKSPACE_BASE = 2.5e9
 WORKSPACE_PER_SLOT = 25e6
-# A node sized by the executor (max_sessions 0) takes the most sessions whose beat, with start
-# rows and every cache at its full context, the device runs in this share of a beat: the rest is
-# the host's (packing, routing), the rolls' and jitter's.
-ON_TIME_SHARE = 0.85
+# The beat graphs of every bucket below the top (three row captures each) take ~60 MB a graph
+# (dense, measured): a node that sizes itself keeps this back for them, and the ladder stops
+# where less than LADDER_KEEP_FREE would remain (smaller beats then pad to the last bucket).
+LADDER_BYTES = 3e9
+LADDER_KEEP_FREE = 1e9
+# A node sized by the executor (max_sessions 0) takes the most sessions whose beat, every cache
+# at its full context, the device runs in this share of a beat: the rest is the host's (packing,
+# routing: p99 under 3 ms at dense 300), the rolls', and what the start policy lets start rows
+# and snapshot copies take where a beat has room.
+ON_TIME_SHARE = 0.88
+# Prompt snapshots' device memory by default: three dense ones (~152 MB each), room for a node's
+# few system prompts without taking a slot's worth of memory from the sessions.
+SNAPSHOT_BYTES = 0.5e9
 POLL_LEAD_S = 1.5e-3         # poll the beat's event from this long before the fastest recent beat
 POLL_UNKNOWN_S = 5e-4        # a bucket's first beats (no time known): poll at this interval
 OUTPUTS = ("pcm", "text", "func", "user")
@@ -86,29 +95,34 @@ def bucket_for(n: int, max_sessions: int) -> int:
 
 
 class MemoryPlan:
-    """What the configuration needs on the device, decided before anything is allocated."""
+    """What the configuration needs on the device, decided before anything is allocated: the
+    weights, every slot's state (and the trash slot's), the prompt snapshots, the workspace
+    (activations and graph pools of every captured bucket)."""
 
     def __init__(self, cfg: VoiceChatConfig, profile: Profile, max_sessions: int,
-                 max_context: int, max_prompt: int):
+                 max_context: int, max_prompt: int, snapshot_bytes: float = 0.0):
         dtype_of = load_dtype(cfg, profile)
         self.weights = sum(math.prod(s) * dtype_of(n).itemsize for n, s in param_shapes(cfg).items())
         self.per_session = session_state_bytes(cfg, profile, max_context, max_prompt)["total"]
+        self.snapshots = snapshot_bytes
         self.sessions = max_sessions + 1                     # + the trash slot
         self.state = self.per_session * self.sessions
         self.workspace = WORKSPACE_BASE + WORKSPACE_PER_SLOT * self.sessions
-        self.total = self.weights + self.state + self.workspace
+        self.total = self.weights + self.state + self.snapshots + self.workspace
 
     def ceiling(self, free: float) -> int:
         per_slot = self.per_session + WORKSPACE_PER_SLOT
-        return max(0, int((free - self.weights - WORKSPACE_BASE) // per_slot) - 1)
+        return max(0, int((free - self.weights - self.snapshots - WORKSPACE_BASE)
+                          // per_slot) - 1)
 
     def check(self, free: float) -> None:
         if self.total > free:
             raise MemoryError(
                 f"{self.sessions - 1} sessions at this context need {self.total / 1e9:.1f} GB "
                 f"(weights {self.weights / 1e9:.1f} + state {self.per_session / 1e6:.1f} MB × "
-                f"{self.sessions} + workspace {self.workspace / 1e9:.1f}); the device has "
-                f"{free / 1e9:.1f} GB free: at most {self.ceiling(free)} sessions fit")
+                f"{self.sessions} + snapshots {self.snapshots / 1e9:.1f} + workspace "
+                f"{self.workspace / 1e9:.1f}); the device has {free / 1e9:.1f} GB free: at most "
+                f"{self.ceiling(free)} sessions fit")
 
 
 def memory_ceiling(config: str, profile: str, max_context: int,
@@ -159,8 +173,12 @@ class GraphExecutor:
                                       **({"start_rows": options.start_rows}
                                          if options.start_rows else {}))
         sizing = options.max_sessions == 0
+        snapshot_bytes = (SNAPSHOT_BYTES if options.snapshot_mb < 0
+                          else options.snapshot_mb * 1e6)
         ceiling = MemoryPlan(self.cfg, self.profile, 1, options.max_context,
-                             self.start_shape.max_prompt).ceiling(torch.cuda.mem_get_info()[0])
+                             self.start_shape.max_prompt, snapshot_bytes
+                             ).ceiling(torch.cuda.mem_get_info()[0]
+                                       - (LADDER_BYTES if sizing else 0))
         if sizing:      # state for every slot memory holds; the measured beat picks how many serve
             if ceiling < 1:
                 raise MemoryError(f"not one session at {options.max_context} frames of context "
@@ -170,12 +188,17 @@ class GraphExecutor:
         self.options, self.capture = options, capture
         self.max_sessions = options.max_sessions
         self.plan_memory = MemoryPlan(self.cfg, self.profile, options.max_sessions,
-                                      options.max_context, self.start_shape.max_prompt)
+                                      options.max_context, self.start_shape.max_prompt,
+                                      snapshot_bytes)
         self.plan_memory.check(torch.cuda.mem_get_info()[0])
         torch.backends.cuda.matmul.allow_tf32 = self.profile.tf32
         torch.backends.cudnn.allow_tf32 = self.profile.tf32
         self.runner = ModelRunner(self._build_model(char_table), options, self.start_shape,
-                                  options.max_sessions + 1)
+                                  options.max_sessions + 1, snapshot_bytes)
+        self.snapshot_space = self.runner.snapshots.space
+        # device time of the beats' slot resets and snapshot copies: (ms, how many)
+        self.start_ms = {k: collections.deque(maxlen=4096) for k in ("reset", "copy")}
+        self._timing: list[tuple] = []
         self.trash = options.max_sessions
         s, dev = options.max_sessions + 1, self.device
         self.d_audio = torch.zeros(s, FRAMES_PER_BEAT, SAMPLES_IN, device=dev)   # row S: zeros
@@ -236,11 +259,31 @@ class GraphExecutor:
             "beat_ms_at_context": {}}
         self.max_sessions = self.slots["sessions"]
         top = bucket_for(self.max_sessions, self.max_sessions)
+        self._warm_eager()
+        t0 = time.perf_counter()
+        # Every bucket up to the top, so a beat replays the smallest that holds its rows (a lone
+        # caller's beat is a one-row beat). Largest first: the graphs share one memory pool, and
+        # a smaller capture fits in the blocks a larger one freed.
+        wanted = [top] + [b for b in reversed(BUCKETS) if b < top]
+        for key in [k for k in self._graphs if k[0] not in wanted]:
+            del self._graphs[key]                                 # the sizing's probes
         self.prepare(top)
+        for b in wanted[1:]:
+            if self._spare_bytes() < LADDER_KEEP_FREE:
+                log.warning("device memory for beat graphs ran out below %d sessions: a beat of "
+                            "fewer is padded to the smallest bucket captured", b)
+                break
+            self.prepare(b)
+        log.info("captured %d beat graphs (%d buckets) in %.1f s; %.1f GB of device memory "
+                 "spare", len(self._graphs), len({k[0] for k in self._graphs}),
+                 time.perf_counter() - t0, self._spare_bytes() / 1e9)
         self.start_rows_cost = self._time_start_rows(top)
+        # what each row capture adds to a beat (s), for a start policy that budgets them
+        self.start_row_s = {c: ms / 1e3 for c, ms in
+                            self.start_rows_cost["added_ms_by_rows"].items()}
         if not sizing:
             self.slots["beat_ms_at_context"][top] = round(1e3 * self._beat_at_context(top), 2)
-        log.info("slots: %d (%s); memory holds %d; beat with start rows at full context: %s ms "
+        log.info("slots: %d (%s); memory holds %d; beat at full context: %s ms "
                  "(budget %.0f ms)", self.max_sessions, self.slots["decided_by"], ceiling,
                  self.slots["beat_ms_at_context"], self.slots["budget_ms"])
 
@@ -381,6 +424,9 @@ class GraphExecutor:
             self.polled_beats += 1
         self._done_s = time.perf_counter() - t0
         self.beats_run += 1
+        for name, a, b, n in self._timing:
+            self.start_ms[name].append((a.elapsed_time(b), n))
+        self._timing.clear()
         if self._done_s > BEAT_S:
             self.slow_beats.append(self._slow_beat(plan, launched, self._done_s))
 
@@ -404,13 +450,15 @@ class GraphExecutor:
         t0 = time.perf_counter()
         self._beat_start.record()
         with torch.no_grad():
-            self.runner.reset(plan)
+            self._timed("reset", len(plan.resets), self.runner.reset_slots, plan)
+            self._timed("copy", len(plan.copies), self.runner.snapshots.copy_in, plan.copies)
             if plan.live or plan.rows:
                 self._enqueue(plan, inp, out)
             if plan.started and self.options.context_offset:
                 self._prefill_context(plan.started)
         self._beat_done.record()
         with torch.no_grad():
+            self.runner.save(plan)              # behind the rows that made them
             self.runner.roll(plan)          # behind the beat's work: outputs do not wait for it
         self.launch_s.append(time.perf_counter() - t0)
         if not self.poll:
@@ -550,17 +598,45 @@ class GraphExecutor:
             for _ in range(2):                       # JIT-compile kernels, pick BLAS algorithms
                 self._beat_body(g)
         torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()      # the warm-up's blocks back: the graphs' pool grows into them
         g.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g.graph, pool=self._pool), torch.no_grad():
             self._beat_body(g)
         self._graphs[bucket, rows] = g
-        log.info("captured the beat graph for %d sessions%s in %.1f s", bucket,
-                 f" with {g.start_rows} start rows" if rows else "", time.perf_counter() - t0)
+        log.info("captured the beat graph for %d sessions%s in %.1f s (%.2f GB free, %.2f GB "
+                 "reserved)", bucket, f" with {g.start_rows} start rows" if rows else "",
+                 time.perf_counter() - t0, torch.cuda.mem_get_info()[0] / 1e9,
+                 torch.cuda.memory_reserved() / 1e9)
         return g
+
+    @staticmethod
+    def _spare_bytes() -> int:
+        """Device memory a capture can still take: free, and cached by the allocator unused."""
+        return (torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved()
+                - torch.cuda.memory_allocated())
+
+    def _warm_eager(self) -> None:
+        """The eager work a beat may queue (a reset with the talker's warm-up, a snapshot copy
+        and save, a context roll) run once on the trash slot before serving: their first run
+        loads kernels and builds the roll's turn tables, which would land in a live beat."""
+        t = self.trash
+        idx = torch.tensor([t], device=self.device)
+        with torch.no_grad():
+            self.state.reset(idx)
+            self.model.warm(self.state, idx)
+            if self.snapshot_space.entries:
+                self.runner.snapshots.save([(t, 0, self.start_shape.prefill_chunk)])
+                self.runner.snapshots.copy_in([(t, 0, self.start_shape.prefill_chunk)])
+            self.model.roll(self.state, t, 1, self.options.roll_frames)
+            self.state.reset(idx)
+            self.model.warm(self.state, idx)
+        torch.cuda.synchronize()
 
     def _size_slots(self, most: int, ceiling: int) -> dict:
         """The most sessions, at most `most` (the memory `ceiling`, or the largest bucket), whose
-        beat with start rows at full context the device runs within ON_TIME_SHARE of a beat:
+        beat at full context the device runs within ON_TIME_SHARE of a beat (start rows and
+        snapshot copies ride in a beat only where they fit: the start policy's budget):
         measured at `most` and at half of it, a line through the two (past the weight reads a
         beat's time grows with its rows) gives a count, and the count is measured in turn until
         it fits. Graphs above it are dropped."""
@@ -584,7 +660,7 @@ class GraphExecutor:
                 n = max(1, min(n - 1, int(n * budget / probes[n])))
         for key in [k for k in self._graphs if k[0] > n]:
             del self._graphs[key]
-        return {"sessions": n, "decided_by": f"the beat at full context within "
+        return {"sessions": n, "decided_by": f"the beat without start rows at full context within "
                 f"{ON_TIME_SHARE:.0%} of {1e3 * BEAT_S:.0f} ms, under the memory ceiling",
                 "memory_ceiling": ceiling, "budget_ms": round(1e3 * budget, 1),
                 "beat_ms_at_context": {k: round(1e3 * v, 2) for k, v in sorted(probes.items())}}
@@ -608,14 +684,13 @@ class GraphExecutor:
             best = min(best, a.elapsed_time(b) / 1e3)
         return best
 
-    def _beat_at_context(self, n: int, replays: int = 3) -> float:
-        """The device time of the n-session beat with start rows (padded, as at build) when
-        every one of its sessions' caches is full: the fastest of a few replays. The rows it
-        writes belong to no session (every open resets its slot)."""
-        full = self.start_shape.start_rows
-        if (n, full) not in self._graphs:
-            self._capture(n, full)
-        g = self._graphs[n, full]
+    def _beat_at_context(self, n: int, replays: int = 3, rows: int = 0) -> float:
+        """The device time of the n-session beat (with `rows` start rows, padded) when every one
+        of its sessions' caches is full: the fastest of a few replays. What it writes belongs
+        to no session (every open resets its slot)."""
+        if (n, rows) not in self._graphs:
+            self._capture(n, rows)
+        g = self._graphs[n, rows]
         st = self.state
 
         def full_caches() -> None:       # each replay advances them: set again before each
@@ -662,7 +737,31 @@ class GraphExecutor:
                 "launch_ms": spread_ms(self.launch_s),
                 "allocator": {k: torch.cuda.memory_stats().get(k) for k in ALLOCATOR_COUNTS},
                 "beats_run": self.beats_run, "slow_beats": list(self.slow_beats),
-                "start_rows": self.start_rows_cost}
+                "start_rows": self.start_rows_cost,
+                "snapshots": self.snapshot_facts()}
+
+    def snapshot_facts(self) -> dict:
+        """The snapshot rows' memory and what a copy-start cost the beats it rode in: the
+        device time of the beat's copies, per copy (its slot's reset, as every start's, apart)."""
+        def per(name: str) -> dict:
+            beats = self.start_ms[name]
+            return {"beats": len(beats), "sessions": sum(n for _, n in beats),
+                    "ms_per_session": spread_ms([ms / n / 1e3 for ms, n in beats])
+                    if beats else {}}
+        return {"device_bytes": self.runner.snapshots.nbytes(),
+                "entries": self.snapshot_space.entries, "copy": per("copy"),
+                "reset": per("reset")}
+
+    def _timed(self, name: str, n: int, fn, arg) -> None:
+        """fn(arg) between two device events when it has n > 0 things to do (read at the
+        beat's end: no wait here)."""
+        if not n:
+            return
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(arg)
+        b.record()
+        self._timing.append((name, a, b, n))
 
     def close(self) -> None:
         self._worker.shutdown(wait=True)

@@ -108,11 +108,14 @@ class ModelRunner:
         """The plan's slot resets (sessions opened), before anything else of it; the talker's
         warm-up is copied in with them (it is the same for every session); then the prompt
         snapshots that starting slots copy."""
+        self.reset_slots(plan)
+        self.snapshots.copy_in(plan.copies)
+
+    def reset_slots(self, plan: BookPlan) -> None:
         if plan.resets:
             slots = self.index(plan.resets)
             self.state.reset(slots)
             self.model.warm(self.state, slots)
-        self.snapshots.copy_in(plan.copies)
 
     def save(self, plan: BookPlan) -> None:
         """The plan's snapshot saves, after its start rows."""

@@ -58,35 +58,38 @@ class SnapshotRows:
         r = self.rows
         return sum(t.numel() * t.element_size() for t in (r.ssm, r.conv, r.k, r.v))
 
-    def _index(self, pairs: list[tuple[int, int, int]]):
+    def _lengths(self, pairs: list[tuple[int, int, int]]):
         dev = self.state.thinker.k.device
         a = np.asarray(pairs, np.int64)
-        as_dev = lambda col: torch.as_tensor(a[:, col], device=dev)  # noqa: E731
-        return as_dev(0), as_dev(1), as_dev(2), int(a[:, 2].max())
+        return torch.as_tensor(a[:, 0], device=dev), torch.as_tensor(a[:, 1], device=dev), \
+            torch.as_tensor(a[:, 2], device=dev)
+
+    @staticmethod
+    def _rows(dst: ThinkerState, i: int, src: ThinkerState, j: int, p: int) -> None:
+        """Row j of `src` into row i of `dst`, up to p positions of KV: a plain strided copy a
+        tensor (one block per layer), which streams at the copy rate where a gather by an index
+        tensor builds a temporary of every row first."""
+        dst.ssm[:, i].copy_(src.ssm[:, j])
+        dst.conv[:, i].copy_(src.conv[:, j])
+        dst.k[:, i, :p].copy_(src.k[:, j, :p])
+        dst.v[:, i, :p].copy_(src.v[:, j, :p])
 
     def copy_in(self, copies: list[tuple[int, int, int]]) -> None:
-        """(slot, entry, positions): the entry's state into the slot (after its reset). KV rows
-        past a snapshot's own positions are copied too when a longer one shares the copy;
-        the slot's length says where its cache ends, and nothing reads past it."""
+        """(slot, entry, positions): the entry's state into the slot (after its reset); the
+        slot's length says where its cache ends, and nothing reads past it."""
         if not copies:
             return
-        slots, entries, positions, p = self._index(copies)
-        th, r = self.state.thinker, self.rows
-        th.ssm[:, slots] = r.ssm[:, entries]
-        th.conv[:, slots] = r.conv[:, entries]
-        th.k[:, slots, :p] = r.k[:, entries, :p]
-        th.v[:, slots, :p] = r.v[:, entries, :p]
-        th.length[slots] = positions
+        for slot, entry, positions in copies:
+            self._rows(self.state.thinker, slot, self.rows, entry, positions)
+        slots, _, positions = self._lengths(copies)
+        self.state.thinker.length[slots] = positions
 
     def save(self, saves: list[tuple[int, int, int]]) -> None:
         """(slot, entry, positions): the slot's thinker state (its rows just ran up to
         `positions`) kept in the entry."""
         if not saves:
             return
-        slots, entries, positions, p = self._index(saves)
-        th, r = self.state.thinker, self.rows
-        r.ssm[:, entries] = th.ssm[:, slots]
-        r.conv[:, entries] = th.conv[:, slots]
-        r.k[:, entries, :p] = th.k[:, slots, :p]
-        r.v[:, entries, :p] = th.v[:, slots, :p]
-        r.length[entries] = positions
+        for slot, entry, positions in saves:
+            self._rows(self.rows, entry, self.state.thinker, slot, positions)
+        _, entries, positions = self._lengths(saves)
+        self.rows.length[entries] = positions

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -66,7 +67,9 @@ class WpkExecutor(GraphExecutor):
         # (WPK.md §4). Read once, at the context's creation: too late if CUDA is up already.
         if not torch.cuda.is_initialized():
             os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
-        super().__init__(options, capture, streams)
+        # Starts prefill here: a snapshot copy is an eager op that would run behind the
+        # resident controller, and this executor warms only what its beats launch.
+        super().__init__(dataclasses.replace(options, snapshot_mb=0), capture, streams)
         self.module_loading = os.environ.get("CUDA_MODULE_LOADING", "LAZY")
         dev, rows = self.device, self.max_sessions
         self._desc_h = torch.zeros(Descriptor.words(rows), dtype=torch.int64, pin_memory=True)

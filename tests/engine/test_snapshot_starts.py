@@ -44,12 +44,15 @@ def frame_audio(plan) -> np.ndarray:
 
 
 async def run_calls(ex, calls: list[tuple[int, int, SessionSpec]], beats: int = 14) -> dict:
-    """calls: (beat, slot, spec) opens. Returns slot → {frame index: outputs of that frame}."""
+    """calls: (beat, slot, spec) opens (spec None: a close). Returns slot → {frame index:
+    outputs of that frame, -1: the state its first frame read}."""
     d = BeatDriver(ex)
     heard: dict[int, dict[int, tuple]] = {}
     for k in range(beats):
         for beat, slot, spec in calls:
-            if beat == k:
+            if beat == k and spec is None:
+                d.close(slot)
+            elif beat == k:
                 d.open(slot, spec)
         waiting = [s for s in range(SLOTS) if not d.ready(s)]
         plan, out = await d.beat(frame_audio)
@@ -87,15 +90,21 @@ def start_state(ex, slot: int) -> tuple:
 
 
 def same(a: dict, b: dict, frames: int = 12) -> bool:
-    if not all(torch.equal(x, y) for x, y in zip(a[-1], b[-1])):
+    differ = [i for i, (x, y) in enumerate(zip(a[-1], b[-1])) if not torch.equal(x, y)]
+    if differ:
+        print("start states differ in parts", differ)
         return False
     keys = sorted(set(a) & set(b) - {-1})[:frames]
     assert len(keys) >= 8, f"too few frames to compare: {len(keys)}"
-    return all(np.array_equal(a[k][0], b[k][0]) and a[k][1:3] == b[k][1:3]
-               and np.array_equal(a[k][3], b[k][3]) for k in keys)
+    bad = [k for k in keys if not (np.array_equal(a[k][0], b[k][0]) and a[k][1:3] == b[k][1:3]
+                                   and np.array_equal(a[k][3], b[k][3]))]
+    if bad:
+        print("outputs differ at frames", bad)
+    return not bad
 
 
-def compare(name: str, calls, slot: int, profile: str = "fp32", beats: int = 14):
+def compare(name: str, calls, slot: int, profile: str = "fp32", beats: int = 18):
+    beats += 0 if name == "cpu" else 18        # the graph's starts take a beat per 16 tokens
     with_snap = asyncio.run(run_calls(build(name, True, profile), calls, beats))
     plain = asyncio.run(run_calls(build(name, False, profile), calls, beats))
     return with_snap, plain, same(with_snap[slot], plain[slot])
@@ -106,9 +115,18 @@ def name(request):
     return request.param
 
 
+def alone_after(name: str, spec, first: int = 0, later: int = 2) -> list:
+    """`first` opens at beat 0 and leaves once live; `later` opens after it: alone in its beats
+    in both runs. (On the GPU a row's last bits depend on its company in the beat: the
+    attention's split over the longest context, the batch's GEMM kernel; so a session is
+    compared where its company is the same.)"""
+    gone = 7 if name == "cpu" else 14
+    return [(0, first, spec), (gone, first, None), (gone + 1, later, spec)]
+
+
 def test_a_warm_start_is_the_prefilled_start(name):
     spec = SessionSpec(instructions=INSTRUCTIONS)
-    calls = [(0, 0, spec), (3, 2, spec)]
+    calls = alone_after(name, spec)
     snap, _, equal = compare(name, calls, 2)
     book = snap["book"].snapshots.describe()
     assert book["hits"] == 1 and book["saves"] == 1, book      # slot 2 really copied
@@ -121,7 +139,9 @@ def test_a_prefix_snapshot_resumes_at_its_end(name):
     specs = [SessionSpec(instructions=INSTRUCTIONS, tools=[TOOL(t)])
              for t in ("book_room", "cancel_booking", "late_checkout")]
     # the prefix is made by the second prompt's rows while the first's run beside them
-    calls = [(0, 0, specs[0]), (2, 1, specs[1]), (5, 3, specs[2])]
+    late = 5 if name == "cpu" else 14         # once the second's rows passed the prefix
+    calls = [(0, 0, specs[0]), (2, 1, specs[1]), (late - 1, 0, None), (late - 1, 1, None),
+             (late, 3, specs[2])]
     snap, _, equal = compare(name, calls, 3, beats=16)
     book = snap["book"].snapshots.describe()
     assert book["prefix_hits"] == 1 and book["hits"] == 0, book
@@ -130,7 +150,8 @@ def test_a_prefix_snapshot_resumes_at_its_end(name):
 
 def test_sessions_from_one_snapshot_still_draw_their_own_noise(name):
     spec = SessionSpec(instructions=INSTRUCTIONS)
-    snap = asyncio.run(run_calls(build(name, True), [(0, 0, spec), (3, 1, spec), (3, 2, spec)]))
+    snap = asyncio.run(run_calls(build(name, True), [(0, 0, spec), (3, 1, spec), (3, 2, spec)],
+                                 14 if name == "cpu" else 32))
     assert snap["book"].snapshots.hits == 2
     assert all(torch.equal(x, y) for x, y in zip(snap[1][-1], snap[2][-1]))   # one start state
     frames = sorted(set(snap[1]) - {-1})
@@ -151,14 +172,15 @@ def test_the_check_catches_a_copy_that_reads_another_slot(name, monkeypatch):
             th.length[slot] = positions
     monkeypatch.setattr(SnapshotRows, "copy_in", stale_copy)
     spec = SessionSpec(instructions=INSTRUCTIONS)
-    assert not compare(name, [(0, 0, spec), (5, 2, spec)], 2, beats=16)[2]
+    late = 5 if name == "cpu" else 14          # slot 0 is mid-call by then
+    assert not compare(name, [(0, 0, spec), (late, 2, spec)], 2, beats=16)[2]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("profile", ["reference", "dense"])
 def test_graph_serving_profiles_warm_equals_prefilled(profile):
     spec = SessionSpec(instructions=INSTRUCTIONS)
-    snap, _, equal = compare("graph", [(0, 0, spec), (3, 2, spec)], 2, profile)
+    snap, _, equal = compare("graph", alone_after("graph", spec), 2, profile)
     assert snap["book"].snapshots.hits == 1
     assert equal
 

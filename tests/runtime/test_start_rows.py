@@ -159,10 +159,11 @@ def test_the_clock_gives_a_beat_its_time_left():
 
 
 def test_an_overloaded_node_still_opens_every_caller_a_slot_holds(tmp_path):
-    """Admission by slots only: at 60 ms a session, the fourth live session makes every beat
-    late, yet the fourth open is answered `opened` within a few beats (no start is refused for
-    want of time), and only the fifth, with every slot taken, is refused `capacity`."""
-    vn = VirtualNode(4, cost=slow_cost(tmp_path, per_session_ms=60.0))
+    """Admission by slots only (the eager policy): at 60 ms a session, the fourth live session
+    makes every beat late, yet the fourth open is answered `opened` within a few beats (no
+    start is refused for want of time), and only the fifth, with every slot taken, is refused
+    `capacity`."""
+    vn = VirtualNode(4, cost=slow_cost(tmp_path, per_session_ms=60.0), start_policy=EagerStarts())
     try:
         waits = []
         for i in range(4):
@@ -176,6 +177,25 @@ def test_an_overloaded_node_still_opens_every_caller_a_slot_holds(tmp_path):
         vn.close()
     assert max(waits) <= 4 * BEAT_S
     assert refused.value.reason == "capacity" and counters.refusals == {"capacity": 1}
+
+
+def test_the_default_policy_refuses_the_open_that_would_make_every_beat_late(tmp_path):
+    """The guarded default at 45 ms a session: three live sessions fit the beat, a fourth is
+    forecast past it and refused `admission` at once (never admitted to wait or to make the
+    others late), and no beat is late."""
+    vn = VirtualNode(4, cost=slow_cost(tmp_path, per_session_ms=45.0))
+    try:
+        for i in range(3):
+            vn.run(vn.client.open(f"s{i}", sample_rate=16000, format="pcm_f32le"))
+        vn.settle(1.0)
+        with pytest.raises(Refused) as refused:
+            vn.run(vn.client.open("fourth", sample_rate=16000, format="pcm_f32le"))
+        vn.settle(1.0)
+        status, counters = vn.node.status(), vn.node.counters
+    finally:
+        vn.close()
+    assert refused.value.reason == "admission" and counters.refusals == {"admission": 1}
+    assert status["late_beats"] == 0 and status["beats"] > 10
 
 
 def test_a_burst_of_opens_is_answered_within_the_beats_its_rows_take(tmp_path):

@@ -15,6 +15,7 @@ import json
 
 BUILT_IN = {"budgeted": "wave_actors.core.start_policy:BudgetedStarts",
             "eager": "wave_actors.core.start_policy:EagerStarts",
+            "guarded": "wave_actors.core.start_policy:GuardedStarts",
             "headroom": "wave_actors.core.start_policy:HeadroomAdmission",
             "forecast": "wave_actors.core.start_policy:ForecastAdmission"}
 

@@ -109,10 +109,12 @@ class BookPlan:
                                         # after this beat's start rows
 
 
-def carry_start_rows(slots: list, starts: StartQueue, shape: StartShape, plan: BookPlan) -> None:
+def carry_start_rows(slots: list, starts: StartQueue, shape: StartShape, plan: BookPlan,
+                     rows: int | None = None) -> None:
     """The beat's start rows into `plan`: the next prompt chunk of each starting slot the queue
-    picks (`slots`: each slot's `prompt` and `prompt_done`); a prompt finished is `started`."""
-    for i in starts.plan(shape.start_rows):
+    picks, at most `rows` (default: the shape's), (`slots`: each slot's `prompt` and
+    `prompt_done`); a prompt finished is `started`."""
+    for i in starts.plan(shape.start_rows if rows is None else rows):
         s = slots[i]
         chunk = s.prompt[s.prompt_done:s.prompt_done + shape.prefill_chunk]
         plan.rows.append((i, chunk, s.prompt_done))
@@ -232,10 +234,21 @@ class SlotBook:
         self._beat += 1
         self._frames[idx] += FRAMES_PER_BEAT
         self._rolled[rolling] += self.roll_frames
-        if self._placing:
-            self._place_starts(plan)
-        if self.starts.running and self.policy.carry_rows(len(live), time_left_s):
-            carry_start_rows(self.slots, self.starts, self.shape, plan)
+        budget = getattr(self.policy, "start_budget", None)
+        if budget is None:                    # a policy that only says whether rows ride
+            if self._placing:
+                self._place_starts(plan)
+            rows = (self.shape.start_rows if self.starts.running
+                    and self.policy.carry_rows(len(live), time_left_s) else 0)
+        else:
+            copies = self._copies_ready()
+            most, rows = budget(len(live), len(resets), len(roll), copies,
+                                self.starts.running + len(self._placing) - copies,
+                                self.shape.row_captures, time_left_s)
+            if self._placing:
+                self._place_starts(plan, most)
+        if self.starts.running and rows:
+            carry_start_rows(self.slots, self.starts, self.shape, plan, rows)
             if self.snapshots is not None:
                 self._keep_snapshots(plan)
         for i in self.starts.going_live():
@@ -243,16 +256,33 @@ class SlotBook:
             self._live[i] = True
         return plan
 
-    def _place_starts(self, plan: BookPlan) -> None:
+    def _waits(self, slot: int, key: str) -> bool:
+        """Whether an opened slot waits for the snapshot another slot's rows are making."""
+        index = self.snapshots
+        return index.pending.get(key, slot) != slot and index.fits(len(self.slots[slot].prompt))
+
+    def _copies_ready(self) -> int:
+        """Opened slots that would start by a snapshot copy now."""
+        if self.snapshots is None:
+            return 0
+        return sum(not self._waits(slot, key)
+                   and self.snapshots.find(self.slots[slot].prompt, count=False) is not None
+                   for slot, key in self._placing.items())
+
+    def _place_starts(self, plan: BookPlan, most_copies: int | None = None) -> None:
         """Opened slots (reset in this plan or before) start: from their prompt's snapshot (a
         copy; live from the next beat), from a prefix's snapshot (a copy, then rows for the
         rest), after the rows of another slot with the same prompt (they wait for its
-        snapshot), or by rows. In open order."""
+        snapshot), or by rows. In open order; past `most_copies` copies (the start policy's
+        budget), a slot that would copy waits for the next beat."""
         index = self.snapshots
         for slot, key in list(self._placing.items()):
             s = self.slots[slot]
-            if index.pending.get(key, slot) != slot and index.fits(len(s.prompt)):
+            if self._waits(slot, key):
                 continue                         # the same prompt's snapshot is being made
+            if most_copies is not None and len(plan.copies) >= most_copies \
+                    and index.find(s.prompt, count=False) is not None:
+                continue
             del self._placing[slot]
             snap = index.find(s.prompt)
             self.starts.open(slot)
@@ -307,5 +337,11 @@ class SlotBook:
 
     def observe(self, plan: BookPlan, seconds: float | None) -> None:
         """What the executor measured for the plan: the whole beat, start rows included."""
-        if seconds is not None and (plan.live or plan.rows):
+        if seconds is None or not (plan.live or plan.rows):
+            return
+        beat = getattr(self.policy, "observe_beat", None)
+        if beat is None:
             self.policy.observe(len(plan.live), bool(plan.rows), seconds)
+        else:
+            beat(len(plan.live), self.shape.capture_for(len(plan.rows)) if plan.rows else 0,
+                 len(plan.copies), len(plan.resets), len(plan.roll), seconds)

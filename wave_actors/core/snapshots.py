@@ -67,23 +67,27 @@ class SnapshotIndex:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def find(self, tokens) -> Snapshot | None:
-        """The snapshot of the whole prompt, else of its longest kept chunk-aligned prefix
-        (marked used); None when neither is kept. Counts a hit, a prefix hit or a miss."""
+    def find(self, tokens, count: bool = True) -> Snapshot | None:
+        """The snapshot of the whole prompt, else of its longest kept chunk-aligned prefix;
+        None when neither is kept. With `count`, marks it used and counts a hit, a prefix hit
+        or a miss (without: a look that changes nothing)."""
         if not self.enabled:
             return None
         whole = self._kept.get(self.key(tokens))
         if whole is not None:
-            self._kept.move_to_end(self.key(tokens))
-            self.hits += 1
+            if count:
+                self._kept.move_to_end(self.key(tokens))
+                self.hits += 1
             return whole
         for p in range((len(tokens) - 1) // self.chunk * self.chunk, 0, -self.chunk):
             k = self.key(tokens[:p])
             if k in self._kept:
-                self._kept.move_to_end(k)
-                self.prefix_hits += 1
+                if count:
+                    self._kept.move_to_end(k)
+                    self.prefix_hits += 1
                 return self._kept[k]
-        self.misses += 1
+        if count:
+            self.misses += 1
         return None
 
     def fits(self, positions: int) -> bool:

@@ -200,6 +200,126 @@ class ForecastAdmission(BudgetedStarts):
 
 
 @dataclass
+class GuardedStarts:
+    """Start work only where it fits: a beat's start rows and snapshot copies are sized so the
+    beat, as forecast, still ends `margin_s` before the deadline (see the module's top).
+
+    The forecast is the beat without start work at this live count (learned from the beats
+    run: each one's time less what its start work and rolls are priced at, an average that
+    rises at once and falls slowly, so a beat that ran long at this count is believed) plus
+    the start work: per snapshot copy `copy_s`, per slot reset `reset_s`, per roll `roll_s`,
+    per row capture what it added where measured (`row_s`, from the executor's build, else
+    learned). Rows never ride in a beat the forecast says they would make late, however long
+    they wait; a count never measured is measured first with rows held back, so what rows
+    cost is never learned from a late beat."""
+    margin_s: float = 0.008         # the beat's spread from beat to beat, the host's jitter
+    copy_s: float = 0.0005          # a snapshot copy's device time, until measured
+    reset_s: float = 0.0003
+    roll_s: float = 0.0008
+    row_prior_s: float = 0.0025     # a start row's cost until its capture's is known
+    fall: float = 0.1               # weight of a faster beat in the average (slower: at once)
+    name: str = field(default="guarded", init=False)
+    held_back: int = field(default=0, init=False)
+    copies_held: int = field(default=0, init=False)
+    refused: int = field(default=0, init=False)
+    overhead_s: float = field(default=0.0, init=False, repr=False)   # the beat's host share
+    row_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    plain_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if min(self.margin_s, self.copy_s, self.reset_s, self.roll_s, self.row_prior_s) < 0 \
+                or not 0 < self.fall <= 1:
+            raise ValueError("GuardedStarts: costs and margin >= 0, 0 < fall <= 1")
+
+    def know_rows(self, added_s: dict[int, float]) -> None:
+        """What each row capture adds to a beat, as the executor measured it at build."""
+        self.row_s.update({int(k): max(0.0, float(v)) for k, v in added_s.items()})
+
+    def _row_cost(self, capture: int) -> float:
+        return self.row_s.get(capture, capture * self.row_prior_s) if capture else 0.0
+
+    def _work_s(self, rows: int, copies: int, resets: int, rolls: int) -> float:
+        return (self._row_cost(rows) + copies * self.copy_s + resets * self.reset_s
+                + rolls * self.roll_s)
+
+    def _average(self, table: dict, key: int, value: float) -> None:
+        """Rises at once, falls by `fall`: a beat that ran long is believed."""
+        old = table.get(key)
+        table[key] = value if old is None or value > old else old + self.fall * (value - old)
+
+    def observe(self, n_live: int, with_rows: bool, seconds: float) -> None:
+        self.observe_beat(n_live, 0, 0, 0, 0, seconds)
+
+    def observe_beat(self, n_live: int, rows: int, copies: int, resets: int, rolls: int,
+                     seconds: float) -> None:
+        """rows: the row capture the beat replayed (0: none)."""
+        if rows and n_live in self.plain_s:
+            self._average(self.row_s, rows, max(0.0, seconds - self.plain_s[n_live]
+                                                - self._work_s(0, copies, resets, rolls)))
+        self._average(self.plain_s, n_live, seconds - self._work_s(rows, copies, resets, rolls))
+
+    def forecast(self, n_live: int) -> float | None:
+        """The beat without start work at this live count: measured; else on the line through
+        the measured counts either side of it (past the last one, along the line through the
+        last two, never falling); else, one count measured, scaled up by the live ratio (never
+        down); None before any beat."""
+        t = self.plain_s
+        if n_live in t:
+            return t[n_live]
+        if not t:
+            return None
+        below = [k for k in t if k < n_live]
+        above = [k for k in t if k > n_live]
+        if below and above:
+            a, b = max(below), min(above)
+        elif len(below) >= 2:
+            a, b = sorted(below)[-2:]
+        else:
+            m = min(t, key=lambda k: (abs(k - n_live), -k))
+            return t[m] * max(1.0, n_live / max(1, m))
+        slope = max(0.0, (t[b] - t[a]) / (b - a))
+        return max(t[a], t[a] + slope * (n_live - a))
+
+    def start_budget(self, n_live: int, resets: int, rolls: int, copies: int, starting: int,
+                     row_captures: tuple[int, ...], time_left_s: float) -> tuple[int, int]:
+        """(snapshot copies, start rows) this beat may carry: at most `copies` (waiting to be
+        copied), then the largest of `row_captures` that fits after them (`starting`: slots
+        that want rows)."""
+        self.overhead_s = max(self.overhead_s * (1 - self.fall), BEAT_S - time_left_s)
+        plain = self.forecast(n_live)
+        if n_live == 0 or plain is None:
+            return copies, max(row_captures)   # no live call to make late
+        room = time_left_s - self.margin_s - plain - self._work_s(0, 0, resets, rolls)
+        fit = max(0, min(copies, int(room / self.copy_s + 1e-9) if self.copy_s else copies))
+        self.copies_held += copies - fit
+        room -= fit * self.copy_s
+        rows = max([c for c in row_captures if c and self._row_cost(c) <= room] + [0])
+        if starting and not rows:
+            self.held_back += 1
+        return fit, rows
+
+    def carry_rows(self, n_live: int, time_left_s: float) -> bool:
+        return self.start_budget(n_live, 0, 0, 0, 1, (1,), time_left_s)[1] > 0
+
+    def admit(self, n_live: int, n_starting: int, slots: int) -> str | None:
+        """An open is admitted unless the beat with it and every session live or starting is
+        forecast past the deadline (less the margin and the host's share): a call the node
+        cannot carry on time is refused now, not left to make everyone's beats late."""
+        n = n_live + n_starting + 1
+        expected = self.forecast(n)
+        if expected is None or n == 1 or expected + self.margin_s + self.overhead_s <= BEAT_S:
+            return None
+        self.refused += 1
+        return (f"a beat of {n} sessions is forecast at {1e3 * expected:.1f} ms, past the "
+                f"{1e3 * BEAT_S:.0f} ms beat less {1e3 * (self.margin_s + self.overhead_s):.0f} "
+                "ms of margin and host time")
+
+    def describe(self) -> dict:
+        return _describe(self) | {"copies_held": self.copies_held, "refused": self.refused,
+                                  "row_ms": {k: round(1e3 * v, 2) for k, v in self.row_s.items()}}
+
+
+@dataclass
 class _Start:
     order: int                      # open order: the oldest starts take the rows first
     chunks: int = 0                 # prompt chunks run
