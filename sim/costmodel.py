@@ -3,7 +3,8 @@
 A beat is two frames; each frame reads every weight once for the whole batch and each session's
 state once (MODEL.md §5): mem = 2·(W + N·S(L))/BW, comp = 2·N·(bf16/R_bf16 + tf32/R_tf32), and
 the beat takes max(mem, comp) plus a fixed overhead. Parameters load from JSON so that fitted
-GPU measurements can replace the roofline defaults.
+GPU measurements can replace the roofline defaults. A beat's other work adds its own: start
+rows, slot resets, context rolls, prompt-snapshot copies and saves (`draw_parts`).
 
 A measured model (`sim.fit`) holds instead the executor's beat measured at some batch sizes
 (`beat_points`), interpolated between them; below the smallest a beat costs the smallest's time,
@@ -22,7 +23,31 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wave_actors.core.slot_book import GRAPH_MAX_PROMPT
+
 DEFAULT_PATH = Path(__file__).with_name("costmodel.json")
+
+# Prompt snapshots (wave_actors/core/snapshots.py): what one holds in the full model, the same in
+# both profiles (fp32 SSM states, bf16 conv states and KV rows in each). Computed from the real
+# shapes on the meta device (sim stays torch-free, so not imported here):
+#   .venv/bin/python -c "from gpu.model.config import VoiceChatConfig, PROFILES;
+#   from gpu.model.voicechat_state import VoiceChatState;
+#   from gpu.engine.snapshot_rows import space_for;
+#   st = VoiceChatState.alloc(VoiceChatConfig.full(), PROFILES['dense'], 1, 16, 'meta',
+#                             max_prompt=512);
+#   s = space_for(st, 1e9, ''); print(s.fixed_bytes, s.bytes_per_position)"
+# (the same with PROFILES['reference']).
+# fixed: SSM 141,557,760 + conv 1,990,656 bytes of one slot; a position: one K and one V row of
+# every attention layer.
+SNAPSHOT_FIXED_BYTES = 143_548_416
+SNAPSHOT_BYTES_PER_POSITION = 16_384
+SNAPSHOT_BYTES = 1e9            # the executors' default (ExecutorOptions.snapshot_mb = -1)
+# Until an H200 fit prices them: a snapshot copy (or save) moves a whole prompt's snapshot
+# (GRAPH_MAX_PROMPT = 512 positions: 151,937,024 bytes) once each way, read and write, at a
+# conservative 3.0e12 B/s device copy rate: 2 × 151,937,024 / 3.0e12 = 101.3 µs.
+COPY_BPS = 3.0e12
+SNAPSHOT_COPY_S = round(2 * (SNAPSHOT_FIXED_BYTES
+                             + GRAPH_MAX_PROMPT * SNAPSHOT_BYTES_PER_POSITION) / COPY_BPS, 9)
 
 
 @dataclass(frozen=True)
@@ -52,6 +77,15 @@ class CostModel:
     # before serving, and its runs show no such beat). A policy that reads a single slow beat
     # without rows (`headroom`) sees it.
     first_roll_s: float = 0.0
+    # What a beat adds per prompt-snapshot copy (a start from a snapshot: `BookPlan.copies`,
+    # after the resets) and per save (a prompt's start state kept: `BookPlan.saves`, after the
+    # rows); `sim.fit` fits copy_s where the traces count copies, else both are the prior above.
+    copy_s: float = SNAPSHOT_COPY_S
+    save_s: float = SNAPSHOT_COPY_S
+    # A snapshot of p prompt positions holds snapshot_fixed_bytes + p × snapshot_bytes_per_position
+    # (the sim executor's `snapshot_space`, as the GPU executor's `space_for`).
+    snapshot_fixed_bytes: float = SNAPSHOT_FIXED_BYTES
+    snapshot_bytes_per_position: float = SNAPSHOT_BYTES_PER_POSITION
     jitter_rel: float = 0.0
     # By this share of a beat's time its frame 0 is done and routed (frame 1 computes on): the
     # engine's beat hears both frames, then thinks, speaks and decodes frame 0 before frame 1.
@@ -167,24 +201,27 @@ class CostModel:
 
     def draw_beat(self, n_live: int, context: float, rows: int, capture: int,
                   full_capture: int, rng: random.Random, resets: int = 0,
-                  rolls: int = 0, first_roll: bool = False) -> float:
+                  rolls: int = 0, first_roll: bool = False, copies: int = 0,
+                  saves: int = 0) -> float:
         """One beat's modelled seconds, release to outputs routed: the live rows' time with its
         jitter, plus the start rows', plus the host's time outside the executor. The sim
         executor and the fast mode both draw from here, so for one seed they draw the same
-        beats. `first_roll`: no earlier beat of this executor rolled a context."""
+        beats. `first_roll`: no earlier beat of this executor rolled a context; `copies`,
+        `saves`: the beat's prompt-snapshot copies and saves."""
         executor_s, host_s = self.draw_parts(n_live, context, rows, capture, full_capture, rng,
-                                             resets, rolls, first_roll)
+                                             resets, rolls, first_roll, copies, saves)
         return executor_s + host_s
 
     def draw_parts(self, n_live: int, context: float, rows: int, capture: int,
                    full_capture: int, rng: random.Random, resets: int = 0,
-                   rolls: int = 0, first_roll: bool = False) -> tuple[float, float]:
+                   rolls: int = 0, first_roll: bool = False, copies: int = 0,
+                   saves: int = 0) -> tuple[float, float]:
         """`draw_beat`'s two parts: (the executor's seconds, the host's seconds around it).
         Virtual time gives the host's work no time, so a measured model adds it here. The
         jitter scales the whole executor's beat (a fitted model's residuals are measured
         against the whole)."""
         live_s = (self.beat_time(n_live, context) + self.rows_time(rows, capture, full_capture)
-                  + resets * self.reset_s
+                  + resets * self.reset_s + copies * self.copy_s + saves * self.save_s
                   + rolls * (self.roll_s + (self.row_roll_s if rows else 0.0))
                   + (self.first_roll_s if rolls and first_roll and not rows else 0.0))
         pool = self.row_residuals if rows and self.row_residuals else self.residuals

@@ -11,6 +11,12 @@ shape (`slot_book.StartShape`) and the node's start policy, exactly as for the e
 that carries start rows costs the cost model's `start_rows_s` more, or `small_rows_s` when the
 start shape's small row capture holds them (the GPU replays the smallest capture that holds a
 beat's rows and pays for all of its rows, used or padded).
+
+Prompt snapshots are the engine's too: the executor's `snapshot_space` is the GPU executor's
+(`gpu/engine/snapshot_rows.space_for`) with the full model's snapshot sizes from the cost model
+and `snapshot_mb` of its options (-1: the executors' 1,000 MB, 0: none), so the clock's slot book
+starts a session from its prompt's snapshot where the engine's would. A beat pays the cost
+model's `copy_s` a copy and `save_s` a save (`draw_beat`).
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from sim.costmodel import CostModel
+from sim.costmodel import SNAPSHOT_BYTES, CostModel
 from wave_actors.core.contract import (NO_TOKEN, BeatInput, BeatOutput, ExecutorOptions,
                                        SessionSpec, need_slots)
 from wave_actors.core.frames import (ALL_FRAMES, FIRST_FRAME, FRAMES_PER_BEAT, LATER_FRAMES, OUT_RATE,
@@ -32,6 +38,7 @@ from wave_actors.core.frames import (ALL_FRAMES, FIRST_FRAME, FRAMES_PER_BEAT, L
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import BookPlan, StartShape
+from wave_actors.core.snapshots import SnapshotSpace
 from wave_actors.core.text import (CALL_END, CALL_START, PAD, ByteFallbackCodec,
                                    UserByteFallbackCodec)
 from wave_actors.core.timebase import Clock
@@ -58,6 +65,18 @@ def _tone_frame(slot: int) -> np.ndarray:
     frame = (0.2 * np.sin(2 * math.pi * tone_hz(slot) * n / OUT_RATE)).astype(np.float32)
     frame.flags.writeable = False
     return frame
+
+
+def snapshot_space(options: ExecutorOptions, cost: CostModel,
+                   shape: StartShape) -> SnapshotSpace:
+    """The prompt snapshots a GPU executor of these options would keep (`space_for`): rows of
+    `shape.max_prompt` positions within `snapshot_mb` (-1: SNAPSHOT_BYTES; 0: none). The fast
+    mode's book keeps the same, so its starts are the sim executor's."""
+    capacity = SNAPSHOT_BYTES if options.snapshot_mb < 0 else options.snapshot_mb * 1e6
+    fixed = int(cost.snapshot_fixed_bytes)
+    per_position = int(cost.snapshot_bytes_per_position)
+    entries = int(capacity // (fixed + per_position * shape.max_prompt)) if capacity > 0 else 0
+    return SnapshotSpace(entries, capacity, fixed, per_position, f"sim:{options.profile}")
 
 
 HEARD_CHUNK = 32           # slots read at a time from the frames' ring: the rows stay in cache
@@ -101,6 +120,7 @@ class SimExecutor:
                 f"{self.max_sessions} sessions at {offset} frames of context need "
                 f"{self.max_sessions * self.cost.state_bytes(offset) / 1e9:.1f} GB of state; "
                 f"the modelled device holds {self.cost.capacity(offset)}")
+        self.snapshot_space = snapshot_space(options, self.cost, self.start_shape)
         self.clock = clock or Clock()
         self.text_codec = ByteFallbackCodec()
         self.user_codec = UserByteFallbackCodec()
@@ -165,7 +185,8 @@ class SimExecutor:
                                     self.start_shape.capture_for(rows),
                                     self.start_shape.start_rows, self._rng,
                                     resets=len(plan.resets), rolls=rolls,
-                                    first_roll=not self._rolled)
+                                    first_roll=not self._rolled, copies=len(plan.copies),
+                                    saves=len(plan.saves))
         self._rolled = self._rolled or rolls > 0
         live = np.asarray(plan.live, np.int64)
         if self.trace is not None:                 # what the executor was handed, at hand-over
@@ -250,6 +271,8 @@ class SimExecutor:
     def describe(self) -> dict:
         return {"backend": self.name, "max_sessions": self.max_sessions,
                 "start_shape": asdict(self.start_shape),
+                "snapshots": {"entries": self.snapshot_space.entries,
+                              "capacity_bytes": int(self.snapshot_space.capacity_bytes)},
                 "cost_model": {"profile_bytes_per_session_at_1500": self.cost.session_bytes(1500),
                                "beat_ms_at_max": 1000 * self.cost.beat_time(self.max_sessions,
                                                                             1500)}}

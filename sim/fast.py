@@ -1,9 +1,11 @@
 """Fast mode: the node's scheduling at beat granularity, without the node.
 
 The production scheduler runs unchanged (the `SlotBook` with the start policy object, the GPU's
-`StartShape`, `admission()`, the cost model's `draw_beat` on `random.Random(seed)` as the sim
-executor draws it); what full emulation spends its time on (sockets, actors, audio arrays,
-the event loop) is replaced by the clock's timing rules and per-slot frame counters:
+`StartShape` and the sim executor's prompt snapshots (`sim.executor.snapshot_space`),
+`admission()`, the cost model's `draw_beat` on `random.Random(seed)` as the sim executor draws
+it, snapshot copies and saves priced as it prices them); what full emulation spends its time
+on (sockets, actors, audio arrays, the event loop) is replaced by the clock's timing rules and
+per-slot frame counters:
 
   - beat k is released at k·160 ms; it is planned at max(release, the previous beat's submit),
     with `time_left_s` 0 when the previous beat still runs, else the deadline less how late it
@@ -41,6 +43,7 @@ import numpy as np
 
 from wave_actors import deadlines
 from sim.costmodel import CostModel
+from sim.executor import snapshot_space
 from sim.frame_counters import TICK_EPS, Frames
 from wave_actors.workload import Call, Workload, WorkloadError, load
 from wave_actors.bench import (RESULTS, WARMUP_BEATS, WARMUP_MAX, BenchResult, RunResult,
@@ -53,6 +56,7 @@ from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.frames import BEAT_S, FRAME_S
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.slot_book import SlotBook, StartShape
+from wave_actors.core.snapshots import snapshot_index
 from wave_actors.core.spread import spread_ms
 from wave_actors.core.start_policy import EagerStarts, admission
 from wave_actors.core.text import ByteFallbackCodec
@@ -86,6 +90,7 @@ class FastConfig:
     workload_spec: str | None = None
     clock: ClockPolicy = field(default_factory=ClockPolicy)     # prebuffer, queue, shedding
     warmup_max: int = WARMUP_MAX
+    snapshot_mb: float = -1.0           # prompt snapshots' memory (-1: the executors', 0: none)
 
     def __post_init__(self) -> None:
         if self.slots < 1 or self.runs < 1 or self.beats < 0:
@@ -94,6 +99,8 @@ class FastConfig:
             raise FastError("a closed loop needs lines >= 1 and beats >= 1 (or give a workload)")
         if not self.churn_s >= 0:
             raise FastError("churn_s must be >= 0")
+        if not (self.snapshot_mb >= 0 or self.snapshot_mb == -1):
+            raise FastError(f"snapshot_mb {self.snapshot_mb}: -1 (the default), 0 (none) or more")
 
     @property
     def options(self) -> ExecutorOptions:
@@ -103,7 +110,7 @@ class FastConfig:
         return ExecutorOptions(max_sessions=self.slots, profile=self.profile,
                                max_context=self.context, cost_model=self.cost_model,
                                context_offset=max(0, self.context - 2 * roll),
-                               context_roll=roll, seed=self.seed)
+                               context_roll=roll, seed=self.seed, snapshot_mb=self.snapshot_mb)
 
 
 @dataclass
@@ -116,6 +123,12 @@ class _Caller:
     pause_s: float = 0.0            # workload: the wait before its next redial
     slot: int = -1
     dialed_s: float = 0.0           # its latest dial
+
+
+@dataclass(frozen=True)
+class _Snapshots:
+    """What `snapshot_index` reads of an executor: its snapshot space."""
+    snapshot_space: object
 
 
 class _Run:
@@ -131,8 +144,11 @@ class _Run:
                             f"the modelled device holds {self.cost.capacity(self.offset)}")
         self.shape = StartShape()                 # the GPU executor's, as the sim's
         self.policy = copy.deepcopy(cfg.policy) if cfg.policy is not None else EagerStarts()
+        # the sim executor's snapshots: the book it would get from the clock (`snapshot_index`)
+        self.snapshots = snapshot_index(_Snapshots(snapshot_space(opts, self.cost, self.shape)),
+                                        self.shape.prefill_chunk)
         self.book = SlotBook(cfg.slots, self.shape, self.policy, opts.frames_per_session,
-                             opts.roll_frames)
+                             opts.roll_frames, self.snapshots)
         self.rng = random.Random(seed)            # SimExecutor's: one draw_beat a submit
         self.rolled = False                       # a beat rolled a context (its first costs)
         self.frames = Frames(cfg.slots, cfg.clock, np.random.default_rng([seed, 0xFA57]))
@@ -153,7 +169,7 @@ class _Run:
         self.lines: list[np.random.Generator] = []
         # beats that carried sessions, in order (their ends ascend: one beat runs at a time)
         self.rec = {k: [] for k in ("release", "latency", "compute", "sessions", "begin",
-                                    "end", "rows", "resets", "rolls")}
+                                    "end", "rows", "resets", "rolls", "copies")}
         self.ramp_compute: list[float] = []       # every executed beat's time (closed loop)
         self.host: list[float] = []               # the clock's share of recent beats
         self.prev_submit = self.prev_end = -math.inf
@@ -300,7 +316,8 @@ class _Run:
         compute = self.cost.draw_beat(len(live), context, rows, self.shape.capture_for(rows),
                                       self.shape.start_rows, self.rng,
                                       resets=len(plan.resets), rolls=len(plan.roll),
-                                      first_roll=not self.rolled)
+                                      first_roll=not self.rolled, copies=len(plan.copies),
+                                      saves=len(plan.saves))
         self.rolled = self.rolled or bool(plan.roll)
         end = self.prev_end = start + compute
         self.ramp_compute.append(compute)
@@ -308,7 +325,8 @@ class _Run:
             latency = end - release
             self.host.append(max(0.0, latency - begin - compute))
             for key, v in zip(self.rec, (release, latency, compute, len(live), begin, end,
-                                         rows, len(plan.resets), len(plan.roll))):
+                                         rows, len(plan.resets), len(plan.roll),
+                                         len(plan.copies))):
                 self.rec[key].append(v)
         self.at(end, OBSERVE, self._finish, plan, compute, live, self.frames.gen[live])
         return plan_t
@@ -388,7 +406,7 @@ class _Run:
             {"latency_ms": [round(x, 1) for x in lat.tolist()],
              "compute_ms": [round(x, 1) for x in gpu.tolist()],
              "sessions": live.tolist(),
-             **{k: r[k].astype(int).tolist() for k in ("rows", "resets", "rolls")}},
+             **{k: r[k].astype(int).tolist() for k in ("rows", "resets", "rolls", "copies")}},
             round(1e3 * float(r["begin"][0]), 1), len(self.waits), float(o50), float(o99),
             {"start": self.policy.describe()}, float(omax), dict(self.refused),
             {"offered": n, "min": int(live.min()), "p50": float(np.percentile(live, 50)),
@@ -435,7 +453,7 @@ def run_fast(cfg: FastConfig) -> BenchResult:
     wall = time.perf_counter() - t0
     extra = {"workload": cfg.workload.describe() if cfg.workload is not None else None,
              "seeds": [cfg.seed + r for r in range(cfg.runs)],
-             "cost_model": cfg.cost_model, "slots": cfg.slots,
+             "cost_model": cfg.cost_model, "slots": cfg.slots, "snapshot_mb": cfg.snapshot_mb,
              "virtual_s": round(virtual, 3), "wall_s": round(wall, 3),
              "speed": round(virtual / wall, 1) if wall > 0 else None}
     start = runs[0].policies["start"]
@@ -466,6 +484,8 @@ def main(argv=None, command: str | None = None) -> int:
     ap.add_argument("--policy", nargs="+", metavar="WORD")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--snapshot-mb", type=float, default=-1.0,
+                    help="prompt snapshots' memory, MB (-1: the executors' default, 0: none)")
     ap.add_argument("--out", help=f"folder for the result JSON (default: none; e.g. {RESULTS})")
     args = ap.parse_args(argv)
     try:
@@ -475,7 +495,8 @@ def main(argv=None, command: str | None = None) -> int:
             workload_spec=args.workload,
             profile=args.profile, context=args.context, cost_model=args.cost_model,
             policy=make_policy(args.policy) if args.policy else None, seed=args.seed,
-            runs=args.runs, command=command or "python -m sim.fast " + " ".join(
+            runs=args.runs, snapshot_mb=args.snapshot_mb,
+            command=command or "python -m sim.fast " + " ".join(
                 sys.argv[1:] if argv is None else argv))
         result = run_fast(cfg)
     except (FastError, WorkloadError, PolicyError, OSError) as exc:

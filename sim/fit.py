@@ -24,7 +24,10 @@ What it fits, from every measured beat (`per_run[i].trace`) of the files:
     slot reset and per context roll, per roll in a beat with rows, and once for each file's
     first beat that rolled, where it carried no start rows (the roll path's first use;
     beside the rows' work it hid within their spread: `start_rows_s`, `small_rows_s`,
-    `reset_s`, `roll_s`, `row_roll_s`, `first_roll_s`);
+    `reset_s`, `roll_s`, `row_roll_s`, `first_roll_s`), and one per prompt-snapshot copy
+    (`copy_s`) where a trace counts them (`copies`; a trace without the column copied
+    nothing; where no beat copied, or the copies cannot be told from the resets they came
+    with, `copy_s` stays the prior of `sim/costmodel.json`, as `save_s` always does);
     once, then again without the beats the first fit missed by more than TRIM_MADS median
     absolute deviations (a GC pause, a stall), and a part the beats cannot tell (never carried,
     or a fitted time below zero) is left out and taken from elsewhere. Traces without those
@@ -83,7 +86,8 @@ class Measured:
     latency_s: np.ndarray       # [beats] release → outputs routed
     gc_s: np.ndarray            # [beats] garbage collection since the previous beat
     host_s: np.ndarray          # latency − compute of the beats after one on time (module doc)
-    carried: np.ndarray | None  # [beats, 3] rows, resets, rolls; None: the trace has no columns
+    carried: np.ndarray | None  # [beats, 4] rows, resets, rolls, copies; None: the trace has
+                                # no columns (copies: 0 where a trace has none)
     row_beats: tuple            # ((batch, rows, seconds), ...): beats with rows, no resets
     first_shares: tuple         # each run's frame-0 share of the executor's beat (p50)
     engine: dict
@@ -118,8 +122,12 @@ def read(path: str) -> Measured:
     buckets = sorted(engine.get("buckets_captured") or [])
     col = lambda key: np.concatenate([np.asarray(r["trace"][key], float) for r in runs])
     live = col("sessions").astype(int)
-    carried = (np.stack([col(k) for k in CARRIED], axis=1).astype(int)
-               if all(k in r["trace"] for r in runs for k in CARRIED) else None)
+    carried = None
+    if all(k in r["trace"] for r in runs for k in CARRIED):
+        copies = np.concatenate([np.asarray(r["trace"].get("copies")
+                                            or np.zeros(len(r["trace"]["compute_ms"])), float)
+                                 for r in runs])
+        carried = np.stack([col(k) for k in CARRIED] + [copies], axis=1).astype(int)
     return Measured(path, raw.get("commit", "unknown"), raw["backend"], raw["profile"],
                     int(raw["context"]), held_context(raw), raw["gpu"], live,
                     np.array([padded(n, buckets) for n in live]), col("compute_ms") / 1e3,
@@ -128,6 +136,7 @@ def read(path: str) -> Measured:
 
 
 CARRIED = ("rows", "resets", "rolls")       # a trace's columns of what a beat carried
+# and `copies` (prompt-snapshot copies), read as 0 where a trace has no such column
 
 
 def first_rolls(carried: np.ndarray) -> np.ndarray:
@@ -252,14 +261,18 @@ def _least_squares(batch: np.ndarray, carried: np.ndarray, first_roll: np.ndarra
                    compute: np.ndarray, sizes: list[int]) -> tuple[list, dict, np.ndarray, dict]:
     """Each beat's executor time as its bucket's time plus what it carried (module doc):
     (points, {field: seconds} for the parts the beats tell, each beat's prediction, notes)."""
-    rows, resets, rolls = carried.T
+    rows, resets, rolls, copies = carried.T
     capture = np.array([START_SHAPE.capture_for(int(r)) for r in rows])
     parts = {"start_rows_s": (rows > 0) & (capture == START_SHAPE.start_rows),
              "small_rows_s": (rows > 0) & (capture < START_SHAPE.start_rows),
              "reset_s": resets, "roll_s": rolls, "row_roll_s": np.where(rows > 0, rolls, 0),
-             "first_roll_s": first_roll & (rows == 0)}
+             "first_roll_s": first_roll & (rows == 0), "copy_s": copies}
     names = [k for k, v in parts.items() if np.any(v)]
     base = (batch[:, None] == np.array(sizes)[None, :]).astype(float)
+    if "copy_s" in names:               # copies only ever with as many resets: not told apart
+        x = np.hstack([base] + [np.asarray(parts[k], float)[:, None] for k in names])
+        if np.linalg.matrix_rank(x) < np.linalg.matrix_rank(x[:, :-1]) + 1:
+            names.remove("copy_s")
     used = np.ones(len(compute), bool)
     for _ in range(2):                  # the fit; then without the beats it missed far
         while True:
@@ -273,7 +286,8 @@ def _least_squares(batch: np.ndarray, carried: np.ndarray, first_roll: np.ndarra
         mad = max(float(np.median(np.abs(miss[used] - np.median(miss[used])))), 1e-6)
         used = np.abs(miss - np.median(miss[used])) <= TRIM_MADS * mad
     extra = dict(zip(names, (float(c) for c in coef[len(sizes):])))
-    notes = {"method": "least squares over every measured beat (rows, resets, rolls)",
+    notes = {"method": "least squares over every measured beat (rows, resets, rolls"
+                       + (", copies)" if np.any(copies) else ")"),
              "beats_used": int(used.sum()), "beats_trimmed": int((~used).sum()),
              "beats_carrying": {k: int(np.count_nonzero(v)) for k, v in parts.items()},
              "added_ms": {k: round(1e3 * v, 2) for k, v in extra.items()},
@@ -375,13 +389,13 @@ def model_of(doc: dict) -> CostModel:
 def predict(model: CostModel, m: Measured, seed: int) -> dict:
     """Draws for each of `m`'s beats at its live count: p50/p99 latency and mean compute, ms."""
     rng = random.Random(seed)
-    carried = m.carried if m.carried is not None else np.zeros((len(m.live), 3), int)
+    carried = m.carried if m.carried is not None else np.zeros((len(m.live), 4), int)
     parts = np.array([model.draw_parts(int(n), sum(m.held) / 2, int(rows),
                                        START_SHAPE.capture_for(int(rows)),
                                        START_SHAPE.start_rows, rng, int(resets), int(rolls),
-                                       bool(first))
-                      for n, (rows, resets, rolls), first in zip(m.live, carried,
-                                                                first_rolls(carried))])
+                                       bool(first), int(copies))
+                      for n, (rows, resets, rolls, copies), first in zip(m.live, carried,
+                                                                        first_rolls(carried))])
     lat = 1e3 * parts.sum(axis=1)
     return {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
             "mean_compute_ms": float(1e3 * parts[:, 0].mean())}

@@ -145,6 +145,9 @@ def parse_args(argv):
     ap.add_argument("--policy", nargs="+", metavar="WORD", default=["eager"])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0, help="the first seed")
+    ap.add_argument("--snapshot-mb", type=float, default=-1.0,
+                    help="prompt snapshots' memory, MB (-1: the executors' default, 0: none: "
+                         "every start prefills its prompt)")
     ap.add_argument("--tolerance", type=float, default=0.02,
                     help="bisection stops when the bracket's ends are this close (relative)")
     ap.add_argument("--out", help="result JSON (default: bench/results/slo-...json)")
@@ -160,7 +163,8 @@ def main(argv=None) -> int:
         policy = make_policy(args.policy)
         base = FastConfig(slots=args.slots, workload=scaled(args.workload, 1.0, args.seed),
                           profile=args.profile, context=args.context,
-                          cost_model=args.cost_model, policy=policy)
+                          cost_model=args.cost_model, policy=policy,
+                          snapshot_mb=args.snapshot_mb)
         seeds = [args.seed + i for i in range(args.seeds)]
         found = []
         for seed in seeds:
@@ -177,6 +181,7 @@ def main(argv=None) -> int:
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     result = {"slo": slo, "policy": policy.describe(), "workload": args.workload,
               "slots": args.slots, "profile": args.profile, "context": args.context,
+              "snapshot_mb": args.snapshot_mb,
               "cost_model": args.cost_model, "seeds": seeds, "tolerance": args.tolerance,
               "capacity_erlangs": {"mean": round(mean, 3), "ci95": [round(low, 3),
                                                                      round(high, 3)]},

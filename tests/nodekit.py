@@ -63,11 +63,12 @@ class VirtualNode:
 
     def __init__(self, max_sessions: int = 3, cost: CostModel | None = None,
                  executor: type[SimExecutor] = SimExecutor, prebuffer: int | None = None,
-                 max_queue: int | None = None, **cfg):
+                 max_queue: int | None = None, snapshot_mb: float = -1.0, **cfg):
         self.loop = VirtualTimeLoop()
         asyncio.set_event_loop(self.loop)
         self.clock = Clock(self.loop)
-        self.executor = executor(ExecutorOptions(max_sessions=max_sessions),
+        self.executor = executor(ExecutorOptions(max_sessions=max_sessions,
+                                                 snapshot_mb=snapshot_mb),
                                  cost or CostModel.load(), self.clock, trace=True)
         bind = f"inproc://node-{next(_ids)}"
         jitter = {k: v for k, v in (("prebuffer", prebuffer), ("max_queue", max_queue)) if v}

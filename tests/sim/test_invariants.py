@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
+from sim.costmodel import CostModel
+from sim.executor import snapshot_space
 from tests.nodekit import VirtualNode, coded_frame, decode_code, slow_cost
 from transports.client import Refused
 from wave_actors.core.contract import NO_TOKEN, BeatInput, BeatOutput, SessionSpec
@@ -54,8 +56,9 @@ def _instructions(chars: int) -> str:
 
 class ScriptedExecutor:
     """The Executor protocol with no model: each beat takes the next time of `times` (a list,
-    or a function of the beat's index), slept on the node's clock; the engine's start shape and
-    prompt fitting (`StartShape()`, the byte codec). Records every plan it ran."""
+    or a function of the beat's index), slept on the node's clock; the engine's start shape,
+    prompt fitting (`StartShape()`, the byte codec) and prompt snapshots (a GPU executor's
+    space, as `test_snapshots.py` checks the sim's is). Records every plan it ran."""
     name = "scripted"
     caps = REGISTRY["cpu"].caps         # a host executor's: no modelled time, no frame reads
     start_shape = StartShape()
@@ -64,6 +67,7 @@ class ScriptedExecutor:
     def __init__(self, options, clock, times):
         self.options, self.clock, self.times = options, clock, times
         self.max_sessions = options.max_sessions
+        self.snapshot_space = snapshot_space(options, CostModel.load(), self.start_shape)
         self.text_codec, self.user_codec = ByteFallbackCodec(), UserByteFallbackCodec()
         self.plans: list = []
         self._end = None
@@ -213,10 +217,12 @@ def open_bound_beats(chunks: list[int], rows: int) -> list[int]:
     return [c + sum(chunks[:i]) // rows for i, c in enumerate(chunks)]
 
 
-def check_open_bounded(prompts: list[int], offset_s: float = 0.0) -> None:
+def check_open_bounded(prompts: list[int], offset_s: float = 0.0,
+                       snapshot_mb: float = -1.0) -> None:
     """Opens a session of each prompt length (characters) at once, `offset_s` into a beat, on a
-    node with a slot for each; every one must be answered `opened` within its bound."""
-    vn = VirtualNode(len(prompts) + 1, start_policy=EagerStarts())
+    node with a slot for each; every one must be answered `opened` within its bound (with
+    prompt snapshots too: a start that copies is answered with the one whose rows made it)."""
+    vn = VirtualNode(len(prompts) + 1, start_policy=EagerStarts(), snapshot_mb=snapshot_mb)
     ex, shape = vn.executor, vn.executor.start_shape
     chunks = [math.ceil(len(ex.prompt_tokens(SessionSpec(_instructions(p)))) / shape.prefill_chunk)
               for p in prompts]
@@ -238,12 +244,14 @@ def check_open_bounded(prompts: list[int], offset_s: float = 0.0) -> None:
 
 
 @settings(max_examples=10, deadline=None, database=None)
-@given(st.lists(st.integers(0, 480), min_size=1, max_size=24), st.floats(0.0, BEAT_S))
-def test_opened_within_the_beats_its_start_shape_needs(prompts, offset):
+@given(st.lists(st.integers(0, 480), min_size=1, max_size=24), st.floats(0.0, BEAT_S),
+       st.sampled_from([-1.0, 0.0]))
+def test_opened_within_the_beats_its_start_shape_needs(prompts, offset, snapshot_mb):
     """Catches: a start never given rows (its open unanswered, or refused on timeout); starts
     delayed beyond the shape's need (rows carried only some beats, a start waiting behind
-    younger ones, a finished start not answered the beat it goes live)."""
-    check_open_bounded(prompts, offset)
+    younger ones, a finished start not answered the beat it goes live); with prompt snapshots
+    or without."""
+    check_open_bounded(prompts, offset, snapshot_mb)
 
 
 # -- 4. end-to-end frame conservation ----------------------------------------------------------
@@ -360,20 +368,23 @@ SLOTS_5 = 6
 # (beat it comes at, prompt characters, beats it stays open after it is answered)
 
 
-def run_starts(make_executor, opens: list, beats: int = 40) -> tuple[list, list, list, int]:
+def run_starts(make_executor, opens: list, beats: int = 40,
+               snapshot_mb: float = -1.0) -> tuple[list, list, list, int]:
     """Runs `opens` on a node with the budgeted start policy (its decisions hang on the
     measured beats) and sessions of 45 ms a beat (four live overrun); returns every beat's
     start decisions, the measured beat times, when and where each open was answered, and the
-    beats whose rows the policy held back."""
+    beats whose rows the policy held back. `snapshot_mb`: the executors' prompt snapshots."""
     kw = {} if make_executor is None else {"executor": make_executor}
-    vn = VirtualNode(SLOTS_5, slow_cost(_tmp(), 45.0), start_policy=BudgetedStarts(), **kw)
+    vn = VirtualNode(SLOTS_5, slow_cost(_tmp(), 45.0), start_policy=BudgetedStarts(),
+                     snapshot_mb=snapshot_mb, **kw)
     clock = vn.node.clock_actor
     decisions, plan = [], clock.book.plan
 
     def recorded(time_left_s):
         p = plan(time_left_s)
         decisions.append((p.beat, tuple(p.resets), tuple(p.live),
-                          tuple((slot, at) for slot, _chunk, at in p.rows), tuple(p.started)))
+                          tuple((slot, at) for slot, _chunk, at in p.rows), tuple(p.started),
+                          tuple(p.copies), tuple(p.saves)))
         return p
     clock.book.plan = recorded
 
@@ -401,12 +412,13 @@ def run_starts(make_executor, opens: list, beats: int = 40) -> tuple[list, list,
         vn.close()
 
 
-def check_same_starts(opens: list) -> int:
+def check_same_starts(opens: list, snapshot_mb: float = -1.0) -> int:
     """The sim's run, then a scripted executor's fed the sim's measured beat times: the same
-    start decisions beat by beat and the same answers to every open. Returns the beats whose
-    rows the policy held back (so a test can show the policy's choices were in play)."""
-    sim, times, sim_answers, held = run_starts(None, opens)
-    other, _, other_answers, _ = run_starts(scripted(times), opens)
+    start decisions (rows, snapshot copies and saves) beat by beat and the same answers to
+    every open. Returns the beats whose rows the policy held back (so a test can show the
+    policy's choices were in play)."""
+    sim, times, sim_answers, held = run_starts(None, opens, snapshot_mb=snapshot_mb)
+    other, _, other_answers, _ = run_starts(scripted(times), opens, snapshot_mb=snapshot_mb)
     assert len(sim) == len(other) and sim_answers == other_answers, \
         f"opens answered differently: sim {sim_answers}, scripted {other_answers}"
     for a, b in zip(sim, other):
@@ -440,8 +452,10 @@ STARTS_CASE = [(0, 480, 20), (0, 300, 20), (0, 40, 20), (1, 0, 20), (2, 200, 6),
 
 def test_same_start_decisions_with_the_policy_holding_rows_back():
     """The case the mutations use: overrunning beats make the budgeted policy hold rows back,
-    and the decisions still agree."""
-    assert check_same_starts(STARTS_CASE) > 0
+    and the decisions still agree; without prompt snapshots (every start prefills its rows:
+    with them, the shared prompts copy and no rows are held back) and with them."""
+    assert check_same_starts(STARTS_CASE, snapshot_mb=0) > 0
+    check_same_starts(STARTS_CASE)
 
 
 # -- 6. a backlog drains once load falls -------------------------------------------------------

@@ -21,8 +21,11 @@ from sim import plot, run, slo
 
 ROOT = Path(__file__).resolve().parents[2]
 # Small enough to run in a second; dense beats on the H200 fit come near the deadline, and
-# 16 slots under 1.5 calls a second both block and (forecast's admission) refuse.
-DENSE = ["--profile", "dense", "--cost-model", str(ROOT / "sim/costmodel_h200_dense.json")]
+# 16 slots under 1.5 calls a second both block and (forecast's admission) refuse. Without
+# prompt snapshots: the calls share one prompt, and with them every start after the first is
+# a copy and no beat runs late.
+DENSE = ["--profile", "dense", "--cost-model", str(ROOT / "sim/costmodel_h200_dense.json"),
+         "--snapshot-mb", "0"]
 WORKLOAD = "poisson:rate=1.5,duration=60,call=15"
 
 
