@@ -190,7 +190,8 @@ def memory_ceiling(args, max_context: int) -> int:
 def executor_options(args, max_n: int) -> ExecutorOptions:
     """The executor's options from the bench's flags, slots sized for `max_n` sessions."""
     offset, max_context, roll = held_context(args)
-    return ExecutorOptions(max_sessions=max(max_n, args.max_sessions or 0), profile=args.profile,
+    slots = 0 if args.self_size else max(max_n, args.max_sessions or 0)
+    return ExecutorOptions(max_sessions=slots, profile=args.profile,
                            config=args.config, max_context=max_context, context_offset=offset,
                            cost_model=args.cost_model, seed=args.seed, context_roll=roll,
                            beat_wait=args.beat_wait, start_rows=args.start_rows,
@@ -747,6 +748,9 @@ def parse_args(argv=None):
                          "sessions run past it by rolling, as a node with that --max-context does")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--max-sessions", type=int, default=0, help="slots (default: --sessions)")
+    ap.add_argument("--self-size", action="store_true",
+                    help="slots as the node sizes them with no --max-sessions (a device "
+                         "backend: from its memory and its measured beat)")
     ap.add_argument("--beats", type=int, default=500,
                     help="beats in the measured window, once every caller is live and the "
                          "warm-up is on time (a workload: after its fill); the headline late "

@@ -201,10 +201,10 @@ class BeatClockActor(Actor):
         self.book = SlotBook(executor.max_sessions, executor.start_shape, start_policy,
                              opts.frames_per_session, opts.roll_frames,
                              snapshot_index(executor, executor.start_shape.prefill_chunk))
-        know_rows = getattr(start_policy, "know_rows", None)
-        row_s = getattr(executor, "start_row_s", None)
-        if know_rows is not None and row_s:       # what the executor measured its rows cost
-            know_rows(row_s)
+        for know, fact in (("know_rows", "start_row_s"), ("know_beats", "beat_at_context_s")):
+            learn, measured = getattr(start_policy, know, None), getattr(executor, fact, None)
+            if learn is not None and measured:     # what the executor measured at build
+                learn(measured)
         self.stats = ClockStats()
         self._on_beat, self._keep_records = on_beat, keep_records
         self._frames_read = 0           # since the last release (BeatRecord.frames_read)

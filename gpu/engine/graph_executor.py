@@ -278,11 +278,14 @@ class GraphExecutor:
                  "spare", len(self._graphs), len({k[0] for k in self._graphs}),
                  time.perf_counter() - t0, self._spare_bytes() / 1e9)
         self.start_rows_cost = self._time_start_rows(top)
-        # what each row capture adds to a beat (s), for a start policy that budgets them
+        # what each row capture adds to a beat, and beats at full context (s), for a start
+        # policy that budgets start work by them until it has measured its own
         self.start_row_s = {c: ms / 1e3 for c, ms in
                             self.start_rows_cost["added_ms_by_rows"].items()}
         if not sizing:
             self.slots["beat_ms_at_context"][top] = round(1e3 * self._beat_at_context(top), 2)
+        self.beat_at_context_s = {1: self._beat_at_context(1)} | {
+            int(n): ms / 1e3 for n, ms in self.slots["beat_ms_at_context"].items()}
         log.info("slots: %d (%s); memory holds %d; beat at full context: %s ms "
                  "(budget %.0f ms)", self.max_sessions, self.slots["decided_by"], ceiling,
                  self.slots["beat_ms_at_context"], self.slots["budget_ms"])

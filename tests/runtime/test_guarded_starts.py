@@ -21,30 +21,60 @@ def guarded(**kw) -> GuardedStarts:
     return p
 
 
+def book_with(p: GuardedStarts, slots: int = 8) -> tuple[SlotBook, SnapshotIndex]:
+    shape = StartShape(prefill_chunk=4, start_rows=16, small_rows=4, max_prompt=16)
+    index = SnapshotIndex(4, 1e9, lambda n: 100 + n, 4)
+    return SlotBook(slots, shape, p, 1000, 8, index), index
+
+
 def test_an_idle_node_carries_every_start():
     p = guarded()
-    assert p.start_budget(0, 3, 0, 5, 3, CAPTURES, 0.15) == (5, 16)
+    book, _ = book_with(p)
+    for s in range(5):
+        book.open(s, [1, 2, 3, s])             # five prompts of their own
+    plan = book.plan(0.15)
+    assert plan.resets == list(range(5)) and len(plan.rows) == 5
 
 
 def test_rows_ride_only_in_the_capture_that_fits():
     p = guarded(margin_s=0.008)
     p.observe_beat(100, 0, 0, 0, 0, 0.100)
     # 150 ms left: 100 + 8 margin: 42 ms of room: 16 rows (30 ms) fit
-    assert p.start_budget(100, 0, 0, 0, 1, CAPTURES, 0.150)[1] == 16
+    assert p.rows_in(p.start_room(100, 0.150), CAPTURES) == 16
     # 120 ms left: 12 ms of room: only the 4-row capture (8 ms)
-    assert p.start_budget(100, 0, 0, 0, 1, CAPTURES, 0.120)[1] == 4
-    # 110 ms left: 2 ms: none, however long the start has waited
-    for _ in range(20):
-        assert p.start_budget(100, 0, 0, 0, 1, CAPTURES, 0.110)[1] == 0
-    assert p.held_back == 20
+    assert p.rows_in(p.start_room(100, 0.120), CAPTURES) == 4
+    # 110 ms left: 2 ms: none, however long a start has waited
+    assert p.rows_in(p.start_room(100, 0.110), CAPTURES) == 0
 
 
-def test_copies_are_bounded_by_the_room_left():
-    p = guarded(margin_s=0.008, copy_s=0.001)
-    p.observe_beat(200, 0, 0, 0, 0, 0.130)
-    copies, rows = p.start_budget(200, 0, 0, 50, 0, CAPTURES, 0.150)
-    assert copies == 12 and rows == 0          # 12 ms of room at 1 ms a copy
-    assert p.copies_held == 38
+def test_a_start_waits_for_a_beat_with_room_and_is_counted():
+    p = guarded(margin_s=0.008)
+    book, _ = book_with(p)
+    p.plain_s = {0: 0.0, 1: 0.145}
+    book.open(0, [1, 2, 3])
+    book.plan(0.16)                            # idle: it starts
+    book.plan(0.16)
+    assert book.ready(0)
+    book.open(1, [7, 8, 9])
+    plans = [book.plan(0.16) for _ in range(5)]    # 7 ms of room: the reset, no row fits
+    assert not any(p_.rows for p_ in plans) and p.held_back >= 4
+    p.plain_s[1] = 0.100
+    plan = book.plan(0.16)
+    assert plan.rows and plan.rows[0][0] == 1
+
+
+def test_resets_past_the_room_wait_for_the_next_beat():
+    p = guarded(margin_s=0.0, reset_s=0.010)
+    book, _ = book_with(p, 12)
+    p.plain_s = {n: 0.125 for n in range(13)}      # 35 ms of room: 3 resets a beat
+    book.open(0, [1])
+    book.plan(0.16)
+    book.plan(0.16)
+    for s in range(1, 10):
+        book.open(s, [1, 2, 3, s])
+    got = [book.plan(0.16).resets for _ in range(4)]
+    assert [len(r) for r in got] == [3, 3, 3, 0]
+    assert sorted(sum(got, [])) == list(range(1, 10)) and p.resets_held == 6 + 3
 
 
 def test_the_forecast_leaves_start_work_out():
@@ -66,11 +96,8 @@ def test_a_slow_beat_is_believed_at_once_and_forgotten_slowly():
 def test_the_book_holds_copies_past_the_budget_for_the_next_beat():
     """With a tight budget the book copies only what fits and keeps the rest opened; each
     goes live in a later beat, none is lost or copied twice."""
-    shape = StartShape(prefill_chunk=4, start_rows=2, small_rows=1, max_prompt=16)
-    p = guarded(margin_s=0.0, copy_s=0.010)
-    p.know_rows({1: 0.010, 2: 0.020})
-    index = SnapshotIndex(4, 1e9, lambda n: 100 + n, 4)
-    book = SlotBook(8, shape, p, 1000, 8, index)
+    p = guarded(margin_s=0.0, copy_s=0.010, reset_s=0.0)
+    book, index = book_with(p)
     book.open(0, [1, 2, 3])
     book.plan(0.16)
     book.plan(0.16)

@@ -137,7 +137,8 @@ class SlotBook:
         `snapshots`: the executor's prompt snapshots (None: every start prefills)."""
         self.shape, self.policy = shape, policy
         self.snapshots = snapshots if snapshots is not None and snapshots.enabled else None
-        self._placing: dict[int, str] = {}       # opened slots not yet started: slot → prompt key
+        # opened slots not started yet (their reset first): slot → prompt key (None: no index)
+        self._placing: dict[int, str | None] = {}
         self.frames_per_session, self.roll_frames = frames_per_session, roll_frames
         self.slots = [SlotState() for _ in range(slots)]
         self._live = np.zeros(slots, bool)
@@ -158,10 +159,9 @@ class SlotBook:
         self.slots[slot] = SlotState("starting", list(tokens), spec=spec)
         self._set(slot, live=False, reset=True, session=self._sessions, prompt_len=len(tokens))
         self._forcing.discard(slot)
-        if self.snapshots is None:
-            self.starts.open(slot)
-        else:                   # a copy, a wait for the same prompt's rows, or rows: at the plan
-            self._placing[slot] = self.snapshots.key(tokens)
+        # after its reset: a copy, a wait for the same prompt's rows, or rows (at a plan)
+        self._placing.pop(slot, None)           # a reopened slot starts after the others
+        self._placing[slot] = None if self.snapshots is None else self.snapshots.key(tokens)
         return self._sessions
 
     def close(self, slot: int) -> None:
@@ -203,11 +203,19 @@ class SlotBook:
 
     # -- one beat -----------------------------------------------------------------------------------
     def plan(self, time_left_s: float) -> BookPlan:
+        idx = np.flatnonzero(self._live)
+        room_of = getattr(self.policy, "start_room", None)
+        # seconds of start work the beat has room for (None: the policy does not budget it)
+        room = None if room_of is None else room_of(len(idx), time_left_s)
         resets: list[int] = []
         if self._reset.any():
             resets = np.flatnonzero(self._reset).tolist()
+            if room is not None:           # a reset waits for a beat with room, and its start
+                fit = max(0, int(room / self.policy.reset_s + 1e-9)) if self.policy.reset_s \
+                    else len(resets)
+                resets = resets[:fit]
+                room -= len(resets) * self.policy.reset_s
             self._reset[resets] = False
-        idx = np.flatnonzero(self._live)
         live = idx.tolist()
         frame0 = self._frames[idx]
         context = frame0 - self._rolled[idx]
@@ -234,19 +242,22 @@ class SlotBook:
         self._beat += 1
         self._frames[idx] += FRAMES_PER_BEAT
         self._rolled[rolling] += self.roll_frames
-        budget = getattr(self.policy, "start_budget", None)
-        if budget is None:                    # a policy that only says whether rows ride
+        if room is None:                      # a policy that only says whether rows ride
             if self._placing:
                 self._place_starts(plan)
             rows = (self.shape.start_rows if self.starts.running
                     and self.policy.carry_rows(len(live), time_left_s) else 0)
         else:
-            copies = self._copies_ready()
-            most, rows = budget(len(live), len(resets), len(roll), copies,
-                                self.starts.running + len(self._placing) - copies,
-                                self.shape.row_captures, time_left_s)
+            room -= len(roll) * self.policy.roll_s
+            copy_s = self.policy.copy_est
+            most = (max(0, int(room / copy_s + 1e-9)) if copy_s else None)
             if self._placing:
                 self._place_starts(plan, most)
+            room -= len(plan.copies) * copy_s
+            rows = self.policy.rows_in(room, self.shape.row_captures) if self.starts.running \
+                else 0
+            self.policy.held(bool(self.starts.running and not rows),
+                             int(self._reset.sum()), self._copies_waiting())
         if self.starts.running and rows:
             carry_start_rows(self.slots, self.starts, self.shape, plan, rows)
             if self.snapshots is not None:
@@ -261,11 +272,11 @@ class SlotBook:
         index = self.snapshots
         return index.pending.get(key, slot) != slot and index.fits(len(self.slots[slot].prompt))
 
-    def _copies_ready(self) -> int:
-        """Opened slots that would start by a snapshot copy now."""
+    def _copies_waiting(self) -> int:
+        """Reset slots that would start by a snapshot copy now but wait for room."""
         if self.snapshots is None:
             return 0
-        return sum(not self._waits(slot, key)
+        return sum(not self._reset[slot] and not self._waits(slot, key)
                    and self.snapshots.find(self.slots[slot].prompt, count=False) is not None
                    for slot, key in self._placing.items())
 
@@ -278,6 +289,12 @@ class SlotBook:
         index = self.snapshots
         for slot, key in list(self._placing.items()):
             s = self.slots[slot]
+            if self._reset[slot]:
+                continue                         # its reset waits for room: its start too
+            if index is None:
+                del self._placing[slot]
+                self.starts.open(slot)
+                continue
             if self._waits(slot, key):
                 continue                         # the same prompt's snapshot is being made
             if most_copies is not None and len(plan.copies) >= most_copies \

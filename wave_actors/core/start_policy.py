@@ -199,6 +199,9 @@ class ForecastAdmission(BudgetedStarts):
         return super().describe() | {"refused": self.refused}
 
 
+COPIES_TO_LEARN = 8      # a beat's copies that say what one costs over its jitter
+
+
 @dataclass
 class GuardedStarts:
     """Start work only where it fits: a beat's start rows and snapshot copies are sized so the
@@ -213,7 +216,7 @@ class GuardedStarts:
     they wait; a count never measured is measured first with rows held back, so what rows
     cost is never learned from a late beat."""
     margin_s: float = 0.008         # the beat's spread from beat to beat, the host's jitter
-    copy_s: float = 0.0005          # a snapshot copy's device time, until measured
+    copy_s: float = 0.001           # a snapshot copy's device time, until measured
     reset_s: float = 0.0003
     roll_s: float = 0.0008
     row_prior_s: float = 0.0025     # a start row's cost until its capture's is known
@@ -221,25 +224,34 @@ class GuardedStarts:
     name: str = field(default="guarded", init=False)
     held_back: int = field(default=0, init=False)
     copies_held: int = field(default=0, init=False)
+    resets_held: int = field(default=0, init=False)
     refused: int = field(default=0, init=False)
     overhead_s: float = field(default=0.0, init=False, repr=False)   # the beat's host share
     row_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     plain_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    prior_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    copy_est: float = field(default=0.0, init=False, repr=False)     # learned from copy beats
 
     def __post_init__(self) -> None:
         if min(self.margin_s, self.copy_s, self.reset_s, self.roll_s, self.row_prior_s) < 0 \
                 or not 0 < self.fall <= 1:
             raise ValueError("GuardedStarts: costs and margin >= 0, 0 < fall <= 1")
+        self.copy_est = self.copy_s
 
     def know_rows(self, added_s: dict[int, float]) -> None:
         """What each row capture adds to a beat, as the executor measured it at build."""
         self.row_s.update({int(k): max(0.0, float(v)) for k, v in added_s.items()})
 
+    def know_beats(self, beat_s: dict[int, float]) -> None:
+        """Beats the executor measured at build (live count → seconds, every cache full): the
+        forecast's line where no beat at a count near it was run yet."""
+        self.prior_s.update({int(k): float(v) for k, v in beat_s.items()})
+
     def _row_cost(self, capture: int) -> float:
         return self.row_s.get(capture, capture * self.row_prior_s) if capture else 0.0
 
     def _work_s(self, rows: int, copies: int, resets: int, rolls: int) -> float:
-        return (self._row_cost(rows) + copies * self.copy_s + resets * self.reset_s
+        return (self._row_cost(rows) + copies * self.copy_est + resets * self.reset_s
                 + rolls * self.roll_s)
 
     def _average(self, table: dict, key: int, value: float) -> None:
@@ -256,6 +268,10 @@ class GuardedStarts:
         if rows and n_live in self.plain_s:
             self._average(self.row_s, rows, max(0.0, seconds - self.plain_s[n_live]
                                                 - self._work_s(0, copies, resets, rolls)))
+        if copies >= COPIES_TO_LEARN and n_live in self.plain_s:
+            rest = seconds - self.plain_s[n_live] - self._work_s(rows, 0, resets, rolls)
+            old = self.copy_est
+            self.copy_est = max(rest / copies, old + self.fall * (rest / copies - old))
         self._average(self.plain_s, n_live, seconds - self._work_s(rows, copies, resets, rolls))
 
     def forecast(self, n_live: int) -> float | None:
@@ -263,7 +279,7 @@ class GuardedStarts:
         the measured counts either side of it (past the last one, along the line through the
         last two, never falling); else, one count measured, scaled up by the live ratio (never
         down); None before any beat."""
-        t = self.plain_s
+        t = {**self.prior_s, **self.plain_s}
         if n_live in t:
             return t[n_live]
         if not t:
@@ -280,26 +296,27 @@ class GuardedStarts:
         slope = max(0.0, (t[b] - t[a]) / (b - a))
         return max(t[a], t[a] + slope * (n_live - a))
 
-    def start_budget(self, n_live: int, resets: int, rolls: int, copies: int, starting: int,
-                     row_captures: tuple[int, ...], time_left_s: float) -> tuple[int, int]:
-        """(snapshot copies, start rows) this beat may carry: at most `copies` (waiting to be
-        copied), then the largest of `row_captures` that fits after them (`starting`: slots
-        that want rows)."""
+    def start_room(self, n_live: int, time_left_s: float) -> float | None:
+        """Seconds of start work (resets, snapshot copies, start rows; the book prices them
+        with `reset_s`, `copy_est`, `rows_in`) the beat has room for before its deadline less
+        the margin; None: nothing measured yet (the work rides, and is measured)."""
         self.overhead_s = max(self.overhead_s * (1 - self.fall), BEAT_S - time_left_s)
-        plain = self.forecast(n_live)
-        if n_live == 0 or plain is None:
-            return copies, max(row_captures)   # no live call to make late
-        room = time_left_s - self.margin_s - plain - self._work_s(0, 0, resets, rolls)
-        fit = max(0, min(copies, int(room / self.copy_s + 1e-9) if self.copy_s else copies))
-        self.copies_held += copies - fit
-        room -= fit * self.copy_s
-        rows = max([c for c in row_captures if c and self._row_cost(c) <= room] + [0])
-        if starting and not rows:
-            self.held_back += 1
-        return fit, rows
+        plain = 0.0 if n_live == 0 else self.forecast(n_live)
+        return None if plain is None else time_left_s - self.margin_s - plain
+
+    def rows_in(self, room: float, row_captures: tuple[int, ...]) -> int:
+        """The largest row capture whose cost fits in `room` (0: none)."""
+        return max([c for c in row_captures if c and self._row_cost(c) <= room] + [0])
+
+    def held(self, rows: bool, resets: int, copies: int) -> None:
+        """What a beat left for a later one: its start rows, resets, copies."""
+        self.held_back += rows
+        self.resets_held += resets
+        self.copies_held += copies
 
     def carry_rows(self, n_live: int, time_left_s: float) -> bool:
-        return self.start_budget(n_live, 0, 0, 0, 1, (1,), time_left_s)[1] > 0
+        room = self.start_room(n_live, time_left_s)
+        return room is None or self.rows_in(room, tuple(self.row_s) or (1,)) > 0
 
     def admit(self, n_live: int, n_starting: int, slots: int) -> str | None:
         """An open is admitted unless the beat with it and every session live or starting is
@@ -316,6 +333,8 @@ class GuardedStarts:
 
     def describe(self) -> dict:
         return _describe(self) | {"copies_held": self.copies_held, "refused": self.refused,
+                                  "resets_held": self.resets_held,
+                                  "copy_ms": round(1e3 * self.copy_est, 3),
                                   "row_ms": {k: round(1e3 * v, 2) for k, v in self.row_s.items()}}
 
 
