@@ -309,7 +309,7 @@ class _Run:
         if len(live):
             self.frames.pack(live)
         start = self.prev_submit = max(plan_t, self.prev_end)   # waits out an overrun
-        if not (plan.live or plan.rows or plan.resets):
+        if not (plan.live or plan.rows or plan.resets or plan.copies):
             return plan_t
         rows = len(plan.rows)
         context = self.offset + (float(plan.context.mean()) if len(live) else 0.0)

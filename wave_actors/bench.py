@@ -195,7 +195,7 @@ def executor_options(args, max_n: int) -> ExecutorOptions:
                            config=args.config, max_context=max_context, context_offset=offset,
                            cost_model=args.cost_model, seed=args.seed, context_roll=roll,
                            beat_wait=args.beat_wait, start_rows=args.start_rows,
-                           first_poll_ms=args.first_poll_ms)
+                           first_poll_ms=args.first_poll_ms, snapshot_mb=args.snapshot_mb)
 
 
 def make_executor_for(args, max_n: int, clock: Clock | None = None):
@@ -388,7 +388,8 @@ def _trace(records: list) -> dict:
             # what the beat carried beside its live rows: what a cost model fits their cost from
             "rows": [r.rows for r in records],
             "resets": [r.resets for r in records],
-            "rolls": [r.rolls for r in records]}
+            "rolls": [r.rolls for r in records],
+            "copies": [r.copies for r in records]}
 
 
 async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool, cpu: dict):
@@ -748,6 +749,9 @@ def parse_args(argv=None):
                          "sessions run past it by rolling, as a node with that --max-context does")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--max-sessions", type=int, default=0, help="slots (default: --sessions)")
+    ap.add_argument("--snapshot-mb", type=float, default=-1.0,
+                    help="memory for prompt snapshots (-1: the backend's default, 0: every start "
+                         "prefills), as the node's flag")
     ap.add_argument("--self-size", action="store_true",
                     help="slots as the node sizes them with no --max-sessions (a device "
                          "backend: from its memory and its measured beat)")

@@ -117,6 +117,7 @@ class BeatRecord:
     # release → the beat's first frame routed: ahead of latency_s when the executor finishes
     # frame 0 early (`caps.first_frame`), else equal to it
     first_s: float = 0.0
+    copies: int = 0          # sessions started by a prompt-snapshot copy in the beat
 
 
 class RowPool:
@@ -575,7 +576,7 @@ class BeatClockActor(Actor):
                 # Waiters resume only once this coroutine yields, after the submit below.
                 self._handed = None
                 handed.set_result(None)
-        if not (plan.live or plan.rows or plan.resets):
+        if not (plan.live or plan.rows or plan.resets or plan.copies):
             self.table.complete(packed, late=False)
             self.turns.free()
             collect_between_beats(k)
@@ -621,7 +622,8 @@ class BeatClockActor(Actor):
                                 latency > LATE_AFTER_S and in_beat, begin, wake,
                                 frames_read, self.gc.take(), returned, len(plan.rows),
                                 len(plan.resets), len(plan.roll), cpu[0] - loop0, cpu[1] - proc0,
-                                pack_s, cpu[2] - ex0, latency if first_s is None else first_s))
+                                pack_s, cpu[2] - ex0, latency if first_s is None else first_s,
+                                len(plan.copies)))
         collect_between_beats(k)     # a no-op unless serving_process turned the collector off
 
     def _alloc_outputs(self, executor) -> list:

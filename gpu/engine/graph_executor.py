@@ -223,7 +223,12 @@ class GraphExecutor:
         self._pinned: dict[int, torch.Tensor] = {}        # a ring array's address → its tensor
         self._registered: list[int] = []                  # host memory we page-locked
         self._graphs: dict[tuple[int, int], _Captured] = {}   # (bucket, start rows it holds)
-        self._pool = torch.cuda.graph_pool_handle()
+        # One memory pool for every beat graph and the eager warm-up before each capture: the
+        # warm-up's blocks are the ones its capture then takes, and a smaller bucket's capture
+        # reuses what a larger one freed (outside the pool, a warm-up needs memory of its own,
+        # which a node filled to its memory ceiling does not have).
+        self._mempool = torch.cuda.MemPool()
+        self._pool = self._mempool.id
         self.streamed = StreamedBeat(self.model, self.device) if streams else None
         self.poll = options.beat_wait == "poll"
         self.first_poll_s = options.first_poll_ms / 1e3
@@ -269,11 +274,10 @@ class GraphExecutor:
             del self._graphs[key]                                 # the sizing's probes
         self.prepare(top)
         for b in wanted[1:]:
-            if self._spare_bytes() < LADDER_KEEP_FREE:
-                log.warning("device memory for beat graphs ran out below %d sessions: a beat of "
-                            "fewer is padded to the smallest bucket captured", b)
+            if self._spare_bytes() < LADDER_KEEP_FREE or not self.prepare(b, optional=True):
+                log.warning("device memory for beat graphs ran out at %d sessions: a beat of "
+                            "that many or fewer is padded to the smallest bucket captured", b)
                 break
-            self.prepare(b)
         log.info("captured %d beat graphs (%d buckets) in %.1f s; %.1f GB of device memory "
                  "spare", len(self._graphs), len({k[0] for k in self._graphs}),
                  time.perf_counter() - t0, self._spare_bytes() / 1e9)
@@ -284,8 +288,9 @@ class GraphExecutor:
                             self.start_rows_cost["added_ms_by_rows"].items()}
         if not sizing:
             self.slots["beat_ms_at_context"][top] = round(1e3 * self._beat_at_context(top), 2)
-        self.beat_at_context_s = {1: self._beat_at_context(1)} | {
-            int(n): ms / 1e3 for n, ms in self.slots["beat_ms_at_context"].items()}
+        self.beat_at_context_s = ({1: self._beat_at_context(1)} if (1, 0) in self._graphs
+                                  else {}) | {int(n): ms / 1e3 for n, ms in
+                                              self.slots["beat_ms_at_context"].items()}
         log.info("slots: %d (%s); memory holds %d; beat at full context: %s ms "
                  "(budget %.0f ms)", self.max_sessions, self.slots["decided_by"], ceiling,
                  self.slots["beat_ms_at_context"], self.slots["budget_ms"])
@@ -527,13 +532,17 @@ class GraphExecutor:
         self.state.thinker.length[idx] += n
         self.state.talker.position[idx] += n
 
-    def prepare(self, sessions: int) -> None:
+    def prepare(self, sessions: int, optional: bool = False) -> bool:
         """Capture the bucket that `sessions` live sessions use, with each row capture
-        (outside any beat)."""
+        (outside any beat); `optional`: False when memory ran out first (the bucket's graphs
+        made so far are dropped: a beat then uses a larger bucket)."""
         b = bucket_for(sessions, self.max_sessions)
         for rows in self.start_shape.row_captures:
-            if (b, rows) not in self._graphs:
-                self._capture(b, rows)
+            if (b, rows) not in self._graphs and self._capture(b, rows, optional) is None:
+                for r in self.start_shape.row_captures:
+                    self._graphs.pop((b, r), None)
+                return False
+        return True
 
     def _graph_for(self, n: int, rows: int) -> _Captured:
         """The smallest captured bucket that holds n sessions, with the smallest row capture
@@ -585,7 +594,9 @@ class GraphExecutor:
             self._first_count.add_(1)
             self._first_seen.copy_(self._first_count, non_blocking=True)
 
-    def _capture(self, bucket: int, rows: int) -> _Captured:
+    def _capture(self, bucket: int, rows: int, optional: bool = False) -> _Captured | None:
+        """The bucket's beat graph with `rows` start rows. `optional`: one of the ladder below
+        the top, given up (None) when its warm-up finds no memory."""
         t0 = time.perf_counter()
         g = _Captured(bucket, self.device, rows, self.start_shape.prefill_chunk)
         g.d_in["slots"].fill_(self.trash)
@@ -597,12 +608,18 @@ class GraphExecutor:
             return g
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.no_grad():
-            for _ in range(2):                       # JIT-compile kernels, pick BLAS algorithms
-                self._beat_body(g)
+        try:
+            with torch.cuda.use_mem_pool(self._mempool), torch.cuda.stream(side), \
+                    torch.no_grad():
+                for _ in range(2):                   # JIT-compile kernels, pick BLAS algorithms
+                    self._beat_body(g)
+        except torch.OutOfMemoryError:
+            if not optional:
+                raise
+            torch.cuda.synchronize()
+            return None                              # before the capture: nothing half-made
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()      # the warm-up's blocks back: the graphs' pool grows into them
         g.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g.graph, pool=self._pool), torch.no_grad():
             self._beat_body(g)
