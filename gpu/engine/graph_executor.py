@@ -68,7 +68,9 @@ WORKSPACE_BASE = 2.5e9
 WORKSPACE_PER_SLOT = 25e6
 # The beat graphs of every bucket below the top (three row captures each) take ~60 MB a graph
 # (dense, measured): a node that sizes itself keeps this back for them, and the ladder stops
-# where less than LADDER_KEEP_FREE would remain (smaller beats then pad to the last bucket).
+# where less than LADDER_KEEP_FREE of the device's memory would stay free outside the graphs'
+# pool (smaller beats then pad to the last bucket): a beat's eager work (resets, copies, rolls)
+# allocates there, and a graph pool's cached blocks cannot serve it.
 LADDER_BYTES = 3e9
 LADDER_KEEP_FREE = 1e9
 # A node sized by the executor (max_sessions 0) takes the most sessions whose beat, every cache
@@ -273,14 +275,17 @@ class GraphExecutor:
         for key in [k for k in self._graphs if k[0] not in wanted]:
             del self._graphs[key]                                 # the sizing's probes
         self.prepare(top)
+        took = 0                   # device memory the last bucket's graphs took
         for b in wanted[1:]:
-            if self._spare_bytes() < LADDER_KEEP_FREE or not self.prepare(b, optional=True):
+            free = torch.cuda.mem_get_info()[0]
+            if free - took < LADDER_KEEP_FREE or not self.prepare(b, optional=True):
                 log.warning("device memory for beat graphs ran out at %d sessions: a beat of "
                             "that many or fewer is padded to the smallest bucket captured", b)
                 break
+            took = max(0, free - torch.cuda.mem_get_info()[0])
         log.info("captured %d beat graphs (%d buckets) in %.1f s; %.1f GB of device memory "
-                 "spare", len(self._graphs), len({k[0] for k in self._graphs}),
-                 time.perf_counter() - t0, self._spare_bytes() / 1e9)
+                 "free", len(self._graphs), len({k[0] for k in self._graphs}),
+                 time.perf_counter() - t0, torch.cuda.mem_get_info()[0] / 1e9)
         self.start_rows_cost = self._time_start_rows(top)
         # what each row capture adds to a beat, and beats at full context (s), for a start
         # policy that budgets start work by them until it has measured its own
@@ -629,12 +634,6 @@ class GraphExecutor:
                  time.perf_counter() - t0, torch.cuda.mem_get_info()[0] / 1e9,
                  torch.cuda.memory_reserved() / 1e9)
         return g
-
-    @staticmethod
-    def _spare_bytes() -> int:
-        """Device memory a capture can still take: free, and cached by the allocator unused."""
-        return (torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved()
-                - torch.cuda.memory_allocated())
 
     def _warm_eager(self) -> None:
         """The eager work a beat may queue (a reset with the talker's warm-up, a snapshot copy
