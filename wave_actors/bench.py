@@ -898,7 +898,11 @@ def main(argv=None, command: str | None = None) -> int:
         else:
             n, runs = args.sessions, measure(args, args.sessions, backend)
         if backend is not None:
-            base = backend.baseline(args.context)
+            try:
+                base = backend.baseline(args.context)
+            except Exception as exc:     # a node filled to its memory has none to spare for it
+                base = {"error": f"{type(exc).__name__}: {str(exc)[:200]}",
+                        "sessions_on_time": 0}
             extra["baseline"] = base
             # The stock stack is credited with one session even when its beat misses the deadline.
             extra["sessions_ratio"] = n / max(1, base["sessions_on_time"])
@@ -938,7 +942,7 @@ def main(argv=None, command: str | None = None) -> int:
           f"p50 / p99 {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms")
     for kind, pol in result.policy.items():
         print(f"{kind} policy: {pol['name']} ({pol['class']}) {pol['params']}")
-    if "baseline" in extra:
+    if "baseline" in extra and "error" not in extra["baseline"]:
         b = extra["baseline"]
         print(f"baseline (reference model, one session at a time, eager): beat {b['beat_ms_p50']:.1f}"
               f" ms -> {b['sessions_on_time']} sessions on time per GPU; engine {n} sessions "
