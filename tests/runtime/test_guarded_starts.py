@@ -121,3 +121,18 @@ def test_an_unmeasured_count_is_forecast_on_the_line_through_its_neighbours():
     assert p.forecast(150) == pytest.approx(0.100)
     assert p.forecast(250) == pytest.approx(0.140)        # past the last: along the line
     assert p.forecast(50) == pytest.approx(0.080 * 1.0)   # below the first: never below it
+
+
+def test_start_work_priced_low_is_learned_from_the_beats_that_carried_it():
+    """Bug it catches: a reset priced at a tenth of its cost lets a burst of opens overrun the
+    beat every time (the node's first H200 fill: 148 resets in one beat, 180 ms)."""
+    p = guarded(reset_s=0.0002, copy_s=0.0001, fall=0.5)
+    p.observe_beat(10, 0, 0, 0, 0, 0.050)
+    for _ in range(2):       # the true costs: 2 ms a reset, 0.4 a copy (one scale for both)
+        p.observe_beat(10, 0, 10, 10, 0, 0.050 + 10 * 0.002 + 10 * 0.0004)
+    assert 10 * (p.reset_est + p.copy_est) == pytest.approx(0.024, rel=0.01)
+    room = p.start_room(10, 0.16)
+    assert int(room / (p.reset_est + p.copy_est)) < 50    # starts a beat: no longer hundreds
+    for _ in range(30):                             # cheaper beats: it falls back, slowly
+        p.observe_beat(10, 0, 5, 5, 0, 0.050 + 5 * 0.0005)
+    assert 5 * (p.reset_est + p.copy_est) < 0.010

@@ -211,10 +211,10 @@ class SlotBook:
         if self._reset.any():
             resets = np.flatnonzero(self._reset).tolist()
             if room is not None:           # a reset waits for a beat with room, and its start
-                fit = max(0, int(room / self.policy.reset_s + 1e-9)) if self.policy.reset_s \
-                    else len(resets)
+                cost = self.policy.reset_est
+                fit = max(0, int(room / cost + 1e-9)) if cost else len(resets)
                 resets = resets[:fit]
-                room -= len(resets) * self.policy.reset_s
+                room -= len(resets) * cost
             self._reset[resets] = False
         live = idx.tolist()
         frame0 = self._frames[idx]

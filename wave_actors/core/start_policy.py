@@ -199,7 +199,7 @@ class ForecastAdmission(BudgetedStarts):
         return super().describe() | {"refused": self.refused}
 
 
-COPIES_TO_LEARN = 8      # a beat's copies that say what one costs over its jitter
+STARTS_TO_LEARN = 8      # a beat's resets and copies that say what they cost over its jitter
 
 
 @dataclass
@@ -216,8 +216,10 @@ class GuardedStarts:
     they wait; a count never measured is measured first with rows held back, so what rows
     cost is never learned from a late beat."""
     margin_s: float = 0.008         # the beat's spread from beat to beat, the host's jitter
-    copy_s: float = 0.001           # a snapshot copy's device time, until measured
-    reset_s: float = 0.0003
+    # a snapshot copy's and a slot reset's device time until learned (H200, dense: 0.4 and
+    # 1.95 ms p50 a session; a reset zeroes every part of the slot's state)
+    copy_s: float = 0.001
+    reset_s: float = 0.002
     roll_s: float = 0.0008
     row_prior_s: float = 0.0025     # a start row's cost until its capture's is known
     fall: float = 0.1               # weight of a faster beat in the average (slower: at once)
@@ -230,13 +232,14 @@ class GuardedStarts:
     row_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     plain_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     prior_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
-    copy_est: float = field(default=0.0, init=False, repr=False)     # learned from copy beats
+    copy_est: float = field(default=0.0, init=False, repr=False)     # learned from beats
+    reset_est: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if min(self.margin_s, self.copy_s, self.reset_s, self.roll_s, self.row_prior_s) < 0 \
                 or not 0 < self.fall <= 1:
             raise ValueError("GuardedStarts: costs and margin >= 0, 0 < fall <= 1")
-        self.copy_est = self.copy_s
+        self.copy_est, self.reset_est = self.copy_s, self.reset_s
 
     def know_rows(self, added_s: dict[int, float]) -> None:
         """What each row capture adds to a beat, as the executor measured it at build."""
@@ -251,7 +254,7 @@ class GuardedStarts:
         return self.row_s.get(capture, capture * self.row_prior_s) if capture else 0.0
 
     def _work_s(self, rows: int, copies: int, resets: int, rolls: int) -> float:
-        return (self._row_cost(rows) + copies * self.copy_est + resets * self.reset_s
+        return (self._row_cost(rows) + copies * self.copy_est + resets * self.reset_est
                 + rolls * self.roll_s)
 
     def _average(self, table: dict, key: int, value: float) -> None:
@@ -268,10 +271,15 @@ class GuardedStarts:
         if rows and n_live in self.plain_s:
             self._average(self.row_s, rows, max(0.0, seconds - self.plain_s[n_live]
                                                 - self._work_s(0, copies, resets, rolls)))
-        if copies >= COPIES_TO_LEARN and n_live in self.plain_s:
-            rest = seconds - self.plain_s[n_live] - self._work_s(rows, 0, resets, rolls)
-            old = self.copy_est
-            self.copy_est = max(rest / copies, old + self.fall * (rest / copies - old))
+        if copies + resets >= STARTS_TO_LEARN and n_live in self.plain_s:
+            # resets and copies ride together (a slot's reset, then its copy): one scale for
+            # both, rising at once, falling slowly
+            priced = copies * self.copy_est + resets * self.reset_est
+            rest = seconds - self.plain_s[n_live] - self._work_s(rows, 0, 0, rolls)
+            scale = min(8.0, max(0.25, rest / priced))
+            scale = scale if scale > 1 else 1 + self.fall * (scale - 1)
+            self.copy_est *= scale
+            self.reset_est *= scale
         self._average(self.plain_s, n_live, seconds - self._work_s(rows, copies, resets, rolls))
 
     def forecast(self, n_live: int) -> float | None:
@@ -298,7 +306,7 @@ class GuardedStarts:
 
     def start_room(self, n_live: int, time_left_s: float) -> float | None:
         """Seconds of start work (resets, snapshot copies, start rows; the book prices them
-        with `reset_s`, `copy_est`, `rows_in`) the beat has room for before its deadline less
+        with `reset_est`, `copy_est`, `rows_in`) the beat has room for before its deadline less
         the margin; None: nothing measured yet (the work rides, and is measured)."""
         self.overhead_s = max(self.overhead_s * (1 - self.fall), BEAT_S - time_left_s)
         plain = 0.0 if n_live == 0 else self.forecast(n_live)
@@ -335,6 +343,7 @@ class GuardedStarts:
         return _describe(self) | {"copies_held": self.copies_held, "refused": self.refused,
                                   "resets_held": self.resets_held,
                                   "copy_ms": round(1e3 * self.copy_est, 3),
+                                  "reset_ms": round(1e3 * self.reset_est, 3),
                                   "row_ms": {k: round(1e3 * v, 2) for k, v in self.row_s.items()}}
 
 
