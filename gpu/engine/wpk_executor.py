@@ -211,9 +211,9 @@ class WpkExecutor(GraphExecutor):
             self._work.copy_(self._stop_h, non_blocking=True)
 
     # -- maintenance the graph executor does between beats ---------------------------------------
-    def prepare(self, sessions: int) -> None:
+    def prepare(self, sessions: int, optional: bool = False) -> bool:
         with self._maintenance():
-            super().prepare(sessions)
+            return super().prepare(sessions, optional)
 
     def baseline(self, context: int) -> dict:
         with self._maintenance():

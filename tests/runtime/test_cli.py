@@ -117,7 +117,7 @@ def test_bench_writes_json(tmp_path):
     assert {len(v) for v in trace.values()} == {25}
     assert set(trace) == {"latency_ms", "compute_ms", "begin_ms", "wake_ms", "gc_ms",
                           "loop_cpu_ms", "returned_ms", "frames_read", "sessions", "rows",
-                          "resets", "rolls"}
+                          "resets", "rolls", "copies"}
     # the loop's CPU a beat is real work, part of the process's (virtual time runs it anyway)
     host = res["per_run"][0]["host"]
     assert 0 < host["loop_cpu_ms"]["p50"] <= host["process_cpu_ms"]["p50"] + 0.1
@@ -252,3 +252,16 @@ def test_workers_default_to_none_on_a_small_machine_and_scale_with_cores():
     assert parse_args([]).workers == auto_workers(os.cpu_count())
     with pytest.raises(SystemExit):
         parse_args(["--workers", "-1"])
+
+
+def test_a_gpu_backend_serves_the_full_model_and_sizes_its_slots_by_default():
+    """Bug it catches: `--backend graph` with no other option served the 1 M-parameter tiny
+    model (the cpu backend's default) and only the bench ever asked a GPU node to size itself."""
+    from wave_actors.node_cli import parse_args, slots_asked
+    graph = parse_args(["--backend", "graph"])
+    assert graph.config == "full" and slots_asked(graph) == 0 and graph.snapshot_mb == -1
+    cpu = parse_args(["--backend", "cpu"])
+    assert cpu.config == "tiny" and slots_asked(cpu) > 0
+    assert parse_args(["--backend", "graph", "--config", "tiny"]).config == "tiny"
+    with pytest.raises(SystemExit):
+        parse_args(["--snapshot-mb", "-5"])
