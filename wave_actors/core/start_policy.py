@@ -308,7 +308,8 @@ class GuardedStarts:
         """Seconds of start work (resets, snapshot copies, start rows; the book prices them
         with `reset_est`, `copy_est`, `rows_in`) the beat has room for before its deadline less
         the margin; None: nothing measured yet (the work rides, and is measured)."""
-        self.overhead_s = max(self.overhead_s * (1 - self.fall), BEAT_S - time_left_s)
+        if time_left_s > 0:       # 0: the last beat overran, which says nothing of the host
+            self.overhead_s = max(self.overhead_s * (1 - self.fall), BEAT_S - time_left_s)
         plain = 0.0 if n_live == 0 else self.forecast(n_live)
         return None if plain is None else time_left_s - self.margin_s - plain
 
@@ -330,7 +331,12 @@ class GuardedStarts:
         """An open is admitted unless the beat with it and every session live or starting is
         forecast past the deadline (less the margin and the host's share): a call the node
         cannot carry on time is refused now, not left to make everyone's beats late."""
-        n = n_live + n_starting + 1
+        # a session leaving is live in the book until its close applies at the next beat, but
+        # its slot is free already: the node never holds more than `slots`
+        n = min(n_live + n_starting + 1, slots)
+        known = {**self.prior_s, **self.plain_s}
+        if n not in known and len(known) < 2:
+            return None         # one count measured says nothing of the next: admit, measure
         expected = self.forecast(n)
         if expected is None or n == 1 or expected + self.margin_s + self.overhead_s <= BEAT_S:
             return None
