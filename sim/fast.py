@@ -58,7 +58,7 @@ from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.slot_book import SlotBook, StartShape
 from wave_actors.core.snapshots import snapshot_index
 from wave_actors.core.spread import spread_ms
-from wave_actors.core.start_policy import EagerStarts, admission
+from wave_actors.core.start_policy import GuardedStarts, admission
 from wave_actors.core.text import ByteFallbackCodec
 
 HOST_BEATS = 16             # the clock's `_host_s` window
@@ -80,7 +80,7 @@ class FastConfig:
     profile: str = "reference"
     context: int = 1500
     cost_model: str | None = None       # JSON path (None: the roofline defaults)
-    policy: object = None               # a start-policy object (None: EagerStarts); each run
+    policy: object = None               # a start-policy object (None: GuardedStarts, the node's); each run
                                         # gets a fresh copy, as each bench run a fresh node
     seed: int = 0
     runs: int = 1                       # run r draws from seed + r
@@ -143,7 +143,7 @@ class _Run:
             raise FastError(f"{cfg.slots} slots at {self.offset} frames of context do not fit: "
                             f"the modelled device holds {self.cost.capacity(self.offset)}")
         self.shape = StartShape()                 # the GPU executor's, as the sim's
-        self.policy = copy.deepcopy(cfg.policy) if cfg.policy is not None else EagerStarts()
+        self.policy = copy.deepcopy(cfg.policy) if cfg.policy is not None else GuardedStarts()
         # the sim executor's snapshots: the book it would get from the clock (`snapshot_index`)
         self.snapshots = snapshot_index(_Snapshots(snapshot_space(opts, self.cost, self.shape)),
                                         self.shape.prefill_chunk)

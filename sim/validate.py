@@ -51,7 +51,8 @@ from wave_actors.core.policy_spec import PolicyError, make_policy
 TOLERANCE = 0.10         # relative difference of p50 / p99 that still passes
 ALPHA = 0.05             # a verdict agrees when the sim gave the GPU's answer this often
 DRAWS = 100              # fast-mode replays a file for the verdicts (module doc)
-FAST_KEYS = {"profile", "context", "sessions", "beats", "runs", "churn", "seed", "policy"}
+FAST_KEYS = {"profile", "context", "sessions", "beats", "runs", "churn", "seed", "policy",
+             "snapshot_mb"}
 VERDICTS = (("late_beats", "late beats"), ("refusals", "refusals"))
 METRICS = ("p50_ms", "p99_ms", "late_beats", "open_p50_ms", "open_p99_ms", "refusals")
 SIM_DIR = Path(__file__).resolve().parent
@@ -69,7 +70,8 @@ def _workload_parser() -> argparse.ArgumentParser:
                        ("--beats", int), ("--runs", int), ("--churn", float), ("--burst", int),
                        ("--seed", int), ("--start-rows", int), ("--warmup-max", int),
                        ("--max-sessions", int), ("--release-hold-ms", float),
-                       ("--output-slice", int), ("--frames-every-ms", float)):
+                       ("--output-slice", int), ("--frames-every-ms", float),
+                       ("--snapshot-mb", float)):
         ap.add_argument(flag, type=kind)
     ap.add_argument("--hold-inputs", action="store_true")
     ap.add_argument("--policy", nargs="+")
@@ -87,6 +89,8 @@ def workload(raw: dict) -> dict:
     seeds = raw.get("extra", {}).get("seeds")
     if seeds:
         got["seed"] = seeds[0]
+    if "snapshot_mb" not in got and "snapshots" not in (raw.get("extra") or {}).get("engine", {}):
+        got["snapshot_mb"] = 0.0            # a run from before prompt snapshots: every start prefilled
     start = (raw.get("policy") or {}).get("start")
     if "policy" not in got and start and start.get("class"):
         got["policy"] = [start["class"]] + [f"{k}={v}" for k, v in start["params"].items()]
@@ -106,13 +110,16 @@ def sim_argv(work: dict, cost_model: str, out: str) -> list[str]:
     return argv
 
 
-def metrics(result: dict) -> dict:
+def metrics(result: dict, measured: bool = False) -> dict:
     """The compared numbers of a bench result: its worst run's p50/p99 (as the result's own
-    headline), late beats and refusals over all runs, the worst run's open waits."""
+    headline), late beats and refusals over all runs, the worst run's open waits. `measured`:
+    p50, p99 and late beats of the measured window alone, as a GPU result written before the
+    bench counted every beat gave them."""
     runs = result.get("per_run") or []
     worst = lambda key: max((float(r.get(key, 0.0)) for r in runs), default=0.0)
-    return {"p50_ms": float(result["p50_ms"]), "p99_ms": float(result["p99_ms"]),
-            "late_beats": int(result["late_beats"]),
+    head = result.get("measured") if measured and result.get("measured") else result
+    return {"p50_ms": float(head["p50_ms"]), "p99_ms": float(head["p99_ms"]),
+            "late_beats": int(head["late_beats"]),
             "open_p50_ms": worst("open_p50_ms"), "open_p99_ms": worst("open_p99_ms"),
             "refusals": int(sum(r.get("refusals", 0) for r in runs))}
 
@@ -195,6 +202,7 @@ def fast_draws(work: dict, model: Path, seeds: list[int]) -> list[dict] | None:
                          churn_s=float(work.get("churn", 0.0)), beats=int(work["beats"]),
                          profile=work["profile"], context=int(work["context"]),
                          cost_model=str(model), runs=int(work.get("runs", 1)),
+                         snapshot_mb=float(work.get("snapshot_mb", -1.0)),
                          policy=make_policy(work["policy"]) if "policy" in work else None)
         out = [metrics(dataclasses.asdict(run_fast(dataclasses.replace(cfg, seed=seed))))
                for seed in seeds]           # each run copies the policy afresh
@@ -219,7 +227,8 @@ def validate_one(path: str, cost_model: str | None, seeds: int = 1,
         commands.append("python -m wave_actors.bench " + " ".join(
             a if a != tmp else "<tmp>" for a in argv))
     fast = fast_draws(work, model, seeds_for(work, seeds + draws)[seeds:]) if draws else None
-    got = compare(metrics(raw), [metrics(s) for s in sims], draws=fast)
+    window = "measured" not in raw            # a result from before every beat counted
+    got = compare(metrics(raw), [metrics(s, window) for s in sims], draws=fast)
     full = f"{seeds} full-node run{'s' if seeds > 1 else ''}"
     how = (f"{full} and {draws} fast-mode runs" if fast
            else full + (f" alone: the draws do not replay {sorted(set(work) - FAST_KEYS)}"

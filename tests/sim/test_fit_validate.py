@@ -195,7 +195,8 @@ def test_the_workload_comes_from_the_command_with_the_result_fields_over_it():
     work = validate.workload(raw)
     assert work == {"profile": "dense", "context": 1500, "sessions": 290, "beats": 200,
                     "runs": 1, "churn": 60.0, "seed": 7,
-                    "policy": ["budgeted", "margin_s=0.004"]}
+                    "policy": ["budgeted", "margin_s=0.004"],
+                    "snapshot_mb": 0.0}     # no snapshots in its engine: every start prefilled
     argv = validate.sim_argv(work, "m.json", "/tmp/x")
     assert argv[:3] == ["--backend", "sim", "--virtual"] and "--workers" not in argv
     calls = validate.workload({**raw, "command": raw["command"] + " --workload poisson:rate=2"})
