@@ -49,6 +49,7 @@ from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
 from gpu.model.voicechat_state import session_state_bytes
 from gpu.model.voicechat_weights import load_dtype, param_shapes, random_weights_on
+from wave_actors.core.buckets import BUCKETS, bucket_for
 from wave_actors.core.contract import (MAX_USER_TOKENS, NO_TOKEN, BeatInput, BeatOutput,
                                        ExecutorOptions, SessionSpec)
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
@@ -59,8 +60,6 @@ from wave_actors.core.timebase import Clock
 
 log = logging.getLogger("wave.graph_executor")
 
-BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448,
-           512)
 # Activations, graph pools, logits, CUDA context. MODEL.md §4 budgets a flat 4 GB, but the beat
 # graph's activations grow with the batch (bench/results/graph-*.json record what was used), so:
 # a base plus a share per slot, with margin over the measured slope.
@@ -87,13 +86,6 @@ OUTPUTS = ("pcm", "text", "func", "user")
 
 
 ALLOCATOR_COUNTS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free")
-
-
-def bucket_for(n: int, max_sessions: int) -> int:
-    for b in BUCKETS:
-        if b >= n:
-            return min(b, max_sessions)
-    return max_sessions
 
 
 class MemoryPlan:
