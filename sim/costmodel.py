@@ -7,12 +7,16 @@ GPU measurements can replace the roofline defaults. A beat's other work adds its
 rows, slot resets, context rolls, prompt-snapshot copies and saves (`draw_parts`).
 
 A measured model (`sim.fit`) holds instead the executor's beat measured at some batch sizes
-(`beat_points`), interpolated between them; below the smallest a beat costs the smallest's time,
-because the engine pads a beat's batch to its captured bucket and the bench captures only the
-bucket of the sessions it offers, so a ramp beat with few live sessions replays the full one;
-above the largest the measured stages' growth (`sim/stages.py`) or else the last slope (or the
-roofline's) carries on. Its jitter is the measured
-beats' relative residuals, and the host's time outside the executor (frames read and packed,
+(`beat_points`), interpolated between them. A beat of n live sessions costs the beat of the
+batch the engine replays for it: the graph executor captures a ladder of buckets up to its
+slots (`wave_actors/core/buckets.py`) and pads a beat to the smallest that holds it, so with
+`slots` known a beat is priced at `bucket_for(n, slots)` (without: at n; the roofline prices
+the live rows alone); `buckets`, where given, are the buckets a device captured (one short of
+memory stops its ladder early, and an engine before the ladder captured only the top:
+`sim.validate` replays a GPU run's own). Below the smallest point the stages' shape (else the
+roofline's) carries the smallest down; above the largest the measured stages' growth
+(`sim/stages.py`) or else the last slope (or the roofline's) carries on. Its jitter is the
+measured beats' relative residuals, and the host's time outside the executor (frames read and packed,
 outputs routed: what virtual time does not take) is a measured sample; both are resampled with
 the executor's seeded rng, so a seed gives the same beats.
 """
@@ -23,6 +27,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wave_actors.core.buckets import bucket_for
 from wave_actors.core.slot_book import GRAPH_MAX_PROMPT
 
 DEFAULT_PATH = Path(__file__).with_name("costmodel.json")
@@ -41,7 +46,9 @@ DEFAULT_PATH = Path(__file__).with_name("costmodel.json")
 # every attention layer.
 SNAPSHOT_FIXED_BYTES = 143_548_416
 SNAPSHOT_BYTES_PER_POSITION = 16_384
-SNAPSHOT_BYTES = 1e9            # the executors' default (ExecutorOptions.snapshot_mb = -1)
+# The graph executor's default (gpu/engine/graph_executor.py SNAPSHOT_BYTES, with
+# ExecutorOptions.snapshot_mb = -1): three snapshots of the full model's 512 prompt positions.
+SNAPSHOT_BYTES = 0.5e9
 # Until an H200 fit prices them: a snapshot copy (or save) moves a whole prompt's snapshot
 # (GRAPH_MAX_PROMPT = 512 positions: 151,937,024 bytes) once each way, read and write, at a
 # conservative 3.0e12 B/s device copy rate: 2 × 151,937,024 / 3.0e12 = 101.3 µs.
@@ -79,9 +86,12 @@ class CostModel:
     first_roll_s: float = 0.0
     # What a beat adds per prompt-snapshot copy (a start from a snapshot: `BookPlan.copies`,
     # after the resets) and per save (a prompt's start state kept: `BookPlan.saves`, after the
-    # rows); `sim.fit` fits copy_s where the traces count copies, else both are the prior above.
+    # rows), and once where it copies at all (`copy_beat_s`: the H200's beats at 300 slots grew
+    # ~6 ms with their first copy, ~0.5 ms with each more); `sim.fit` fits copy_s and
+    # copy_beat_s where the traces count copies, else copy_s and save_s are the prior above.
     copy_s: float = SNAPSHOT_COPY_S
     save_s: float = SNAPSHOT_COPY_S
+    copy_beat_s: float = 0.0
     # A snapshot of p prompt positions holds snapshot_fixed_bytes + p × snapshot_bytes_per_position
     # (the sim executor's `snapshot_space`, as the GPU executor's `space_for`).
     snapshot_fixed_bytes: float = SNAPSHOT_FIXED_BYTES
@@ -110,6 +120,9 @@ class CostModel:
     # divides a stage's share of every beat (a what-if). Empty: neither.
     stages: dict = field(default_factory=dict)
     stage_speedup: dict = field(default_factory=dict)
+    # The buckets the engine captured (ascending; a beat replays the smallest that holds it,
+    # the slots past the largest); empty: every bucket of the ladder up to the slots.
+    buckets: tuple = ()
 
     @classmethod
     def load(cls, path: str | Path | None = None, profile: str = "reference") -> "CostModel":
@@ -123,7 +136,7 @@ class CostModel:
         params = {k: v for k, v in raw.items() if not k.startswith("_") and k != "profiles"}
         params.update(raw["profiles"][profile])
         for key in ("beat_points", "points_context", "residuals", "row_residuals",
-                    "host_s"):                                          # lists → tuples
+                    "host_s", "buckets"):                               # lists → tuples
             if key in params:
                 params[key] = tuple(tuple(v) if isinstance(v, list) else v
                                     for v in params[key])
@@ -140,34 +153,52 @@ class CostModel:
         free = self.usable_bytes - self.weights_bytes - self.workspace_bytes
         return max(0, int(free // self.state_bytes(context_frames)))
 
-    def beat_time(self, n_sessions: int, context_frames: float) -> float:
+    def batch(self, n_sessions: int, slots: int | None = None) -> int:
+        """The batch the engine replays for a beat of `n_sessions` live sessions on a node of
+        `slots` slots: its ladder's bucket (`bucket_for`), or the smallest of the `buckets` it
+        captured that holds them; without `slots`, n itself."""
+        if not slots:
+            return n_sessions
+        n = max(1, n_sessions)
+        if self.buckets:
+            return min([b for b in self.buckets if n <= b <= slots] + [slots])
+        return bucket_for(n, slots)
+
+    def beat_time(self, n_sessions: int, context_frames: float,
+                  slots: int | None = None) -> float:
         """The executor's beat without jitter or start rows: measured where the model has
-        points, else the roofline."""
+        points, at the bucket the engine replays (`batch`); else the roofline's, of the live
+        rows alone (a per-session cost, as the tests' models build on it)."""
         if self.beat_points:
-            lo, hi = self.points_context
-            n = max(1, n_sessions)
-            shift = (self.roofline_time(n, context_frames)
-                     - self.roofline_time(n, min(max(context_frames, lo), hi)))
-            return (self._measured(n_sessions) + shift) * self._speedup(n_sessions)
-        return self.roofline_time(n_sessions, context_frames) * self._speedup(n_sessions)
+            b, (lo, hi) = max(1, self.batch(n_sessions, slots)), self.points_context
+            shift = (self.roofline_time(b, context_frames)
+                     - self.roofline_time(b, min(max(context_frames, lo), hi)))
+            return (self._measured(b) + shift) * self._speedup(b)
+        return (self.roofline_time(n_sessions, context_frames)
+                * self._speedup(max(1, n_sessions)))
 
     def stage_time(self, n: int, speedup: bool = False) -> float:
         """The stages' beat at batch n (their lines' sum), each divided by its speedup."""
         sp = self.stage_speedup if speedup else {}
         return sum((a + b * n) / sp.get(name, 1.0) for name, (a, b) in self.stages.items())
 
-    def _speedup(self, n: int) -> float:
+    def _speedup(self, b: int) -> float:
         """The share of a beat left when stages run `stage_speedup` times faster (1: none);
-        at the padded bucket's size, the batch the GPU replays."""
+        `b`: the batch the GPU replays."""
         if not (self.stages and self.stage_speedup):
             return 1.0
-        n = max(n, self.beat_points[0][0] if self.beat_points else 1)
-        return self.stage_time(n, speedup=True) / self.stage_time(n)
+        return self.stage_time(b, speedup=True) / self.stage_time(b)
 
     def _measured(self, n: int) -> float:
         pts = self.beat_points
         if n <= pts[0][0]:
-            return pts[0][1]          # padded to the smallest measured bucket
+            n_lo, t_lo = pts[0]
+            if n == n_lo:
+                return t_lo
+            if self.stages:              # as the measured stages shrink
+                return t_lo * self.stage_time(n) / self.stage_time(n_lo)
+            lo = self.points_context[0]
+            return max(0.0, t_lo + self.roofline_time(n, lo) - self.roofline_time(n_lo, lo))
         for (n0, t0), (n1, t1) in zip(pts, pts[1:]):
             if n <= n1:
                 return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
@@ -202,26 +233,29 @@ class CostModel:
     def draw_beat(self, n_live: int, context: float, rows: int, capture: int,
                   full_capture: int, rng: random.Random, resets: int = 0,
                   rolls: int = 0, first_roll: bool = False, copies: int = 0,
-                  saves: int = 0) -> float:
+                  saves: int = 0, slots: int | None = None) -> float:
         """One beat's modelled seconds, release to outputs routed: the live rows' time with its
         jitter, plus the start rows', plus the host's time outside the executor. The sim
         executor and the fast mode both draw from here, so for one seed they draw the same
         beats. `first_roll`: no earlier beat of this executor rolled a context; `copies`,
-        `saves`: the beat's prompt-snapshot copies and saves."""
+        `saves`: the beat's prompt-snapshot copies and saves; `slots`: the node's (the beat is
+        priced at its bucket, `batch`)."""
         executor_s, host_s = self.draw_parts(n_live, context, rows, capture, full_capture, rng,
-                                             resets, rolls, first_roll, copies, saves)
+                                             resets, rolls, first_roll, copies, saves, slots)
         return executor_s + host_s
 
     def draw_parts(self, n_live: int, context: float, rows: int, capture: int,
                    full_capture: int, rng: random.Random, resets: int = 0,
                    rolls: int = 0, first_roll: bool = False, copies: int = 0,
-                   saves: int = 0) -> tuple[float, float]:
+                   saves: int = 0, slots: int | None = None) -> tuple[float, float]:
         """`draw_beat`'s two parts: (the executor's seconds, the host's seconds around it).
         Virtual time gives the host's work no time, so a measured model adds it here. The
         jitter scales the whole executor's beat (a fitted model's residuals are measured
         against the whole)."""
-        live_s = (self.beat_time(n_live, context) + self.rows_time(rows, capture, full_capture)
+        live_s = (self.beat_time(n_live, context, slots)
+                  + self.rows_time(rows, capture, full_capture)
                   + resets * self.reset_s + copies * self.copy_s + saves * self.save_s
+                  + (self.copy_beat_s if copies else 0.0)
                   + rolls * (self.roll_s + (self.row_roll_s if rows else 0.0))
                   + (self.first_roll_s if rolls and first_roll and not rows else 0.0))
         pool = self.row_residuals if rows and self.row_residuals else self.residuals

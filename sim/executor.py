@@ -4,19 +4,24 @@ Output is a function of (slot, frame index) only, so routing errors show: each s
 whose pitch encodes the slot (`tone_hz`), text tokens spell "slot N speaking. " in alternating
 speaking/listening phases, the user channel transcribes a letter whenever the input frame has
 energy, and a session opened with tools makes one function call early on. Time is the cost
-model's `beat_time(live sessions, mean context)`, slept on the node's clock (virtual in tests).
+model's `beat_time(live sessions, mean context, slots)`, at the bucket of the GPU executor's
+ladder that holds the live sessions, slept on the node's clock (virtual in tests).
 
 Session starts are the engine's: the clock's slot book plans them with the GPU executor's start
 shape (`slot_book.StartShape`) and the node's start policy, exactly as for the engine. A beat
 that carries start rows costs the cost model's `start_rows_s` more, or `small_rows_s` when the
 start shape's small row capture holds them (the GPU replays the smallest capture that holds a
-beat's rows and pays for all of its rows, used or padded).
+beat's rows and pays for all of its rows, used or padded). What the GPU executor measures at
+build for a start policy (`start_row_s`: what each row capture adds; `beat_at_context_s`: the
+beat at full context of one session and of the slots; the clock hands both to the policy's
+`know_rows` / `know_beats`) the sim executor takes from the cost model (`measured_at_build`).
 
 Prompt snapshots are the engine's too: the executor's `snapshot_space` is the GPU executor's
 (`gpu/engine/snapshot_rows.space_for`) with the full model's snapshot sizes from the cost model
-and `snapshot_mb` of its options (-1: the executors' 1,000 MB, 0: none), so the clock's slot book
-starts a session from its prompt's snapshot where the engine's would. A beat pays the cost
-model's `copy_s` a copy and `save_s` a save (`draw_beat`).
+and `snapshot_mb` of its options (-1: the graph executor's 500 MB, 0: none), so the clock's slot
+book starts a session from its prompt's snapshot where the engine's would. A beat pays the cost
+model's `copy_s` a copy (and `copy_beat_s` once if it copies) and `save_s` a save
+(`draw_beat`).
 """
 from __future__ import annotations
 
@@ -79,6 +84,17 @@ def snapshot_space(options: ExecutorOptions, cost: CostModel,
     return SnapshotSpace(entries, capacity, fixed, per_position, f"sim:{options.profile}")
 
 
+def measured_at_build(cost: CostModel, shape: StartShape, slots: int,
+                      max_context: int) -> tuple[dict[int, float], dict[int, float]]:
+    """What a GPU executor of `slots` slots measures at build for its start policy, from the
+    cost model: (what each row capture adds to a beat, s: `start_row_s`; the beat at full
+    context of one session and of every slot, s: `beat_at_context_s`). The fast mode hands
+    the same to its policy, as the clock hands the executor's."""
+    rows = {c: cost.rows_time(c, c, shape.start_rows) for c in shape.row_captures if c}
+    beats = {n: cost.beat_time(n, max_context, slots) for n in sorted({1, max(1, slots)})}
+    return rows, beats
+
+
 HEARD_CHUNK = 32           # slots read at a time from the frames' ring: the rows stay in cache
 
 
@@ -121,6 +137,9 @@ class SimExecutor:
                 f"{self.max_sessions * self.cost.state_bytes(offset) / 1e9:.1f} GB of state; "
                 f"the modelled device holds {self.cost.capacity(offset)}")
         self.snapshot_space = snapshot_space(options, self.cost, self.start_shape)
+        # what the GPU executor measures at build for the start policy (the clock reads them)
+        self.start_row_s, self.beat_at_context_s = measured_at_build(
+            self.cost, self.start_shape, self.max_sessions, options.max_context)
         self.clock = clock or Clock()
         self.text_codec = ByteFallbackCodec()
         self.user_codec = UserByteFallbackCodec()
@@ -186,7 +205,7 @@ class SimExecutor:
                                     self.start_shape.start_rows, self._rng,
                                     resets=len(plan.resets), rolls=rolls,
                                     first_roll=not self._rolled, copies=len(plan.copies),
-                                    saves=len(plan.saves))
+                                    saves=len(plan.saves), slots=self.max_sessions)
         self._rolled = self._rolled or rolls > 0
         live = np.asarray(plan.live, np.int64)
         if self.trace is not None:                 # what the executor was handed, at hand-over
@@ -275,7 +294,10 @@ class SimExecutor:
                               "capacity_bytes": int(self.snapshot_space.capacity_bytes)},
                 "cost_model": {"profile_bytes_per_session_at_1500": self.cost.session_bytes(1500),
                                "beat_ms_at_max": 1000 * self.cost.beat_time(self.max_sessions,
-                                                                            1500)}}
+                                                                            1500)},
+                "start_row_ms": {c: round(1e3 * s, 2) for c, s in self.start_row_s.items()},
+                "beat_ms_at_context": {n: round(1e3 * s, 2)
+                                       for n, s in self.beat_at_context_s.items()}}
 
     def close(self) -> None:
         if self._hearer is not None:

@@ -25,9 +25,10 @@ What it fits, from every measured beat (`per_run[i].trace`) of the files:
     first beat that rolled, where it carried no start rows (the roll path's first use;
     beside the rows' work it hid within their spread: `start_rows_s`, `small_rows_s`,
     `reset_s`, `roll_s`, `row_roll_s`, `first_roll_s`), and one per prompt-snapshot copy
-    (`copy_s`) where a trace counts them (`copies`; a trace without the column copied
-    nothing; where no beat copied, or the copies cannot be told from the resets they came
-    with, `copy_s` stays the prior of `sim/costmodel.json`, as `save_s` always does);
+    (`copy_s`) and once a beat that copies (`copy_beat_s`) where a trace counts them
+    (`copies`; a trace without the column copied nothing; where no beat copied, or the copies
+    cannot be told from the resets they came with, `copy_s` stays the prior of
+    `sim/costmodel.json`, as `save_s` always does, and `copy_beat_s` is not fitted);
     once, then again without the beats the first fit missed by more than TRIM_MADS median
     absolute deviations (a GC pause, a stall), and a part the beats cannot tell (never carried,
     or a fitted time below zero) is left out and taken from elsewhere. Traces without those
@@ -266,13 +267,20 @@ def _least_squares(batch: np.ndarray, carried: np.ndarray, first_roll: np.ndarra
     parts = {"start_rows_s": (rows > 0) & (capture == START_SHAPE.start_rows),
              "small_rows_s": (rows > 0) & (capture < START_SHAPE.start_rows),
              "reset_s": resets, "roll_s": rolls, "row_roll_s": np.where(rows > 0, rolls, 0),
-             "first_roll_s": first_roll & (rows == 0), "copy_s": copies}
+             "first_roll_s": first_roll & (rows == 0), "copy_s": copies,
+             "copy_beat_s": copies > 0}
     names = [k for k, v in parts.items() if np.any(v)]
     base = (batch[:, None] == np.array(sizes)[None, :]).astype(float)
-    if "copy_s" in names:               # copies only ever with as many resets: not told apart
-        x = np.hstack([base] + [np.asarray(parts[k], float)[:, None] for k in names])
-        if np.linalg.matrix_rank(x) < np.linalg.matrix_rank(x[:, :-1]) + 1:
-            names.remove("copy_s")
+    for part in ("copy_s", "copy_beat_s"):
+        # copies only ever with as many resets, or one a beat: the parts are not told apart
+        if part in names and (part == "copy_s" or "copy_s" in names):
+            cols = [np.asarray(parts[k], float)[:, None] for k in names if k != part]
+            x = np.hstack([base] + cols)
+            if np.linalg.matrix_rank(np.hstack([x, np.asarray(parts[part], float)[:, None]])) \
+                    <= np.linalg.matrix_rank(x):
+                names.remove(part)
+        elif part in names:
+            names.remove(part)
     used = np.ones(len(compute), bool)
     for _ in range(2):                  # the fit; then without the beats it missed far
         while True:
@@ -387,14 +395,15 @@ def model_of(doc: dict) -> CostModel:
 
 
 def predict(model: CostModel, m: Measured, seed: int) -> dict:
-    """Draws for each of `m`'s beats at its live count: p50/p99 latency and mean compute, ms."""
+    """Draws for each of `m`'s beats at the batch its engine replayed (its live count padded
+    to the buckets the file's engine captured): p50/p99 latency and mean compute, ms."""
     rng = random.Random(seed)
     carried = m.carried if m.carried is not None else np.zeros((len(m.live), 4), int)
     parts = np.array([model.draw_parts(int(n), sum(m.held) / 2, int(rows),
                                        START_SHAPE.capture_for(int(rows)),
                                        START_SHAPE.start_rows, rng, int(resets), int(rolls),
                                        bool(first), int(copies))
-                      for n, (rows, resets, rolls, copies), first in zip(m.live, carried,
+                      for n, (rows, resets, rolls, copies), first in zip(m.batch, carried,
                                                                         first_rolls(carried))])
     lat = 1e3 * parts.sum(axis=1)
     return {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
@@ -420,7 +429,7 @@ def heldout(measured: list[Measured], seed: int = 0) -> dict:
                      "measured": {k: round(v, 2) for k, v in want.items()},
                      "predicted": {k: round(v, 2) for k, v in got.items()}, "error_pct": err})
     worst = {k: max(abs(r["error_pct"][k]) for r in rows) for k in rows[0]["error_pct"]}
-    return {"method": "leave one file out; drawn at the held-out file's live counts",
+    return {"method": "leave one file out; drawn at the held-out file's replayed batches",
             "seed": seed, "rows": rows, "max_abs_error_pct": worst}
 
 

@@ -54,8 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fast", action="store_true",
                     help="the beat-level mode (sim/fast.py) instead of the full node")
     ap.add_argument("--snapshot-mb", type=float, default=-1.0,
-                    help="prompt snapshots' memory, MB (-1: the executors' 1000, 0: none: every "
-                         "start prefills its prompt); the fast mode only, for now")
+                    help="prompt snapshots' memory, MB (-1: the graph executor's 500, 0: none: "
+                         "every start prefills its prompt)")
     ap.add_argument("--seed", type=int, default=0,
                     help="every random choice: the workload, callers, the cost model's jitter")
     ap.add_argument("--find-max", action="store_true")
@@ -85,11 +85,10 @@ def main(argv=None) -> int:
         if args.snapshot_mb != -1.0:
             fwd += ["--snapshot-mb", str(args.snapshot_mb)]
         return fast.main(fwd, command)
-    if args.snapshot_mb != -1.0:
-        ap.error("--snapshot-mb: the full node's bench sets no snapshot memory yet; use --fast")
     forwarded = ["--backend", "sim", "--virtual", "--sessions", str(args.sessions), "--beats",
                  str(args.beats), "--runs", str(args.runs), "--context", str(args.context),
-                 "--profile", args.profile, "--cost-model", cost, "--out", args.out]
+                 "--profile", args.profile, "--cost-model", cost, "--out", args.out,
+                 "--snapshot-mb", str(args.snapshot_mb)]
     if args.workload:
         forwarded += ["--workload", args.workload]
     if args.churn:

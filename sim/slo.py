@@ -4,9 +4,10 @@
         --profile dense --cost-model sim/costmodel_h200_dense.json \\
         --slo late=0 p99_ms=150 blocking=0.01 open_p99_ms=3000 --seeds 5
 
-For each seed the workload's load is scaled (a generator's rate parameters multiplied; a file's
-arrival times compressed) and the largest scale whose run meets every SLO is found: doubling or
-halving from 1 until the answer flips, then bisection to `--tolerance`. A seed's capacity is
+For each seed the workload's load is scaled (a generator's rate parameters multiplied; the
+occupancy form's rate, occupancy x slots / hold, multiplied, its fill and measured span kept; a
+file's arrival times compressed) and the largest scale whose run meets every SLO is found:
+doubling or halving from 1 until the answer flips, then bisection to `--tolerance`. A seed's capacity is
 the offered load of the workload it drew at that scale; over the seeds, their mean with a 95 %
 Student-t interval. Unlike the bench's find-max (a bisection on N sessions, late beats only),
 the load is what callers offer, the SLOs are any of the deadline metrics, and the seeds say how
@@ -67,13 +68,28 @@ def parse_slo(words: list[str]) -> dict[str, float]:
     return slo
 
 
-def scaled(spec: str, scale: float, seed: int) -> Workload:
-    """The workload at `scale` times its load, drawn from `seed`."""
+def scaled(spec: str, scale: float, seed: int, slots: int | None = None) -> Workload:
+    """The workload at `scale` times its load, drawn from `seed`. The occupancy form
+    (`poisson:occupancy=X,hold=H`, its slots from `slots=` or `slots`) is drawn at the rate it
+    resolves to times `scale` (X x scale may pass 1: more offered than the slots hold), over
+    the same arrivals and measured span; at scale 1 it draws the form's own calls."""
     if Path(spec).suffix in (".csv", ".jsonl", ".ndjson", ".json") or Path(spec).exists():
         wl = load(spec, seed)
         calls = tuple(dataclasses.replace(c, at_s=c.at_s / scale) for c in wl.calls)
         return Workload(calls, {**wl.source, "scale": scale})
     name, params = parse_spec(spec)
+    if "occupancy" in params:
+        form = generate(spec, seed, slots=slots)
+        occ = form.source["occupancy"]
+        params.pop("occupancy")
+        params.pop("slots", None)
+        params["rate"] = occ["occupancy"] * occ["slots"] / occ["hold_s"] * scale
+        params["duration"] = form.source["params"]["duration"]
+        rest = ",".join(f"{k}={v!r}" for k, v in params.items())
+        wl = generate(f"{name}:{rest}", seed)
+        return Workload(wl.calls, {**wl.source, "spec": spec, "scale": scale, "occupancy": {
+            **occ, "occupancy": occ["occupancy"] * scale, "rate_per_s": round(params["rate"], 6),
+            "target_erlangs": round(occ["target_erlangs"] * scale, 3)}})
     for key in RATE_KEYS[name]:
         if key in params:
             params[key] *= scale
@@ -82,7 +98,7 @@ def scaled(spec: str, scale: float, seed: int) -> Workload:
 
 
 def probe(base: FastConfig, spec: str, slo: dict, scale: float, seed: int) -> dict:
-    wl = scaled(spec, scale, seed)
+    wl = scaled(spec, scale, seed, slots=base.slots)
     res, d, _run = run_one(dataclasses.replace(base, workload=wl, seed=seed), seed)
     got = {k: SLO_KEYS[k](res, d) for k in slo}
     # blocking whatever the SLO: `sim.plot` draws a search's probes as a blocking curve
@@ -142,7 +158,8 @@ def parse_args(argv):
     ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
     ap.add_argument("--context", type=int, default=1500)
     ap.add_argument("--cost-model", default=str(DEFAULT_PATH))
-    ap.add_argument("--policy", nargs="+", metavar="WORD", default=["eager"])
+    ap.add_argument("--policy", nargs="+", metavar="WORD", default=["guarded"],
+                    help="start policy (default: guarded, the node's)")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0, help="the first seed")
     ap.add_argument("--snapshot-mb", type=float, default=-1.0,
@@ -161,7 +178,8 @@ def main(argv=None) -> int:
         if args.seeds < 1 or args.slots < 1 or not args.tolerance > 0:
             raise SloError("--seeds and --slots must be >= 1 and --tolerance > 0")
         policy = make_policy(args.policy)
-        base = FastConfig(slots=args.slots, workload=scaled(args.workload, 1.0, args.seed),
+        base = FastConfig(slots=args.slots,
+                          workload=scaled(args.workload, 1.0, args.seed, slots=args.slots),
                           profile=args.profile, context=args.context,
                           cost_model=args.cost_model, policy=policy,
                           snapshot_mb=args.snapshot_mb)

@@ -2,14 +2,25 @@
 [--json OUT]`: does the simulator reproduce what the GPU measured?
 
 For each GPU bench result it reads the workload (profile, context, sessions, beats, runs,
-churn, burst, `--workload`, start policy, seed, clock-policy flags: from the result's
-`command`, its fields overriding), runs the same workload through the production node on
-virtual time with the sim backend and a fitted cost model
+churn, burst, `--workload`, start policy, seed, clock-policy flags, snapshot memory: from the
+result's `command`, its fields overriding), runs the same workload through the production node
+on virtual time with the sim backend and a fitted cost model
 (`sim/costmodel_<gpu>_<profile>.json` by default, see `sim.fit`), and prints both side by side:
 p50/p99 beat latency, late beats, open wait p50/p99, refusals, with the differences. A file
 PASSes when the sim's p50 and p99 are within 10 % of the GPU's and both agree on whether any
 beat was late and whether any open was refused; the exit status is 1 if any file FAILs, 2 on
 input it cannot use. The sim's own results go to a temporary folder, never bench/results/.
+
+A replay runs the node the GPU run had: its recorded start policy (a result that recorded none
+ran `eager`, the node's default then), no prompt snapshots where the result's engine kept none
+(`extra.engine.snapshots` absent: recorded before snapshots existed; `--snapshot-mb 0`), and
+the batch buckets its engine captured (`extra.engine.buckets_captured`, into the cost model's
+`buckets`: an engine before the ladder captured only its top bucket, and a device short of
+memory stops the ladder early, so a beat of few sessions replays a large bucket).
+What is compared is what the GPU result counted: a result with `measured` (the bench's headline
+counts every beat from the first open to the last close, `bench.WINDOW_OF`) against the
+replay's headline, one without (recorded before that: its headline was the measured window)
+against the replay's measured window (`measured`), in the full node and the draws alike.
 
 One GPU run is one draw of its beats' jitter; so is one sim run. A rare event (one refused
 open in 500 under an admission policy at its threshold) comes or not by chance on either
@@ -80,21 +91,32 @@ def _workload_parser() -> argparse.ArgumentParser:
 
 
 def workload(raw: dict) -> dict:
-    """The workload of a bench result: its command's flags, its fields where it has them."""
+    """The workload of a bench result: its command's flags, its fields where it has them; the
+    start policy it recorded (none recorded: `eager`, the node's default then), and no prompt
+    snapshots where its engine kept none (module doc)."""
     words = shlex.split(raw.get("command") or "")
     flags, _ = _workload_parser().parse_known_args(words)
     got = {k: v for k, v in vars(flags).items() if v not in (None, False)}
     got.update({k: raw[k] for k in ("profile", "context", "sessions", "beats", "runs")
                 if raw.get(k) is not None})
-    seeds = raw.get("extra", {}).get("seeds")
+    extra = raw.get("extra") or {}
+    seeds = extra.get("seeds")
     if seeds:
         got["seed"] = seeds[0]
-    if "snapshot_mb" not in got and "snapshots" not in (raw.get("extra") or {}).get("engine", {}):
-        got["snapshot_mb"] = 0.0            # a run from before prompt snapshots: every start prefilled
     start = (raw.get("policy") or {}).get("start")
-    if "policy" not in got and start and start.get("class"):
-        got["policy"] = [start["class"]] + [f"{k}={v}" for k, v in start["params"].items()]
+    if "policy" not in got:
+        got["policy"] = ([start["class"]] + [f"{k}={v}" for k, v in start["params"].items()]
+                         if start and start.get("class") else ["eager"])
+    if "snapshot_mb" not in got and "snapshots" not in (extra.get("engine") or {}):
+        got["snapshot_mb"] = 0.0                    # before prompt snapshots: none kept
     return got
+
+
+def window(raw: dict) -> str:
+    """Which beats a GPU result's headline counts: "all" (first open to last close, as the
+    bench counts since it records `measured`), else "measured" (the --beats window)."""
+    runs = raw.get("per_run") or [{}]
+    return "all" if "measured" in raw or "windows" in runs[0] else "measured"
 
 
 def sim_argv(work: dict, cost_model: str, out: str) -> list[str]:
@@ -110,14 +132,18 @@ def sim_argv(work: dict, cost_model: str, out: str) -> list[str]:
     return argv
 
 
-def metrics(result: dict, measured: bool = False) -> dict:
+def metrics(result: dict, beats: str = "all") -> dict:
     """The compared numbers of a bench result: its worst run's p50/p99 (as the result's own
-    headline), late beats and refusals over all runs, the worst run's open waits. `measured`:
-    p50, p99 and late beats of the measured window alone, as a GPU result written before the
-    bench counted every beat gave them."""
+    headline), late beats and refusals over all runs, the worst run's open waits. `beats`
+    "measured": p50/p99 and late beats of the measured windows (`result["measured"]`) instead
+    of the headline's, for a GPU result that counted only those (`window`)."""
     runs = result.get("per_run") or []
     worst = lambda key: max((float(r.get(key, 0.0)) for r in runs), default=0.0)
-    head = result.get("measured") if measured and result.get("measured") else result
+    head = result
+    if beats == "measured":
+        head = result.get("measured")
+        if not head:
+            raise ValidateError("a sim result without its measured window (`measured`)")
     return {"p50_ms": float(head["p50_ms"]), "p99_ms": float(head["p99_ms"]),
             "late_beats": int(head["late_beats"]),
             "open_p50_ms": worst("open_p50_ms"), "open_p99_ms": worst("open_p99_ms"),
@@ -192,9 +218,10 @@ def seeds_for(work: dict, k: int) -> list[int]:
     return [first + i * runs for i in range(k)]
 
 
-def fast_draws(work: dict, model: Path, seeds: list[int]) -> list[dict] | None:
-    """The workload in the fast mode, a run a seed: each run's compared numbers; None when
-    the workload has a flag the fast mode does not model."""
+def fast_draws(work: dict, model: Path, seeds: list[int],
+               beats: str = "all") -> list[dict] | None:
+    """The workload in the fast mode, a run a seed: each run's compared numbers (`beats`: as
+    `metrics`); None when the workload has a flag the fast mode does not model."""
     if set(work) - FAST_KEYS:
         return None
     try:
@@ -202,22 +229,50 @@ def fast_draws(work: dict, model: Path, seeds: list[int]) -> list[dict] | None:
                          churn_s=float(work.get("churn", 0.0)), beats=int(work["beats"]),
                          profile=work["profile"], context=int(work["context"]),
                          cost_model=str(model), runs=int(work.get("runs", 1)),
-                         snapshot_mb=float(work.get("snapshot_mb", -1.0)),
-                         policy=make_policy(work["policy"]) if "policy" in work else None)
-        out = [metrics(dataclasses.asdict(run_fast(dataclasses.replace(cfg, seed=seed))))
+                         policy=make_policy(work["policy"]) if "policy" in work else None,
+                         snapshot_mb=float(work.get("snapshot_mb", -1.0)))
+        out = [metrics(dataclasses.asdict(run_fast(dataclasses.replace(cfg, seed=seed))), beats)
                for seed in seeds]           # each run copies the policy afresh
     except (FastError, PolicyError) as exc:
         raise ValidateError(f"the fast-mode draws failed: {exc}") from None
     return out
 
 
+def captured(raw: dict) -> list[int]:
+    """The batch buckets the GPU run's engine captured (empty: not recorded)."""
+    extra = raw.get("extra") or {}
+    for key in ("engine_after", "engine"):
+        got = (extra.get(key) or {}).get("buckets_captured")
+        if got:
+            return sorted(int(b) for b in got)
+    return []
+
+
+def with_buckets(model: Path, buckets: list[int], folder: Path) -> Path:
+    """`model` with the GPU run's captured buckets (a copy in `folder`; `model` itself when
+    none were recorded or the model names its own)."""
+    doc = json.loads(model.read_text())
+    if not buckets or doc.get("buckets"):
+        return model
+    out = folder / model.name
+    out.write_text(json.dumps({**doc, "buckets": buckets}))
+    return out
+
+
 def validate_one(path: str, cost_model: str | None, seeds: int = 1,
                  draws: int = DRAWS) -> dict:
     raw = read_gpu(path)
-    model = Path(cost_model) if cost_model else default_model(raw)
-    if not model.is_file():
-        raise ValidateError(f"{path}: no cost model {model} (fit one with python -m sim.fit)")
-    fitted_from = {s["file"] for s in json.loads(model.read_text()).get("_fitted_from", [])}
+    named = Path(cost_model) if cost_model else default_model(raw)
+    if not named.is_file():
+        raise ValidateError(f"{path}: no cost model {named} (fit one with python -m sim.fit)")
+    with tempfile.TemporaryDirectory(prefix="sim-validate-model-") as folder:
+        return _validate(path, raw, named, with_buckets(named, captured(raw), Path(folder)),
+                         seeds, draws)
+
+
+def _validate(path: str, raw: dict, named: Path, model: Path, seeds: int,
+              draws: int) -> dict:
+    fitted_from = {s["file"] for s in json.loads(named.read_text()).get("_fitted_from", [])}
     work = workload(raw)
     sims, commands = [], []
     for seed in seeds_for(work, seeds):
@@ -225,25 +280,33 @@ def validate_one(path: str, cost_model: str | None, seeds: int = 1,
             argv = sim_argv({**work, "seed": seed}, str(model), tmp)
             sims.append(run_sim(argv, Path(tmp)))
         commands.append("python -m wave_actors.bench " + " ".join(
-            a if a != tmp else "<tmp>" for a in argv))
-    fast = fast_draws(work, model, seeds_for(work, seeds + draws)[seeds:]) if draws else None
-    window = "measured" not in raw            # a result from before every beat counted
-    got = compare(metrics(raw), [metrics(s, window) for s in sims], draws=fast)
+            {tmp: "<tmp>", str(model): str(named)}.get(a, a) for a in argv))
+    beats = window(raw)
+    fast = (fast_draws(work, model, seeds_for(work, seeds + draws)[seeds:], beats) if draws
+            else None)
+    got = compare(metrics(raw), [metrics(s, beats) for s in sims], draws=fast)
     full = f"{seeds} full-node run{'s' if seeds > 1 else ''}"
     how = (f"{full} and {draws} fast-mode runs" if fast
            else full + (f" alone: the draws do not replay {sorted(set(work) - FAST_KEYS)}"
                         if draws else ""))
+    buckets = json.loads(model.read_text()).get("buckets") or []
     return {"file": Path(path).name, "commit": raw.get("commit"), "backend": raw["backend"],
-            "cost_model": model.name, "held_out": Path(path).name not in fitted_from,
+            "cost_model": named.name, "buckets": buckets,
+            "held_out": Path(path).name not in fitted_from,
             "sim_command": commands[0], **({"sim_commands": commands} if seeds > 1 else {}),
-            "sim_commit": sims[0].get("commit"), "verdicts_from": how, **got}
+            "sim_commit": sims[0].get("commit"), "verdicts_from": how,
+            "beats_compared": ("every beat, first open to last close" if beats == "all" else
+                               "the measured window (the GPU result counted no other)"),
+            **got}
 
 
 def table(rows: list[dict]) -> str:
     lines = []
     for r in rows:
         lines.append(f"{r['file']} ({r['backend']} at {r['commit']}, "
-                     f"{'held out' if r['held_out'] else 'fitted on'}; {r['cost_model']})")
+                     f"{'held out' if r['held_out'] else 'fitted on'}; {r['cost_model']}"
+                     + (f" with the GPU's buckets {r['buckets']}" if r.get("buckets") else "")
+                     + f"; {r['beats_compared']})")
         seeds = "sim by seed" if "sim_seeds" in r["metrics"]["p50_ms"] else ""
         lines.append(f"  {'':12} {'GPU':>9} {'sim':>9} {'diff':>9} {'diff %':>8}  {seeds}")
         for key, m in r["metrics"].items():

@@ -8,14 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wave_actors.core.start_policy import EagerStarts
-
 from sim import fast
 from sim.fast import FastConfig, run_fast, run_one
 from wave_actors.workload import load
 from wave_actors import bench
 from wave_actors.core.frames import FRAMES_PER_BEAT
-from wave_actors.core.start_policy import BudgetedStarts
+from wave_actors.core.start_policy import BudgetedStarts, GuardedStarts
 
 ROOT = Path(__file__).resolve().parents[2]
 DENSE = ROOT / "sim" / "costmodel_h200_dense.json"
@@ -55,14 +53,13 @@ def test_fast_mode_agrees_with_full_emulation_on_a_closed_loop(tmp_path):
     falls on is that race."""
     cost = jittered(tmp_path)
     out = tmp_path / "full"
-    # one policy for both, whose decisions depend on nothing the two time apart
     assert bench.main(["--backend", "sim", "--virtual", "--sessions", "64", "--beats", "300",
                        "--churn", "5", "--seed", "3", "--profile", "dense", "--cost-model",
-                       cost, "--out", str(out), "--policy", "eager"]) == 0
+                       cost, "--out", str(out)]) == 0
     (path,) = out.glob("sim-*.json")
-    full = json.loads(path.read_text())["per_run"][0]
+    full = fullrun = json.loads(path.read_text())["per_run"][0]
     got = run_fast(FastConfig(slots=64, lines=64, churn_s=5, beats=300, profile="dense",
-                              cost_model=cost, seed=3, policy=EagerStarts()))
+                              cost_model=cost, seed=3))
     mine = got.per_run[0]
     # the measured windows compared (the bench's headline counts its ramp and drain too; the
     # fast mode's closed loop reports its measured beats where it has no `windows`)
@@ -87,6 +84,15 @@ def test_fast_mode_agrees_with_full_emulation_on_a_closed_loop(tmp_path):
     assert mine["refusals"] == full["refusals"]
     assert abs(wait[0] - wait[1]) <= 10.0
     assert mine["open_p99_ms"] == pytest.approx(full["open_p99_ms"], abs=10.0)
+    # every beat from the first open to the last close, as the bench counts them: the ramp
+    # the same; the drain (the lines stopped, their sessions closing) within a beat or two
+    ramp = [json.loads(json.dumps(r["windows"]["ramp"])) for r in (fullrun, got.per_run[0])]
+    print(f"ramp: {ramp[0]} / {ramp[1]}")
+    assert ramp[0] == ramp[1] and ramp[0]["beats"] > 0
+    every = [r["windows"]["all"] for r in (fullrun, got.per_run[0])]
+    assert abs(every[0]["beats"] - every[1]["beats"]) <= 2
+    assert got.per_run[0]["deadlines"]["beats_counted"] == got.per_run[0]["beats"] \
+        == every[1]["beats"] > 300
 
 
 def test_one_seed_gives_one_result_and_another_seed_another(tmp_path):
@@ -182,7 +188,38 @@ def test_a_bad_config_is_refused_with_the_reason():
     with pytest.raises(fast.FastError, match="slots"):
         FastConfig(slots=0, lines=1, beats=1)
     res = run_one(FastConfig(slots=2, lines=2, beats=5), 0)[0]
-    assert res.policies["start"]["class"].endswith(":GuardedStarts")   # None: the node's
+    # None: the node's default (`Node`: GuardedStarts), with its default parameters
+    assert res.policies["start"]["class"].endswith(":GuardedStarts")
+    assert res.policies["start"]["params"] == GuardedStarts().describe()["params"]
+
+
+def test_the_policy_is_told_what_the_executor_measures_at_build_in_both_modes(tmp_path):
+    """Catches a fast mode whose policy never hears what the executor measured at build (the
+    clock hands the executor's `start_row_s` / `beat_at_context_s` to `know_rows` /
+    `know_beats`), or a sim executor that does not offer them: the two modes' guarded
+    policies would budget start work from different priors and part ways."""
+    from tests.nodekit import VirtualNode
+    from sim.costmodel import CostModel
+    from sim.executor import SimExecutor
+    cost = CostModel.load(DENSE, "dense")
+    cfg = FastConfig(slots=300, lines=1, beats=1, profile="dense", cost_model=str(DENSE))
+    policy = fast._Run(cfg, 0).policy
+    executor = SimExecutor(cfg.options, cost)
+    try:
+        assert executor.start_row_s == {4: cost.small_rows_s, 16: cost.start_rows_s}
+        assert executor.beat_at_context_s == {n: cost.beat_time(n, 1500, 300) for n in (1, 300)}
+    finally:
+        executor.close()
+    assert policy.row_s == executor.start_row_s
+    assert policy.prior_s == executor.beat_at_context_s
+    assert 0.020 < policy.prior_s[1] < 0.023 < 0.135 < policy.prior_s[300] < 0.145
+    vn = VirtualNode(8, cost=cost)                  # the full node: its clock tells its policy
+    try:
+        told = vn.node.start_policy
+        assert told.row_s == vn.executor.start_row_s and told.prior_s == \
+            vn.executor.beat_at_context_s and set(told.prior_s) == {1, 8}
+    finally:
+        vn.close()
 
 
 def test_a_closed_loop_line_redials_one_call_and_headroom_never_locks_it_out(monkeypatch):
@@ -192,10 +229,14 @@ def test_a_closed_loop_line_redials_one_call_and_headroom_never_locks_it_out(mon
     refusing every open for good once all calls had ended after a slow beat (the loop then
     never measured its beats)."""
     monkeypatch.setattr(fast, "MAX_BEATS", 5000)
+    from sim.costmodel import CostModel
     from wave_actors.core.policy_spec import make_policy
+    # the threshold at the 16-session beat (its bucket's, jitter aside): about half refuse
+    headroom = round(0.160 - CostModel.load(DENSE, "dense").beat_time(16, 1500, 16), 4)
     res, _, run = run_one(FastConfig(slots=16, lines=16, churn_s=5, beats=150, profile="dense",
                                      cost_model=str(DENSE), seed=3,
-                                     policy=make_policy(["headroom", "headroom_s=0.0245"])), 3)
+                                     policy=make_policy(["headroom", f"headroom_s={headroom}"])),
+                          3)
     assert res.refusals > 50                              # the policy refused, often
     calls = run.calls
     by_line: dict = {}
@@ -205,3 +246,32 @@ def test_a_closed_loop_line_redials_one_call_and_headroom_never_locks_it_out(mon
     for line, cs in by_line.items():
         assert all(c.opened_s is not None for c in cs[:-1]), (line, cs)   # only the last waits
     assert len(by_line) == 16 and sum(c.tries for c in calls) == res.opens + res.refusals
+
+
+def test_a_closed_loop_counts_every_beat_as_the_bench_does():
+    """Catches a closed loop that reports (or matches its calls against) its measured beats
+    alone: the bench's headline and deadline metrics count every beat with a live session,
+    from the first open to the last close; and a run that never stops its lines (no drain:
+    sessions left open, the last beats missing)."""
+    res, d, run = run_one(FastConfig(slots=24, lines=24, churn_s=4, beats=80, seed=2), 2)
+    w = res.windows
+    assert w["measured"]["beats"] == 80 and w["ramp"]["beats"] > 0 and w["drain"]["beats"] > 0
+    assert res.beats == w["all"]["beats"] == sum(w[k]["beats"] for k in
+                                                 ("ramp", "measured", "drain"))
+    assert d["beats_counted"] == res.beats == len(run.rec["latency"])
+    assert len(res.trace["latency_ms"]) == 80                     # the trace: measured beats
+    assert not run.held and all(c.ended_s is not None for c in run.calls if c.opened_s)
+    assert res.p99_ms == pytest.approx(np.percentile(1e3 * np.array(run.rec["latency"]), 99))
+
+
+def test_a_run_whose_starts_never_end_stops_with_the_reason(monkeypatch):
+    """Catches a fast mode that spins to MAX_BEATS (hours) when the node's starts are stuck
+    (sessions held, none ever live: a start policy that never finds room), instead of saying
+    so."""
+    class NoRoom(GuardedStarts):
+        def start_room(self, n_live, time_left_s):
+            return -1.0
+    monkeypatch.setattr(fast, "STUCK_S", 30.0)
+    monkeypatch.setattr(fast, "MAX_BEATS", 5000)        # without the check: "never measured"
+    with pytest.raises(fast.FastError, match="stuck"):
+        run_one(FastConfig(slots=4, lines=4, beats=10, policy=NoRoom()), 0)

@@ -1,5 +1,6 @@
 """sim.fit recovers a known cost model from bench JSONs and refuses what it cannot use; the
 fitted model draws deterministically; sim.validate compares, flags and runs end to end."""
+import dataclasses
 import json
 import random
 
@@ -52,12 +53,21 @@ def test_fit_recovers_the_beat_host_time_and_start_rows_of_a_known_model(tmp_pat
     assert doc["_fitted_from"][0]["commit"] == "abc1234"
 
 
-def test_a_padded_bucket_costs_its_full_time_whatever_the_live_count(tmp_path):
-    """Catches a model that makes ramp beats (few sessions live, the full bucket replayed)
-    cheaper than the GPU ran them."""
+def test_a_beat_costs_the_ladder_bucket_that_holds_its_sessions(tmp_path):
+    """Catches a model that prices a beat at its live count (cheaper than the padded bucket
+    the GPU replays) or at the top bucket (dearer: the graph executor captures a ladder of
+    buckets, `wave_actors/core/buckets.py`), or whose top bucket is not the node's slots."""
     model = fit.model_of(fit.build([fit.read(bench_json(tmp_path / "g.json"))]))
-    assert model.beat_time(16, 1500) == model.beat_time(100, 1500)
-    assert model.beat_time(120, 1500) > model.beat_time(100, 1500)     # past it: grows
+    at = lambda n, slots=None: model.beat_time(n, 1500, slots)  # noqa: E731
+    assert at(16) < at(17) < at(64) < at(100) < at(120)            # no ladder given: n itself
+    assert at(17, 100) == at(24) and at(60, 100) == at(64) and at(0, 100) == at(1)
+    assert at(97, 100) == at(100, 100) == at(100)                  # the top bucket: the slots
+    assert at(257, 300) == at(300, 300) == at(300) > at(256, 300) == at(256)
+    assert model.batch(129, 300) == 160 and model.batch(129) == 129
+    cut = dataclasses.replace(model, buckets=(256, 300))    # a ladder cut short by memory
+    assert cut.batch(1, 300) == cut.batch(256, 300) == 256 and cut.batch(257, 300) == 300
+    assert cut.beat_time(1, 1500, 300) == at(256) and cut.beat_time(1, 1500) == at(1)
+    assert dataclasses.replace(model, buckets=(290,)).batch(16, 290) == 290   # no ladder
 
 
 def test_heldout_errors_are_small_for_runs_of_the_same_model(tmp_path):
@@ -196,9 +206,21 @@ def test_the_workload_comes_from_the_command_with_the_result_fields_over_it():
     assert work == {"profile": "dense", "context": 1500, "sessions": 290, "beats": 200,
                     "runs": 1, "churn": 60.0, "seed": 7,
                     "policy": ["budgeted", "margin_s=0.004"],
-                    "snapshot_mb": 0.0}     # no snapshots in its engine: every start prefilled
+                    "snapshot_mb": 0.0}             # its engine kept no snapshots: none
     argv = validate.sim_argv(work, "m.json", "/tmp/x")
     assert argv[:3] == ["--backend", "sim", "--virtual"] and "--workers" not in argv
+    # a result of today: its engine's snapshots and its recorded start policy replayed as
+    # they were; a result that recorded no policy ran the node's default of its day, eager
+    now = {**raw, "command": raw["command"].replace(" --policy budgeted margin_s=0.004", ""),
+           "policy": {"start": {"class": "wave_actors.core.start_policy:GuardedStarts",
+                                "params": {"margin_s": 0.008}}},
+           "extra": {"seeds": [7], "engine": {"snapshots": {"entries": 3}}}}
+    assert validate.workload(now)["policy"] == ["wave_actors.core.start_policy:GuardedStarts",
+                                                "margin_s=0.008"]
+    assert "snapshot_mb" not in validate.workload(now)
+    assert validate.workload({**now, "command": now["command"] + " --snapshot-mb 300"}
+                             )["snapshot_mb"] == 300.0
+    assert validate.workload({**now, "policy": {}})["policy"] == ["eager"]
     calls = validate.workload({**raw, "command": raw["command"] + " --workload poisson:rate=2"})
     assert calls["workload"] == "poisson:rate=2"
     assert "poisson:rate=2" in validate.sim_argv(calls, "m.json", "/tmp/x")
@@ -293,3 +315,39 @@ def test_beats_with_start_rows_keep_their_own_wider_jitter(tmp_path):
     spread = lambda rows: np.std([model.draw_parts(100, 1500, rows, 16, 16, r)[0]
                                   for r in [random.Random(1)] for _ in range(400)])
     assert spread(16) > 3 * spread(0)
+
+
+def test_a_gpu_result_is_compared_over_the_beats_it_counted():
+    """Catches a replay compared over other beats than its GPU result counted: a result of
+    today (`measured` recorded: its headline counts every beat, first open to last close)
+    against the replay's headline; an older one (its headline was the measured window)
+    against the replay's measured window, whose late beats and p99 leave the ramp out."""
+    old = {"p50_ms": 138.0, "p99_ms": 150.0, "late_beats": 0, "per_run": [{}]}
+    new = {**old, "measured": {}, "per_run": [{"windows": {}}]}
+    assert validate.window(old) == "measured" and validate.window(new) == "all"
+    sim = {"p50_ms": 137.0, "p99_ms": 190.0, "late_beats": 5,       # a late ramp
+           "measured": {"p50_ms": 138.5, "p99_ms": 151.0, "late_beats": 0},
+           "per_run": [{"refusals": 0, "open_p50_ms": 1.0, "open_p99_ms": 2.0}]}
+    got = validate.metrics(sim, validate.window(old))
+    assert (got["p50_ms"], got["p99_ms"], got["late_beats"]) == (138.5, 151.0, 0)
+    assert validate.compare(validate.metrics(old), [got])["verdict"] == "PASS"
+    got = validate.metrics(sim, validate.window(new))
+    assert (got["p50_ms"], got["p99_ms"], got["late_beats"]) == (137.0, 190.0, 5)
+    assert validate.compare(validate.metrics(new), [got])["verdict"] == "FAIL"
+    with pytest.raises(validate.ValidateError, match="measured"):
+        validate.metrics({k: v for k, v in sim.items() if k != "measured"}, "measured")
+
+
+def test_a_replay_prices_beats_at_the_buckets_the_gpu_captured(tmp_path):
+    """Catches a replay on the whole ladder of a GPU run whose engine captured less (before
+    the ladder only its top bucket; a 300-slot dense H200 only 256 and 300, short of memory):
+    its ramp beats of few sessions then cost a fraction of what the GPU ran them at."""
+    raw = {"extra": {"engine": {"buckets_captured": [300, 256]}}}
+    assert validate.captured(raw) == [256, 300] and validate.captured({"extra": {}}) == []
+    dense = validate.SIM_DIR / "costmodel_h200_dense.json"
+    model = CostModel.load(validate.with_buckets(dense, [256, 300], tmp_path), "dense")
+    whole = CostModel.load(dense, "dense")
+    assert model.buckets == (256, 300)
+    assert model.beat_time(1, 1500, 300) == whole.beat_time(256, 1500, 300) \
+        > 4 * whole.beat_time(1, 1500, 300)
+    assert validate.with_buckets(dense, [], tmp_path) == dense      # none recorded: as it is

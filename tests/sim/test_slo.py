@@ -34,6 +34,23 @@ def test_a_scaled_workload_offers_proportionally_more(tmp_path):
     assert fast.offered_erlangs() == pytest.approx(2 * one.offered_erlangs(), rel=0.05)
 
 
+def test_the_occupancy_form_scales_its_rate_and_keeps_its_window():
+    """Catches a scale the occupancy form ignores (`poisson:occupancy=X,hold=H` has no `rate`
+    to multiply: every probe then offered the same load, and the search ran off its ends) or
+    one that refuses an occupancy past 1, and a scaled form that loses its measured span."""
+    from wave_actors.workload import generate
+    spec = "poisson:occupancy=0.5,hold=20"
+    one, two = slo.scaled(spec, 1.0, 3, slots=8), slo.scaled(spec, 3.0, 3, slots=8)
+    assert one.calls == generate(spec, 3, slots=8).calls        # scale 1: the form's own calls
+    assert two.offered_erlangs() == pytest.approx(3 * one.offered_erlangs(), rel=0.3)
+    assert one.window_s == two.window_s == generate(spec, 3, slots=8).window_s is not None
+    assert two.source["occupancy"]["target_erlangs"] == pytest.approx(12.0)
+    assert slo.scaled(spec + ",slots=16", 1.0, 3).calls == generate(spec, 3, slots=16).calls
+    base = FastConfig(slots=8, workload=one)
+    assert slo.probe(base, spec, SLO, 3.0, 3)["offered_erlangs"] == pytest.approx(
+        two.offered_erlangs(), rel=1e-3)
+
+
 def test_the_command_writes_capacity_with_an_interval_and_what_it_ran(tmp_path, capsys):
     """Catches a result that does not say what it measured (SLO, policy and its parameters,
     workload, seeds, cost model), or an interval that does not hold its mean."""

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from sim import fit
-from sim.costmodel import (DEFAULT_PATH, SNAPSHOT_BYTES_PER_POSITION, SNAPSHOT_COPY_S,
-                           SNAPSHOT_FIXED_BYTES, CostModel)
+from sim.costmodel import (DEFAULT_PATH, SNAPSHOT_BYTES, SNAPSHOT_BYTES_PER_POSITION,
+                           SNAPSHOT_COPY_S, SNAPSHOT_FIXED_BYTES, CostModel)
 from sim.executor import SimExecutor, snapshot_space
 from sim.fast import FastConfig, _Run, run_one
 from wave_actors.core.beat_driver import BeatDriver
@@ -77,7 +77,7 @@ def test_a_beat_pays_copy_s_a_copy_and_save_s_a_save_in_both_modes():
         rows = len(p.rows)
         return cost.draw_beat(len(p.live), ctx(p), rows, shape.capture_for(rows),
                               shape.start_rows, random.Random(0), resets=len(p.resets),
-                              rolls=len(p.roll), **extra)
+                              rolls=len(p.roll), slots=cfg.slots, **extra)
 
     fast_s = run.ramp_compute                 # every beat the fast mode ran, in order
     assert len(fast_s) == len(plans)
@@ -135,9 +135,10 @@ def test_the_fast_mode_starts_a_shared_prompt_by_copies_too():
 
 def test_the_sim_keeps_the_snapshots_a_gpu_executor_keeps():
     """Catches snapshot sizes in the sim apart from the model's (the constants in
-    sim/costmodel.py are computed from gpu.model; a config change must show here) and a sim
-    that ignores `snapshot_mb`."""
+    sim/costmodel.py are computed from gpu.model; a config change must show here), a default
+    snapshot memory apart from the graph executor's, and a sim that ignores `snapshot_mb`."""
     torch = pytest.importorskip("torch")
+    from gpu.engine.graph_executor import SNAPSHOT_BYTES as GRAPH_DEFAULT
     from gpu.engine.snapshot_rows import space_for
     from gpu.model.config import PROFILES, VoiceChatConfig
     from gpu.model.voicechat_state import VoiceChatState
@@ -145,7 +146,7 @@ def test_the_sim_keeps_the_snapshots_a_gpu_executor_keeps():
     for profile in ("reference", "dense"):
         state = VoiceChatState.alloc(VoiceChatConfig.full(), PROFILES[profile], 1, 16,
                                      torch.device("meta"), max_prompt=shape.max_prompt)
-        for mb, capacity in ((-1.0, 1e9), (300.0, 300e6), (0.0, 0.0)):
+        for mb, capacity in ((-1.0, GRAPH_DEFAULT), (300.0, 300e6), (0.0, 0.0)):
             gpu = space_for(state, capacity, "")
             sim = SimExecutor(ExecutorOptions(max_sessions=4, profile=profile,
                                               snapshot_mb=mb)).snapshot_space
@@ -154,7 +155,8 @@ def test_the_sim_keeps_the_snapshots_a_gpu_executor_keeps():
                                                 gpu.fixed_bytes, gpu.bytes_per_position)
             assert (SNAPSHOT_FIXED_BYTES, SNAPSHOT_BYTES_PER_POSITION) == \
                 (gpu.fixed_bytes, gpu.bytes_per_position)          # the models' defaults
-    assert SimExecutor(ExecutorOptions(max_sessions=4)).snapshot_space.entries == 6
+    assert SNAPSHOT_BYTES == GRAPH_DEFAULT == 0.5e9           # the graph executor's default
+    assert SimExecutor(ExecutorOptions(max_sessions=4)).snapshot_space.entries == 3
     fitted = CostModel.load(DEFAULT_PATH.with_name("costmodel_h200_dense.json"), "dense")
     assert snapshot_space(ExecutorOptions(max_sessions=4), fitted, shape) == \
         snapshot_space(ExecutorOptions(max_sessions=4), CostModel.load(), shape)
@@ -165,17 +167,19 @@ def test_the_sim_keeps_the_snapshots_a_gpu_executor_keeps():
 BEAT_S, RESET_S, COPY_S, ROWS_S = 0.100, 0.0007, 0.0004, 0.020
 
 
-def copies_json(path, seed=0, beats=600, copies=True, with_resets=False) -> str:
-    """A GPU-like bench result whose beats cost BEAT_S + RESET_S a reset + COPY_S a copy +
-    ROWS_S with start rows (±0.05 ms noise). A beat opens 0–4 sessions; each copies unless it
-    is a prompt's first (`with_resets`: every opened one copies: copies = resets); `copies`
-    False: the trace has no `copies` column (as results from before snapshots)."""
+def copies_json(path, seed=0, beats=600, copies=True, with_resets=False,
+                copy_beat=0.0) -> str:
+    """A GPU-like bench result whose beats cost BEAT_S + RESET_S a reset + COPY_S a copy (and
+    `copy_beat` once where a beat copies) + ROWS_S with start rows (±0.05 ms noise). A beat
+    opens 0–4 sessions; each copies unless it is a prompt's first (`with_resets`: every opened
+    one copies: copies = resets); `copies` False: the trace has no `copies` column (as results
+    from before snapshots)."""
     rng = np.random.default_rng(seed)
     resets = rng.integers(0, 5, beats) * (rng.random(beats) < 0.4)
     n_copies = resets if with_resets else np.minimum(resets, rng.integers(0, 5, beats))
     rows = np.where(rng.random(beats) < 0.1, 16, 0)
     compute = (BEAT_S + RESET_S * resets + COPY_S * n_copies + ROWS_S * (rows > 0)
-               + 5e-5 * rng.standard_normal(beats))
+               + copy_beat * (n_copies > 0) + 5e-5 * rng.standard_normal(beats))
     ms = lambda xs: [round(1e3 * float(x), 4) for x in xs]  # noqa: E731
     trace = {"latency_ms": ms(compute + 0.002), "compute_ms": ms(compute),
              "gc_ms": [0.0] * beats, "sessions": [100] * beats, "rows": rows.tolist(),
@@ -205,6 +209,23 @@ def test_the_fit_recovers_a_planted_copy_s(tmp_path):
     model = fit.model_of(doc)
     assert model.copy_s == doc["copy_s"]
     assert model.save_s == SNAPSHOT_COPY_S                  # no trace counts saves: the prior
+    assert doc.get("copy_beat_s", 0.0) == pytest.approx(0.0, abs=2e-5)
+
+
+def test_the_fit_recovers_a_planted_cost_of_a_beat_that_copies(tmp_path):
+    """Catches a fit (or a model) without the once-a-beat part of copies the H200 showed at
+    300 slots (~6 ms with the first copy, ~0.5 with each more): its cost then lands on
+    copy_s, far too dear for a beat of many copies and too cheap for a beat of one."""
+    doc = fit.build([fit.read(copies_json(tmp_path / f"c{i}.json", seed=i, copy_beat=0.006))
+                     for i in range(2)])
+    assert doc["copy_beat_s"] == pytest.approx(0.006, abs=5e-5)
+    assert doc["copy_s"] == pytest.approx(COPY_S, abs=2e-5)
+    assert doc["reset_s"] == pytest.approx(RESET_S, abs=2e-5)
+    model = fit.model_of(doc)
+    parts = lambda copies: model.draw_parts(100, 1500, 0, 0, 16, random.Random(0),  # noqa: E731
+                                            resets=copies, copies=copies)[0]
+    assert parts(1) - parts(0) == pytest.approx(RESET_S + COPY_S + 0.006, abs=1e-4)
+    assert parts(5) - parts(1) == pytest.approx(4 * (RESET_S + COPY_S), abs=1e-4)
 
 
 @pytest.mark.parametrize("kwargs", [{"copies": False}, {"with_resets": True}],

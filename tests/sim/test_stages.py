@@ -41,7 +41,10 @@ def test_past_the_measured_batch_the_beat_grows_as_the_stages_do(tmp_path):
     assert model.beat_time(100, 1500) == pytest.approx(BEAT_S, rel=0.005)
     assert model.beat_time(200, 1500) / model.beat_time(100, 1500) == pytest.approx(
         total(200) / total(100), rel=1e-6)
-    assert model.beat_time(50, 1500) == model.beat_time(100, 1500)      # padded, as before
+    # below it, the ladder's buckets shrink as the stages do (a beat replays its bucket)
+    assert model.beat_time(50, 1500) / model.beat_time(100, 1500) == pytest.approx(
+        total(50) / total(100), rel=1e-6)
+    assert model.beat_time(50, 1500, slots=100) == model.beat_time(64, 1500)
 
 
 def test_a_stage_speedup_takes_its_share_off_every_beat(tmp_path, capsys):
