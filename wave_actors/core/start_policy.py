@@ -310,7 +310,11 @@ class GuardedStarts:
         the margin; None: nothing measured yet (the work rides, and is measured)."""
         if time_left_s > 0:       # 0: the last beat overran, which says nothing of the host
             self.overhead_s = max(self.overhead_s * (1 - self.fall), BEAT_S - time_left_s)
-        plain = 0.0 if n_live == 0 else self.forecast(n_live)
+        if n_live == 0:
+            # no live call to make late: a beat's worth of starts, even behind an overrun (a
+            # clock still behind would otherwise never start anyone)
+            return BEAT_S - self.margin_s
+        plain = self.forecast(n_live)
         return None if plain is None else time_left_s - self.margin_s - plain
 
     def rows_in(self, room: float, row_captures: tuple[int, ...]) -> int:
