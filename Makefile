@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast bench chaos clean
+.PHONY: run test test-fast bench chaos clean peers
 
 $(STAMP): requirements.txt requirements-test.txt
 	$(PY) -m venv $(VENV)
@@ -15,7 +15,13 @@ $(STAMP): requirements.txt requirements-test.txt
 run: $(STAMP)
 	$(BIN)/python -m wave_actors.node --demo
 
-test: $(STAMP)
+# The system peers the end-to-end tests drive (sipp for SIP, Chromium for the talk page),
+# installed from Debian's packages where missing.
+peers:
+	@command -v sipp >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq sip-tester >/dev/null) || echo "warning: sipp not installed"
+	@[ -x /usr/bin/chromium ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "warning: chromium not installed"
+
+test: $(STAMP) peers
 	$(BIN)/python -m pytest -q tests
 
 # The edit-test loop: everything but the tests marked slow (and the device's).
