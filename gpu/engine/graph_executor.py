@@ -632,7 +632,7 @@ class GraphExecutor:
         and save, a context roll) run once on the trash slot before serving: their first run
         loads kernels and builds the roll's turn tables, which would land in a live beat."""
         t = self.trash
-        idx = torch.tensor([t], device=self.device)
+        idx = slice(t, t + 1)           # as `ModelRunner.reset_slots` resets: runs of slots
         with torch.no_grad():
             self.state.reset(idx)
             self.model.warm(self.state, idx)

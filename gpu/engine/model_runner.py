@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from gpu.engine.snapshot_rows import SnapshotRows, model_salt, space_for
+from gpu.engine.snapshot_rows import SnapshotRows, model_salt, slot_runs, space_for
 from gpu.model.checkpoint import available_host_memory, load_checkpoint
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.talker_text import CharTable
@@ -112,10 +112,15 @@ class ModelRunner:
         self.snapshots.copy_in(plan.copies)
 
     def reset_slots(self, plan: BookPlan) -> None:
-        if plan.resets:
-            slots = self.index(plan.resets)
-            self.state.reset(slots)
-            self.model.warm(self.state, slots)
+        """Each run of consecutive slots reset by plain fills of its views: a few launches a
+        run, whatever its length, and no index tensor to send. A slot that copies a snapshot
+        in this plan keeps its thinker part for the copy, which writes all of it."""
+        if not plan.resets:
+            return
+        copied = {slot for slot, _, _ in plan.copies}
+        for a, b, copies in slot_runs(plan.resets, copied.__contains__):
+            self.state.reset(slice(a, b), thinker=not copies)
+            self.model.warm(self.state, slice(a, b))
 
     def save(self, plan: BookPlan) -> None:
         """The plan's snapshot saves, after its start rows."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 
-import numpy as np
 import torch
 
 from gpu.model.thinker import ThinkerState
@@ -58,38 +57,44 @@ class SnapshotRows:
         r = self.rows
         return sum(t.numel() * t.element_size() for t in (r.ssm, r.conv, r.k, r.v))
 
-    def _lengths(self, pairs: list[tuple[int, int, int]]):
-        dev = self.state.thinker.k.device
-        a = np.asarray(pairs, np.int64)
-        return torch.as_tensor(a[:, 0], device=dev), torch.as_tensor(a[:, 1], device=dev), \
-            torch.as_tensor(a[:, 2], device=dev)
-
     @staticmethod
-    def _rows(dst: ThinkerState, i: int, src: ThinkerState, j: int, p: int) -> None:
-        """Row j of `src` into row i of `dst`, up to p positions of KV: a plain strided copy a
-        tensor (one block per layer), which streams at the copy rate where a gather by an index
-        tensor builds a temporary of every row first."""
-        dst.ssm[:, i].copy_(src.ssm[:, j])
-        dst.conv[:, i].copy_(src.conv[:, j])
-        dst.k[:, i, :p].copy_(src.k[:, j, :p])
-        dst.v[:, i, :p].copy_(src.v[:, j, :p])
+    def _rows(dst: ThinkerState, i: slice, src: ThinkerState, j: int, p: int) -> None:
+        """Row j of `src` into the rows `i` of `dst` (one slot or a run of them), up to p
+        positions of KV: plain strided copies, one block per layer and tensor, the source row
+        broadcast over the run; a gather by an index tensor would build a temporary of every
+        row first. The lengths are set by fills: nothing goes from the host to the device."""
+        one = slice(j, j + 1)
+        dst.ssm[:, i].copy_(src.ssm[:, one].expand_as(dst.ssm[:, i]))
+        dst.conv[:, i].copy_(src.conv[:, one].expand_as(dst.conv[:, i]))
+        dst.k[:, i, :p].copy_(src.k[:, one, :p].expand_as(dst.k[:, i, :p]))
+        dst.v[:, i, :p].copy_(src.v[:, one, :p].expand_as(dst.v[:, i, :p]))
+        dst.length[i] = p
 
     def copy_in(self, copies: list[tuple[int, int, int]]) -> None:
         """(slot, entry, positions): the entry's state into the slot (after its reset); the
-        slot's length says where its cache ends, and nothing reads past it."""
+        slot's length says where its cache ends, and nothing reads past it. Consecutive slots
+        copying the same entry (a fill: many opens of one prompt) take one copy."""
         if not copies:
             return
-        for slot, entry, positions in copies:
-            self._rows(self.state.thinker, slot, self.rows, entry, positions)
-        slots, _, positions = self._lengths(copies)
-        self.state.thinker.length[slots] = positions
+        source = {slot: (entry, positions) for slot, entry, positions in copies}
+        for a, b, (entry, positions) in slot_runs(source, source.get):
+            self._rows(self.state.thinker, slice(a, b), self.rows, entry, positions)
 
     def save(self, saves: list[tuple[int, int, int]]) -> None:
         """(slot, entry, positions): the slot's thinker state (its rows just ran up to
         `positions`) kept in the entry."""
-        if not saves:
-            return
         for slot, entry, positions in saves:
-            self._rows(self.rows, entry, self.state.thinker, slot, positions)
-        _, entries, positions = self._lengths(saves)
-        self.rows.length[entries] = positions
+            self._rows(self.rows, slice(entry, entry + 1), self.state.thinker, slot, positions)
+
+
+def slot_runs(slots, key=lambda slot: None) -> list[tuple[int, int, object]]:
+    """Sorted `slots` as runs [a, b) of consecutive slots with the same key(slot): the unit
+    a reset or a copy fills as one view."""
+    runs: list[list] = []
+    for slot in sorted(slots):
+        k = key(slot)
+        if runs and runs[-1][1] == slot and runs[-1][2] == k:
+            runs[-1][1] = slot + 1
+        else:
+            runs.append([slot, slot + 1, k])
+    return [tuple(r) for r in runs]

@@ -81,9 +81,13 @@ class VoiceChatState:
     def max_slots(self) -> int:
         return self.text_prev.shape[0]
 
-    def reset(self, slots: Tensor) -> None:
-        """A fresh session in `slots` (index writes only; other slots untouched)."""
-        for part in (self.mel, self.perception, self.rnnt, self.thinker, self.talker, self.codec):
+    def reset(self, slots: Tensor | slice, thinker: bool = True) -> None:
+        """A fresh session in `slots` (index writes only; other slots untouched): an index
+        tensor, or a slice of consecutive slots (plain fills of views, no index kernels).
+        `thinker=False` leaves the thinker's part to a prompt snapshot copied in next, which
+        writes all of it."""
+        parts = (self.mel, self.perception, self.rnnt, self.talker, self.codec)
+        for part in parts + ((self.thinker,) if thinker else ()):
             part.reset(slots)
         self.text_prev[slots] = PAD
         self.func_prev[slots] = PAD

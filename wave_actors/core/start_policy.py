@@ -32,6 +32,9 @@ Pure bookkeeping (no torch, no clock): the clock reports what the executor measu
 """
 from __future__ import annotations
 
+import collections
+import statistics
+
 from dataclasses import dataclass, field, fields
 from typing import Protocol, runtime_checkable
 
@@ -216,10 +219,12 @@ class GuardedStarts:
     they wait; a count never measured is measured first with rows held back, so what rows
     cost is never learned from a late beat."""
     margin_s: float = 0.008         # the beat's spread from beat to beat, the host's jitter
-    # a snapshot copy's and a slot reset's device time until learned (H200, dense: 0.4 and
-    # 1.95 ms p50 a session; a reset zeroes every part of the slot's state)
-    copy_s: float = 0.001
-    reset_s: float = 0.002
+    # a snapshot copy's and a slot reset's device time until learned (a fill of many counts
+    # never measured learns nothing): a reset fills the slot's state (~350 MB dense) in ~40
+    # launches, a copy moves the prompt's thinker state (~150 MB each way) in 5; both by runs
+    # of consecutive slots, so these are a lone start's, above what a run costs a slot
+    copy_s: float = 0.00015
+    reset_s: float = 0.0004
     roll_s: float = 0.0008
     row_prior_s: float = 0.0025     # a start row's cost until its capture's is known
     fall: float = 0.1               # weight of a faster beat in the average (slower: at once)
@@ -229,6 +234,8 @@ class GuardedStarts:
     resets_held: int = field(default=0, init=False)
     refused: int = field(default=0, init=False)
     overhead_s: float = field(default=0.0, init=False, repr=False)   # the beat's host share
+    _host: collections.deque = field(default_factory=lambda: collections.deque(maxlen=32),
+                                     init=False, repr=False)
     row_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     plain_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     prior_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
@@ -309,7 +316,11 @@ class GuardedStarts:
         with `reset_est`, `copy_est`, `rows_in`) the beat has room for before its deadline less
         the margin; None: nothing measured yet (the work rides, and is measured)."""
         if time_left_s > 0:       # 0: the last beat overran, which says nothing of the host
-            self.overhead_s = max(self.overhead_s * (1 - self.fall), BEAT_S - time_left_s)
+            # the median of recent beats: the clock's time_left_s already leaves the worst
+            # host share of its recent beats to this beat; admission weighs the whole call,
+            # which one slow host moment does not change
+            self._host.append(BEAT_S - time_left_s)
+            self.overhead_s = statistics.median(self._host)
         if n_live == 0:
             # no live call to make late: a beat's worth of starts, even behind an overrun (a
             # clock still behind would otherwise never start anyone)
