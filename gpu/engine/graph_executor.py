@@ -72,6 +72,7 @@ WORKSPACE_PER_SLOT = 25e6
 # allocates there, and a graph pool's cached blocks cannot serve it.
 LADDER_BYTES = 3e9
 LADDER_KEEP_FREE = 1e9
+GRAPH_FIXED_BYTES = 0.2e9     # a bucket's three graphs, before their rows' share
 # A node sized by the executor (max_sessions 0) takes the most sessions whose beat, every cache
 # at its full context, the device runs in this share of a beat: the rest is the host's (packing,
 # routing: p99 under 3 ms at dense 300), the rolls', and what the start policy lets start rows
@@ -267,14 +268,21 @@ class GraphExecutor:
         for key in [k for k in self._graphs if k[0] not in wanted]:
             del self._graphs[key]                                 # the sizing's probes
         self.prepare(top)
-        took = 0                   # device memory the last bucket's graphs took
+        took, last = 0.0, top      # device memory the last bucket captured took, its size
+        skipped = []
         for b in wanted[1:]:
+            # a bucket's graphs take about its rows' share of the last one's, and a graph's
+            # own fixed part; where that would leave too little free, the bucket is skipped
+            # (its beats pad to the next one up) and a smaller one may still fit
             free = torch.cuda.mem_get_info()[0]
-            if free - took < LADDER_KEEP_FREE or not self.prepare(b, optional=True):
-                log.warning("device memory for beat graphs ran out at %d sessions: a beat of "
-                            "that many or fewer is padded to the smallest bucket captured", b)
-                break
-            took = max(0, free - torch.cuda.mem_get_info()[0])
+            if free - (took * b / last + GRAPH_FIXED_BYTES) < LADDER_KEEP_FREE \
+                    or not self.prepare(b, optional=True):
+                skipped.append(b)
+                continue
+            took, last = max(0, free - torch.cuda.mem_get_info()[0]), b
+        if skipped:
+            log.warning("device memory for beat graphs ran out for the buckets %s: their beats "
+                        "pad to the next bucket captured", skipped)
         log.info("captured %d beat graphs (%d buckets) in %.1f s; %.1f GB of device memory "
                  "free", len(self._graphs), len({k[0] for k in self._graphs}),
                  time.perf_counter() - t0, torch.cuda.mem_get_info()[0] / 1e9)
