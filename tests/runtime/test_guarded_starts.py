@@ -136,3 +136,25 @@ def test_start_work_priced_low_is_learned_from_the_beats_that_carried_it():
     for _ in range(30):                             # cheaper beats: it falls back, slowly
         p.observe_beat(10, 0, 5, 5, 0, 0.050 + 5 * 0.0005)
     assert 5 * (p.reset_est + p.copy_est) < 0.010
+
+
+def test_admission_weighs_the_steady_host_share_not_a_moment():
+    """Bug caught: admission that adds the worst recent host share (each beat's time_left
+    already leaves the clock's worst of 16) refuses calls the node was sized for after one
+    slow moment, for as long as it stays in the window; one that ignores the host share
+    admits calls a node with a slow host cannot carry."""
+    from wave_actors.core.frames import BEAT_S
+    from wave_actors.core.start_policy import HOST_BEATS
+    p = guarded()
+    p.know_beats({1: 0.020, 300: 0.142})
+    p.start_room(280, BEAT_S - 0.025)        # a fill's first beat, the clock catching up
+    assert p.admit(299, 0, 300) is None      # too few beats to say what the host takes
+    for _ in range(HOST_BEATS):
+        p.start_room(280, BEAT_S - 0.003)    # steady: 3 ms of host a beat
+    for _ in range(16):
+        p.start_room(280, BEAT_S - 0.030)    # one slow moment, as the clock's max carries it
+    assert p.admit(299, 0, 300) is None
+    for _ in range(HOST_BEATS):
+        p.start_room(280, BEAT_S - 0.015)    # a host that now takes 15 ms every beat
+    assert p.admit(299, 0, 300) is not None
+    assert p.admit(200, 0, 300) is None      # ... still carries fewer

@@ -202,6 +202,7 @@ class ForecastAdmission(BudgetedStarts):
         return super().describe() | {"refused": self.refused}
 
 
+HOST_BEATS = 64         # beats whose host share admission weighs (their median)
 STARTS_TO_LEARN = 8      # a beat's resets and copies that say what they cost over its jitter
 
 
@@ -234,7 +235,9 @@ class GuardedStarts:
     resets_held: int = field(default=0, init=False)
     refused: int = field(default=0, init=False)
     overhead_s: float = field(default=0.0, init=False, repr=False)   # the beat's host share
-    _host: collections.deque = field(default_factory=lambda: collections.deque(maxlen=32),
+    # the host shares of the last HOST_BEATS beats: each is already the worst of the clock's
+    # last 16, so one slow moment fills 16 of them; the median of 64 passes it by
+    _host: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HOST_BEATS),
                                      init=False, repr=False)
     row_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     plain_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
@@ -318,9 +321,12 @@ class GuardedStarts:
         if time_left_s > 0:       # 0: the last beat overran, which says nothing of the host
             # the median of recent beats: the clock's time_left_s already leaves the worst
             # host share of its recent beats to this beat; admission weighs the whole call,
-            # which one slow host moment does not change
+            # which one slow host moment does not change. A fill's first beats (hundreds of
+            # resets, the clock catching up) say nothing of the steady share: until half the
+            # window is in, admission trusts the slots the node was sized to.
             self._host.append(BEAT_S - time_left_s)
-            self.overhead_s = statistics.median(self._host)
+            self.overhead_s = (statistics.median(self._host)
+                               if len(self._host) >= HOST_BEATS // 2 else 0.0)
         if n_live == 0:
             # no live call to make late: a beat's worth of starts, even behind an overrun (a
             # clock still behind would otherwise never start anyone)
