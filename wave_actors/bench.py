@@ -250,10 +250,14 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                       if first is None or r.beat < first])
         policies = {"start": node.start_policy.describe(),
                     "clock": node.cfg.clock_policy.describe()}
+        ran = node.clock_actor         # the drain below stops it (and drops it from the node)
     finally:
         await node.drain()
         if own:
             backend.close()
+    # what the start policy learned, as the clock that ran it left it: a worker engine's clock
+    # sends its copy back when it stops (the front's is the one it was given)
+    policies["start"] = getattr(ran, "start_policy", node.start_policy).describe()
     windows = _windows(everything, records, t0)
     whole = windows["all"]
     gpu = np.array([r.compute_s for r in records] or [0.0]) * 1000

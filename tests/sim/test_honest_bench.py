@@ -134,3 +134,13 @@ def test_the_bench_refuses_a_bad_occupancy_spec_in_one_line(spec, says, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+
+
+def test_a_worker_engines_start_policy_is_recorded_as_it_ran(tmp_path):
+    """Bug caught: with `--workers` the clock and its start policy run in the engine process;
+    the result recorded the front's copy, as it was given (no beat observed, priors only)."""
+    assert bench.main(["--backend", "sim", "--sessions", "2", "--beats", "6", "--runs", "1",
+                       "--workers", "1", "--out", str(tmp_path)], "test") == 0
+    (path,) = tmp_path.glob("*.json")
+    start = json.loads(path.read_text())["per_run"][0]["policies"]["start"]
+    assert start["name"] == "guarded" and start["beats_observed"] > 0

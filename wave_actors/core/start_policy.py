@@ -234,6 +234,7 @@ class GuardedStarts:
     copies_held: int = field(default=0, init=False)
     resets_held: int = field(default=0, init=False)
     refused: int = field(default=0, init=False)
+    observed: int = field(default=0, init=False)        # beats measured
     overhead_s: float = field(default=0.0, init=False, repr=False)   # the beat's host share
     # the host shares of the last HOST_BEATS beats: each is already the worst of the clock's
     # last 16, so one slow moment fills 16 of them; the median of 64 passes it by
@@ -278,6 +279,7 @@ class GuardedStarts:
     def observe_beat(self, n_live: int, rows: int, copies: int, resets: int, rolls: int,
                      seconds: float) -> None:
         """rows: the row capture the beat replayed (0: none)."""
+        self.observed += 1
         if rows and n_live in self.plain_s:
             self._average(self.row_s, rows, max(0.0, seconds - self.plain_s[n_live]
                                                 - self._work_s(0, copies, resets, rolls)))
@@ -368,6 +370,7 @@ class GuardedStarts:
 
     def describe(self) -> dict:
         return _describe(self) | {"copies_held": self.copies_held, "refused": self.refused,
+                                  "beats_observed": self.observed,
                                   "resets_held": self.resets_held,
                                   "copy_ms": round(1e3 * self.copy_est, 3),
                                   "reset_ms": round(1e3 * self.reset_est, 3),
