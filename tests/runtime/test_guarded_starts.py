@@ -158,3 +158,25 @@ def test_admission_weighs_the_steady_host_share_not_a_moment():
         p.start_room(280, BEAT_S - 0.015)    # a host that now takes 15 ms every beat
     assert p.admit(299, 0, 300) is not None
     assert p.admit(200, 0, 300) is None      # ... still carries fewer
+
+
+def test_a_node_late_without_any_start_work_still_starts_its_admitted_calls():
+    """Bug caught: a node whose beats run past the deadline with no start work at all (a
+    model too slow for its host) left every admitted open waiting for ever: no beat ever had
+    room, so no reset, copy or row rode, and no caller heard `opened` or a refusal."""
+    from wave_actors.core.frames import BEAT_S
+    from wave_actors.core.start_policy import OVERLOADED_START_S
+    p = guarded()
+    book, _ = book_with(p)
+    book.open(0, [1, 2, 3])
+    for _ in range(8):                      # the first session starts and goes live
+        plan = book.plan(BEAT_S)
+        book.observe(plan, 1.0)             # a 1 s beat
+    assert book.ready(0)
+    book.open(1, [1, 2, 3])                 # the same prompt: a copy-start
+    book.open(2, [7, 8, 9, 10, 11])         # a new prompt: rows
+    for _ in range(12):
+        plan = book.plan(0.0)               # always behind
+        book.observe(plan, 1.0)
+    assert book.ready(1) and book.ready(2)
+    assert p.start_room(1, 0.0) == OVERLOADED_START_S and p.describe()["beats_overloaded"] > 0

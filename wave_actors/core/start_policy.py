@@ -202,6 +202,7 @@ class ForecastAdmission(BudgetedStarts):
         return super().describe() | {"refused": self.refused}
 
 
+OVERLOADED_START_S = 0.1 * BEAT_S   # start work a beat carries where beats are late anyway
 HOST_BEATS = 64         # beats whose host share admission weighs (their median)
 STARTS_TO_LEARN = 8      # a beat's resets and copies that say what they cost over its jitter
 
@@ -218,7 +219,9 @@ class GuardedStarts:
     per row capture what it added where measured (`row_s`, from the executor's build, else
     learned). Rows never ride in a beat the forecast says they would make late, however long
     they wait; a count never measured is measured first with rows held back, so what rows
-    cost is never learned from a late beat."""
+    cost is never learned from a late beat. A node whose beat is forecast past the deadline
+    with no start work at all has no on-time call to protect: its beats carry
+    OVERLOADED_START_S of start work each, so every admitted open still starts."""
     margin_s: float = 0.008         # the beat's spread from beat to beat, the host's jitter
     # a snapshot copy's and a slot reset's device time until learned (a fill of many counts
     # never measured learns nothing): a reset fills the slot's state (~350 MB dense) in ~40
@@ -235,6 +238,7 @@ class GuardedStarts:
     resets_held: int = field(default=0, init=False)
     refused: int = field(default=0, init=False)
     observed: int = field(default=0, init=False)        # beats measured
+    overloaded: int = field(default=0, init=False)      # beats late without start work
     overhead_s: float = field(default=0.0, init=False, repr=False)   # the beat's host share
     # the host shares of the last HOST_BEATS beats: each is already the worst of the clock's
     # last 16, so one slow moment fills 16 of them; the median of 64 passes it by
@@ -334,6 +338,11 @@ class GuardedStarts:
             # clock still behind would otherwise never start anyone)
             return BEAT_S - self.margin_s
         plain = self.forecast(n_live)
+        if plain is not None and plain > BEAT_S:
+            # past the deadline with no start work at all: there is no on-time call to protect,
+            # and holding starts would leave every admitted open waiting for ever
+            self.overloaded += 1
+            return OVERLOADED_START_S
         return None if plain is None else time_left_s - self.margin_s - plain
 
     def rows_in(self, room: float, row_captures: tuple[int, ...]) -> int:
@@ -371,6 +380,7 @@ class GuardedStarts:
     def describe(self) -> dict:
         return _describe(self) | {"copies_held": self.copies_held, "refused": self.refused,
                                   "beats_observed": self.observed,
+                                  "beats_overloaded": self.overloaded,
                                   "resets_held": self.resets_held,
                                   "copy_ms": round(1e3 * self.copy_est, 3),
                                   "reset_ms": round(1e3 * self.reset_est, 3),
