@@ -1,29 +1,28 @@
-"""Start policies: which beats carry start rows, as objects the node's configuration passes in
-and every result records.
+"""Start policies: which beats carry start work (slot resets, prompt-snapshot copies, start
+rows), and which opens a node admits, as objects the node's configuration passes in and every
+result records.
 
-A session's start rides inside the beat, the way chunked prefill shares a decode batch: every
-beat may carry up to `StartShape.start_rows` rows of system prompt (one chunk of
-`prefill_chunk` positions per starting session) beside the live rows. A GPU executor captures
-its beat with those rows once, so their cost is part of a measured beat, not an eager step
-guessed at run time; the talker's warm-up, the same for every session, is copied in when the
-slot resets. A start is therefore never refused for want of time: a node refuses an `open` only
-when its slots are full or it is draining.
+A session's start rides inside the beat, the way chunked prefill shares a decode batch: its
+slot's reset (the talker's warm-up copied in with it), then either one copy of its prompt's
+snapshot or its system prompt as start rows (one chunk of `prefill_chunk` positions per
+starting session a beat, up to `StartShape.start_rows` rows). A GPU executor captures its beat
+with those rows once, so their cost is part of a measured beat, not an eager step guessed at
+run time.
 
-Two policies are built in:
-  - `EagerStarts` ("eager", the default): every beat that has starting sessions carries their
-    rows. A start takes one beat per prompt chunk.
-  - `BudgetedStarts` ("budgeted"): a beat carries start rows only when the beat with them, as
-    measured at this live count, still ends before the deadline (with a margin); otherwise the
-    rows wait for a lighter beat, but never more than `max_hold` beats in a row, so every start
-    finishes. For scheduling research: it trades start time for live-beat slack.
-
-Two more add admission control (an `admit` method: the node asks it before an open takes a
-free slot, and refuses with reason `admission` when it says no):
+The default, `GuardedStarts` ("guarded"), sizes each beat's start work to the room the beat
+has before its deadline, and refuses an open the node could not carry on time (below). The
+others are kept for scheduling research:
+  - `EagerStarts` ("eager"): every beat that has starting sessions carries their rows.
+  - `BudgetedStarts` ("budgeted"): rows only when the beat with them, as measured at this
+    live count, still ends before the deadline less a margin; never held more than `max_hold`
+    beats in a row.
   - `HeadroomAdmission` ("headroom"): rows as eager; an open is admitted only while the latest
     measured beat left at least `headroom_s` of the beat spare (a fixed reserve).
   - `ForecastAdmission` ("forecast"): rows as budgeted; an open is admitted only when a line
     fitted to the measured beats forecasts that the beat with every live and starting session
     and this one still ends `margin_s` before the deadline.
+A policy with an `admit` method is asked before an open takes a free slot; the node refuses
+with reason `admission` when it says no.
 
 A policy of one's own implements the `StartPolicy` protocol and is named on the command line as
 `--policy module:Class key=value ...` (`policy_spec`).
