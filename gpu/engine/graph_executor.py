@@ -73,6 +73,7 @@ WORKSPACE_PER_SLOT = 25e6
 LADDER_BYTES = 3e9
 LADDER_KEEP_FREE = 1e9
 GRAPH_FIXED_BYTES = 0.2e9     # a bucket's three graphs, before their rows' share
+SMALL_FIRST = 16              # buckets up to this many rows are captured right after the top
 # A node sized by the executor (max_sessions 0) takes the most sessions whose beat, every cache
 # at its full context, the device runs in this share of a beat: the rest is the host's (packing,
 # routing: p99 under 3 ms at dense 300), the rolls', and what the start policy lets start rows
@@ -262,20 +263,26 @@ class GraphExecutor:
         self._warm_eager()
         t0 = time.perf_counter()
         # Every bucket up to the top, so a beat replays the smallest that holds its rows (a lone
-        # caller's beat is a one-row beat). Largest first: the graphs share one memory pool, and
-        # a smaller capture fits in the blocks a larger one freed.
-        wanted = [top] + [b for b in reversed(BUCKETS) if b < top]
+        # caller's beat is a one-row beat). The top first: the graphs share one memory pool, and
+        # a smaller capture fits in the blocks a larger one freed. Then the small buckets, which
+        # take little beyond their graphs' fixed part and save the most (a beat of a few calls,
+        # the first beats of a fill), then the rest largest first, while memory lasts.
+        wanted = [top] + [b for b in BUCKETS if b <= SMALL_FIRST and b < top] + [
+            b for b in reversed(BUCKETS) if SMALL_FIRST < b < top]
         for key in [k for k in self._graphs if k[0] not in wanted]:
             del self._graphs[key]                                 # the sizing's probes
         self.prepare(top)
         took, last = 0.0, top      # device memory the last bucket captured took, its size
         skipped = []
         for b in wanted[1:]:
-            # a bucket's graphs take about its rows' share of the last one's, and a graph's
-            # own fixed part; where that would leave too little free, the bucket is skipped
-            # (its beats pad to the next one up) and a smaller one may still fit
+            # a bucket's graphs take their fixed part and about its rows' share of what the
+            # last one took beyond that; where that would leave too little free, the bucket is
+            # skipped (its beats pad to the next one up) and a smaller one may still fit
             free = torch.cuda.mem_get_info()[0]
-            if free - (took * b / last + GRAPH_FIXED_BYTES) < LADDER_KEEP_FREE \
+            if b > SMALL_FIRST >= last:
+                took, last = 0.0, top   # past the small ones: priced from the larger ones only
+            need = max(0.0, took - GRAPH_FIXED_BYTES) * b / last + GRAPH_FIXED_BYTES
+            if free - need < LADDER_KEEP_FREE \
                     or not self.prepare(b, optional=True):
                 skipped.append(b)
                 continue
