@@ -424,7 +424,7 @@ class _Run:
     def open_workload(self) -> slice:
         """Every call from its arrival until the last one ends (or `beats` beats ran); the
         measured beats: those released in the workload's `window_s` (after the occupancy
-        form's fill), else every one (`bench._workload_window`)."""
+        form's fill), else every one (`bench_records._workload_window`)."""
         wl, cap = self.cfg.workload, self.cfg.beats or MAX_BEATS
         for i, call in enumerate(wl.calls):
             rec = deadlines.CallRecord(i, call.at_s)
@@ -451,7 +451,7 @@ class _Run:
 
     # -- results ----------------------------------------------------------------------------
     def _window(self, part: slice) -> dict:
-        """`bench._window` of the beats `part`: beats, late beats, latency p50 / p99 / max
+        """`bench_records._window` of the beats `part`: beats, late beats, latency p50 / p99 / max
         (ms), the span of releases (s from the run's start)."""
         lat = np.asarray(self.rec["latency"][part], float)
         if not len(lat):

@@ -10,7 +10,8 @@ import numpy as np
 
 from wave_actors.core.frames import FRAMES_PER_BEAT
 from wave_actors.core.slot_book import BookPlan, StartShape, carry_start_rows
-from wave_actors.core.start_policy import StartPolicy, StartQueue
+from wave_actors.core.start_policy import StartPolicy
+from wave_actors.core.start_queue import StartQueue
 
 
 @dataclass

@@ -26,7 +26,8 @@ from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.reorder import SkipLedger
 from wave_actors.core.session_table import SessionTable
 from wave_actors.core.slot_book import StartShape
-from wave_actors.core.start_policy import EagerStarts, StartQueue
+from wave_actors.core.start_policy import EagerStarts
+from wave_actors.core.start_queue import StartQueue
 from wave_actors.session import SessionActor
 
 FAILS = (AssertionError, BaseExceptionGroup)
