@@ -647,7 +647,7 @@ class GraphExecutor:
         and save, a context roll) run once on the trash slot before serving: their first run
         loads kernels and builds the roll's turn tables, which would land in a live beat."""
         t = self.trash
-        idx = slice(t, t + 1)           # as `ModelRunner.reset_slots` resets: runs of slots
+        idx = slice(t, t + 1)           # as `ModelRunner.reset_slots` resets a run of slots
         with torch.no_grad():
             self.state.reset(idx)
             self.model.warm(self.state, idx)
@@ -657,6 +657,8 @@ class GraphExecutor:
             self.model.roll(self.state, t, 1, self.options.roll_frames)
             self.state.reset(idx)
             self.model.warm(self.state, idx)
+            # scattered resets (calls coming and going) replay one of these
+            self.runner.resets.capture(self._pool, t)
         torch.cuda.synchronize()
 
     def _size_slots(self, most: int, ceiling: int) -> dict:

@@ -15,7 +15,8 @@ import math
 import numpy as np
 import torch
 
-from gpu.engine.snapshot_rows import SnapshotRows, model_salt, slot_runs, space_for
+from gpu.engine.slot_resets import SlotResets
+from gpu.engine.snapshot_rows import SnapshotRows, model_salt, space_for
 from gpu.model.checkpoint import available_host_memory, load_checkpoint
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.talker_text import CharTable
@@ -77,6 +78,7 @@ class ModelRunner:
         salt = model_salt(model.cfg, opts.profile, str(self.state.thinker.k.dtype),
                           opts.checkpoint or f"random seed {opts.seed}", opts.tokenizer)
         self.snapshots = SnapshotRows(self.state, space_for(self.state, snapshot_bytes, salt))
+        self.resets = SlotResets(self.state, model)     # a GPU executor captures them
 
     @property
     def device(self) -> torch.device:
@@ -112,15 +114,12 @@ class ModelRunner:
         self.snapshots.copy_in(plan.copies)
 
     def reset_slots(self, plan: BookPlan) -> None:
-        """Each run of consecutive slots reset by plain fills of its views: a few launches a
-        run, whatever its length, and no index tensor to send. A slot that copies a snapshot
+        """The plan's slot resets: one captured replay where the executor captured a count that
+        holds them (calls opening at scattered slots), else by runs of consecutive slots (plain
+        fills of views, a few launches a run, no index to send). A slot that copies a snapshot
         in this plan keeps its thinker part for the copy, which writes all of it."""
-        if not plan.resets:
-            return
-        copied = {slot for slot, _, _ in plan.copies}
-        for a, b, copies in slot_runs(plan.resets, copied.__contains__):
-            self.state.reset(slice(a, b), thinker=not copies)
-            self.model.warm(self.state, slice(a, b))
+        if plan.resets:
+            self.resets.run(plan.resets, {slot for slot, _, _ in plan.copies})
 
     def save(self, plan: BookPlan) -> None:
         """The plan's snapshot saves, after its start rows."""

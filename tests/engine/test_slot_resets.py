@@ -1,16 +1,19 @@
 """A beat's resets and snapshot copies run over runs of consecutive slots (plain fills and
-broadcast copies of views, no index kernels). They must write exactly what a per-slot reset
-and copy write, and nothing else.
+broadcast copies of views), or, on a GPU, the resets by one captured graph of padded index
+writes. Each way must write exactly what a per-slot reset and copy write, and nothing else.
 
 Bugs these catch: a run that reaches one slot too far (a neighbour's state zeroed mid-call);
 a copy-start whose thinker part is left stale because the reset skipped it and the copy missed
 it; a reset that skips the thinker of a slot that does not copy in this plan (it would prefill
-onto the last session's SSM state); a run merged across two different snapshot entries.
+onto the last session's SSM state); a run merged across two different snapshot entries; a
+padded index whose padding names a slot that no reset was asked for.
 """
+import pytest
 import numpy as np
 import torch
 from hypothesis import given, settings, strategies as st
 
+from gpu.engine.slot_resets import COUNTS, SlotResets, padded
 from gpu.engine.snapshot_rows import SnapshotRows, slot_runs
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
@@ -50,11 +53,15 @@ def by_slot(state) -> dict[str, torch.Tensor]:
     return out
 
 
-@settings(max_examples=25, deadline=None)
-@given(resets=st.sets(st.integers(0, SLOTS - 1), min_size=1),
+# every count of resets alike (a set strategy favours the smallest), so the padded counts
+# (3, 5, 6, 7 resets) come up often enough for the search to find a padding bug
+@settings(max_examples=60, deadline=None)
+@given(resets=st.integers(1, SLOTS).flatmap(
+           lambda n: st.permutations(range(SLOTS)).map(lambda p: set(p[:n]))),
        copy_entry=st.lists(st.sampled_from([None, 0, 1]), min_size=SLOTS, max_size=SLOTS),
-       positions=st.integers(1, PROMPT))
-def test_runs_write_what_per_slot_resets_and_copies_write(resets, copy_entry, positions):
+       positions=st.integers(1, PROMPT), indexed=st.booleans())
+def test_resets_write_what_per_slot_resets_and_copies_write(resets, copy_entry, positions,
+                                                            indexed):
     copies = [(s, copy_entry[s], positions) for s in sorted(resets) if copy_entry[s] is not None]
     # the plain way: every reset slot by an index tensor, its whole state; then each copy
     want = noisy_state(0)
@@ -69,13 +76,11 @@ def test_runs_write_what_per_slot_resets_and_copies_write(resets, copy_entry, po
         th.k[:, slot, :p] = src.k[:, entry, :p]
         th.v[:, slot, :p] = src.v[:, entry, :p]
         th.length[slot] = p
-    # the runs, as ModelRunner.reset_slots and SnapshotRows.copy_in do them
+    # as ModelRunner.reset_slots and SnapshotRows.copy_in do them: by runs, or by the padded
+    # index writes a GPU executor captures
     got = noisy_state(0)
     got_rows = snapshot_rows(got)
-    copied = {slot for slot, _, _ in copies}
-    for a, b, is_copied in slot_runs(resets, copied.__contains__):
-        got.reset(slice(a, b), thinker=not is_copied)
-        MODEL.warm(got, slice(a, b))
+    SlotResets(got, MODEL, indexed=indexed).run(sorted(resets), {s for s, _, _ in copies})
     got_rows.copy_in(copies)
     w, g = by_slot(want), by_slot(got)
     for name in w:
@@ -87,3 +92,36 @@ def test_runs_split_where_the_key_changes():
     key = {1: "a", 2: "a", 3: "b", 4: "b"}.get
     assert slot_runs([1, 2, 3, 4], key) == [(1, 3, "a"), (3, 5, "b")]
     assert slot_runs(np.array([], int)) == []
+
+
+def test_padding_repeats_the_last_slot_asked_for():
+    assert padded([5, 2], 4) == [2, 5, 5, 5]
+    assert padded([3], 1) == [3]
+    r = SlotResets(noisy_state(0), MODEL, indexed=True)
+    assert [r.count_for(n) for n in (1, 2, 3, 5, 16)] == [1, 2, 4, 8, 16]
+    assert r.count_for(max(COUNTS) + 1) is None            # more: by runs
+
+
+@pytest.mark.gpu
+def test_captured_resets_write_what_eager_ones_write():
+    """The captured graphs (index writes into a slot named at replay) against the eager
+    resets, on the device, for scattered slots of every captured count."""
+    cuda = VoiceChat.random(VoiceChatConfig.named("tiny"), Profile.named("fp32"), "cuda", 0)
+    n_slots = 2 * max(COUNTS) + 1
+    trash = n_slots - 1
+    for n in COUNTS:
+        slots = list(range(0, 2 * n, 2))
+        states = []
+        for captured in (True, False):
+            state = cuda.alloc_state(n_slots, CONTEXT, PROMPT)
+            for _, t in state.tensors():
+                t.fill_(7)
+            r = SlotResets(state, cuda, indexed=not captured)
+            if captured:
+                r.capture(None, trash)
+                for _, t in state.tensors():    # the capture's warm-up wrote the trash slot
+                    t.fill_(7)
+            r.run(slots, set())
+            states.append(by_slot(state))
+        for name in states[0]:
+            assert torch.equal(states[0][name], states[1][name]), (n, name)

@@ -224,8 +224,9 @@ class GuardedStarts:
     margin_s: float = 0.008         # the beat's spread from beat to beat, the host's jitter
     # a snapshot copy's and a slot reset's device time until learned (a fill of many counts
     # never measured learns nothing): a reset fills the slot's state (~350 MB dense) in ~40
-    # launches, a copy moves the prompt's thinker state (~150 MB each way) in 5; both by runs
-    # of consecutive slots, so these are a lone start's, above what a run costs a slot
+    # writes (one captured replay for a few scattered slots), a copy moves the prompt's thinker
+    # state (~150 MB each way) in 5; a run of consecutive slots shares both, so these are a
+    # lone start's, above what a run costs a slot
     copy_s: float = 0.00015
     reset_s: float = 0.0004
     roll_s: float = 0.0008

@@ -1,0 +1,90 @@
+"""A beat's slot resets as one captured graph, where calls open at scattered slots.
+
+A reset writes every tensor of a slot's state but the thinker's (~40 of them) and copies the
+talker's warm-up in; the thinker's part is left to the prompt snapshot copied in next, or reset
+apart where there is none. Over a run of consecutive slots that is ~40 fills of views, whatever
+the run's length, which suits a fill (its opens take consecutive slots). Calls that come and go
+open one or a few a beat at scattered slots, and each run then costs its ~40 launches while the
+device waits for the host. So on a GPU the same writes are captured once for each count in
+COUNTS, by an index tensor of slots: the resets of a beat then cost one replay.
+
+A count larger than the beat's resets is padded by repeating its last slot: every write is a
+constant or the warm-up template, so a slot written twice holds what it holds written once.
+"""
+from __future__ import annotations
+
+import torch
+
+from gpu.engine.snapshot_rows import slot_runs
+from gpu.model.voicechat import VoiceChat
+from gpu.model.voicechat_state import VoiceChatState
+
+COUNTS = (1, 2, 4, 8, 16)       # the slot counts captured; more resets in a beat: by runs
+
+
+def padded(slots, count: int) -> list[int]:
+    """Sorted `slots`, the last repeated up to `count`."""
+    s = sorted(slots)
+    return s + s[-1:] * (count - len(s))
+
+
+class SlotResets:
+    """The resets (less the thinker) and warm-ups of up to max(COUNTS) slots, by index writes:
+    replayed from a capture per count (`capture`, on a GPU). `indexed` without a capture runs
+    the same padded index writes eagerly (a CPU check of what the captures write)."""
+
+    def __init__(self, state: VoiceChatState, model: VoiceChat, indexed: bool = False):
+        self.state, self.model = state, model
+        self.counts: tuple[int, ...] = COUNTS if indexed else ()
+        # count → (graph, the device index it reads, its pinned host twin)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+
+    def write(self, slots: torch.Tensor | slice) -> None:
+        """What a reset writes, but the thinker's part."""
+        self.state.reset(slots, thinker=False)
+        self.model.warm(self.state, slots)
+
+    def capture(self, pool, slot: int) -> None:
+        """One graph per count, each warmed and captured on `slot` (a slot no session uses)."""
+        device = self.state.text_prev.device
+        for n in COUNTS:
+            index = torch.full((n,), slot, dtype=torch.long, device=device)
+            host = torch.full((n,), slot, dtype=torch.long, pin_memory=True)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.write(index)           # the warm-up a capture wants before it
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.write(index)
+            self.graphs[n] = (graph, index, host)
+        self.counts = COUNTS
+
+    def count_for(self, n: int) -> int | None:
+        """The smallest captured count that holds n resets (None: none does)."""
+        return next((c for c in self.counts if c >= n), None)
+
+    def replay(self, slots) -> None:
+        """`slots` (at most the largest captured count) reset, as `write` does."""
+        count = self.count_for(len(slots))
+        if count not in self.graphs:
+            self.write(torch.tensor(padded(slots, count), device=self.state.text_prev.device))
+            return
+        graph, index, host = self.graphs[count]
+        # the beats run one after another: the last beat's copy from `host` is done by now
+        host.numpy()[:] = padded(slots, count)
+        index.copy_(host, non_blocking=True)
+        graph.replay()
+
+    def run(self, resets, copied) -> None:
+        """A plan's resets: by a captured graph where one holds them, else by runs; the thinker
+        part of each slot that does not copy a snapshot in (`copied`) by runs."""
+        if self.count_for(len(resets)) is not None:
+            self.replay(resets)
+            for a, b, _ in slot_runs([s for s in resets if s not in copied]):
+                self.state.thinker.reset(slice(a, b))
+            return
+        for a, b, copies in slot_runs(resets, copied.__contains__):
+            self.state.reset(slice(a, b), thinker=not copies)
+            self.model.warm(self.state, slice(a, b))
