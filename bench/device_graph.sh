@@ -8,10 +8,10 @@
 #                       replay); STAGES_ARGS="--profile dense" passes more options
 #   FIDELITY=1          the teacher-forced fidelity harness, full config, both profiles
 #   "$1"                the capacity bench with these arguments, on BACKEND (default graph)
-# Usage on the device machine:
-#   WAVE_COMMIT=<sha> PYTEST=1 STAGES=8,32,64,96 bash bench/device_graph.sh "<bench args>"
-# WAVE_COMMIT is the commit of the tree sent, written out where the call is made: the device's copy
-# carries a stale .git, so `git rev-parse` run there names an older commit.
+# Usage: `python -m wave_actors.provenance write` here (the device's copy has no .git, or a stale
+# one; the results name the commit from this manifest, checked file by file), carry
+# .wave-manifest.json with the call, then on the device machine:
+#   PYTEST=1 STAGES=8,32,64,96 bash bench/device_graph.sh "<bench args>"
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1

@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import platform
-import subprocess
 import time
 
 import numpy as np
@@ -23,6 +22,7 @@ import zmq
 
 from sim.costmodel import CostModel
 from sim.executor import SimExecutor
+from wave_actors.provenance import provenance  # noqa: E402
 from wave_actors import frame_batch
 from wave_actors import worker_wire as W
 from wave_actors.clock import Admit
@@ -194,15 +194,13 @@ def main() -> None:
         print(f"{n:5d} sessions: clock {r['clock_ms_p50']:6.2f} ms a beat "
               f"({r['clock_us_per_session']} us a session); {r['ms_p50']}", flush=True)
     if args.out:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
         with open(args.out, "w") as f:
             json.dump({"command": "python -m bench.engine_beat_cpu " + " ".join(
                 f"--sessions {' '.join(map(str, args.sessions))} --workers {args.workers} "
                 f"--beats {args.beats} --batches {args.batches} --reads {args.reads}"
                 f"{' --copy-route' if args.copy_route else ''}"
                 f"{' --copy-frames' if args.copy_frames else ''}".split()),
-                "commit": os.environ.get("WAVE_COMMIT", commit),
+                "commit": provenance()["commit"], "provenance": provenance(),
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores (no GPU: sim executor)",
                 "results": results}, f, indent=1)
 

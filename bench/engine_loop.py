@@ -19,13 +19,13 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import subprocess
 import tempfile
 import time
 
 import numpy as np
 import zmq
 
+from wave_actors.provenance import provenance  # noqa: E402
 from wave_actors import frame_batch
 from wave_actors import worker_wire as W
 from wave_actors.clock import Admit
@@ -172,8 +172,6 @@ def main() -> None:
               f"{r['frames_shared']} (dropped {r['dropped_frames']}, underruns {r['underruns']})",
               flush=True)
     if args.out:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
         command = (f"python -m bench.engine_loop --sessions {' '.join(map(str, args.sessions))}"
                    f" --workers {args.workers} --beats {args.beats} --frames-every-ms "
                    f"{args.frames_every_ms:g}")
@@ -185,7 +183,7 @@ def main() -> None:
             command += " --copy-frames"
         with open(args.out, "w") as f:
             json.dump({"command": command,
-                       "commit": os.environ.get("WAVE_COMMIT", commit),
+                       "commit": provenance()["commit"], "provenance": provenance(),
                        "machine": f"{platform.machine()}, {os.cpu_count()} cores (sim executor)",
                        "results": results}, f, indent=1)
 

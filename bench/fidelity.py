@@ -7,8 +7,8 @@ decode ops in the tested one, prints a per-quantity table and writes JSON.
         --out bench/results/fidelity-dense.json
 
 Device: cuda if available, else the CPU (there the kernels run in Triton's interpreter, slowly:
-pass --no-kernels for the plain PyTorch tested model). Set WAVE_COMMIT on a copied tree: it
-wins over `git rev-parse`, whose .git there may be stale.
+pass --no-kernels for the plain PyTorch tested model). The commit comes from git, or on a
+copied tree from its manifest (`python -m wave_actors.provenance write` before copying).
 
 Seen on one H200 (torch 2.11, triton 3.6; full config, 8 sessions x 32 frames, 70 GB peak):
 25 s (reference) and 14 s (dense) a run, Triton compilation included. rel_l2: perception and
@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,18 +39,9 @@ from gpu.engine.fidelity import build_pair, measure, table               # noqa:
 from gpu.model.config import Profile, VoiceChatConfig                    # noqa: E402
 
 
-def git_commit() -> str | None:
-    """WAVE_COMMIT when set (a copied tree's .git may be stale), else `git rev-parse --short HEAD`."""
-    if os.environ.get("WAVE_COMMIT"):
-        return os.environ["WAVE_COMMIT"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return None
+def git_commit() -> str:
+    from wave_actors.provenance import provenance
+    return provenance()["commit"]
 
 
 def main(argv: list[str] | None = None) -> int:

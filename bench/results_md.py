@@ -33,7 +33,7 @@ SECTIONS = (                # kind -> heading; bench runs of other backends foll
               "(`python -m wave_actors.bench --backend graph`)"),
     ("sim", "Simulator runs (`--backend sim` or `python -m sim.run`: GPU time modelled)"),
     ("stages", "Stage timings (`bench/graph_stages.py`)"),
-    ("kernels", "Kernel A/Bs and sweeps (details: `bench/KERNELS_NOTES.md`)"),
+    ("kernels", "Kernel A/Bs and sweeps (what each showed: `docs/FINDINGS.md`)"),
     ("checks", "Parity and checks (`bench/graph_check.py`)"),
     ("fidelity", "Teacher-forced fidelity per stage (`bench/fidelity.py`)"),
     ("chaos", "Chaos runs (`python -m chaos.run`, `make chaos`: fuzzers against the node and "

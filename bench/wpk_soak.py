@@ -14,7 +14,6 @@ import dataclasses
 import asyncio
 import json
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -145,11 +144,8 @@ def main() -> int:
 
 
 def _commit() -> str:
-    import os
-    if os.environ.get("WAVE_COMMIT"):
-        return os.environ["WAVE_COMMIT"]
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
+    from wave_actors.provenance import provenance
+    return provenance()["commit"]
 
 
 if __name__ == "__main__":

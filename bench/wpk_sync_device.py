@@ -7,8 +7,6 @@
 - doorbell: one program answers a doorbell in pinned host memory with a release store; the host
   rings with a plain store into a numpy view and spins on the answer: the round trip a beat,
   and the GPU clock's stamps (must rise beat by beat).
-- task_table: `gpu.wpk.taskrun`'s program over a validated table of layers, one program an
-  SM, against PyTorch; a beat's time.
 - mailbox: `gpu.wpk.mailbox`'s controller with stand-in lanes in one cooperative grid: each
   beat rung, its frames and end awaited by the host; the lanes' outputs must be right.
 
@@ -18,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -158,35 +154,6 @@ def mailbox(beats: int, lanes: int = 4) -> dict:
             "device_doorbell_to_done_us_p50": round(float(np.median(device_us)), 2)}
 
 
-def task_table(layers: int = 8, n: int = 4096, tile: int = 256, queues: int = 132) -> dict:
-    """`gpu.wpk.taskrun`'s program over a validated table of AFFINE layers, two beats on
-    counters never reset, against PyTorch; time a beat."""
-    from gpu.wpk import taskrun as T
-    from gpu.wpk.schedule import validate
-    table = T.affine_layers(layers, n, tile, queues)
-    assert validate(table) == []
-    rows, starts = (torch.from_numpy(a).cuda() for a in table.emit())
-    counters = torch.zeros(table.n_counters, dtype=torch.int32, device="cuda")
-    arena = torch.zeros((layers + 1) * n, device="cuda")
-    no_args = torch.zeros(T.ARGS, dtype=torch.int32, device="cuda")
-    ok, beat = True, 0
-
-    def one():
-        nonlocal beat
-        beat += 1
-        T.task_program[(queues,)](rows, starts, counters, arena, arena, no_args, beat, n, TILE=tile,
-                                  BLOCK_N=1024, IS_INTERP=False, launch_cooperative_grid=True)
-    for seed in (1, 2):
-        x = torch.randn(n, generator=torch.Generator().manual_seed(seed)).cuda()
-        arena[:n] = x
-        one()
-        want = T.affine_reference(x, layers).flatten()
-        ok &= bool(torch.allclose(arena, want, rtol=1e-5, atol=1e-3))
-    ms = median_ms(one, 5)
-    return {"layers": layers, "n": n, "tile": tile, "programs": queues, "correct": ok,
-            "beat_ms": round(ms, 4), "us_per_layer": round(1e3 * ms / layers, 2)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
@@ -194,13 +161,13 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     result = {"gpu": torch.cuda.get_device_name(0), "sms": sms,
               "chain": chain(sms), "rounds": rounds(sms, 500), "doorbell": doorbell(500),
-              "mailbox": mailbox(500), "task_table": task_table()}
-    for key in ("chain", "rounds", "doorbell", "mailbox", "task_table"):
+              "mailbox": mailbox(500)}
+    for key in ("chain", "rounds", "doorbell", "mailbox"):
         print(f"{key:9s} {result[key]}", flush=True)
     if args.out:
-        commit = os.environ.get("WAVE_COMMIT") or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        result.update(command="python bench/wpk_sync_device.py --out " + args.out, commit=commit,
+        from wave_actors.provenance import provenance
+        result.update(command="python bench/wpk_sync_device.py --out " + args.out,
+                      commit=provenance()["commit"], provenance=provenance(),
                       host=platform.node(), torch=torch.__version__)
         Path(args.out).write_text(json.dumps(result, indent=1))
 

@@ -27,7 +27,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ from wave_actors.bench_records import (_host, _ramp, _trace, _window, _windows, 
                                        _worst, shifted)
 from wave_actors.engine_host import EngineHost
 from wave_actors.engine_process import ExecutorSpec
+from wave_actors.provenance import provenance
 from wave_actors.node import Node, NodeConfig
 from wave_actors.node_cli import sized_slots
 from wave_actors.serving_process import serving_process
@@ -163,6 +163,7 @@ class BenchResult:
     # the measured windows alone: their beats and late beats over the runs, the worst p50 / p99
     measured: dict = field(default_factory=dict)
     window_of: dict = field(default_factory=dict)   # as RunResult's, and the top's fields
+    provenance: dict = field(default_factory=dict)  # commit, dirty, changed files, from where
 
 
 def held_context(args) -> tuple[int, int, int]:
@@ -575,14 +576,9 @@ def find_max(args, backend=None, ceiling: int | None = None) -> tuple[int, dict[
 
 
 def git_commit() -> str:
-    if os.environ.get("WAVE_COMMIT"):          # a copied tree without its .git says it here
-        return os.environ["WAVE_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True,
-                              cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The commit the code ran at, from git or the tree's checked manifest (see
+    `wave_actors.provenance`, which also says whether the tree differed from it)."""
+    return provenance()["commit"]
 
 
 def _gpu_name() -> str:
@@ -610,9 +606,10 @@ def summarize(args, n: int, runs: list[RunResult], extra: dict) -> BenchResult:
     policy = {kind: {k: d[k] for k in ("name", "class", "params")}
               for kind, d in runs[0].policies.items()} if runs and runs[0].policies else {}
     measured = [r.windows.get("measured") or {"beats": 0, "late_beats": 0} for r in runs]
+    prov = provenance()
     return BenchResult(args.backend, args.profile, args.context, n, len(runs), args.beats,
                        sum(r.late_beats for r in runs), max(r.p50_ms for r in runs),
-                       max(r.p99_ms for r in runs), args.virtual, _gpu_name(), git_commit(),
+                       max(r.p99_ms for r in runs), args.virtual, _gpu_name(), prov["commit"],
                        dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        getattr(args, "command", None)
                        or "python -m wave_actors.bench " + " ".join(sys.argv[1:]),
@@ -625,7 +622,8 @@ def summarize(args, n: int, runs: list[RunResult], extra: dict) -> BenchResult:
                                  "p50_ms": max((m.get("p50_ms", 0.0) for m in measured),
                                                default=0.0),
                                  "p99_ms": max((m.get("p99_ms", 0.0) for m in measured),
-                                               default=0.0)})
+                                               default=0.0)},
+                       provenance=prov)
 
 
 def write(result: BenchResult, out_dir: Path) -> Path:

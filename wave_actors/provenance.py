@@ -1,11 +1,12 @@
 """Which code a measurement ran: the commit, and whether the tree differed from it.
 
-From git itself where the tree has its `.git`. A copy without it (the device machine gets the
-working tree, not the repository) carries a manifest written when the copy was made: the
-commit, whether the tree was dirty then, and the git blob id of every tracked file. Read back,
-each file is hashed again, so a file changed after the manifest was written, or a manifest
-carried onto another tree, shows as dirty with the files named. Nothing is taken on trust
-from the environment.
+From git itself, or from a manifest written when a copy of the tree was made: a copy sent to
+another machine may have no `.git`, or a stale one that names an older commit. The manifest
+holds the commit, whether the tree was dirty then, and the git blob id of every tracked file.
+Read back, each file is hashed again: a manifest every file still matches names the code that
+runs; one that some file no longer matches is stale, and git decides where there is a git (the
+tree has moved on since), else the manifest's commit is recorded dirty with the files named.
+Nothing is taken on trust from the environment.
 
     python -m wave_actors.provenance write     # before copying the tree to another machine
     python -m wave_actors.provenance           # what a run here would record
@@ -76,28 +77,38 @@ def write_manifest(root: Path = ROOT) -> Path:
     return path
 
 
-def from_manifest(root: Path = ROOT) -> dict | None:
-    """The manifest's commit, dirty where it says so or where any file it names differs now;
-    None where there is no manifest."""
+def _checked_manifest(root: Path) -> tuple[dict | None, bool]:
+    """(what the manifest records, whether some file no longer matches it); (None, False)
+    where there is none. An unreadable manifest records an unknown commit, dirty."""
     path = root / MANIFEST
     if not path.is_file():
-        return None
+        return None, False
     try:
         m = json.loads(path.read_text())
         files, commit = dict(m["files"]), str(m["commit"])
     except (ValueError, KeyError, TypeError) as exc:
         return {"commit": "unknown", "dirty": True, "changed": [],
-                "source": f"manifest unreadable: {exc}"}
+                "source": f"manifest unreadable: {exc}"}, True
     now = _file_ids(root, files)
     changed = [p for p, b in files.items() if now[p] != b]
     return {"commit": commit, "dirty": bool(m.get("dirty")) or bool(changed),
-            "changed": (list(m.get("changed", [])) + changed)[:SHOWN], "source": "manifest"}
+            "changed": (list(m.get("changed", [])) + changed)[:SHOWN],
+            "source": "manifest"}, bool(changed)
+
+
+def from_manifest(root: Path = ROOT) -> dict | None:
+    """The manifest's commit, dirty where it says so or where a file it names differs now;
+    None where there is no manifest."""
+    return _checked_manifest(root)[0]
 
 
 def provenance(root: Path = ROOT) -> dict:
-    """What a result records of the code it ran: from git, else from the manifest, else
-    unknown."""
-    return (from_git(root) or from_manifest(root)
+    """What a result records of the code it ran: a manifest every file still matches, else
+    git, else the stale manifest (dirty), else unknown."""
+    manifest, stale = _checked_manifest(root)
+    if manifest is not None and not stale:
+        return manifest
+    return (from_git(root) or manifest
             or {"commit": "unknown", "dirty": None, "changed": [], "source": "none"})
 
 

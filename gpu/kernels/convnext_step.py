@@ -12,7 +12,7 @@ B·T·C·4C·2·2. `convnext_step` is the two in a row.
 `gelu_linear_residual` folds the GELU, pwconv2, its bias and the residual into one Triton matmul
 (TF32): the [B·T, 4C] GELU output is never written and y is written once. The engine does not use
 it: Triton's TF32 tiles reach well under cuBLAS's throughput, so the whole pointwise part is
-slower than cuBLAS + GELU + add despite the saved writes (bench/codec_pointwise_ab.py,
+slower than cuBLAS + GELU + add despite the saved writes (docs/FINDINGS.md,
 bench/results/codec-pointwise-ab-h200.json).
 Layouts: x, y [B, T, C] contiguous; cache any strided [S, 6, C] view. Time-major [S, 6, C] has
 rows contiguous in C; the codec's CodecState caches are [S, C, 6] (its reference path's layout)
@@ -237,7 +237,7 @@ def dwconv_ln(x, cache, slots, dw_w, dw_b, ln_w, ln_b, *, eps: float = 1e-6, blo
     """The fused Triton part: h = LayerNorm(dwconv7([cache; x]) + dw_b) [B, T, C]; updates cache[slots].
     window=True (default): `_dwln_window_kernel`, `rows` consecutive rows a program (None:
     `window_rows`), num_warps None: 4 channels a thread. window=False: the tile kernel (A/B
-    baseline, bench/small_kernels_ab.py), [block_t, C] tiles of block_elems, num_warps None: 4.
+    baseline, docs/FINDINGS.md), [block_t, C] tiles of block_elems, num_warps None: 4.
     The two differ only in the LayerNorm sums' order (~1e-7)."""
     batch, n_t, n_c = _check_dwln_args(x, cache, slots, dw_w, dw_b, ln_w, ln_b)
     strides = cache.stride()

@@ -176,7 +176,7 @@ def mamba_conv(xBC, conv_state, slots, conv_w, conv_b, *, out=None, tiles: bool 
     """The conv launch alone: out [B, conv_dim] fp32 = SiLU(conv1d_k4([conv_state[s]; xBC]) + conv_b),
     conv_state[slots] <- last 3 columns. Arguments unchecked (mamba_step checks them). `tiles`:
     state and weights as [block_c, 4] tiles (default block_c 512); False: the column kernel, three
-    column loads/stores (default block_c 1024), kept for A/B runs (bench/small_kernels_ab.py).
+    column loads/stores (default block_c 1024), kept as the A/B baseline (docs/FINDINGS.md).
     The state update is the same bits either way; out differs by the 4-tap sum's order (~1 ulp)."""
     batch, conv_dim = xBC.shape
     if out is None:

@@ -19,14 +19,10 @@ import tempfile
 from pathlib import Path
 
 REG_BUDGET = 64          # a controller or a probe must leave room for the kernels beside it
-# A task-table program's GEMM tiles hold a tensor-core accumulator: its budget is two programs
-# an SM at 4 warps (65,536 registers an SM), the occupancy its weight-streaming tiles need
-# (WPK.md §4); bench/stage2_device.py sizes the grid from the compiled kernel's registers.
-BUDGETS = {"taskrun:task_program": 65536 // (2 * 4 * 32) - 1}
 
 
 def budget(name: str) -> int:
-    return BUDGETS.get(name, REG_BUDGET)
+    return REG_BUDGET
 
 # [module:]kernel of gpu.wpk (probes by default) → (signature, constexprs, instructions its
 # PTX must hold)
@@ -53,13 +49,6 @@ PROBES = {
                                       "timeout_ns": "i64"},
                                      {}, ("atom.global.gpu.release.add",
                                           "st.global.release.sys.b64")),
-    # A task-table program (gpu.wpk.taskrun): rows walked, waits, the op, signals.
-    "taskrun:task_program": ({"rows": "*i32", "starts": "*i32", "counters": "*i32",
-                              "arena": "*fp32", "weights": "*bf16", "args": "*i32",
-                              "beat": "i32", "n": "i32"},
-                             {"TILE": 256, "BLOCK_N": 1024},
-                             ("ld.global.acquire.gpu.b32", "atom.global.gpu.release.add",
-                              "nanosleep.u32")),
     # The wpk executor's beat kernels (gpu.wpk.beat_kernels).
     "beat_kernels:gate": ({"work": "*i32", "target": "i32"}, {},
                           ("ld.global.acquire.gpu.b32", "nanosleep.u32")),

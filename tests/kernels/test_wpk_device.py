@@ -20,4 +20,3 @@ def test_chain_rounds_and_doorbell_on_the_device():
     assert bell["answered"] == 20 and bell["stamps_rise"]
     box = dev.mailbox(20)
     assert box["correct"] and box["error"] is None
-    assert dev.task_table(layers=4, n=1024, tile=128, queues=sms)["correct"]

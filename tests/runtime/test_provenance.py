@@ -2,7 +2,9 @@
 
 Bugs these catch: a hand-set commit trusted as given (the environment naming a commit the tree
 is not at); a dirty tree recorded as clean; a copy whose files were edited after its manifest
-was written (or a manifest carried onto another tree) recorded as the manifest's commit, clean.
+was written (or a manifest carried onto another tree) recorded as the manifest's commit, clean;
+a copy with a stale `.git` recorded at that older commit; a manifest left behind recorded
+after the tree moved on.
 """
 import shutil
 import subprocess
@@ -72,3 +74,25 @@ def test_an_unreadable_manifest_is_dirty_not_trusted(tmp_path):
     (tmp_path / P.MANIFEST).write_text("{not json")
     got = P.provenance(tmp_path)
     assert got["commit"] == "unknown" and got["dirty"] is True
+
+
+def test_a_stale_git_in_a_copy_loses_to_its_manifest(repo, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(repo, copy)                      # .git included: it will go stale
+    old = _git(repo, "rev-parse", "--short", "HEAD")
+    (repo / "pkg" / "a.py").write_text("A = 4\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
+    P.write_manifest(repo)
+    shutil.copytree(repo, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
+    got = P.provenance(copy)
+    assert got["commit"] == _git(repo, "rev-parse", "--short", "HEAD") != old
+    assert got == {"commit": got["commit"], "dirty": False, "changed": [], "source": "manifest"}
+
+
+def test_a_manifest_left_behind_yields_to_git_once_the_tree_moves_on(repo):
+    P.write_manifest(repo)
+    (repo / "pkg" / "a.py").write_text("A = 5\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "three")
+    got = P.provenance(repo)
+    assert got["source"] == "git" and not got["dirty"]
+    assert got["commit"] == _git(repo, "rev-parse", "--short", "HEAD")
