@@ -21,12 +21,15 @@ peers:
 	@command -v sipp >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq sip-tester >/dev/null) || echo "warning: sipp not installed"
 	@[ -x /usr/bin/chromium ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "warning: chromium not installed"
 
+# One pytest worker a core (xdist); a worker steals queued tests when it runs dry.
+XDIST := -n auto --dist worksteal
+
 test: $(STAMP) peers
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q $(XDIST) tests
 
 # The edit-test loop: everything but the tests marked slow (and the device's).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow and not gpu" tests
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not gpu" tests
 
 # Fuzz the node and its bridges while victim sessions stream (a few minutes); writes
 # bench/results/chaos-long.json and exits non-zero on a crash, a lost session or a lost frame.

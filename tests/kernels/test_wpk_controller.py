@@ -105,6 +105,7 @@ def test_the_watchdog_reports_a_controller_whose_lanes_never_finish():
     rig.join()
 
 
+@pytest.mark.slow
 def test_the_watchdog_rings_exit_when_a_beat_is_not_done_in_time():
     # No lanes: the controller waits 5,000 polls for them, the watchdog 50 ms for the beat.
     rig = _Rig(lanes=False, lane_timeout_ns=5_000_000)

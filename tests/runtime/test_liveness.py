@@ -47,6 +47,7 @@ async def listen(sock, seconds):
     return got
 
 
+@pytest.mark.slow
 def test_an_oversized_message_gets_too_large_and_its_connection_lives_on():
     """Bug: a frame over the protocol limit made ZMQ drop the connection (MAXMSGSIZE), and the
     node ended every session of it with no `too_large` and no `closed`."""
@@ -71,6 +72,7 @@ def test_an_oversized_message_gets_too_large_and_its_connection_lives_on():
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_a_connection_under_a_live_clients_identity_receives_nothing():
     """Bug: with ROUTER_HANDOVER, a second connection using the victim's routing identity took
     over its output (42 audio and 17 text messages in 3 s) and the victim went deaf."""
@@ -151,6 +153,7 @@ def test_nodeclient_resumes_by_itself_when_the_node_says_detached():
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_idle_is_judged_per_session():
     """Bug: idle detection looked at the connection, so a session with no input was never
     reaped while another session on the same connection was active."""
@@ -327,6 +330,7 @@ def test_a_close_right_after_open_cancels_the_start_and_frees_the_slot():
     asyncio.run(body())
 
 
+@pytest.mark.slow
 def test_failed_sends_do_not_detach_only_missed_heartbeats_do():
     """A peer is dead after several missed heartbeats, never after one failed send (libzmq also
     answers EHOSTUNREACH for a live peer whose full pipe is draining)."""

@@ -6,6 +6,7 @@ release); a watch never disarmed (every later beat a stall); the clock not armin
 loop, or arming it on virtual time (where nothing can stall)."""
 from __future__ import annotations
 
+import pytest
 import asyncio
 import time
 
@@ -81,6 +82,7 @@ def test_stack_of_names_innermost_first():
     assert frames[0].startswith("runtime/test_loop_stalls.py:")
 
 
+@pytest.mark.slow
 def test_the_beat_clock_on_a_real_loop_records_what_held_it():
     """A node on a real loop: work that holds the loop across a release shows in the clock's
     stalls by name; on time again afterwards, no more stalls."""

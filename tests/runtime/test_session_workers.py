@@ -30,7 +30,8 @@ from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
 from wave_actors.engine_host import EngineHost
 
-pytestmark = pytest.mark.timeout(120)
+# worker processes and engines started per test: outside the edit-test loop (make test-fast)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
 async def _stream(session, n_frames: int, session_no: int) -> None:

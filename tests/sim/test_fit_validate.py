@@ -226,6 +226,7 @@ def test_the_workload_comes_from_the_command_with_the_result_fields_over_it():
     assert "poisson:rate=2" in validate.sim_argv(calls, "m.json", "/tmp/x")
 
 
+@pytest.mark.slow
 def test_validate_replays_a_small_gpu_result_end_to_end(tmp_path, capsys):
     """Catches a replay that does not run the sim (or writes its result into bench/results),
     or a comparison that fails a sim run on the very model the GPU result follows."""

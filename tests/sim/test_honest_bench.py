@@ -136,6 +136,7 @@ def test_the_bench_refuses_a_bad_occupancy_spec_in_one_line(spec, says, capsys):
     assert says in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_a_worker_engines_start_policy_is_recorded_as_it_ran(tmp_path):
     """Bug caught: with `--workers` the clock and its start policy run in the engine process;
     the result recorded the front's copy, as it was given (no beat observed, priors only)."""

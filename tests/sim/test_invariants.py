@@ -435,6 +435,7 @@ OPENS_5 = st.lists(st.tuples(st.integers(0, 6), st.sampled_from([0, 40, 120, 200
 
 @settings(max_examples=30, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow
 @given(OPENS_5)
 @example([(0, 480, 5), (0, 120, 3), (1, 0, 8)])                    # a burst of long prompts
 @example([(0, 40, 2), (2, 300, 4), (3, 300, 1), (5, 0, 6)])        # staggered opens and closes

@@ -51,6 +51,7 @@ def test_the_occupancy_form_scales_its_rate_and_keeps_its_window():
         two.offered_erlangs(), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_the_command_writes_capacity_with_an_interval_and_what_it_ran(tmp_path, capsys):
     """Catches a result that does not say what it measured (SLO, policy and its parameters,
     workload, seeds, cost model), or an interval that does not hold its mean."""

@@ -55,6 +55,7 @@ def append(seconds: float) -> str:
                        "audio": base64.b64encode(pcm).decode()})
 
 
+@pytest.mark.slow
 def test_a_client_that_sends_nothing_keeps_its_call(tmp_path):
     """The node ends sessions that hear nothing for 1 s here; the client appends nothing for
     3 s and its call goes on: the bridge fed the model silence, which the node heard."""

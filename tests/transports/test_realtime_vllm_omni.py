@@ -196,6 +196,7 @@ async def _node_opened(bridge, session_id: str, timeout: float = 5.0) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_autostart_opens_at_connect_and_autostart_0_waits_for_session_update(tmp_path):
     """vllm-omni's `autostart`: by default its session opens as the socket connects (no event
     needed); with `autostart=0` only the client's `session.update` opens it. Catches the query
@@ -235,6 +236,7 @@ def test_session_close_and_dialect_errors(tmp_path):
     _bridge_run(tmp_path, body)
 
 
+@pytest.mark.slow
 def test_a_dropped_socket_resumes_its_session_by_id_within_the_grace(tmp_path):
     """vllm-omni's `session_id`: a socket that drops without `session.close` leaves its session
     running for `resume_grace_s`; a new socket naming the id takes the same session over (the
