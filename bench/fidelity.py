@@ -4,7 +4,7 @@ same random weights of the config's real shapes on the device, installs the engi
 decode ops in the tested one, prints a per-quantity table and writes JSON.
 
     python3 bench/fidelity.py --config full --profile dense --sessions 8 --frames 32 \\
-        --out bench/results/fidelity-dense.json
+        --out bench/results/fidelity-dense-h200.json
 
 Device: cuda if available, else the CPU (there the kernels run in Triton's interpreter, slowly:
 pass --no-kernels for the plain PyTorch tested model). The commit comes from git, or on a

@@ -1,9 +1,12 @@
 """bench/RESULTS.md is what bench/results_md.py makes of bench/results/, and the README stays a
 short front door whose cited result files exist."""
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README_MAX_BYTES = 10_240
@@ -25,15 +28,53 @@ def test_results_md_check_fails_on_a_stale_file(tmp_path):
     assert done.returncode != 0
 
 
-def test_every_finding_cites_files_that_exist():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import results_md
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    missing = [f for _, _, files, _ in results_md.NOTES for f in files
-               if not (ROOT / "bench" / "results" / f).exists()]
-    assert not missing, f"findings in bench/results_md.py cite missing files: {missing}"
+# a result file as the tree cites one: a path under bench/results/, or a name stamped with its
+# date or its device (the form of every measured run's file)
+RESULT_NAME = re.compile(r"bench/results/([\w.\-]+\.json)|\b([\w\-]+(?:\d{8}T\d{6}|-h200)"
+                         r"[\w.\-]*\.json)")
+
+
+def _tracked_text() -> dict[str, str]:
+    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    out = {}
+    for name in names:
+        if name.startswith("bench/results/") or not name.endswith((".md", ".py", ".json", ".sh")):
+            continue
+        out[name] = (ROOT / name).read_text(errors="ignore")
+    return out
+
+
+def _has_git() -> bool:
+    return (ROOT / ".git").exists()
+
+
+@pytest.mark.skipif(not _has_git(), reason="needs the repository's git")
+def test_every_result_file_the_tree_cites_exists():
+    """Catches a result pruned while a doc, a comment or a cost model still cites it."""
+    results = {p.name for p in (ROOT / "bench" / "results").iterdir()}
+    missing = sorted({(name, m) for name, text in _tracked_text().items()
+                      if not name.startswith("tests/") and name != "bench/RESULTS.md"
+                      for pair in RESULT_NAME.findall(text) for m in pair
+                      if m and m not in results and "..." not in m})
+    assert not missing, f"cited result files that are not in bench/results/: {missing}"
+
+
+@pytest.mark.skipif(not _has_git(), reason="needs the repository's git")
+def test_every_result_names_a_commit_of_this_history():
+    """Catches a hand-set or stale commit name (a tree measured under a name git does not
+    know, or a commit rewritten since): each result's commit is an ancestor of HEAD."""
+    bad = []
+    for path in sorted((ROOT / "bench" / "results").glob("*.json")):
+        data = json.loads(path.read_text())
+        commit = data.get("commit") if isinstance(data, dict) else None
+        if not commit or commit in ("unknown", "—"):
+            continue
+        ok = subprocess.run(["git", "merge-base", "--is-ancestor", commit, "HEAD"], cwd=ROOT,
+                            capture_output=True).returncode == 0
+        if not ok:
+            bad.append((path.name, commit))
+    assert not bad, f"results naming commits outside this history: {bad}"
 
 
 def test_readme_is_at_most_10_kib():
