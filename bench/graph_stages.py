@@ -1,5 +1,5 @@
 """Per-stage device time of one frame as CUDA-graph replays, at several batch sizes: where the
-beat goes, stage by stage, against MODEL.md §5's roofline (the README's "what bounds it").
+beat goes, stage by stage, against docs/MODEL.md §5's roofline (the README's "what bounds it").
 
 Each stage (mel, perception, RNNT, thinker, talker, codec) is captured as its own graph over the
 previous stage's static outputs, so a replay times exactly that stage's kernels with no launch

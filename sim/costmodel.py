@@ -1,7 +1,7 @@
 """`beat_time(n_sessions, context_frames)`: how long one beat takes, from the roofline.
 
 A beat is two frames; each frame reads every weight once for the whole batch and each session's
-state once (MODEL.md §5): mem = 2·(W + N·S(L))/BW, comp = 2·N·(bf16/R_bf16 + tf32/R_tf32), and
+state once (docs/MODEL.md §5): mem = 2·(W + N·S(L))/BW, comp = 2·N·(bf16/R_bf16 + tf32/R_tf32), and
 the beat takes max(mem, comp) plus a fixed overhead. Parameters load from JSON so that fitted
 GPU measurements can replace the roofline defaults. A beat's other work adds its own: start
 rows, slot resets, context rolls, prompt-snapshot copies and saves (`draw_parts`).
@@ -104,7 +104,7 @@ class CostModel:
     usable_bytes: float = 148e9           # device memory the engine may use
     weights_bytes: float = 23.83e9
     workspace_bytes: float = 4e9
-    state_fixed_bytes: float = 166_694_864      # per-session state held (MODEL.md §3)
+    state_fixed_bytes: float = 166_694_864      # per-session state held (docs/MODEL.md §3)
     state_bytes_per_frame: float = 532_480
     # Measured (`sim.fit`): ((batch size, executor seconds), ...) ascending, over the contexts
     # `points_context` (lo, hi) the measured beats held; a context outside shifts by the
@@ -149,7 +149,7 @@ class CostModel:
         return self.state_fixed_bytes + context_frames * self.state_bytes_per_frame
 
     def capacity(self, context_frames: float) -> int:
-        """Sessions whose state fits beside the weights and workspace (MODEL.md §4)."""
+        """Sessions whose state fits beside the weights and workspace (docs/MODEL.md §4)."""
         free = self.usable_bytes - self.weights_bytes - self.workspace_bytes
         return max(0, int(free // self.state_bytes(context_frames)))
 

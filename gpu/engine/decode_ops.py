@@ -3,7 +3,7 @@ Triton kernels in place on slot-indexed state, instead of gather → compute →
 
 The reference model calls these through its `decode_ops` hooks (thinker `_run` on a decode step,
 talker `DecoderLayer` on a one-position step, the MoG head's mixture choice); with the hooks
-unset it runs its own plain PyTorch. What moves per session-frame (MODEL.md §5):
+unset it runs its own plain PyTorch. What moves per session-frame (docs/MODEL.md §5):
   - Mamba2: the fp32 SSM state is read and written once (283 MB over 27 layers) instead of
     being copied out, updated and copied back (three times the traffic);
   - attention: only the first `length` positions of a slot's KV are read, not the allocated

@@ -90,7 +90,7 @@ def reference_profile(profile: Profile) -> Profile:
 
 
 def stage_precision(profile: Profile, stage: str, device: torch.device, chain: bool = False) -> str:
-    """'bf16', 'tf32' or 'fp32': the precision the stage computes in under `profile` (MODEL.md §4);
+    """'bf16', 'tf32' or 'fp32': the precision the stage computes in under `profile` (docs/MODEL.md §4);
     with `chain`, the coarser of that and its continuous input's (RNNT and thinker read perception)."""
     if chain and stage in ("rnnt", "thinker"):
         own, upstream = (stage_precision(profile, s, device) for s in (stage, "perception"))

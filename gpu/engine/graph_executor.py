@@ -60,7 +60,7 @@ from wave_actors.core.timebase import Clock
 
 log = logging.getLogger("wave.graph_executor")
 
-# Activations, graph pools, logits, CUDA context. MODEL.md §4 budgets a flat 4 GB, but the beat
+# Activations, graph pools, logits, CUDA context. docs/MODEL.md §4 budgets a flat 4 GB, but the beat
 # graph's activations grow with the batch (bench/results/graph-*.json record what was used), so:
 # a base plus a share per slot, with margin over the measured slope.
 WORKSPACE_BASE = 2.5e9

@@ -17,8 +17,8 @@ A beat, from the clock's call:
   4. The controller waits for the frames' counters and publishes the beat done into the mailbox,
      which the loop polls (a load from pinned memory, no CUDA call).
 
-Nothing may load a module or wait for the whole device while the controller is resident (WPK.md
-§4): captures, the baseline and the executor's close run `_maintenance`: the armed prefix is let
+Nothing may load a module or wait for the whole device while the controller is resident (such a
+call never returns): captures, the baseline and the executor's close run `_maintenance`: the armed prefix is let
 through with no rows, the controller drained, the body run, the controller launched again. The
 libraries' kernels are loaded with the context (`CUDA_MODULE_LOADING=EAGER`), and the beat's own
 kernels and eager ops run once before the controller first starts. A watchdog rings EXIT when a beat is not done in time or the controller failed; the
@@ -63,8 +63,8 @@ class WpkExecutor(GraphExecutor):
     def __init__(self, options: ExecutorOptions, capture: bool = True, streams: bool = True,
                  watchdog_s: float = WATCHDOG_S):
         # Every kernel of the libraries loaded when the context is made, not at its first
-        # launch: an eager op's first launch behind the resident controller never returns
-        # (WPK.md §4). Read once, at the context's creation: too late if CUDA is up already.
+        # launch: an eager op's first launch behind the resident controller never returns.
+        # Read once, at the context's creation: too late if CUDA is up already.
         if not torch.cuda.is_initialized():
             os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
         # Starts prefill here: a snapshot copy is an eager op that would run behind the
@@ -115,7 +115,7 @@ class WpkExecutor(GraphExecutor):
 
     def _warm(self) -> None:
         """Every kernel and eager op a beat launches, once, before anything is resident: a
-        module first loaded while the controller runs would never return (WPK.md §4)."""
+        module first loaded while the controller runs would never return."""
         ctr = torch.zeros(2, dtype=torch.int32, device=self.device)
         with torch.no_grad():
             gate[(1,)](self._work, 0, IS_INTERP=False, num_warps=1)

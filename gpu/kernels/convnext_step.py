@@ -1,4 +1,4 @@
-"""Causal ConvNeXt block of the codec, one chunk of T new samples (MODEL.md §2.6 step 2).
+"""Causal ConvNeXt block of the codec, one chunk of T new samples (docs/MODEL.md §2.6 step 2).
 
 Per batch row b (cache row s = slots[b]), channels-last x [T, C]:
     cat = [cache[s] (6 rows); x];  cache[s] <- last 6 rows of cat

@@ -1,4 +1,4 @@
-"""Fused Mamba2 decode step for one layer over slot-indexed state (MODEL.md §2.4 step 3).
+"""Fused Mamba2 decode step for one layer over slot-indexed state (docs/MODEL.md §2.4 step 3).
 
 For each batch row b with state row s = slots[b]:
     xBC   = SiLU(conv1d_k4([conv_state[s]; xBC_raw[b]]) + conv_b);  conv_state[s] <- last 3 columns

@@ -1,4 +1,4 @@
-"""MoG head mixture choice (MODEL.md §2.5 step 5): top-p filter, then the Gumbel-max draw.
+"""MoG head mixture choice (docs/MODEL.md §2.5 step 5): top-p filter, then the Gumbel-max draw.
 
 Per row: p = softmax(logits); sort p descending (ties by index); keep an item while the sum of
 the probabilities before it is < top_p, else set its logit to -1e9;

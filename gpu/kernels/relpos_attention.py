@@ -1,7 +1,7 @@
 """Perception's streaming Transformer-XL attention over its K/V rings, in one launch a layer.
 
 For batch row b (slot s = slots[b], step start frame n = frames[b]), query f < F at frame
-m = n + f, head h and ring row i < R (MODEL.md §2.2; `RelPosAttention.stream` is the reference):
+m = n + f, head h and ring row i < R (docs/MODEL.md §2.2; `RelPosAttention.stream` is the reference):
     dist(m, i) = (m − i) mod R                      ring row i holds frame m − dist
     visible    = dist ≤ left_context and dist ≤ m   (no frame before the session's first)
     s_i = ((q + u_h)·K[s, h, i] + (q + v_h)·stream_pos[R − 1 − dist, h]) · scale

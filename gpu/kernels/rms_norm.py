@@ -123,7 +123,7 @@ def rms_norm_ref(x, weight, eps: float, *, plus_one: bool, round_first: bool):
 # The talker's layers end each sublayer with x ← x + post_norm(y) and start the next with
 # h = pre_norm(x): three launches of a few µs for a [B·R, 1152] fp32 row set that is a few hundred
 # KB. One launch reads x and y once, writes x and h once. fp32 only: the talker is fp32 in both
-# profiles (MODEL.md §4), so there is no rounding rule to copy.
+# profiles (docs/MODEL.md §4), so there is no rounding rule to copy.
 
 @triton.jit
 def _residual_norm_kernel(X, Y, W_POST, W_NEXT, X_OUT, H_OUT, n_rows, N, stride_x, stride_y, eps,

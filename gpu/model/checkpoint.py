@@ -1,4 +1,4 @@
-"""Checkpoint files under the real tensor names (MODEL.md §7): list, write random, check, load.
+"""Checkpoint files under the real tensor names (docs/MODEL.md §7): list, write random, check, load.
 
     python -m gpu.model.checkpoint list  --config full                 # name<TAB>[shape], sorted
     python -m gpu.model.checkpoint write --config tiny --out tiny.safetensors [--seed N]
@@ -101,7 +101,7 @@ def write_random(path: str | Path, cfg: VoiceChatConfig, seed: int = 0) -> int:
     weights = random_weights(cfg, seed)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(path), metadata={"config": cfg.name, "seed": str(seed),
-                                            "source": "wave random weights (MODEL.md §8)"})
+                                            "source": "wave random weights (docs/MODEL.md §8)"})
     return sum(t.numel() for t in weights.values())
 
 

@@ -1,4 +1,4 @@
-"""RVQ-VAE codec decoder (MODEL.md §2.6): 31 codes per 80 ms frame → 1764 samples at 22 050 Hz.
+"""RVQ-VAE codec decoder (docs/MODEL.md §2.6): 31 codes per 80 ms frame → 1764 samples at 22 050 Hz.
 
 Algorithm, per frame, for every session in the batch (caches slot-indexed):
   latent = Σ_q mus_list[q][c_q]                                        [512, 1]
@@ -320,7 +320,7 @@ def param_shapes(cfg: CodecConfig) -> dict[str, tuple[int, ...]]:
 
 
 def init_random(cfg: CodecConfig, generator: torch.Generator) -> dict[str, Tensor]:
-    """MODEL.md §8: codebooks N(0, 1); conv weights N(0, 1/fan_in), pwconv2 also ×1/√(2·9);
+    """docs/MODEL.md §8: codebooks N(0, 1); conv weights N(0, 1/fan_in), pwconv2 also ×1/√(2·9);
     biases 0; LayerNorm weight 1."""
     convt, out = _convt_names(cfg), {}
     for name, shape in param_shapes(cfg).items():

@@ -1,4 +1,4 @@
-"""The whole model's configuration and precision profiles (MODEL.md §3, §4), in one place.
+"""The whole model's configuration and precision profiles (docs/MODEL.md §3, §4), in one place.
 
 `VoiceChatConfig` aggregates the six component configs (mel, perception, RNNT, thinker, talker,
 codec). The small ones are derived from their neighbours, never repeated: perception reads the
@@ -95,7 +95,7 @@ class VoiceChatConfig:
 
 @dataclass(frozen=True)
 class Profile:
-    """Dtypes per part (MODEL.md §4). The Mamba SSM state is fp32 in every profile."""
+    """Dtypes per part (docs/MODEL.md §4). The Mamba SSM state is fp32 in every profile."""
     name: str
     compute: torch.dtype          # thinker + perception weights, activations, thinker KV, Mamba
                                   # conv state, perception caches

@@ -1,4 +1,4 @@
-"""Mel front end (MODEL.md §2.1): 16 kHz audio → natural-log mel columns, 1280 samples per frame.
+"""Mel front end (docs/MODEL.md §2.1): 16 kHz audio → natural-log mel columns, 1280 samples per frame.
 
 Algorithm. y[n] = x[n] − 0.97·x[n−1] with x[−1] = 0 (NeMo keeps the first sample). Column j is the
 512-point FFT of the pre-emphasised samples [160j − 256, 160j + 256) under a 400-sample Hann window

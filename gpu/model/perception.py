@@ -1,4 +1,4 @@
-"""Perception (MODEL.md §2.2): cache-aware streaming FastConformer, one encoder frame per 80 ms.
+"""Perception (docs/MODEL.md §2.2): cache-aware streaming FastConformer, one encoder frame per 80 ms.
 
 Algorithm, per frame and session:
 1. Subsampling of the 17-column mel window (9 cached + 8 new): conv0 3×3/2 → ReLU → 2×(depthwise
@@ -140,7 +140,7 @@ def param_shapes(cfg: PerceptionConfig) -> dict[str, tuple]:
 
 
 def init_random(cfg: PerceptionConfig, generator: torch.Generator | None = None) -> dict[str, Tensor]:
-    """MODEL.md §8: weights N(0, 1/fan_in) (residual outputs ×1/√(2·layers)), biases 0, norms 1/0."""
+    """docs/MODEL.md §8: weights N(0, 1/fan_in) (residual outputs ×1/√(2·layers)), biases 0, norms 1/0."""
     out = {}
     for name, shape in param_shapes(cfg).items():
         is_norm = any(f".{n}." in name for n in NORMS + ("batch_norm",))
@@ -205,7 +205,7 @@ class StreamConstants:
 @dataclass
 class PerceptionState:
     """Per-slot caches. Invariant: after n frames, kv[l, s, f mod R] holds the attention keys and
-    values of frame f for the last min(n, R) frames (R = ring_rows) (MODEL.md §2.2: caching K/V instead of the
+    values of frame f for the last min(n, R) frames (R = ring_rows) (docs/MODEL.md §2.2: caching K/V instead of the
     layer-normed inputs is exact and saves their recompute over 71 rows every frame; a frame
     writes one row, nothing shifts), time[l, s] the last 8 GLU outputs."""
     k: Tensor       # [L, S, H, R, dh] compute dtype: keys, ring rows per head

@@ -1,11 +1,11 @@
-"""RNNT recognition of the user's speech (MODEL.md §2.3) and the turn-taking counters it drives.
+"""RNNT recognition of the user's speech (docs/MODEL.md §2.3) and the turn-taking counters it drives.
 
 Algorithm, per frame and session (NeMo greedy RNNT, blank = 1024, at most 10 symbols per frame):
 f = enc(e_t); then 10 times: z = joint_net.2(ReLU(f + pred(g))), k = argmax z; if k is blank (or an
 earlier step was) the session stops emitting, else it emits k and (g, h, c) ← LSTM(embed[k], (h, c)).
 The state (h, c) is the LSTM state that produced g, so a session starts from g, (h, c) = LSTM(
 embed[blank], 0): NeMo primes the predictor with blank (a zero row, padding_idx) from a zero state
-and keeps that primed state when it emits the first token. MODEL.md's "h = c = 0, g = LSTM output
+and keeps that primed state when it emits the first token. docs/MODEL.md's "h = c = 0, g = LSTM output
 for blank" is the same start described one step earlier.
 
 Work never depends on values (§8): every frame runs all 10 joint and LSTM steps for every session,

@@ -1,4 +1,4 @@
-"""EAR-TTS talker (MODEL.md §2.5): thinker token y_t + previous codes → 31 RVQ codes per frame.
+"""EAR-TTS talker (docs/MODEL.md §2.5): thinker token y_t + previous codes → 31 RVQ codes per frame.
 
 Algorithm, per frame, for every session in the batch (slot-indexed state, positions per slot):
   text  = SubwordEmbedding(y_t)                      (talker_text.py)
@@ -14,7 +14,7 @@ Algorithm, per frame, for every session in the batch (slot-indexed state, positi
 Warm-up: positions 0..36 run the backbone only (K/V kept): rows 0..35 take the Aria latent as the
 audio input, row 36 the silence codes + bos_emb; text [PAD]*36 + [EOS], mask [0]*35 + [1, 1].
 It runs in chunks of any size; live generation starts at p = 37 with prev = [PAD]*31.
-Checkpoint names, random init and loading: talker_weights.py (MODEL.md §7, §8).
+Checkpoint names, random init and loading: talker_weights.py (docs/MODEL.md §7, §8).
 """
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ class TalkerConfig:
 # ------------------------------------------------------------------------------------- state
 
 Profile = Literal["reference", "dense"]
-PROFILES: dict[str, tuple[int, torch.dtype]] = {      # CFG rows, KV dtype (MODEL.md §4)
+PROFILES: dict[str, tuple[int, torch.dtype]] = {      # CFG rows, KV dtype (docs/MODEL.md §4)
     "reference": (2, torch.float32),
     "dense": (1, torch.bfloat16),
 }
@@ -460,7 +460,7 @@ class Talker(nn.Module):
         return TalkerOutput(codes, codec_codes, h)
 
     def substitute(self, codes: Tensor, y: Tensor, idle: Tensor) -> tuple[Tensor, Tensor]:
-        """(next prev codes, codec codes) from the generated codes [B, Q] (MODEL.md §2.5 rules)."""
+        """(next prev codes, codec codes) from the generated codes [B, Q] (docs/MODEL.md §2.5 rules)."""
         silence = self.codec_silence_tokens.long()[None, :]
         pad_idle = (y == PAD) & idle
         prev = torch.where(((y == EOS) | pad_idle)[:, None], silence, codes)

@@ -1,4 +1,4 @@
-"""EAR-TTS mixture-of-Gaussians head with iterative unmasking (MODEL.md §2.5 step 5).
+"""EAR-TTS mixture-of-Gaussians head with iterative unmasking (docs/MODEL.md §2.5 step 5).
 
 Algorithm, per frame and session, from the backbone output h_r of each CFG row r:
   q = 0 (the sum of the codebook vectors chosen so far, [latent]).
@@ -10,7 +10,7 @@ Algorithm, per frame and session, from the backbone output h_r of each CFG row r
     z   = low_mat[k]·(proj_mus[k]·ĝ)·σ + proj_else(ĝ) + noise_scale·ε_s·σ
     greedy L2 residual VQ of z over the next w_s codebooks; their vectors are added to q.
 The static schedule (31 codebooks, 8 steps: [0,0,0,1,1,3,4,22]) fixes the work: always the same
-passes, always a full K-way sort for top-p, whatever the values (MODEL.md §8).
+passes, always a full K-way sort for top-p, whatever the values (docs/MODEL.md §8).
 """
 from __future__ import annotations
 

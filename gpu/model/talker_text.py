@@ -1,4 +1,4 @@
-"""EAR-TTS text embedding (MODEL.md §2.5 step 1) and the Gemma pieces the whole talker shares.
+"""EAR-TTS text embedding (docs/MODEL.md §2.5 step 1) and the Gemma pieces the whole talker shares.
 
 Algorithm: a thinker token y becomes the characters of its text, looked up in a [vocab, M_c]
 table (pad id = n_chars); the characters are embedded and scaled by √H, run through one
@@ -6,7 +6,7 @@ bidirectional T5Gemma encoder layer (RoPE θ 1e4 over character positions, score
 soft-capped as 50·tanh(s/50), keys masked to the real characters, gated GELU-tanh MLP), mean-
 pooled over the real characters, projected (`proj_embedding`) and multiplied by the subword mask;
 the continuation and BOS/EOS flag embeddings of y are added after the mask. Every token costs M_c
-character positions whatever its length, so the work never depends on values (MODEL.md §8).
+character positions whatever its length, so the work never depends on values (docs/MODEL.md §8).
 
 Gemma conventions used here and in the backbone and MoG head: RMSNorm scales by (1 + w) and is
 computed in fp32; MLPs are down(gelu_tanh(gate(x)) · up(x)) without biases; RoPE rotates halves
@@ -131,7 +131,7 @@ class CharTable:
 
     @classmethod
     def synthetic(cls, cfg: "TalkerConfig", seed: int = 0) -> "CharTable":
-        """No tokenizer (MODEL.md §8): random characters, lengths uniform in 1..M_c."""
+        """No tokenizer (docs/MODEL.md §8): random characters, lengths uniform in 1..M_c."""
         g, cpu = torch.Generator().manual_seed(seed), torch.device("cpu")   # also under meta
         lengths = torch.randint(1, cfg.max_chars + 1, (cfg.text_vocab,), generator=g, device=cpu)
         ids = torch.randint(0, cfg.n_chars, (cfg.text_vocab, cfg.max_chars), generator=g, device=cpu)

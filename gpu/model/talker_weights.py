@@ -1,4 +1,4 @@
-"""Talker checkpoint contract (MODEL.md §7), random weights (§8) and loading by name.
+"""Talker checkpoint contract (docs/MODEL.md §7), random weights (§8) and loading by name.
 
 `param_shapes(cfg)` is the exact set of `tts_model.*` tensors the talker reads (TM's
 `required_checkpoint_shapes` plus the three `tts_model.` buffers), shapes derived from the config;
@@ -141,7 +141,7 @@ def _random_float(name: str, shape: tuple[int, ...], cfg: TalkerConfig,
 
 
 def init_random(cfg: TalkerConfig, generator: torch.Generator) -> dict[str, Tensor]:
-    """A checkpoint-shaped dict of random weights (MODEL.md §8), on the CPU."""
+    """A checkpoint-shaped dict of random weights (docs/MODEL.md §8), on the CPU."""
     ints = integer_buffers(cfg)
     return {name: (_random_int if name in ints else _random_float)(name, shape, cfg, generator)
             for name, shape in param_shapes(cfg).items()}

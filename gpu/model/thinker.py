@@ -1,4 +1,4 @@
-"""Thinker (MODEL.md §2.4): NemotronH (Nano-9B-v2 layout), one position per 80 ms frame.
+"""Thinker (docs/MODEL.md §2.4): NemotronH (Nano-9B-v2 layout), one position per 80 ms frame.
 
 Algorithm, per position: x = 1·E[y_{t−1}] + 1·a_t + 2·E[f_{t−1}]; 56 pre-norm residual blocks
 h ← h + Mixer(RMSNorm(h)) with the mixer given by the pattern letter (M Mamba2, - MLP relu², *
@@ -114,7 +114,7 @@ def param_shapes(cfg: ThinkerConfig) -> dict[str, tuple]:
 
 
 def init_random(cfg: ThinkerConfig, generator: torch.Generator | None = None) -> dict[str, Tensor]:
-    """MODEL.md §8. dt_bias = softplus⁻¹(log-uniform [1e-3, 1e-1]) with every 32nd head at 33.5."""
+    """docs/MODEL.md §8. dt_bias = softplus⁻¹(log-uniform [1e-3, 1e-1]) with every 32nd head at 33.5."""
     out, g = {}, generator
     for name, shape in param_shapes(cfg).items():
         if name.endswith(("norm.weight", "norm_f.weight", ".D")):

@@ -1,4 +1,4 @@
-"""The whole duplex model (MODEL.md §1): five networks run per 80 ms frame, batched over sessions.
+"""The whole duplex model (docs/MODEL.md §1): five networks run per 80 ms frame, batched over sessions.
 
 Algorithm, one frame for B sessions in `slots` (each at its own position):
   mel        1280 samples → the 17-column window                       (fp32)

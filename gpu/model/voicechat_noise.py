@@ -1,4 +1,4 @@
-"""The talker's per-frame noise (MODEL.md §2.5: 8×M uniforms and 8×D normals per session-frame)
+"""The talker's per-frame noise (docs/MODEL.md §2.5: 8×M uniforms and 8×D normals per session-frame)
 as a pure function of (seed, session, frame): a counter-based hash, batched, device-agnostic.
 
 Algorithm. key_b = H(H(H(seed) ^ session_b) ^ frame_b) with H the 32-bit `lowbias32` integer

@@ -1,4 +1,4 @@
-"""Per-session state of the whole pipeline (MODEL.md §3): one dataclass of preallocated,
+"""Per-session state of the whole pipeline (docs/MODEL.md §3): one dataclass of preallocated,
 slot-indexed tensors, `reset(slots)` by masked writes, and its bytes per session counted from the
 allocated shapes themselves.
 

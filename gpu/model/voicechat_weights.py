@@ -1,4 +1,4 @@
-"""The whole checkpoint's contract (MODEL.md §7): every tensor name, its shape, the network that
+"""The whole checkpoint's contract (docs/MODEL.md §7): every tensor name, its shape, the network that
 owns it and the dtype it loads as under a profile; plus random weights under exactly those names
 (§8), so random and real checkpoints take the same loading path.
 
@@ -63,7 +63,7 @@ def parameter_counts(cfg: VoiceChatConfig) -> dict[str, int]:
 
 
 def load_dtype(cfg: VoiceChatConfig, profile: Profile) -> Callable[[str], torch.dtype]:
-    """name → the dtype it is cast to when loaded under `profile` (MODEL.md §4, §7)."""
+    """name → the dtype it is cast to when loaded under `profile` (docs/MODEL.md §4, §7)."""
     owner = {name: net for name, (_, net) in layout(cfg).items()}
     ints = integer_names(cfg)
 

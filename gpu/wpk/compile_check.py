@@ -1,4 +1,4 @@
-"""Compile the wpk probes for sm_90 without a GPU (WPK.md §6.5): Triton's own compiler to PTX and
+"""Compile the wpk probes for sm_90 without a GPU: Triton's own compiler to PTX and
 its bundled ptxas for registers and spills. What CI can check of the device code on a CPU: the
 synchronisation compiled to the instructions meant (acquire loads, release atomics and stores,
 the backoff sleep, the GPU clock), and a register budget kept with no spills.

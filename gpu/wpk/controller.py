@@ -1,8 +1,8 @@
-"""The host's handle on a resident controller (WPK.md §5.4, stage 1): start it, ring beats,
+"""The host's handle on a resident controller: start it, ring beats,
 pause it around maintenance, and a watchdog that falls back when it stops answering.
 
 - `paused()`: anything that may load a module or synchronise the device (a capture, an eager
-  start step, a first launch) must not run while a program is resident (WPK.md §4: such a
+  start step, a first launch) must not run while a program is resident (such a
   launch never returns). DRAIN ends the controller after the work already released; the body
   runs; the controller is launched again from the next ring and the run count reached.
 - The watchdog (a thread) watches the oldest ring not yet done: when it is not done within

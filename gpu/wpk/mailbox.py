@@ -1,4 +1,4 @@
-"""The mailbox between the beat clock and a resident controller program (WPK.md §5.2, stage 1).
+"""The mailbox between the beat clock and a resident controller program.
 
 One int64 block in host-visible memory (page-locked and mapped on a GPU; a CPU tensor under the
 interpreter), its words grouped in 128-byte lines by writer so the host and the device never
@@ -95,7 +95,7 @@ def _wait_frame(ctr, target, timeout_ns, IS_INTERP: tl.constexpr):
 
 
 # Arguments that vary between launches are never specialised on: a relaunch after DRAIN must
-# find its binary loaded (a module load while the work is resident never returns, WPK.md §4).
+# find its binary loaded (a module load while the work is resident never returns).
 VARYING = ["n_lanes", "first_seq", "runs", "timeout_ns"]
 
 

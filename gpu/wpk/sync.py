@@ -1,4 +1,4 @@
-"""Device-side synchronisation for the persistent-kernel work (WPK.md §3, §5): acquire loads,
+"""Device-side synchronisation for the persistent-kernel work (docs/WPK.md): acquire loads,
 release stores and signals, waits on epoch counters, a grid barrier, and the GPU's nanosecond
 clock. Called from `@triton.jit` code; each takes `IS_INTERP`, a constexpr that selects a
 plain-Triton branch for the CPU interpreter (which has no inline PTX).

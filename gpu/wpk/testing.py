@@ -1,5 +1,5 @@
 """Persistent-kernel code on the CPU: every program of a grid on a thread of its own under Triton's
-interpreter (WPK.md §6.2).
+interpreter.
 
 The stock interpreter runs a grid's programs one after another, so a program that waits for a
 later one spins forever. Here each program runs on its own Python thread and the interpreter's
@@ -10,7 +10,7 @@ sequentially consistent. A run that does not finish in `timeout_s` is stopped (e
 next atomic raises) and reported as a deadlock.
 
 Uses interpreter internals of Triton 3.6 (`GridExecutor`'s argument copies, its language patch,
-`InterpreterBuilder.grid_idx`): checked against the version, as WPK.md §3 pitfall 9 asks.
+`InterpreterBuilder.grid_idx`): checked against the version, since they change between versions.
 """
 from __future__ import annotations
 

@@ -82,11 +82,11 @@ def test_triton_decode_path_equals_reference_step():
 def test_memory_plan_matches_model_md():
     from gpu.engine.graph_executor import MemoryPlan
     plan = MemoryPlan(VoiceChatConfig.full(), Profile.named("reference"), 124, 1500, 0)
-    # MODEL.md §3, plus the perception's 72-row K/V ring over its channel cache (3,637,248 B)
+    # docs/MODEL.md §3, plus the perception's 72-row K/V ring over its channel cache (3,637,248 B)
     # and the talker's padding to an even 1538 positions (516,096 B)
     assert abs(plan.per_session - (965.4e6 + 3_637_248 + 516_096)) < 0.1e6
-    assert abs(plan.weights - 23.83e9) < 0.05e9              # MODEL.md §4
-    # MODEL.md §4's H200 rows (124 and 324 with a flat 4 GB workspace) under the engine's
+    assert abs(plan.weights - 23.83e9) < 0.05e9              # docs/MODEL.md §4
+    # docs/MODEL.md §4's H200 rows (124 and 324 with a flat 4 GB workspace) under the engine's
     # workspace (2.5 GB + 25 MB per slot, measured) and its one trash slot
     assert plan.ceiling(148e9) == int((148e9 - plan.weights - 2.5e9) // (plan.per_session + 25e6)) - 1 == 121
     dense = MemoryPlan(VoiceChatConfig.full(), Profile.named("dense"), 1, 1500, 0)

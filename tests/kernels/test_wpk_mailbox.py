@@ -1,5 +1,5 @@
 """The mailbox protocol (`gpu/wpk/mailbox.py`) with its resident controller and stand-in lanes
-running in the threaded interpreter, the host's side on this thread (WPK.md §6.4).
+running in the threaded interpreter, the host's side on this thread.
 
 Bugs these catch: a beat released before its descriptor was read, or twice, or not at all; a
 frame or beat reported done before every lane finished it; the ring of descriptors wrapping

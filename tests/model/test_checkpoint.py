@@ -1,4 +1,4 @@
-"""Checkpoint layout and files (gpu/model/checkpoint.py, voicechat_weights.py; MODEL.md §1, §4, §7):
+"""Checkpoint layout and files (gpu/model/checkpoint.py, voicechat_weights.py; docs/MODEL.md §1, §4, §7):
 the full layout's names, shapes and parameter counts, random files that load back to the same
 model, and files with the wrong tensors rejected by name."""
 import math

@@ -1,4 +1,4 @@
-"""Hearing and thinking half, whole-model checks: checkpoint names and shapes (MODEL.md §7),
+"""Hearing and thinking half, whole-model checks: checkpoint names and shapes (docs/MODEL.md §7),
 parameter counts of the full configs on the meta device (§1, §4), random init (§8), configs that
 fit together, and one tiny frame-by-frame run of mel → perception → RNNT → thinker."""
 import math

@@ -23,7 +23,7 @@ def mel_model(pad_mode="constant"):
 
 def perception_model(seed=0, sub_bias=0.0, cfg=None):
     """Tiny perception with every norm, bias and pos_bias perturbed away from 1/0 so the test sees
-    them; subsampling biases scaled by `sub_bias` (0 = MODEL.md §8's zeros)."""
+    them; subsampling biases scaled by `sub_bias` (0 = docs/MODEL.md §8's zeros)."""
     cfg = cfg or P.PerceptionConfig.tiny()
     g = torch.Generator().manual_seed(seed)
     sd = P.init_random(cfg, g)

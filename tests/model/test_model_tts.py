@@ -89,7 +89,7 @@ def test_full_param_counts_match_model_md():
     with torch.device("meta"):
         talker = Talker(cfg)
     total = sum(p.numel() for p in talker.state_dict().values() if p.is_floating_point())
-    assert total == sum(groups.values()) and round(total / 1e9, 3) == 0.797    # MODEL.md §4
+    assert total == sum(groups.values()) and round(total / 1e9, 3) == 0.797    # docs/MODEL.md §4
 
 
 def test_init_random_follows_model_md_8():

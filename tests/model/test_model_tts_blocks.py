@@ -1,4 +1,4 @@
-"""Talker building blocks against their formulas, written out by hand (MODEL.md §2.5):
+"""Talker building blocks against their formulas, written out by hand (docs/MODEL.md §2.5):
 Gemma RMSNorm and MLP, gated fusion with the CFG null row, the T5Gemma char encoder, the char table."""
 import pytest
 import torch

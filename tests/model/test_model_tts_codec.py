@@ -74,7 +74,7 @@ def test_upsample_is_conv_transpose_with_kernel_equal_stride(codec):
 
 
 def naive_istft(spec: np.ndarray) -> np.ndarray:
-    """Loop-by-loop ISTFT of real|imag spectra [18, N] in float64 (MODEL.md §2.6 step 5)."""
+    """Loop-by-loop ISTFT of real|imag spectra [18, N] in float64 (docs/MODEL.md §2.6 step 5)."""
     nb, n = CFG.n_bins, spec.shape[1]
     w = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(CFG.n_fft) / CFG.n_fft)
     length = (n - 1) * CFG.hop + CFG.n_fft

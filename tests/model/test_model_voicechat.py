@@ -122,7 +122,7 @@ def test_forced_function_token_replaces_f_and_pads_the_text(model):
 
 def test_turns_drive_idle_silence(model, monkeypatch):
     """Scripted thinker tokens: a turn runs from BOS to EOS; PAD outside a turn sends silence codes
-    to the codec, PAD inside one does not; EOS feeds silence back to the talker (MODEL.md §2.5)."""
+    to the codec, PAD inside one does not; EOS feeds silence back to the talker (docs/MODEL.md §2.5)."""
     script = iter([PAD, BOS, 1100, PAD, EOS, PAD])
     thinker_step, codec_step, sent = model.thinker.step, model.codec.step, []
 

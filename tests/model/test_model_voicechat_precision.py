@@ -1,4 +1,4 @@
-"""Precision profiles (MODEL.md §4) on the tiny config with the same weights: the bf16 profiles
+"""Precision profiles (docs/MODEL.md §4) on the tiny config with the same weights: the bf16 profiles
 run, keep their dtypes, and their deviation from fp32 is measured and printed (`pytest -s`).
 
 Measured: (1) one frame from the same state: relative L2 error of the thinker's text logits and

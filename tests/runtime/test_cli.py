@@ -137,7 +137,7 @@ def test_bench_writes_json(tmp_path):
                    trace["latency_ms"]))
     # 6 callers at 12.5 frames a second: 12 frames a beat once every one streams
     assert sorted(trace["frames_read"])[len(trace["frames_read"]) // 2] == 12
-    # the modelled beat at 6 sessions and 1500 frames of context (MODEL.md §5 roofline)
+    # the modelled beat at 6 sessions and 1500 frames of context (docs/MODEL.md §5 roofline)
     assert 13.0 < res["p50_ms"] < 16.0
 
 

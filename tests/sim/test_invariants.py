@@ -221,12 +221,22 @@ def check_open_bounded(prompts: list[int], offset_s: float = 0.0,
                        snapshot_mb: float = -1.0) -> None:
     """Opens a session of each prompt length (characters) at once, `offset_s` into a beat, on a
     node with a slot for each; every one must be answered `opened` within its bound (with
-    prompt snapshots too: a start that copies is answered with the one whose rows made it)."""
+    prompt snapshots too: a start that copies is answered the beat after the one whose rows
+    made its snapshot)."""
     vn = VirtualNode(len(prompts) + 1, start_policy=EagerStarts(), snapshot_mb=snapshot_mb)
     ex, shape = vn.executor, vn.executor.start_shape
     chunks = [math.ceil(len(ex.prompt_tokens(SessionSpec(_instructions(p)))) / shape.prefill_chunk)
               for p in prompts]
     bounds = open_bound_beats(chunks, shape.start_rows)
+    if snapshot_mb != 0:
+        # a start whose prompt an older one of this burst is prefilling copies that one's
+        # snapshot, which is saved after the rows of its last beat: the copy rides the beat
+        # after it, so it is answered one beat later
+        first = {}
+        for i, p in enumerate(prompts):
+            if p in first:
+                bounds[i] = bounds[first[p]] + 1
+            first.setdefault(p, i)
 
     async def opens():
         await asyncio.sleep(offset_s)
@@ -243,9 +253,14 @@ def check_open_bounded(prompts: list[int], offset_s: float = 0.0,
         vn.close()
 
 
+# every count of opens alike (a list strategy favours short lists, and a start served out of
+# order shows only once several starts queue for rows)
+OPENS_3 = st.integers(1, 24).flatmap(
+    lambda n: st.lists(st.integers(0, 480), min_size=n, max_size=n))
+
+
 @settings(max_examples=10, deadline=None, database=None)
-@given(st.lists(st.integers(0, 480), min_size=1, max_size=24), st.floats(0.0, BEAT_S),
-       st.sampled_from([-1.0, 0.0]))
+@given(OPENS_3, st.floats(0.0, BEAT_S), st.sampled_from([-1.0, 0.0]))
 def test_opened_within_the_beats_its_start_shape_needs(prompts, offset, snapshot_mb):
     """Catches: a start never given rows (its open unanswered, or refused on timeout); starts
     delayed beyond the shape's need (rows carried only some beats, a start waiting behind
@@ -258,8 +273,11 @@ def test_opened_within_the_beats_its_start_shape_needs(prompts, offset, snapshot
 
 MAILBOX = 16                # audio messages a session's mailbox holds in check_conservation
 # Per session: (frames per message, bursts of messages with the beats waited after each).
+# Bursts back to back (no wait) are drawn often: a reorder buffer held past its bound by flood
+# drops ahead of it needs a run of them.
 BURSTS = st.lists(st.tuples(st.integers(1, 3),
-                            st.lists(st.tuples(st.integers(1, 200), st.integers(0, 12)),
+                            st.lists(st.tuples(st.integers(1, 200),
+                                               st.sampled_from([0, 0, 0, 1, 3, 12])),
                                      min_size=1, max_size=3)), min_size=1, max_size=3)
 
 
@@ -326,14 +344,16 @@ def _heard(trace) -> dict[int, list[int]]:
     return heard
 
 
-@settings(max_examples=6, deadline=None, database=None,
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(BURSTS)
 def test_every_frame_sent_is_heard_or_counted(sessions):
     """Catches: frames lost without a count anywhere between the socket and the model (a
     mailbox that drops audio uncounted, a jitter buffer or release that forgets queued frames,
-    held frames not counted at close), and frames counted as heard that the model never got."""
-    check_conservation(sessions)
+    held frames not counted at close), frames counted twice (a given-up seq counted again when
+    its message comes after all), and frames counted as heard that the model never got."""
+    check_conservation(sessions, once=True)
 
 
 def test_conservation_covers_mailbox_drops():

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from wave_actors.core.jitter_arrays import FramesToRead
     from wave_actors.core.slot_book import BookPlan, StartShape
 
-MAX_USER_TOKENS = 10        # RNNT emits at most 10 symbols per frame (MODEL.md §2.3)
+MAX_USER_TOKENS = 10        # RNNT emits at most 10 symbols per frame (docs/MODEL.md §2.3)
 NO_TOKEN = -1               # fill value of the user-transcript token slots
 
 
@@ -102,7 +102,7 @@ class Handle:
 class ExecutorOptions:
     """How an executor is built. Frozen: nothing changes after start."""
     max_sessions: int = 8               # slots; 0: a device executor sizes them itself
-    profile: str = "reference"          # MODEL.md §4 precision profile
+    profile: str = "reference"          # docs/MODEL.md §4 precision profile
     config: str = "tiny"                # model size for the cpu executor: tiny | full
     max_context: int = 1500             # frames of context each slot is sized for
     context_offset: int = 0             # sessions start as if they already held this context

@@ -1,6 +1,6 @@
 """The function channel, both ways: model tokens -> calls, tool results -> forced tokens.
 
-MODEL.md §6: `<SPECIAL_20>` opens a call, `<SPECIAL_21>` closes it, and the text between is
+docs/MODEL.md §6: `<SPECIAL_20>` opens a call, `<SPECIAL_21>` closes it, and the text between is
 `<TOOLCALL>[{"name": ..., "arguments": ...}]</TOOLCALL>`. A result goes back as
 `<TOOL_RESPONSE>[...]</TOOL_RESPONSE>` followed by `<SPECIAL_22>`, forced one token per frame.
 """

@@ -1,4 +1,4 @@
-"""The system prompt a session prefills (MODEL.md §2.4 prefill, §6 function channel).
+"""The system prompt a session prefills (docs/MODEL.md §2.4 prefill, §6 function channel).
 
 Text: the session's instructions, then, when it has tools, a blank line and
 `<AVAILABLE_TOOLS>[tool, tool, …]</AVAILABLE_TOOLS>` with each tool as compact JSON (an OpenAI

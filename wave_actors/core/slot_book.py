@@ -41,7 +41,7 @@ START_ROWS = 16
 # or padded, and under steady churn most beats that start anything start one or two sessions.
 SMALL_START_ROWS = 4
 PREFILL_CHUNK = 16
-TALKER_WARMUP = 37          # warm-up positions of the full talker (MODEL.md §2.5)
+TALKER_WARMUP = 37          # warm-up positions of the full talker (docs/MODEL.md §2.5)
 GRAPH_MAX_PROMPT = 512      # thinker positions the GPU reserves for the system prompt
 
 

@@ -1,0 +1,65 @@
+"""How often a fresh property search finds each planted bug: the property tests of
+`tests/sim/test_invariants.py` run as they are (hypothesis, no example database) on the code
+with one bug planted, `--searches` times each; a search that fails has found it.
+
+    python -m tests.sim.search_rates [--searches 10] [--only NAME]
+
+The mutation tests (`test_mutations.py`) plant the same bugs and check each on one input that
+reaches it; this measures whether the search alone would have found it.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import pytest
+
+from tests.sim import test_invariants as inv
+from wave_actors.core.reorder import SkipLedger
+from wave_actors.core.start_queue import StartQueue
+
+
+def _newest_first(self, rows):
+    running = sorted(((s.order, slot) for slot, s in self._starts.items() if not s.done),
+                     reverse=True)
+    chosen = [slot for _, slot in running[:rows]]
+    for slot in chosen:
+        self._starts[slot].chunks += 1
+    return chosen
+
+
+# name → (what to patch, its buggy stand-in, the property test that should find it)
+PLANTED = {
+    "a skipped seq counted twice": ((SkipLedger, "take", lambda self, seq: None),
+                                    inv.test_every_frame_sent_is_heard_or_counted),
+    "newest start served first": ((StartQueue, "plan", _newest_first),
+                                  inv.test_opened_within_the_beats_its_start_shape_needs),
+}
+
+
+def found_by_search(name: str) -> bool:
+    (owner, attr, bug), prop = PLANTED[name]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(owner, attr, bug)
+        try:
+            prop()
+        except Exception:
+            return True
+    return False
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--searches", type=int, default=10)
+    ap.add_argument("--only", choices=sorted(PLANTED))
+    args = ap.parse_args(argv)
+    for name in [args.only] if args.only else PLANTED:
+        t0 = time.perf_counter()
+        hits = sum(found_by_search(name) for _ in range(args.searches))
+        print(f"{name}: found in {hits} of {args.searches} fresh searches "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
