@@ -9,11 +9,8 @@ each program a sliding 7-row window over its rows of C channels); the cache upda
 tiny launch (it must not race with the conv's reads of the old cache): `dwconv_ln`. The pointwise convs stay torch
 matmuls (TF32 when the caller enables it), `convnext_pointwise`: they are 99% of the FLOPs,
 B·T·C·4C·2·2. `convnext_step` is the two in a row.
-`gelu_linear_residual` folds the GELU, pwconv2, its bias and the residual into one Triton matmul
-(TF32): the [B·T, 4C] GELU output is never written and y is written once. The engine does not use
-it: Triton's TF32 tiles reach well under cuBLAS's throughput, so the whole pointwise part is
-slower than cuBLAS + GELU + add despite the saved writes (docs/FINDINGS.md,
-bench/results/codec-pointwise-ab-h200.json).
+A Triton matmul with the GELU, pwconv2, bias and residual fused lost to cuBLAS + GELU + add
+(docs/FINDINGS.md) and left the tree.
 Layouts: x, y [B, T, C] contiguous; cache any strided [S, 6, C] view. Time-major [S, 6, C] has
 rows contiguous in C; the codec's CodecState caches are [S, C, 6] (its reference path's layout)
 and come in as `.transpose(1, 2)` views, so the engine updates them in place with no relayout
@@ -158,49 +155,6 @@ def _cache_kernel(X, CACHE_BUF, SLOTS, T, sc_s, sc_t, sc_c, C: tl.constexpr, BLO
     tl.store(cache + i[:, None] * sc_t + c[None, :] * sc_c, v, mask=keep[:, None] & mc[None, :])
 
 
-@triton.jit
-def _gelu_linear_residual_kernel(U, W, B2, X, OUT, M, N, K,
-                                 s_um, s_uk, s_wn, s_wk, s_xm, s_xn, s_om, s_on,
-                                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                 GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
-    # out[m, n] = x[m, n] + b2[n] + sum_k gelu(u[m, k]) * w[n, k]. 1-D grid in grouped order
-    # (GROUP_M M-tiles share each N-tile's weight columns in L2). Rows past M / N are wrapped
-    # (% M, % N) so the K loop needs no masks on them; only the store is masked.
-    pid = tl.program_id(0)
-    n_m = tl.cdiv(M, BLOCK_M)
-    n_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * n_n
-    first_m = (pid // per_group) * GROUP_M
-    group_m = tl.minimum(n_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    am = (rm % M).to(tl.int64)
-    bn = (rn % N).to(tl.int64)
-    a_ptr = U + am[:, None] * s_um + rk[None, :] * s_uk                 # [BLOCK_M, BLOCK_K]
-    b_ptr = W + rk[:, None] * s_wk + bn[None, :] * s_wn                 # [BLOCK_K, BLOCK_N] = w^T
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptr)
-            b = tl.load(b_ptr)
-        else:
-            kk = k0 * BLOCK_K + rk
-            a = tl.load(a_ptr, mask=kk[None, :] < K, other=0.0)       # gelu(0) = 0: pads add 0
-            b = tl.load(b_ptr, mask=kk[:, None] < K, other=0.0)
-        a = 0.5 * a * (1.0 + tl.erf(a * 0.7071067811865476))           # exact GELU, in registers
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        a_ptr += BLOCK_K * s_uk
-        b_ptr += BLOCK_K * s_wk
-    mask = (rm < M)[:, None] & (rn < N)[None, :]
-    rm64 = rm.to(tl.int64)
-    acc += tl.load(B2 + rn, mask=rn < N, other=0.0)[None, :]
-    acc += tl.load(X + rm64[:, None] * s_xm + rn[None, :] * s_xn, mask=mask, other=0.0)
-    tl.store(OUT + rm64[:, None] * s_om + rn[None, :] * s_on, acc, mask=mask)
-
-
 def _check_dwln_args(x, cache, slots, dw_w, dw_b, ln_w, ln_b):
     batch, n_t, n_c = x.shape
     dev, f32 = x.device, torch.float32
@@ -256,49 +210,6 @@ def dwconv_ln(x, cache, slots, dw_w, dw_b, ln_w, ln_b, *, eps: float = 1e-6, blo
     _cache_kernel[(batch, triton.cdiv(n_c, 512))](x, cache, slots, n_t, *strides, C=n_c,
                                                   BLOCK_C=min(512, block_c), num_warps=4)
     return h
-
-
-def gelu_linear_residual(u, w2, b2, x, out=None, *, block_m: int = 128, block_n: int = 128,
-                         block_k: int = 32, group_m: int = 8, num_warps: int = 8, num_stages: int = 3,
-                         precision: str = "tf32"):
-    """out[M, N] = x + b2 + GELU_exact(u) @ w2^T in one Triton launch (fp32 in/out): u [M, K]
-    (the pwconv1 output), w2 [N, K] (pwconv2's weight, any strides), b2 [N], x [M, N]. The GELU
-    is applied to each A tile in registers (the [M, K] GELU output is never written), bias and
-    residual in the epilogue. Products in `precision` ("tf32": tensor cores, fp32 accumulate;
-    "ieee": exact fp32, for tests). `out` may be x itself (each element is read, then written by
-    the same program)."""
-    n_m, n_k = u.shape
-    n_n = w2.shape[0]
-    dev, f32 = u.device, torch.float32
-    check("u", u, (n_m, n_k), f32, contiguous=False, device=dev)
-    check("w2", w2, (n_n, n_k), f32, contiguous=False, device=dev)
-    check("b2", b2, (n_n,), f32, device=dev)
-    check("x", x, (n_m, n_n), f32, contiguous=False, device=dev)
-    if out is None:
-        out = torch.empty((n_m, n_n), device=dev, dtype=f32)
-    check("out", out, (n_m, n_n), f32, contiguous=False, device=dev)
-    assert precision in ("tf32", "ieee", "tf32x3"), precision
-    if n_m == 0:
-        return out
-    grid = (triton.cdiv(n_m, block_m) * triton.cdiv(n_n, block_n),)
-    _gelu_linear_residual_kernel[grid](
-        u, w2, b2, x, out, n_m, n_n, n_k, *u.stride(), *w2.stride(), *x.stride(), *out.stride(),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
-        EVEN_K=n_k % block_k == 0, PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
-    return out
-
-
-def gelu_linear_residual_ref(u, w2, b2, x, out=None, *, block_m: int = 128, block_n: int = 128,
-                             block_k: int = 32, group_m: int = 8, num_warps: int = 8,
-                             num_stages: int = 3, precision: str = "tf32"):
-    """PyTorch twin (same signature): fp32 math, fp64 where an input is fp64 (launch keywords
-    ignored)."""
-    f = torch.promote_types(torch.promote_types(u.dtype, x.dtype), torch.float32)
-    y = x.to(f) + b2.to(f) + F.gelu(u.to(f)) @ w2.to(f).T
-    if out is None:
-        return y
-    out.copy_(y)
-    return out
 
 
 def convnext_pointwise(h, x, pw1_w, pw1_b, pw2_w, pw2_b, *, out=None):

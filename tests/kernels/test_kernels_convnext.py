@@ -4,8 +4,7 @@ cache as a strided view (the codec state's [S, C, 6] transposed) and int64 slots
 import pytest
 import torch
 
-from gpu.kernels.convnext_step import (convnext_pointwise, convnext_step, convnext_step_ref, dwconv_ln,
-                                       gelu_linear_residual, gelu_linear_residual_ref, window_rows)
+from gpu.kernels.convnext_step import convnext_step, convnext_step_ref, dwconv_ln, window_rows
 from tests.tensorkit import rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -149,48 +148,3 @@ def test_convnext_step_paths_match_ref(window):
 def test_window_rows_balanced():
     assert [window_rows(t) for t in (1, 7, 8, 9, 17, 63, 441)] == [1, 7, 8, 9, 9, 16, 16]
     assert window_rows(441, 16) == 16 and window_rows(9, 4) == 3 and window_rows(5, 0) == 5
-
-
-SMALL = dict(block_m=16, block_n=32, block_k=32, group_m=2, num_warps=4, num_stages=2)
-
-
-@pytest.mark.parametrize("n_m,n_k,n_n", [(1, 64, 32), (37, 128, 96), (130, 64, 64), (37, 80, 96)])
-def test_gelu_linear_residual_matches_ref(n_m, n_k, n_n):
-    """The fused GELU + pwconv2 + bias + residual against fp64 torch, with tiles partial in M
-    (37, 130 rows over 16), N (96 over 32: the wrapped rows) and K (80 over 32): ieee products
-    within 1e-5 (the indexing exactly), TF32 within 2e-3; `out` given, and out = x in place."""
-    g = torch.Generator().manual_seed(n_m * n_k + n_n)
-    u = (1.5 * torch.randn(n_m, n_k, generator=g)).to(DEV)
-    w2 = (torch.randn(n_n, n_k, generator=g) / n_k ** 0.5).to(DEV)
-    b2, x = (0.1 * torch.randn(n_n, generator=g)).to(DEV), torch.randn(n_m, n_n, generator=g).to(DEV)
-    ref = gelu_linear_residual_ref(u.double(), w2.double(), b2.double(), x.double())
-    assert ref.dtype == torch.float64
-    out = torch.full_like(x, float("nan"))
-    y = gelu_linear_residual(u, w2, b2, x, out, precision="ieee", **SMALL)
-    assert y is out and rel(y, ref) < 1e-5, rel(y, ref)
-    assert rel(gelu_linear_residual(u, w2, b2, x, **SMALL), ref) < 2e-3
-    kw = dict(SMALL, block_m=32, block_n=64, block_k=16, group_m=8)           # other tiles, in place
-    x2 = x.clone()
-    assert gelu_linear_residual(u, w2, b2, x2, x2, precision="ieee", **kw) is x2 and rel(x2, ref) < 1e-5
-
-
-def test_gelu_linear_residual_strided_weight():
-    """w2 as a transposed view ([K, N] storage) and u a column slice: the kernel reads strides."""
-    g = torch.Generator().manual_seed(7)
-    u = torch.randn(20, 96, generator=g).to(DEV)[:, 16:80]
-    w2 = torch.randn(64, 32, generator=g).to(DEV).t()                          # [32, 64], strides (1, 32)
-    b2, x = torch.randn(32, generator=g).to(DEV), torch.randn(20, 32, generator=g).to(DEV)
-    y = gelu_linear_residual(u, w2, b2, x, precision="ieee", **SMALL)
-    assert rel(y, gelu_linear_residual_ref(u.double(), w2.double(), b2.double(), x.double())) < 1e-5
-
-
-def test_gelu_linear_residual_is_the_pointwise_tail():
-    """Fed pwconv1's output, the kernel is convnext_pointwise's GELU, pwconv2, bias and residual
-    (within TF32)."""
-    p, g = make(32, 9)
-    h, x = torch.randn(2, 9, 32, generator=g).to(DEV), torch.randn(2, 9, 32, generator=g).to(DEV)
-    u = torch.addmm(p["pw1_b"], h.view(-1, 32), p["pw1_w"].t())
-    out = torch.full((18, 32), float("nan"), device=DEV)
-    y_f = gelu_linear_residual(u, p["pw2_w"], p["pw2_b"], x.view(-1, 32), out)
-    y_u = convnext_pointwise(h, x, p["pw1_w"], p["pw1_b"], p["pw2_w"], p["pw2_b"])
-    assert y_f is out and rel(y_f.view(x.shape), y_u) < 2e-3
