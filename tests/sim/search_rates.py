@@ -2,7 +2,7 @@
 `tests/sim/test_invariants.py` run as they are (hypothesis, no example database) on the code
 with one bug planted, `--searches` times each; a search that fails has found it.
 
-    python -m tests.sim.search_rates [--searches 10] [--only NAME]
+    python -m tests.sim.search_rates [--searches 10] [--only NAME] [--json OUT]
 
 The mutation tests (`test_mutations.py`) plant the same bugs and check each on one input that
 reaches it; this measures whether the search alone would have found it.
@@ -10,13 +10,18 @@ reaches it; this measures whether the search alone would have found it.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.sim import test_invariants as inv
 from wave_actors.core.reorder import SkipLedger
 from wave_actors.core.start_queue import StartQueue
+from wave_actors.provenance import provenance
 
 
 def _newest_first(self, rows):
@@ -52,12 +57,24 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--searches", type=int, default=10)
     ap.add_argument("--only", choices=sorted(PLANTED))
+    ap.add_argument("--json", metavar="OUT", help="write the counts here")
     args = ap.parse_args(argv)
+    rows = []
     for name in [args.only] if args.only else PLANTED:
         t0 = time.perf_counter()
         hits = sum(found_by_search(name) for _ in range(args.searches))
-        print(f"{name}: found in {hits} of {args.searches} fresh searches "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        took = time.perf_counter() - t0
+        rows.append({"bug": name, "found": hits, "searches": args.searches,
+                     "property": PLANTED[name][1].__name__, "seconds": round(took, 1)})
+        print(f"{name}: found in {hits} of {args.searches} fresh searches ({took:.0f} s)",
+              flush=True)
+    if args.json:
+        prov = provenance()
+        Path(args.json).write_text(json.dumps({
+            "command": "python -m tests.sim.search_rates " + " ".join(sys.argv[1:]),
+            "commit": prov["commit"], "provenance": prov,
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "planted": rows}, indent=1) + "\n")
     return 0
 
 
