@@ -3,15 +3,11 @@
     python bench/results_md.py            # rewrite bench/RESULTS.md
     python bench/results_md.py --check    # exit 1 if bench/RESULTS.md is not what this writes
 
-Algorithm: load every file under bench/results/, sort it into a kind by its keys (a chaos run of
-`python -m chaos.run` has `chaos` or a name starting `chaos-`; a bench run of
-`python -m wave_actors.bench` has `backend` and `per_run`; a stage timing has `stage_ms`; a check
-has rows with `text_equal`; a kernel A/B has `rows` or `variants`; anything else, or a file that
-is not JSON, is "other" and gets a generic row of its top-level scalars), render one table per
-kind with its rows newest first (the `date` field, else the stamp in the file name; undated files
-after, by name), tables only: what a run showed is
-said where it is used (the README, docs/), and superseded runs live in git history.
-Pure stdlib; the output holds no generation date, so `--check` compares byte for byte.
+Every file under bench/results/ is sorted into a kind by its keys (chaos: `chaos` or a name
+`chaos-*`; bench: `backend` and `per_run`; stages: `stage_ms`; checks: rows with `text_equal`;
+kernel A/Bs: `rows` or `variants`; else "other", a row of its top-level scalars) and tabled,
+newest first (`date`, else the file name's stamp). Tables only: what a run showed is said where
+it is used; superseded runs live in git history. No generation date: `--check` is byte exact.
 """
 from __future__ import annotations
 

@@ -38,12 +38,9 @@ fails where the sim refuses in more than 97.5 % of them. A run whose flags the d
 replay (a burst, a workload, clock-policy or start-row flags) is judged on its seeds alone,
 and says so.
 
-Which GPU results to validate against: those measured on the serving code of today. The beat
-itself got faster up to f22385f (the graph executor timed beats by device events from then on,
-~103 → ~95 ms for 120 reference sessions), the host's loop changed until d236f03, and from
-b20a1bd a beat's frame 0 is routed while frame 1 computes; results from 31d030d on
-(bench/results/*-20261203T07* and later: graph and wpk, reference n120 and dense n290) are the
-current code's, and are the set `sim.fit` and this tool use.
+Which GPU results to validate against: those measured on the serving code the sim models (a
+result's `commit` says which); a run from before a change to the beat or the host's loop says
+nothing of today's code.
 """
 from __future__ import annotations
 
@@ -61,23 +58,14 @@ import numpy as np
 
 from sim.fast import FastConfig, FastError, run_fast
 from sim.fit import FitError, gpu_result
+from sim.verdicts import (ALPHA, TOLERANCE, VERDICTS, ValidateError, compare, held_apart,
+                          metrics)
 from wave_actors.core.policy_spec import PolicyError, make_policy
 
-TOLERANCE = 0.10         # relative difference of p50 / p99 (and open-wait p99) that still passes
-ALPHA = 0.05             # a rate agrees when it lies in the sim runs' central 1 − ALPHA
-OPEN_SLACK_MS = 160.0    # open waits come in whole beats: one beat's difference still passes
-FEW_RUNS = 40            # fewer sim runs than this: their range stands in for the interval
 DRAWS = 100              # fast-mode replays a file for the verdicts (module doc)
 FAST_KEYS = {"profile", "context", "sessions", "beats", "runs", "churn", "seed", "policy",
              "snapshot_mb"}
-# the rates judged: (count, what it is a share of, its name)
-VERDICTS = (("late_beats", "beats", "late beats"), ("refusals", "tries", "refusals"))
-METRICS = ("p50_ms", "p99_ms", "late_beats", "open_p50_ms", "open_p99_ms", "refusals")
 SIM_DIR = Path(__file__).resolve().parent
-
-
-class ValidateError(ValueError):
-    """Input this tool cannot use; one line, said to the user."""
 
 
 def _workload_parser() -> argparse.ArgumentParser:
@@ -137,81 +125,6 @@ def sim_argv(work: dict, cost_model: str, out: str) -> list[str]:
         else:
             argv += [flag, str(value)]
     return argv
-
-
-def metrics(result: dict, beats: str = "all") -> dict:
-    """The compared numbers of a bench result: its worst run's p50/p99 (as the result's own
-    headline), late beats and refusals over all runs, the worst run's open waits. `beats`
-    "measured": p50/p99 and late beats of the measured windows (`result["measured"]`) instead
-    of the headline's, for a GPU result that counted only those (`window`)."""
-    runs = result.get("per_run") or []
-    worst = lambda key: max((float(r.get(key, 0.0)) for r in runs), default=0.0)
-    head = result
-    if beats == "measured":
-        head = result.get("measured")
-        if not head:
-            raise ValidateError("a sim result without its measured window (`measured`)")
-    beats = head.get("beats_all") if beats == "all" else head.get("beats")
-    return {"p50_ms": float(head["p50_ms"]), "p99_ms": float(head["p99_ms"]),
-            "late_beats": int(head["late_beats"]),
-            "open_p50_ms": worst("open_p50_ms"), "open_p99_ms": worst("open_p99_ms"),
-            "refusals": int(sum(r.get("refusals", 0) for r in runs)),
-            "beats": int(beats or sum(r.get("beats", 0) for r in runs)),
-            "tries": int(sum(r.get("opens", 0) + r.get("refusals", 0) for r in runs))}
-
-
-def rate(m: dict, key: str, per: str) -> float:
-    """A count as a share of what it counts over (the count itself where that is unknown)."""
-    return m[key] / m[per] if m.get(per) else float(m[key])
-
-
-def interval(rates: list[float]) -> tuple[float, float]:
-    """The sim runs' central 1 − ALPHA of a rate; with fewer than FEW_RUNS runs, their range
-    (too few runs to place the tails)."""
-    if len(rates) < FEW_RUNS:
-        return min(rates), max(rates)
-    return (float(np.quantile(rates, ALPHA / 2, method="lower")),
-            float(np.quantile(rates, 1 - ALPHA / 2, method="higher")))
-
-
-def compare(gpu: dict, sim: dict | list[dict], tolerance: float = TOLERANCE,
-            draws: list[dict] | None = None) -> dict:
-    """Side by side, with differences (sim − GPU, ms or counts, and % of the GPU's); PASS when
-    p50 and p99 are within `tolerance` and the late and refusal verdicts (any or none) agree.
-    Several sim runs (seeds): their mean is compared. A verdict agrees when the GPU's answer
-    is the sim's in at least ALPHA of its runs, the seeds' and `draws`' (fast-mode runs, for
-    the verdicts only) together, and in one at least (module doc)."""
-    sims = sim if isinstance(sim, list) else [sim]
-    runs = sims + list(draws or [])
-    rows = {}
-    for key in METRICS:
-        values = [s[key] for s in sims]
-        mean = float(np.mean(values))
-        diff = mean - gpu[key]
-        pct = 100.0 * diff / gpu[key] if gpu[key] else (0.0 if not diff else float("inf"))
-        rows[key] = {"gpu": gpu[key], "sim": round(mean, 3), "diff": round(diff, 2),
-                     "diff_pct": round(pct, 1)}
-        if len(sims) > 1:
-            rows[key]["sim_seeds"] = values
-    why = [f"{key} differs by {rows[key]['diff_pct']:+.1f} %" for key in ("p50_ms", "p99_ms")
-           if not abs(rows[key]["diff_pct"]) <= 100 * tolerance]
-    wait = rows["open_p99_ms"]
-    if abs(wait["diff"]) > max(OPEN_SLACK_MS, tolerance * gpu["open_p99_ms"]):
-        why.append(f"open_p99_ms differs by {wait['diff']:+.0f} ms ({wait['diff_pct']:+.1f} %)")
-    shares = {}
-    for key, per, what in VERDICTS:
-        some = sum(s[key] > 0 for s in runs)
-        lo, hi = interval([rate(s, key, per) for s in runs])
-        got = rate(gpu, key, per)
-        shares[key] = {"runs": len(runs), "with_some": some, "share": round(some / len(runs), 3),
-                       "gpu_rate": round(got, 6), "sim_interval": [round(lo, 6), round(hi, 6)]}
-        if not lo <= got <= hi:
-            seen = ", ".join(str(s[key]) for s in sims)
-            more = f"; some in {some} of {len(runs)} runs with the draws" if draws else ""
-            why.append(f"{what}: GPU {gpu[key]} (rate {got:.2e}) outside the sim's "
-                       f"[{lo:.2e}, {hi:.2e}]; sim {seen}{more}")
-    return {"metrics": rows, "verdicts": shares, "verdict": "FAIL" if why else "PASS",
-            "why": why}
 
 
 def read_gpu(path: str) -> dict:
@@ -350,16 +263,6 @@ def table(rows: list[dict]) -> str:
                 + f" ({r['verdicts_from']})")
         lines.append(f"  {r['verdict']}" + (": " + "; ".join(r["why"]) if r["why"] else ""))
     return "\n".join(lines)
-
-
-def held_apart(rows: list[dict]) -> dict:
-    """Runs the cost model was fitted on and runs it never saw, counted apart: only the
-    held-out ones test the model."""
-    out = {}
-    for name, held in (("held out", True), ("fitted on", False)):
-        group = [r for r in rows if r["held_out"] == held]
-        out[name] = {"files": len(group), "pass": sum(r["verdict"] == "PASS" for r in group)}
-    return out
 
 
 def main(argv=None) -> int:

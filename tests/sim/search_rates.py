@@ -19,25 +19,17 @@ from pathlib import Path
 import pytest
 
 from tests.sim import test_invariants as inv
+from tests.sim.test_mutations import newest_first
 from wave_actors.core.reorder import SkipLedger
 from wave_actors.core.start_queue import StartQueue
 from wave_actors.provenance import provenance
-
-
-def _newest_first(self, rows):
-    running = sorted(((s.order, slot) for slot, s in self._starts.items() if not s.done),
-                     reverse=True)
-    chosen = [slot for _, slot in running[:rows]]
-    for slot in chosen:
-        self._starts[slot].chunks += 1
-    return chosen
 
 
 # name → (what to patch, its buggy stand-in, the property test that should find it)
 PLANTED = {
     "a skipped seq counted twice": ((SkipLedger, "take", lambda self, seq: None),
                                     inv.test_every_frame_sent_is_heard_or_counted),
-    "newest start served first": ((StartQueue, "plan", _newest_first),
+    "newest start served first": ((StartQueue, "plan", newest_first),
                                   inv.test_opened_within_the_beats_its_start_shape_needs),
 }
 

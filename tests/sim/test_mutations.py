@@ -126,14 +126,17 @@ def test_open_bound_catches_rows_carried_every_other_beat(monkeypatch):
         inv.check_open_bounded([200])
 
 
+def newest_first(self, rows):
+    """StartQueue.plan serving the newest running starts first."""
+    running = sorted(((s.order, slot) for slot, s in self._starts.items() if not s.done),
+                     reverse=True)
+    chosen = [slot for _, slot in running[:rows]]
+    for slot in chosen:
+        self._starts[slot].chunks += 1
+    return chosen
+
+
 def test_open_bound_catches_the_newest_start_served_first(monkeypatch):
-    def newest_first(self, rows):
-        running = sorted(((s.order, slot) for slot, s in self._starts.items() if not s.done),
-                         reverse=True)
-        chosen = [slot for _, slot in running[:rows]]
-        for slot in chosen:
-            self._starts[slot].chunks += 1
-        return chosen
     monkeypatch.setattr(StartQueue, "plan", newest_first)
     with pytest.raises(AssertionError, match="open 0 "):      # every start prefills its rows
         inv.check_open_bounded([480] * 20, snapshot_mb=0)
