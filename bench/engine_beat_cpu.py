@@ -22,7 +22,7 @@ import zmq
 
 from sim.costmodel import CostModel
 from sim.executor import SimExecutor
-from wave_actors.provenance import provenance  # noqa: E402
+from wave_actors.provenance import stamp  # noqa: E402
 from wave_actors import frame_batch
 from wave_actors import worker_wire as W
 from wave_actors.clock import Admit
@@ -200,7 +200,7 @@ def main() -> None:
                 f"--beats {args.beats} --batches {args.batches} --reads {args.reads}"
                 f"{' --copy-route' if args.copy_route else ''}"
                 f"{' --copy-frames' if args.copy_frames else ''}".split()),
-                "commit": provenance()["commit"], "provenance": provenance(),
+                **stamp(),
                 "machine": f"{platform.machine()}, {os.cpu_count()} cores (no GPU: sim executor)",
                 "results": results}, f, indent=1)
 

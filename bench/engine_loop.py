@@ -25,7 +25,7 @@ import time
 import numpy as np
 import zmq
 
-from wave_actors.provenance import provenance  # noqa: E402
+from wave_actors.provenance import stamp  # noqa: E402
 from wave_actors import frame_batch
 from wave_actors import worker_wire as W
 from wave_actors.clock import Admit
@@ -183,7 +183,7 @@ def main() -> None:
             command += " --copy-frames"
         with open(args.out, "w") as f:
             json.dump({"command": command,
-                       "commit": provenance()["commit"], "provenance": provenance(),
+                       **stamp(),
                        "machine": f"{platform.machine()}, {os.cpu_count()} cores (sim executor)",
                        "results": results}, f, indent=1)
 

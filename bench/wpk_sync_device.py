@@ -165,9 +165,9 @@ def main() -> None:
     for key in ("chain", "rounds", "doorbell", "mailbox"):
         print(f"{key:9s} {result[key]}", flush=True)
     if args.out:
-        from wave_actors.provenance import provenance
+        from wave_actors.provenance import stamp
         result.update(command="python bench/wpk_sync_device.py --out " + args.out,
-                      commit=provenance()["commit"], provenance=provenance(),
+                      **stamp(),
                       host=platform.node(), torch=torch.__version__)
         Path(args.out).write_text(json.dumps(result, indent=1))
 

@@ -112,6 +112,12 @@ def provenance(root: Path = ROOT) -> dict:
             or {"commit": "unknown", "dirty": None, "changed": [], "source": "none"})
 
 
+def stamp(root: Path = ROOT) -> dict:
+    """The fields a result records: its commit, and the provenance it came from."""
+    p = provenance(root)
+    return {"commit": p["commit"], "provenance": p}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["write"]:

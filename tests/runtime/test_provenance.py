@@ -39,6 +39,7 @@ def test_git_names_the_commit_and_a_dirty_tree(repo, monkeypatch):
     (repo / "pkg" / "a.py").write_text("A = 2\n")
     got = P.provenance(repo)
     assert got["dirty"] and got["changed"] == ["pkg/a.py"]
+    assert P.stamp(repo) == {"commit": got["commit"], "provenance": got}
 
 
 def test_a_copy_without_git_is_judged_by_its_manifest(repo, tmp_path):
