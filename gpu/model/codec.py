@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from gpu.model.talker_weights import load_named
 from wave_actors.core.frames import OUT_RATE, SAMPLES_OUT
+from gpu.model.slots import fill_slots
 
 PREFIX = "tts_model.audio_codec."
 
@@ -124,8 +125,8 @@ class CodecState:
 
     def reset(self, slots: Tensor) -> None:
         for cache in self.conv:
-            cache[slots] = 0
-        self.spec[slots] = 0
+            fill_slots(cache, slots, 0)
+        fill_slots(self.spec, slots, 0)
 
 
 class ConvNeXtBlock(nn.Module):

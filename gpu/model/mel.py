@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from gpu.model.slots import fill_slots
+
 PREFIX = "stt_model.perception.preprocessor.featurizer."
 
 
@@ -118,7 +120,7 @@ class MelState:
 
     def reset(self, slots: Tensor) -> None:
         for t in (self.tail, self.prev, self.hist, self.frames):
-            t[slots] = 0
+            fill_slots(t, slots, 0)
 
 
 @dataclass

@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gpu.model.slots import fill_slots
+
 PREFIX = "stt_model.perception."
 NORMS = ("norm_feed_forward1", "norm_self_att", "norm_conv", "norm_feed_forward2", "norm_out")
 RESIDUAL_OUT = ("linear2.weight", "linear_out.weight", "pointwise_conv2.weight")
@@ -223,10 +225,9 @@ class PerceptionState:
                    torch.zeros(max_slots, dtype=torch.long, device=device))
 
     def reset(self, slots: Tensor) -> None:
-        self.k[:, slots] = 0
-        self.v[:, slots] = 0
-        self.time[:, slots] = 0
-        self.frames[slots] = 0
+        for t in (self.k, self.v, self.time):
+            fill_slots(t, slots, 0, dim=1)
+        fill_slots(self.frames, slots, 0)
 
 
 @dataclass

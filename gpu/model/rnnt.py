@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from gpu.model.slots import fill_slots
+
 PREFIX = "stt_model."
 
 
@@ -110,7 +112,7 @@ class RNNTState:
     def reset(self, slots: Tensor) -> None:
         self.h[slots], self.c[slots], self.g[slots] = self.start_h, self.start_c, self.start_g
         for t in (self.speech_run, self.blank_run, self.in_utterance, self.turns):
-            t[slots] = 0
+            fill_slots(t, slots, 0)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbeddin
                                    apply_rope_tables, rope_cos_sin, rope_tables)
 from wave_actors.core.text import EOS, PAD, VOCAB
 from wave_actors.core.slot_book import TALKER_WARMUP
+from gpu.model.slots import fill_slots
 
 PREFIX = "tts_model."                   # the talker module's names = checkpoint names minus this
 
@@ -170,10 +171,9 @@ class TalkerState:
     def reset(self, slots: Tensor) -> None:
         """Re-initialise only these slots. KV is zeroed too: a masked stale row is multiplied
         by probability 0, and 0·NaN would still poison the output."""
-        self.k[slots] = 0
-        self.v[slots] = 0
-        self.position[slots] = 0
-        self.prev_codes[slots] = self.pad_code
+        for t in (self.k, self.v, self.position):
+            fill_slots(t, slots, 0)
+        fill_slots(self.prev_codes, slots, self.pad_code)
 
     def roll(self, slot: int, sink: int, drop: int, turn: tuple[Tensor, Tensor]) -> None:
         """Slot `slot`'s `drop` oldest positions after its first `sink` (the warm-up) leave the

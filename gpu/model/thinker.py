@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from gpu.model.roll import roll_blocks
 from wave_actors.core.text import PAD
+from gpu.model.slots import fill_slots
 
 PREFIX = "stt_model."
 PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"
@@ -183,9 +184,9 @@ class ThinkerState:
 
     def reset(self, slots: Tensor) -> None:
         """Zero the Mamba states and empty the KV cache (rows beyond length are never read)."""
-        self.ssm[:, slots] = 0
-        self.conv[:, slots] = 0
-        self.length[slots] = 0
+        fill_slots(self.ssm, slots, 0, dim=1)
+        fill_slots(self.conv, slots, 0, dim=1)
+        fill_slots(self.length, slots, 0)
 
     def roll(self, slot: int, sink: int, drop: int) -> None:
         """Slot `slot`'s `drop` oldest positions after its first `sink` (its system prompt) leave

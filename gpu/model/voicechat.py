@@ -43,6 +43,7 @@ from wave_actors.core.text import BOS, EOS, PAD
 from gpu.model.voicechat_noise import FrameNoise
 from gpu.model.voicechat_state import VoiceChatState
 from gpu.model.voicechat_weights import load_dtype, param_shapes, random_weights
+from gpu.model.slots import fill_slots
 
 
 @dataclass
@@ -234,7 +235,7 @@ class VoiceChat(nn.Module):
         n = k.shape[3]
         state.talker.k[slots, :, :, :, :n] = k
         state.talker.v[slots, :, :, :, :n] = v
-        state.talker.position[slots] = n
+        fill_slots(state.talker.position, slots, n)
 
     @torch.no_grad()
     def warmup_chunk(self, state: VoiceChatState, slots: Tensor, count: int) -> None:

@@ -24,6 +24,7 @@ from gpu.model.rnnt import RNNTState
 from gpu.model.talker import TalkerState
 from gpu.model.thinker import ThinkerState
 from wave_actors.core.text import PAD
+from gpu.model.slots import fill_slots
 
 SHARED = frozenset({"rnnt.start_h", "rnnt.start_c", "rnnt.start_g"})   # not per slot
 
@@ -89,9 +90,9 @@ class VoiceChatState:
         parts = (self.mel, self.perception, self.rnnt, self.talker, self.codec)
         for part in parts + ((self.thinker,) if thinker else ()):
             part.reset(slots)
-        self.text_prev[slots] = PAD
-        self.func_prev[slots] = PAD
-        self.speaking[slots] = False
+        fill_slots(self.text_prev, slots, PAD)
+        fill_slots(self.func_prev, slots, PAD)
+        fill_slots(self.speaking, slots, False)
 
     def window(self, thinker_positions: int, talker_positions: int) -> "VoiceChatState":
         """The same state with the thinker and talker KV caches cut to their first positions (views:
