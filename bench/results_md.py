@@ -88,6 +88,19 @@ def code(text: object) -> str:
     return f"`` {s} ``" if "`" in s else f"`{s}`"
 
 
+def bench_args(command: str) -> str:
+    """A bench command less what its table's heading says (`python -m wave_actors.bench
+    --backend graph`) and its `--out` folder (a path on the machine it ran on)."""
+    words = str(command).split()
+    drop = {i for i, w in enumerate(words) if w == "--out"}
+    words = [w for i, w in enumerate(words) if i not in drop and i - 1 not in drop]
+    text = " ".join(words)
+    for head in ("python -m wave_actors.bench --backend graph", "python -m wave_actors.bench"):
+        if text.startswith(head):
+            return text[len(head):].strip() or "(defaults)"
+    return text
+
+
 def link(name: str) -> str:
     return f"[{name}](results/{name})"
 
@@ -164,14 +177,14 @@ def bench_row(name: str, date: str, d: dict) -> list:
             sessions, shape, f"{late} of {total}", per_run(d, "p50_ms"),
             per_run(d, "p99_ms"), first_frame(runs), per_run(d, "compute_p50_ms"),
             per_run(d, "compute_p99_ms"), live_range(runs), waits, refused, ceiling,
-            code(d["command"]) if "command" in d else "—"]
+            code(bench_args(d["command"])) if "command" in d else "—"]
 
 
 BENCH_HEAD = ["date (UTC)", "JSON", "commit", "profile", "sessions", "runs × beats", "late",
               "p50 ms (per run)", "p99 ms (per run)", "first frame p50 / p99 ms",
               "backend p50 ms", "backend p99 ms",
               "live min / median / max", "open wait p50 / p99 s", "refused", "memory ceiling",
-              "command"]
+              "arguments"]
 
 
 def stage_fit(pair: object) -> str:
