@@ -275,3 +275,25 @@ def test_a_run_whose_starts_never_end_stops_with_the_reason(monkeypatch):
     monkeypatch.setattr(fast, "MAX_BEATS", 5000)        # without the check: "never measured"
     with pytest.raises(fast.FastError, match="stuck"):
         run_one(FastConfig(slots=4, lines=4, beats=10, policy=NoRoom()), 0)
+
+
+@pytest.mark.parametrize("seed", [1, 5, 8])
+def test_learned_start_costs_stay_near_what_starts_cost_under_poisson_traffic(seed):
+    """Bug it catches: the guarded policy learning what a start costs against the beats less
+    their priced starts (`plain_s`): one slow beat priced the starts higher, which lowered that
+    baseline and made the next beat's starts look dearer still. Under Poisson traffic at 95 %
+    (most beats start someone) the learned costs ran to 8× (seed 1: a copy 1.23 ms, a reset
+    3.27 ms, against the dense cost model's 0.26 and 0.17 plus 1.9 ms a beat of copies), held
+    2,788 copies back with slots free, and left opens waiting 1.1 s at p99."""
+    spec = "poisson:occupancy=0.95,hold=10"
+    cfg = FastConfig(slots=300, workload=load(spec, seed, slots=300), workload_spec=spec,
+                     profile="dense", cost_model=str(DENSE), seed=seed, beats=500)
+    res, _, run = run_one(cfg, seed)
+    policy = run.book.policy
+    waits = np.array(run.waits)
+    print(f"\nseed {seed}: copy {policy.copy_est * 1e3:.2f} ms, reset "
+          f"{policy.reset_est * 1e3:.2f} ms, {policy.copies_held} copies held, open wait p99 "
+          f"{np.percentile(waits, 99):.2f} s, {res.late_beats} late")
+    assert res.late_beats == 0
+    assert policy.copy_est + policy.reset_est < 0.002       # the true: ~0.6–0.9 ms a start
+    assert np.percentile(waits, 99) < 0.5

@@ -246,6 +246,9 @@ class GuardedStarts:
                                      init=False, repr=False)
     row_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     plain_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    # beats that carried no start work nor roll, by live count: what the start costs are
+    # learned against (never from the learned costs themselves)
+    clean_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     prior_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     copy_est: float = field(default=0.0, init=False, repr=False)     # learned from beats
     reset_est: float = field(default=0.0, init=False, repr=False)
@@ -287,15 +290,24 @@ class GuardedStarts:
         if rows and n_live in self.plain_s:
             self._average(self.row_s, rows, max(0.0, seconds - self.plain_s[n_live]
                                                 - self._work_s(0, copies, resets, rolls)))
-        if copies + resets >= STARTS_TO_LEARN and n_live in self.plain_s:
+        # what the beat would have taken without its starts: a beat at this very count that
+        # carried none, once any beat did (a line between counts would cross the steps where a
+        # batch pads to its next graph); before that (a fill) the beats less their priced work
+        base = self.clean_s.get(n_live) if self.clean_s else self.plain_s.get(n_live)
+        if copies + resets >= STARTS_TO_LEARN and base is not None:
             # resets and copies ride together (a slot's reset, then its copy): one scale for
-            # both, rising at once, falling slowly
+            # both, rising at once, falling slowly. Not against `plain_s` once beats without
+            # starts ran: it is itself beats less their priced starts, so a slow beat priced
+            # too high lowers it and makes the next beat's starts look dearer still (a loop
+            # that took the learned costs to 8× under steady traffic)
             priced = copies * self.copy_est + resets * self.reset_est
-            rest = seconds - self.plain_s[n_live] - self._work_s(rows, 0, 0, rolls)
+            rest = seconds - base - self._work_s(rows, 0, 0, rolls)
             scale = min(8.0, max(0.25, rest / priced))
             scale = scale if scale > 1 else 1 + self.fall * (scale - 1)
             self.copy_est *= scale
             self.reset_est *= scale
+        if not (rows or copies or resets or rolls):
+            self._average(self.clean_s, n_live, seconds)
         self._average(self.plain_s, n_live, seconds - self._work_s(rows, copies, resets, rolls))
 
     def forecast(self, n_live: int) -> float | None:
@@ -303,7 +315,11 @@ class GuardedStarts:
         the measured counts either side of it (past the last one, along the line through the
         last two, never falling); else, one count measured, scaled up by the live ratio (never
         down); None before any beat."""
-        t = {**self.prior_s, **self.plain_s}
+        return self._on_line({**self.prior_s, **self.plain_s}, n_live)
+
+    @staticmethod
+    def _on_line(t: dict[int, float], n_live: int) -> float | None:
+        """`forecast`'s reading of a table of beat times by live count."""
         if n_live in t:
             return t[n_live]
         if not t:
