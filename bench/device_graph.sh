@@ -8,7 +8,7 @@
 #                       replay); STAGES_ARGS="--profile dense" passes more options
 #   FIDELITY=1          the teacher-forced fidelity harness, full config, both profiles
 #   "$1"                the capacity bench with these arguments, on BACKEND (default graph)
-# Usage: `python -m wave_actors.provenance write` here (the device's copy has no .git, or a stale
+# Usage: `python -m wave_actors.bench.provenance write` here (the device's copy has no .git, or a stale
 # one; the results name the commit from this manifest, checked file by file), carry
 # .wave-manifest.json with the call, then on the device machine:
 #   PYTEST=1 STAGES=8,32,64,96 bash bench/device_graph.sh "<bench args>"

@@ -22,19 +22,19 @@ import zmq
 
 from sim.costmodel import CostModel
 from sim.executor import SimExecutor
-from wave_actors.provenance import stamp  # noqa: E402
-from wave_actors import frame_batch
-from wave_actors import worker_wire as W
-from wave_actors.clock import Admit
+from wave_actors.bench.provenance import stamp  # noqa: E402
+from wave_actors.clock import frame_batch
+from wave_actors.sessions import worker_wire as W
+from wave_actors.clock.clock import Admit
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions, SessionSpec
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
-from wave_actors.engine_process import EngineClock
-from wave_actors.session_worker import frames_wait_s
-from wave_actors.shared_frames import SharedFrames, ring_for
-from wave_actors.shared_outputs import OutputsView, SharedOutputs
+from wave_actors.engine.process import EngineClock
+from wave_actors.sessions.session_worker import frames_wait_s
+from wave_actors.clock.shared_frames import SharedFrames, ring_for
+from wave_actors.clock.shared_outputs import OutputsView, SharedOutputs
 
 FLAT = "bench/costmodel_flat100.json"
 

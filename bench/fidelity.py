@@ -8,7 +8,7 @@ decode ops in the tested one, prints a per-quantity table and writes JSON.
 
 Device: cuda if available, else the CPU (there the kernels run in Triton's interpreter, slowly:
 pass --no-kernels for the plain PyTorch tested model). The commit comes from git, or on a
-copied tree from its manifest (`python -m wave_actors.provenance write` before copying).
+copied tree from its manifest (`python -m wave_actors.bench.provenance write` before copying).
 
 Seen on one H200 (torch 2.11, triton 3.6; full config, 8 sessions x 32 frames, 70 GB peak):
 25 s (reference) and 14 s (dense) a run, Triton compilation included. rel_l2: perception and
@@ -40,7 +40,7 @@ from gpu.model.config import Profile, VoiceChatConfig                    # noqa:
 
 
 def git_commit() -> str:
-    from wave_actors.provenance import provenance
+    from wave_actors.bench.provenance import provenance
     return provenance()["commit"]
 
 

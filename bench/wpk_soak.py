@@ -28,7 +28,7 @@ from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN           # noqa
 from wave_actors.core.jitter import SILENCE                              # noqa: E402
 from wave_actors.core.jitter_arrays import FramesToRead, RingPlaces       # noqa: E402
 from wave_actors.core.spread import spread_ms                             # noqa: E402
-from wave_actors.shared_frames import SharedFrames                        # noqa: E402
+from wave_actors.clock.shared_frames import SharedFrames                        # noqa: E402
 
 SLOTS, RING = 8, 8
 
@@ -144,7 +144,7 @@ def main() -> int:
 
 
 def _commit() -> str:
-    from wave_actors.provenance import provenance
+    from wave_actors.bench.provenance import provenance
     return provenance()["commit"]
 
 

@@ -165,7 +165,7 @@ def main() -> None:
     for key in ("chain", "rounds", "doorbell", "mailbox"):
         print(f"{key:9s} {result[key]}", flush=True)
     if args.out:
-        from wave_actors.provenance import stamp
+        from wave_actors.bench.provenance import stamp
         result.update(command="python bench/wpk_sync_device.py --out " + args.out,
                       **stamp(),
                       host=platform.node(), torch=torch.__version__)

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from wave_actors.workload import Call
+from wave_actors.bench.workload import Call
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.frames import FRAME_S, FRAMES_PER_BEAT
 

@@ -12,7 +12,7 @@ the profile, the context, and the number of sessions.
     python -m sim.run --sessions 300 --workload calls.csv --fast
 
 `--workload` replaces the steady callers with calls from a file or a seeded generator
-(`wave_actors/workload.py`); `--sessions` is then the node's slots, the run lasts until the
+(`wave_actors/bench/workload.py`); `--sessions` is then the node's slots, the run lasts until the
 last call ends, and the result has every call's record and the deadline metrics. `--fast` runs the
 beat-level mode (`sim/fast.py`: the same slot book, policies and cost model, frames as
 counters) instead of the full node: far faster, checked against the full node by its tests.
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from sim.costmodel import DEFAULT_PATH
-from wave_actors import bench
+from wave_actors.bench import capacity as bench
 
 
 def main(argv=None) -> int:

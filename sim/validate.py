@@ -141,7 +141,7 @@ def default_model(raw: dict) -> Path:
 
 def run_sim(argv: list[str], out_dir: Path) -> dict:
     """The bench on the sim backend, in this process; its chatter is kept unless it fails."""
-    from wave_actors import bench
+    from wave_actors.bench import capacity as bench
     chatter = io.StringIO()
     try:
         with contextlib.redirect_stdout(chatter):

@@ -15,8 +15,8 @@ from transports.client import NodeClient
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
-from wave_actors.engine_process import ExecutorSpec
-from wave_actors.node import Node, NodeConfig
+from wave_actors.engine.process import ExecutorSpec
+from wave_actors.node.node import Node, NodeConfig
 
 _ids = itertools.count()
 SCALE = float(2 ** 24)          # frame codes are integers / 2^24: exact in float32

@@ -12,8 +12,8 @@ from sim.executor import SimExecutor
 from transports.client import NodeClient
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.timebase import Clock
-from wave_actors.engine_process import ExecutorSpec
-from wave_actors.node import Node, NodeConfig
+from wave_actors.engine.process import ExecutorSpec
+from wave_actors.node.node import Node, NodeConfig
 
 
 @contextlib.asynccontextmanager

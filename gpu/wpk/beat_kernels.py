@@ -4,7 +4,7 @@
   beat's prefix (its descriptor's copy, then `gather_frames`) is queued behind it a beat early,
   so the doorbell, not a host launch, starts the beat's work on the device.
 - `gather_frames`: each row's two frames read straight out of the clients' ring of frames in
-  host memory (`wave_actors.shared_frames`, registered and mapped), checked against their stamps
+  host memory (`wave_actors.clock.shared_frames`, registered and mapped), checked against their stamps
   after the samples were read, as `FramesToRead.rows` checks them on the host: a place written
   again meanwhile is heard as silence and flagged in `torn` for the clock to count. The clock's
   loop then copies no audio at all: it names places.

@@ -13,7 +13,7 @@ from wave_actors.core.contract import ExecutorOptions, SessionSpec
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.jitter import SILENCE
 from wave_actors.core.jitter_arrays import FramesToRead, RingPlaces
-from wave_actors.shared_frames import SharedFrames
+from wave_actors.clock.shared_frames import SharedFrames
 
 pytestmark = pytest.mark.gpu
 

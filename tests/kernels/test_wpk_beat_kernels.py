@@ -11,7 +11,7 @@ from gpu.wpk.sync import interp
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.jitter import SILENCE
 from wave_actors.core.jitter_arrays import FramesToRead, RingPlaces
-from wave_actors.shared_frames import FrameRing, layout
+from wave_actors.clock.shared_frames import FrameRing, layout
 
 pytestmark = pytest.mark.skipif(not interp(), reason="Triton's CPU interpreter")
 

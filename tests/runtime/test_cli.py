@@ -246,7 +246,7 @@ def test_bench_refuses_workers_on_virtual_time(tmp_path):
 
 def test_workers_default_to_none_on_a_small_machine_and_scale_with_cores():
     # A small machine keeps one process (the demo, CI); a big one gets a worker a 4 cores.
-    from wave_actors.node_cli import auto_workers, parse_args
+    from wave_actors.node.cli import auto_workers, parse_args
     assert [auto_workers(c) for c in (None, 1, 2, 4, 7)] == [0, 0, 0, 0, 0]
     assert [auto_workers(c) for c in (8, 12, 16, 64)] == [2, 3, 4, 4]
     assert parse_args(["--workers", "3"]).workers == 3
@@ -258,7 +258,7 @@ def test_workers_default_to_none_on_a_small_machine_and_scale_with_cores():
 def test_a_gpu_backend_serves_the_full_model_and_sizes_its_slots_by_default():
     """Bug it catches: `--backend graph` with no other option served the 1 M-parameter tiny
     model (the cpu backend's default) and only the bench ever asked a GPU node to size itself."""
-    from wave_actors.node_cli import parse_args, slots_asked
+    from wave_actors.node.cli import parse_args, slots_asked
     graph = parse_args(["--backend", "graph"])
     assert graph.config == "full" and slots_asked(graph) == 0 and graph.snapshot_mb == -1
     cpu = parse_args(["--backend", "cpu"])

@@ -13,10 +13,10 @@ import zmq.asyncio
 from hypothesis import given, settings, strategies as st
 
 from transports import zsock
-from wave_actors import frame_batch
+from wave_actors.clock import frame_batch
 from wave_actors.core.frames import SAMPLES_IN
 from wave_actors.core.session_table import END_OF_STREAM
-from wave_actors.frame_batch import FrameBatcher
+from wave_actors.clock.frame_batch import FrameBatcher
 
 
 _ENDPOINTS = itertools.count()

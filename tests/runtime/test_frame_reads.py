@@ -14,13 +14,13 @@ import numpy as np
 from sim.costmodel import CostModel
 from sim.executor import SimExecutor
 from tests.nodekit import VirtualNode
-from wave_actors.clock import READ_BEFORE_HOLD_S
+from wave_actors.clock.clock import READ_BEFORE_HOLD_S
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S, SAMPLES_IN
 from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
-from wave_actors.engine_process import EngineClock
+from wave_actors.engine.process import EngineClock
 
 SESSIONS, BEATS = 8, 12
 SPREAD_S = 0.01              # the sessions' frames arrive over this much of each 80 ms

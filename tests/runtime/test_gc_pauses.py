@@ -4,7 +4,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from wave_actors.gc_pauses import FULL_EVERY, YOUNG_EVERY, GcPauses, collect_between_beats
+from wave_actors.runtime.gc_pauses import FULL_EVERY, YOUNG_EVERY, GcPauses, collect_between_beats
 
 
 class _Cycle:

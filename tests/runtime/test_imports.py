@@ -15,8 +15,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("wave_actors", "gpu", "sim", "transports")
 # A part is the unit a cycle is judged at: these sub-packages stand on their own.
-PARTS = ("wave_actors.core", "gpu.model", "gpu.engine", "gpu.kernels", "gpu.wpk",
-         "transports.sip", "transports.realtime")
+PARTS = ("wave_actors.core", "wave_actors.runtime", "wave_actors.clock", "wave_actors.sessions",
+         "wave_actors.engine", "wave_actors.node", "wave_actors.bench",
+         "gpu.model", "gpu.engine", "gpu.kernels", "gpu.wpk", "transports.sip", "transports.realtime")
+# The serving side's floors, lowest first: a part imports only parts on floors below its own.
+LAYERS = (("wave_actors.core",),
+          ("wave_actors.runtime", "transports"),
+          ("wave_actors.clock", "transports.sip", "transports.realtime"),
+          ("wave_actors.sessions",),
+          ("wave_actors.engine",),
+          ("wave_actors.node",),
+          ("wave_actors.bench",),
+          ("sim",))
 
 
 def part_of(module: str) -> str | None:
@@ -90,6 +100,34 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+def floor_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Edges that do not run down the floors of LAYERS (parts off the floors: none checked)."""
+    floor = {part: i for i, parts in enumerate(LAYERS) for part in parts}
+    return [f"{a} → {b}" for a in sorted(graph) for b in sorted(graph[a])
+            if a in floor and b in floor and floor[b] >= floor[a]]
+
+
+def test_each_part_imports_only_the_floors_below_it():
+    """Bug it catches: a lower part reaching up (the clock importing the session actor's
+    message type made `clock` and `sessions` a loop)."""
+    assert not floor_breaches(edges())
+
+
+def test_the_floor_check_finds_a_planted_upward_import():
+    assert floor_breaches({"wave_actors.clock": {"wave_actors.sessions"}}) == \
+        ["wave_actors.clock → wave_actors.sessions"]
+    assert floor_breaches({"wave_actors.sessions": {"wave_actors.clock"}}) == []
+
+
+def test_the_gpu_side_uses_only_the_core_of_the_serving_side():
+    """The executors and the model implement the core's contract; nothing of the actors, the
+    clock or the node reaches into the device code's imports."""
+    graph = edges()
+    for part in ("gpu.model", "gpu.engine", "gpu.kernels", "gpu.wpk"):
+        serving = {p for p in graph.get(part, ()) if p.startswith("wave_actors")}
+        assert serving <= {"wave_actors.core"}, (part, serving)
+
+
 def test_the_core_imports_nothing_of_the_other_parts():
     core = ROOT / "wave_actors" / "core"
     for path in core.rglob("*.py"):
@@ -100,8 +138,8 @@ def test_the_core_imports_nothing_of_the_other_parts():
 
 @pytest.mark.parametrize("module", ["wave_actors.core.contract", "wave_actors.core.slot_book",
                                     "wave_actors.core.session_table", "wave_actors.core.text",
-                                    "wave_actors.core.start_policy", "wave_actors.clock",
-                                    "wave_actors.core.jitter", "wave_actors.node", "sim.executor",
+                                    "wave_actors.core.start_policy", "wave_actors.clock.clock",
+                                    "wave_actors.core.jitter", "wave_actors.node.node", "sim.executor",
                                     "wave_actors.core.registry"])
 def test_no_torch_in_the_core_the_clock_or_the_scheduler(module):
     """Imported in a fresh interpreter, so a transitive import counts too."""

@@ -12,7 +12,7 @@ import zmq.asyncio
 
 from transports import protocol as P
 from transports.client import Audio, Closed, Error, NodeClient, Refused
-from wave_actors.flood import FloodPolicy
+from wave_actors.node.flood import FloodPolicy
 from tests.tcpkit import client_of, node_on_tcp, raw_dealer, reply
 
 FRAME = np.zeros(1280, np.float32).tobytes()        # 80 ms at 16 kHz, pcm_f32le

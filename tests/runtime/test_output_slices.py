@@ -7,7 +7,7 @@ import asyncio
 
 from hypothesis import given, settings, strategies as st
 
-from wave_actors.turns import OutputTurns
+from wave_actors.runtime.turns import OutputTurns
 
 
 async def _run(per_turn: int, sessions: int, hold_for: int = 0) -> list:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from wave_actors.proc_cpu import cpu_seconds
+from wave_actors.runtime.proc_cpu import cpu_seconds
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
 

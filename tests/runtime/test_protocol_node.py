@@ -17,8 +17,8 @@ from transports.client import Audio, Closed, Error, FunctionCall, NodeClient, Re
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.session_table import Routed
 from wave_actors.core.timebase import Clock
-from wave_actors.flood import FloodPolicy
-from wave_actors.node import Node, NodeConfig
+from wave_actors.node.flood import FloodPolicy
+from wave_actors.node.node import Node, NodeConfig
 from tests.tcpkit import client_of, events_until, node_on_tcp, raw_dealer, reply
 
 FRAME_F32 = np.zeros(1280, np.float32).tobytes()

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from wave_actors import provenance as P
+from wave_actors.bench import provenance as P
 
 
 def _git(root, *args):

@@ -3,7 +3,7 @@ import asyncio
 
 import pytest
 
-from wave_actors.runtime import (Actor, ActorStopped, ChildSpec, Envelope, Mailbox, MailboxFull,
+from wave_actors.runtime.actors import (Actor, ActorStopped, ChildSpec, Envelope, Mailbox, MailboxFull,
                                  MsgClass, Restart, Supervisor)
 
 

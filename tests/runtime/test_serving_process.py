@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from wave_actors.serving_process import SWITCH_INTERVAL_S, serving_process
+from wave_actors.engine.serving_process import SWITCH_INTERVAL_S, serving_process
 
 
 def test_serving_process_sets_then_restores_the_interpreter():

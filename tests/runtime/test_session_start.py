@@ -1,4 +1,4 @@
-"""`opened` waits for the model's session start (wave_actors/node.py, clock.when_ready): a client
+"""`opened` waits for the model's session start (wave_actors/node/node.py, clock.when_ready): a client
 streams only once its audio is heard, so a start that takes beats drops nothing; a close or a
 drain during the start frees the slot and answers the opener."""
 import pytest

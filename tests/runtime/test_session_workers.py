@@ -28,7 +28,7 @@ from transports import audio as A
 from transports.client import Audio, Closed, Error
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
-from wave_actors.engine_host import EngineHost
+from wave_actors.engine.host import EngineHost
 
 # worker processes and engines started per test: outside the edit-test loop (make test-fast)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -274,7 +274,7 @@ def test_a_front_that_stops_reading_never_blocks_the_engines_clock():
     import multiprocessing as mp
     import time
     from types import SimpleNamespace
-    from wave_actors.engine_process import EngineServer
+    from wave_actors.engine.process import EngineServer
     front, engine = mp.Pipe()
     server = EngineServer(SimpleNamespace(), engine)
     rec = SimpleNamespace(beat=0, pad=b"x" * 300)

@@ -1,4 +1,4 @@
-"""The clients' frames in the engine's shared ring (`wave_actors/shared_frames.py`): written by
+"""The clients' frames in the engine's shared ring (`wave_actors/clock/shared_frames.py`): written by
 a worker, found by the clock at its release (`SessionTable.pull_ring`), packed from the ring.
 
 Bugs these catch: a frame the pull misses (a slot's next frame looked for in the wrong place,
@@ -27,9 +27,9 @@ from transports import zsock
 from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import SAMPLES_IN
 from wave_actors.core.session_table import END_OF_STREAM, SessionTable
-from wave_actors import frame_batch
-from wave_actors.frame_batch import FrameBatcher
-from wave_actors.shared_frames import FramesView, SharedFrames, layout, ring_for
+from wave_actors.clock import frame_batch
+from wave_actors.clock.frame_batch import FrameBatcher
+from wave_actors.clock.shared_frames import FramesView, SharedFrames, layout, ring_for
 
 MAX_QUEUE = 8
 RING = ring_for(MAX_QUEUE)

@@ -1,4 +1,4 @@
-"""The engine's output buffers shared with the workers (`wave_actors/shared_outputs.py`), on a
+"""The engine's output buffers shared with the workers (`wave_actors/clock/shared_outputs.py`), on a
 real POSIX shared-memory segment mapped by a second process.
 
 Bugs these catch: a worker handed rows of a buffer the executor is refilling (a stale fill
@@ -19,11 +19,11 @@ import zmq
 
 from sim.executor import SimExecutor
 from transports import zsock
-from wave_actors import worker_wire as W
+from wave_actors.sessions import worker_wire as W
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import FRAMES_PER_BEAT
-from wave_actors.session_worker import SessionWorker
-from wave_actors.shared_outputs import FIELDS, OutputsView, SharedOutputs, layout
+from wave_actors.sessions.session_worker import SessionWorker
+from wave_actors.clock.shared_outputs import FIELDS, OutputsView, SharedOutputs, layout
 
 
 def _read_in_child(name: str, slots: int, depth: int, index: int, fill: int, rows, conn):

@@ -4,7 +4,7 @@ import pytest
 
 from sim.executor import SimExecutor
 from wave_actors.core.contract import ExecutorOptions
-from wave_actors.node_cli import CPU_SLOTS, parse_args, slots_asked, slots_line
+from wave_actors.node.cli import CPU_SLOTS, parse_args, slots_asked, slots_line
 
 
 def test_max_sessions_when_given_else_sized_on_a_device_else_the_cpu_default():

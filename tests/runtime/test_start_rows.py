@@ -11,7 +11,7 @@ from gpu.engine.cpu_executor import CpuExecutor
 from tests.nodekit import VirtualNode, slow_cost
 from tests.runtime.test_protocol_node import client_of, node_on_tcp
 from transports.client import Refused
-from wave_actors.clock import LATE_AFTER_S
+from wave_actors.clock.clock import LATE_AFTER_S
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.slot_book import SMALL_START_ROWS, START_ROWS, SlotBook, StartShape

@@ -1,4 +1,4 @@
-"""The clock → worker beat messages (wave_actors/worker_wire.py) carrying part of a beat: a
+"""The clock → worker beat messages (wave_actors/sessions/worker_wire.py) carrying part of a beat: a
 beat's first frame routed while its second computes, then the second. Bugs these catch: a
 worker handing a session both frames' tokens with one frame's audio (its text then runs a
 frame ahead of its speech), a frame number not shifted to the part sent, and a message whose
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wave_actors import worker_wire as W
+from wave_actors.sessions import worker_wire as W
 from wave_actors.core.frames import ALL_FRAMES, FIRST_FRAME, LATER_FRAMES, SAMPLES_OUT
 
 

@@ -22,7 +22,7 @@ from tests.sim import test_invariants as inv
 from tests.sim.test_mutations import newest_first
 from wave_actors.core.reorder import SkipLedger
 from wave_actors.core.start_queue import StartQueue
-from wave_actors.provenance import provenance
+from wave_actors.bench.provenance import provenance
 
 
 # name → (what to patch, its buggy stand-in, the property test that should find it)

@@ -1,4 +1,4 @@
-"""The benchmark's callers in load-generator processes (wave_actors/bench_clients.py): a real-time
+"""The benchmark's callers in load-generator processes (wave_actors/bench/clients.py): a real-time
 run through them accounts for every session, and a generator that dies ends the run with a
 clear error instead of waiting for sessions that never come."""
 import asyncio
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from wave_actors import bench
-from wave_actors.bench_clients import Generators
+from wave_actors.bench import capacity as bench
+from wave_actors.bench.clients import Generators
 
 
 @pytest.mark.slow

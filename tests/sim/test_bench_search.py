@@ -1,4 +1,4 @@
-"""find-max's search (wave_actors/bench.py), with the measurement replaced by a known capacity:
+"""find-max's search (wave_actors/bench/capacity.py), with the measurement replaced by a known capacity:
 it returns the largest N with zero late beats in every run, to the requested resolution, and
 never probes above the memory ceiling."""
 import argparse
@@ -6,7 +6,7 @@ from unittest import mock
 
 from hypothesis import given, settings, strategies as st
 
-from wave_actors import bench
+from wave_actors.bench import capacity as bench
 
 
 def _result(n: int, late: int) -> bench.RunResult:

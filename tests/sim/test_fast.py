@@ -10,8 +10,8 @@ import pytest
 
 from sim import fast
 from sim.fast import FastConfig, run_fast, run_one
-from wave_actors.workload import load
-from wave_actors import bench
+from wave_actors.bench.workload import load
+from wave_actors.bench import capacity as bench
 from wave_actors.core.frames import FRAMES_PER_BEAT
 from wave_actors.core.start_policy import BudgetedStarts, GuardedStarts
 

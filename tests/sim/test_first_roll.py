@@ -13,7 +13,7 @@ from sim import fit
 from sim.costmodel import CostModel
 from sim.fast import FastConfig, run_fast
 from tests.sim.test_fit_validate import ROLL_S, carried_json
-from wave_actors import bench
+from wave_actors.bench import capacity as bench
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_S = 0.05          # far above any other part of a beat: the beat that carries it stands out

@@ -37,7 +37,7 @@ def test_the_guide_has_each_step_and_scales_down():
     text = GUIDE.read_text()
     steps = blocks(text)
     assert len(steps) == 7
-    for tool in ("wave_actors.workload", "sim.run --fast", "sim.run --sessions", "sim.plot",
+    for tool in ("wave_actors.bench.workload", "sim.run --fast", "sim.run --sessions", "sim.plot",
                  "sim.slo", "sim.fit", "sim.validate", "--stage-speedup"):
         assert any(tool in b for b in steps), tool
     for old in SCALE_DOWN:                          # a guide edit must keep the test short

@@ -1,4 +1,4 @@
-"""An honest bench (wave_actors/bench.py): every beat with a live session counts, from the first
+"""An honest bench (wave_actors/bench/capacity.py): every beat with a live session counts, from the first
 open to the last close. A late beat while the callers dial in (the ramp) is in the headline late
 count, in the calls that heard it and in find-max's verdict; `--beats` still sizes the measured
 window, reported apart. And the occupancy workload (`poisson:occupancy=X,hold=H`) through the
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from wave_actors import bench
+from wave_actors.bench import capacity as bench
 from wave_actors.core.frames import BEAT_S
 
 ROOT = Path(__file__).resolve().parents[2]

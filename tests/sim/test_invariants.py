@@ -38,8 +38,8 @@ from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import StartShape
 from wave_actors.core.start_policy import BudgetedStarts, EagerStarts, HeadroomAdmission
 from wave_actors.core.text import PAD, ByteFallbackCodec, UserByteFallbackCodec
-from wave_actors.flood import FloodPolicy
-from wave_actors.session import SessionActor
+from wave_actors.node.flood import FloodPolicy
+from wave_actors.sessions.session import SessionActor
 
 NODE = settings(max_examples=12, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])

@@ -17,8 +17,8 @@ from sim.executor import SimExecutor
 from tests import nodekit
 from tests.runtime import test_invariants_jitter as jit
 from tests.sim import test_invariants as inv
-from wave_actors import clock as clock_module
-from wave_actors.clock import BeatClockActor
+from wave_actors.clock import clock as clock_module
+from wave_actors.clock.clock import BeatClockActor
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.jitter import CapacityError
 from wave_actors.core.jitter_arrays import ArrayScheduler
@@ -28,7 +28,7 @@ from wave_actors.core.session_table import SessionTable
 from wave_actors.core.slot_book import StartShape
 from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.start_queue import StartQueue
-from wave_actors.session import SessionActor
+from wave_actors.sessions.session import SessionActor
 
 FAILS = (AssertionError, BaseExceptionGroup)
 

@@ -38,7 +38,7 @@ def test_the_occupancy_form_scales_its_rate_and_keeps_its_window():
     """Catches a scale the occupancy form ignores (`poisson:occupancy=X,hold=H` has no `rate`
     to multiply: every probe then offered the same load, and the search ran off its ends) or
     one that refuses an occupancy past 1, and a scaled form that loses its measured span."""
-    from wave_actors.workload import generate
+    from wave_actors.bench.workload import generate
     spec = "poisson:occupancy=0.5,hold=20"
     one, two = slo.scaled(spec, 1.0, 3, slots=8), slo.scaled(spec, 3.0, 3, slots=8)
     assert one.calls == generate(spec, 3, slots=8).calls        # scale 1: the form's own calls

@@ -1,4 +1,4 @@
-"""Workloads (wave_actors/workload.py) and the full node serving one (`--workload`): files and
+"""Workloads (wave_actors/bench/workload.py) and the full node serving one (`--workload`): files and
 seeded generators give the calls, the bench's callers dial, redial and stream as each call
 says, and every call comes back as a record with its deadline metrics."""
 import subprocess
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wave_actors import workload as wl
-from wave_actors.deadlines import CallRecord, summarize
+from wave_actors.bench import workload as wl
+from wave_actors.bench.deadlines import CallRecord, summarize
 from tests.sim.simrun import sim_run
 from wave_actors.core.frames import BEAT_S
 

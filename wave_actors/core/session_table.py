@@ -28,7 +28,7 @@ from wave_actors.core.jitter import CapacityError, Shedding, SlotStats
 from wave_actors.core.jitter_arrays import ArrayPlan, ArrayScheduler, RingPlaces
 
 EPOCH_SHIFT = 40            # 2^40 admissions per incarnation before generations could meet
-# Frames reach the clock in batches (wave_actors/frame_batch.py), each row naming the session's
+# Frames reach the clock in batches (wave_actors/clock/frame_batch.py), each row naming the session's
 # handle and the frame's number; this number marks the end of a closing session's frames.
 END_OF_STREAM = -1
 

@@ -40,18 +40,18 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from wave_actors import worker_wire as W
-from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
+from wave_actors.sessions import worker_wire as W
+from wave_actors.clock.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
 from wave_actors.core.contract import ExecutorOptions, Handle
 from wave_actors.core.frames import ALL_FRAMES, FIRST_FRAME
 from wave_actors.core.registry import make_executor
 from wave_actors.core.session_table import Routed
 from wave_actors.core.timebase import Clock, new_loop
-from wave_actors.runtime import ActorStopped
-from wave_actors.session import BeatOut
-from wave_actors.serving_process import serving_process
-from wave_actors.shared_frames import SharedFrames, ring_for
-from wave_actors.shared_outputs import SharedOutputs
+from wave_actors.runtime.actors import ActorStopped
+from wave_actors.clock.shared_outputs import BeatOut
+from wave_actors.engine.serving_process import serving_process
+from wave_actors.clock.shared_frames import SharedFrames, ring_for
+from wave_actors.clock.shared_outputs import SharedOutputs
 
 log = logging.getLogger("wave.engine")
 PARENT_CHECK_S = 0.5

@@ -21,10 +21,10 @@ import time
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from wave_actors.clock import Admit, BeatRecord, ClockStats, FunctionTokens, Release
+from wave_actors.clock.clock import Admit, BeatRecord, ClockStats, FunctionTokens, Release
 from wave_actors.core.contract import Handle
-from wave_actors.engine_process import EngineFacts, ExecutorSpec, engine_main
-from wave_actors.runtime import Actor, ActorStopped, MsgClass
+from wave_actors.engine.process import EngineFacts, ExecutorSpec, engine_main
+from wave_actors.runtime.actors import Actor, ActorStopped, MsgClass
 
 log = logging.getLogger("wave.engine")
 ASK_TIMEOUT_S = 5.0

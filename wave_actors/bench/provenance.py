@@ -8,8 +8,8 @@ runs; one that some file no longer matches is stale, and git decides where there
 tree has moved on since), else the manifest's commit is recorded dirty with the files named.
 Nothing is taken on trust from the environment.
 
-    python -m wave_actors.provenance write     # before copying the tree to another machine
-    python -m wave_actors.provenance           # what a run here would record
+    python -m wave_actors.bench.provenance write     # before copying the tree to another machine
+    python -m wave_actors.bench.provenance           # what a run here would record
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ".wave-manifest.json"
 SHOWN = 20          # changed files named in a record, at most
 

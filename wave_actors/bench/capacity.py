@@ -33,11 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from wave_actors import deadlines as deadline_metrics
-from wave_actors.workload import FILL_HOLDS, WorkloadError
-from wave_actors.workload import load as load_workload
+from wave_actors.bench import deadlines as deadline_metrics
+from wave_actors.bench.workload import FILL_HOLDS, WorkloadError
+from wave_actors.bench.workload import load as load_workload
 from transports.client import NodeClient
-from wave_actors.bench_clients import OPEN_TIMEOUT_S, Generators, drive_all, drive_workload
+from wave_actors.bench.clients import OPEN_TIMEOUT_S, Generators, drive_all, drive_workload
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
@@ -45,16 +45,16 @@ from wave_actors.core.policy_spec import PolicyError, load_class, make_policy
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.registry import NAMES, described, entry, make_executor
 from wave_actors.core.spread import spread_ms
-from wave_actors.bench_records import (_host, _ramp, _trace, _window, _windows, _workload_window,
+from wave_actors.bench.records import (_host, _ramp, _trace, _window, _windows, _workload_window,
                                        _worst, shifted)
-from wave_actors.engine_host import EngineHost
-from wave_actors.engine_process import ExecutorSpec
-from wave_actors.provenance import provenance
-from wave_actors.node import Node, NodeConfig
-from wave_actors.node_cli import sized_slots
-from wave_actors.serving_process import serving_process
+from wave_actors.engine.host import EngineHost
+from wave_actors.engine.process import ExecutorSpec
+from wave_actors.bench.provenance import provenance
+from wave_actors.node.node import Node, NodeConfig
+from wave_actors.node.cli import sized_slots
+from wave_actors.engine.serving_process import serving_process
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 WARMUP_BEATS = 8            # on-time beats in a row before measuring
 WARMUP_MAX = 64             # beats of warm-up at most
 CLIENT_PROCS = max(1, min(4, (os.cpu_count() or 2) // 4))   # callers' processes, real time
@@ -130,7 +130,7 @@ class RunResult:
     first_frame: dict = field(default_factory=dict)
     # every open's wait for `opened`, ms to 0.1, in the order they were asked (`sim.plot`)
     open_waits_ms: list = field(default_factory=list)
-    # every call's record (`wave_actors.deadlines.records`: dialled, opened or blocked,
+    # every call's record (`wave_actors.bench.deadlines.records`: dialled, opened or blocked,
     # ended, refusals, its late beats and longest run of them) and the run's deadline metrics
     calls: list = field(default_factory=list)
     deadlines: dict = field(default_factory=dict)
@@ -295,7 +295,7 @@ async def _drive(args, node: Node, n: int, clock: Clock, loop_virtual: bool, cpu
     """n caller lines through the node until the measured beats ran, and `--burst` more dialled
     at once when the n are steady: (records, caller stats, refusals, open waits, the burst's
     summary). Real time: callers in load-generator processes; virtual: in this loop. The open
-    waits come as call records (`wave_actors.deadlines.CallRecord`), on the clock's time."""
+    waits come as call records (`wave_actors.bench.deadlines.CallRecord`), on the clock's time."""
     procs = 0 if loop_virtual else args.client_procs
     k = args.burst
     if procs:
@@ -577,7 +577,7 @@ def find_max(args, backend=None, ceiling: int | None = None) -> tuple[int, dict[
 
 def git_commit() -> str:
     """The commit the code ran at, from git or the tree's checked manifest (see
-    `wave_actors.provenance`, which also says whether the tree differed from it)."""
+    `wave_actors.bench.provenance`, which also says whether the tree differed from it)."""
     return provenance()["commit"]
 
 
@@ -712,7 +712,7 @@ def parse_args(argv=None):
     ap.add_argument("--workload", metavar="SPEC",
                     help="calls from a workload instead of --sessions steady callers: a CSV or "
                          "JSONL file, or a generator (poisson:rate=2,duration=600,call=90; "
-                         "see wave_actors/workload.py); --sessions is then the node's slots, "
+                         "see wave_actors/bench/workload.py); --sessions is then the node's slots, "
                          "and the run lasts until the last call ends.\n"
                          "poisson:occupancy=0.95,hold=120: Poisson arrivals at rate "
                          "occupancy * slots / hold (slots: --sessions, or slots=N), call "
@@ -846,9 +846,3 @@ def main(argv=None, command: str | None = None) -> int:
     print(f"written: {path}")
     return 0
 
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (MemoryError, RuntimeError, ValueError) as exc:
-        sys.exit(f"bench: {exc}")

@@ -45,13 +45,13 @@ from wave_actors.core.snapshots import snapshot_index
 from wave_actors.core.start_policy import StartPolicy, admission
 from wave_actors.core.jitter import AdmissionRefused
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
-from wave_actors import frame_batch
-from wave_actors.frame_batch import FrameBatcher
-from wave_actors.gc_pauses import GcPauses, collect_between_beats
-from wave_actors.loop_stalls import StallWatch
-from wave_actors.runtime import Actor
-from wave_actors.session import BeatOut
-from wave_actors.turns import OutputTurns
+from wave_actors.clock import frame_batch
+from wave_actors.clock.frame_batch import FrameBatcher
+from wave_actors.runtime.gc_pauses import GcPauses, collect_between_beats
+from wave_actors.runtime.loop_stalls import StallWatch
+from wave_actors.runtime.actors import Actor
+from wave_actors.clock.shared_outputs import BeatOut
+from wave_actors.runtime.turns import OutputTurns
 
 LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
 

@@ -36,8 +36,8 @@ import zmq.auth
 
 from transports import protocol as P
 from transports import zsock
-from wave_actors.bindings import Bindings, Route
-from wave_actors.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
+from wave_actors.node.bindings import Bindings, Route
+from wave_actors.clock.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import FRAME_S
@@ -45,17 +45,18 @@ from wave_actors.core.jitter import AdmissionRefused, CapacityError
 from wave_actors.core.prompt import PromptRejected
 from wave_actors.core.start_policy import GuardedStarts, StartPolicy
 from wave_actors.core.timebase import Clock
-from wave_actors.engine_host import ClockProxy, EngineHost
-from wave_actors.engine_process import ExecutorSpec
-from wave_actors.flood import FloodGate, FloodPolicy
-from wave_actors.gatekeeper import CONN_PROPERTY, DOMAIN, Gatekeeper
-from wave_actors.metrics import NodeMetrics
-from wave_actors.proc_cpu import cpu_seconds
-from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
-from wave_actors.session import (AudioIn, BeatOut, Close, FunctionResult, SessionActor,
-                                 SessionConfig)
-from wave_actors.session_worker import frames_wait_s
-from wave_actors.worker_pool import PoolHandlers, RemoteSession, WorkerPool
+from wave_actors.engine.host import ClockProxy, EngineHost
+from wave_actors.engine.process import ExecutorSpec
+from wave_actors.node.flood import FloodGate, FloodPolicy
+from wave_actors.node.gatekeeper import CONN_PROPERTY, DOMAIN, Gatekeeper
+from wave_actors.runtime.metrics import NodeMetrics
+from wave_actors.runtime.proc_cpu import cpu_seconds
+from wave_actors.runtime.actors import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
+from wave_actors.clock.shared_outputs import BeatOut
+from wave_actors.sessions.session import (AudioIn, Close, FunctionResult, SessionActor,
+                                          SessionConfig)
+from wave_actors.sessions.session_worker import frames_wait_s
+from wave_actors.sessions.worker_pool import PoolHandlers, RemoteSession, WorkerPool
 
 log = logging.getLogger("wave.node")
 SEND_TIMEOUT_S = 5.0
@@ -848,7 +849,3 @@ class Node:
                 "refusals": sum(self.counters.refusals.values()),
                 "errors": sum(self.counters.errors.values())}
 
-
-if __name__ == "__main__":
-    from wave_actors.node_cli import main
-    main()

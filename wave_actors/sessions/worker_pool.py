@@ -29,10 +29,10 @@ import zmq
 import zmq.asyncio
 
 from transports import zsock
-from wave_actors import worker_wire as W
-from wave_actors.runtime import ActorStopped, MsgClass
-from wave_actors.session import AudioIn, Close, FunctionResult, SessionConfig
-from wave_actors.session_worker import FRAMES_WAIT_S, worker_main
+from wave_actors.sessions import worker_wire as W
+from wave_actors.runtime.actors import ActorStopped, MsgClass
+from wave_actors.sessions.session import AudioIn, Close, FunctionResult, SessionConfig
+from wave_actors.sessions.session_worker import FRAMES_WAIT_S, worker_main
 
 log = logging.getLogger("wave.workers")
 READY_TIMEOUT_S = 60.0          # a spawned worker imports numpy, zmq and soxr before it is ready

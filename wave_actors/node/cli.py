@@ -24,13 +24,13 @@ from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.registry import NAMES, described, entry, make_executor
-from wave_actors.engine_host import EngineHost
-from wave_actors.engine_process import ExecutorSpec
-from wave_actors.node import Node, NodeConfig
-from wave_actors.serving_process import serving_process
+from wave_actors.engine.host import EngineHost
+from wave_actors.engine.process import ExecutorSpec
+from wave_actors.node.node import Node, NodeConfig
+from wave_actors.engine.serving_process import serving_process
 
 CPU_SLOTS = 8          # slots of a node on an executor that does not size its own
-DEMO_WAV = Path(__file__).resolve().parents[1] / "assets" / "demo_user.wav"
+DEMO_WAV = Path(__file__).resolve().parents[2] / "assets" / "demo_user.wav"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -233,7 +233,7 @@ async def _serve(node: Node, args) -> int:
         loop.add_signal_handler(sig, stop.set)
     status = loop.create_task(show_status(node, 1.0))
     if args.demo:
-        from wave_actors.demo import run_demo
+        from wave_actors.node.demo import run_demo
         demo = loop.create_task(run_demo(node.endpoint, args))
         await asyncio.wait([demo, loop.create_task(stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)

@@ -17,8 +17,8 @@ import queue
 
 import numpy as np
 
-from wave_actors.deadlines import CallRecord
-from wave_actors.workload import Call, Workload
+from wave_actors.bench.deadlines import CallRecord
+from wave_actors.bench.workload import Call, Workload
 from transports.client import NodeClient, Refused
 from wave_actors.core.timebase import Clock
 from wave_actors.core.frames import FRAME_S, IN_RATE, SAMPLES_IN

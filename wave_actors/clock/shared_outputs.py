@@ -15,14 +15,23 @@ The segment (`shm_segment`) is the engine process's; workers map it read-only by
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 
 from wave_actors.core.contract import MAX_USER_TOKENS, NO_TOKEN, BeatOutput
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_OUT
-from wave_actors.shm_segment import Segment, close_map, open_map, page_up
+from wave_actors.clock.shm_segment import Segment, close_map, open_map, page_up
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class BeatOut:
+    """What the clock sends a session after a beat: its header and its PCM row."""
+    header: dict
+    pcm: np.ndarray          # [frames, SAMPLES_OUT] float32, a row of the beat's output copy
+
 
 DEPTH = 2               # the clock's ring of output buffers: beat k fills buffer k % 2
 STALE = -1              # a buffer's stamp while the executor may write it

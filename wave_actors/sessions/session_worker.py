@@ -25,15 +25,16 @@ import zmq.asyncio
 
 from transports import audio as A
 from transports import zsock
-from wave_actors import worker_wire as W
+from wave_actors.sessions import worker_wire as W
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.frames import SAMPLES_OUT
 from wave_actors.core.timebase import Clock, new_loop
-from wave_actors.frame_batch import FrameBatcher
-from wave_actors.runtime import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
-from wave_actors.session import AudioIn, BeatOut, Close, FunctionResult, SessionActor
-from wave_actors.shared_frames import FramesView
-from wave_actors.shared_outputs import OutputsView
+from wave_actors.clock.frame_batch import FrameBatcher
+from wave_actors.runtime.actors import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
+from wave_actors.clock.shared_outputs import BeatOut
+from wave_actors.sessions.session import AudioIn, Close, FunctionResult, SessionActor
+from wave_actors.clock.shared_frames import FramesView
+from wave_actors.clock.shared_outputs import OutputsView
 
 log = logging.getLogger("wave.worker")
 PARENT_CHECK_S = 0.5           # how often a worker looks for its front having gone

@@ -26,7 +26,7 @@ import logging
 import numpy as np
 
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
-from wave_actors.shm_segment import Segment, close_map, open_map, page_up
+from wave_actors.clock.shm_segment import Segment, close_map, open_map, page_up
 
 log = logging.getLogger(__name__)
 

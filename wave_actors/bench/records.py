@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 
-from wave_actors import deadlines as deadline_metrics
+from wave_actors.bench import deadlines as deadline_metrics
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.spread import spread_ms
 

@@ -33,9 +33,10 @@ from wave_actors.core.function_calls import FunctionCallParser, result_tokens
 from wave_actors.core.reorder import Released, ReorderBuffer, SkipLedger
 from wave_actors.core.text import TextStream
 from wave_actors.core.timebase import Clock
-from wave_actors.runtime import Actor, ActorStopped
-from wave_actors.frame_batch import FrameBatcher
-from wave_actors.turns import Turn
+from wave_actors.runtime.actors import Actor, ActorStopped
+from wave_actors.clock.frame_batch import FrameBatcher
+from wave_actors.clock.shared_outputs import BeatOut
+from wave_actors.runtime.turns import Turn
 
 # In the reorder buffer, the place of an audio message dropped before it (`_mark_lost`).
 LOST = object()
@@ -64,12 +65,6 @@ class FunctionResult:
 @dataclass
 class Close:
     reason: str = "client"          # client | lost | drain | crash
-
-
-@dataclass
-class BeatOut:
-    header: dict
-    pcm: np.ndarray          # [frames, SAMPLES_OUT] float32, a row of the beat's output copy
 
 
 @dataclass
