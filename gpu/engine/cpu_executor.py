@@ -17,7 +17,7 @@ from gpu.engine.model_runner import (ModelRunner, check_host_memory, load_model,
                                      text_codecs)
 from gpu.model.config import Profile
 from wave_actors.core.contract import (BeatInput, BeatOutput, ExecutorOptions, SessionSpec,
-                                     need_slots)
+                                       need_slots)
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.slot_book import BookPlan, StartShape
 from wave_actors.core.timebase import Clock

@@ -12,7 +12,7 @@ from gpu.model.voicechat import VoiceChat
 from gpu.model.voicechat_noise import FrameNoise
 from gpu.model.voicechat_state import VoiceChatState, session_state_bytes
 from tests.model.test_model_voicechat_kit import (CFG, FP32, NOISE_SEED, assert_rows_equal, audio, frame,
-                                            prompt, row, start)
+                                                  prompt, row, start)
 
 
 

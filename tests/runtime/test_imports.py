@@ -148,3 +148,18 @@ def test_no_torch_in_the_core_the_clock_or_the_scheduler(module):
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False", f"{module} imports torch"
+
+
+def test_the_node_hosts_sessions_through_one_protocol():
+    """Bug it catches: the front branching on where a session runs (a close path for actors
+    in its process and another for sessions in workers, an `isinstance` on the session): the
+    node reaches sessions only through `sessions.hosts`, never their implementations."""
+    node = imports_of(ROOT / "wave_actors" / "node" / "node.py")
+    reached = {m for m in node if m.startswith("wave_actors.sessions")}
+    assert reached <= {"wave_actors.sessions.hosts", "wave_actors.sessions.hosts.HostedSession",
+                       "wave_actors.sessions.hosts.HostEvents",
+                       "wave_actors.sessions.hosts.make_host",
+                       "wave_actors.sessions.session", "wave_actors.sessions.session.AudioIn",
+                       "wave_actors.sessions.session.Close",
+                       "wave_actors.sessions.session.FunctionResult",
+                       "wave_actors.sessions.session.SessionConfig"}, sorted(reached)

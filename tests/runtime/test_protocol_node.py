@@ -283,9 +283,10 @@ def test_an_event_reaches_the_models_function_channel_and_bad_ones_are_refused()
     async def body():
         async with node_on_tcp() as node, client_of(node) as c:
             seen = []
-            original = node._function_tokens
-            node._function_tokens = lambda actor, ids: (seen.append((actor, ids)),
-                                                         original(actor, ids))
+            events = node.host.events                # what the session reports to the node
+            original = events.tokens
+            events.tokens = lambda handle, ids: (seen.append((handle, ids)),
+                                                  original(handle, ids))
             s = await c.open("keys", sample_rate=16000, format="pcm_f32le")
             sender = asyncio.get_running_loop().create_task(_stream_silence(s, 20))
             await s.send_event("dtmf", "5")
@@ -297,8 +298,8 @@ def test_an_event_reaches_the_models_function_channel_and_bad_ones_are_refused()
             sender.cancel()
             errors = [e for e in got if isinstance(e, Error)]
             assert [e.code for e in errors] == ["bad_header"] * 3
-            actor = seen[0][0]
-            want = [result_tokens(actor._text_codec, json.dumps({"event": "dtmf", "value": v}))
+            want = [result_tokens(node.executor.text_codec,
+                                  json.dumps({"event": "dtmf", "value": v}))
                     for v in ("5", "#")]
             assert [ids for _, ids in seen] == want
             closed = await s.close()                 # the session went on to a normal close

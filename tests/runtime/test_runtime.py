@@ -3,8 +3,8 @@ import asyncio
 
 import pytest
 
-from wave_actors.runtime.actors import (Actor, ActorStopped, ChildSpec, Envelope, Mailbox, MailboxFull,
-                                 MsgClass, Restart, Supervisor)
+from wave_actors.runtime.actors import (Actor, ActorStopped, ChildSpec, Envelope, Mailbox,
+                                        MailboxFull, MsgClass, Restart, Supervisor)
 
 
 def run(coro):

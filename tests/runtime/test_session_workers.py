@@ -73,13 +73,13 @@ def test_sessions_are_sharded_and_every_frame_is_counted(outputs, frames):
                 # give it another's tone).
                 sessions = [await c.open(f"s{i}", output_format=fmt, output_sample_rate=rate)
                             for i, (fmt, rate) in enumerate(_OUTPUTS)]
-                per_worker = sorted(len(w.rids) for w in node.pool.workers.values())
+                per_worker = sorted(len(w.rids) for w in node.host.pool.workers.values())
                 await asyncio.gather(*(_stream(s, 20, i) for i, s in enumerate(sessions)))
                 heard = [await _audio_until(s, 12) for s in sessions]
                 closed = [await s.close() for s in sessions]
             clock = node.clock_actor
             path = (clock.outputs_shared, clock.frames_shared, clock.frames_overwritten,
-                    node.pool.stale_rows, clock.frames_read_by_executor)
+                    node.host.pool.stale_rows, clock.frames_read_by_executor)
         trace = host.call("trace")
         host.close()
         return trace, per_worker, sessions, heard, closed, path
@@ -143,7 +143,7 @@ def test_a_dead_worker_ends_only_its_sessions_and_is_replaced():
         async with node_on_tcp(max_sessions=4, workers=2) as node:
             async with client_of(node) as c:
                 sessions = [await c.open(f"s{i}") for i in range(4)]
-                pool = node.pool
+                pool = node.host.pool
                 victim = pool.workers[0]
                 doomed = {r.actor.rid for r in node.routes.values() if r.actor.worker is victim}
                 doomed_ids = {r.session for r in node.routes.values() if r.actor.rid in doomed}
@@ -203,7 +203,7 @@ def test_a_worker_stalled_past_its_outputs_counts_them_and_its_sessions_go_on():
                 os.kill(victim.proc.pid, signal.SIGCONT)
                 stale_seen = 0
                 for _ in range(50):
-                    if (stale_seen := node.pool.stale_rows):
+                    if (stale_seen := node.host.pool.stale_rows):
                         break
                     await asyncio.sleep(0.1)
                 for s in sessions:

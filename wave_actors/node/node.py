@@ -1,5 +1,6 @@
 """The node: one process per GPU. Binds the wire protocol's ROUTER, admits sessions into slots,
-runs one SessionActor per session and one BeatClockActor, under a one_for_one supervisor.
+hosts its sessions (`sessions/hosts.py`: in this process or in workers) and runs one
+BeatClockActor, under a one_for_one supervisor.
 
 The node keeps one map: a client's (identity, session id) → its route (the session's handle,
 its actor, the key that opened it, the connection it is bound to, its resume token). Slots,
@@ -51,12 +52,11 @@ from wave_actors.node.flood import FloodGate, FloodPolicy
 from wave_actors.node.gatekeeper import CONN_PROPERTY, DOMAIN, Gatekeeper
 from wave_actors.runtime.metrics import NodeMetrics
 from wave_actors.runtime.proc_cpu import cpu_seconds
-from wave_actors.runtime.actors import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
+from wave_actors.runtime.actors import (ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart,
+                                        Supervisor)
 from wave_actors.clock.shared_outputs import BeatOut
-from wave_actors.sessions.session import (AudioIn, Close, FunctionResult, SessionActor,
-                                          SessionConfig)
-from wave_actors.sessions.session_worker import frames_wait_s
-from wave_actors.sessions.worker_pool import PoolHandlers, RemoteSession, WorkerPool
+from wave_actors.sessions.hosts import HostedSession, HostEvents, make_host
+from wave_actors.sessions.session import AudioIn, Close, FunctionResult, SessionConfig
 
 log = logging.getLogger("wave.node")
 SEND_TIMEOUT_S = 5.0
@@ -82,7 +82,7 @@ class NodeConfig:
     flood: FloodPolicy = field(default_factory=FloodPolicy)
     keep_records: bool = True            # keep every beat's record (bench, tests)
     # Session workers: 0 runs every session actor on this process's loop, beside the beat
-    # clock; N > 0 runs them in N worker processes (`worker_pool.py`), the clock's loop then
+    # clock; N > 0 runs them in N worker processes (`sessions/hosts.py`), the clock's loop then
     # only admits, routes and beats.
     workers: int = 0
     input_hold_s: float = 60.0           # input a session may send ahead of real time
@@ -170,8 +170,13 @@ class Node:
         self._tasks: list[asyncio.Task] = []
         self._opens: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
-        self.pool: WorkerPool | None = None
-        self._remote: dict[int, Route] = {}     # a worker's session number → its route
+        # where sessions run: in this process, or in cfg.workers session workers
+        self.host = make_host(cfg.workers, self.supervisor, lambda: self.clock_actor, self.ctx,
+                              lambda: (executor.text_codec, executor.user_codec), self.clock,
+                              cfg.clock_policy,
+                              HostEvents(self._send_route, self._finish, self._failed,
+                                         self._function_tokens, self._stale_rows,
+                                         self._spawn))
         self._clock_base = cfg.clock_endpoint
 
     @property
@@ -183,7 +188,7 @@ class Node:
         return self.bindings.routes
 
     @property
-    def sessions(self) -> dict[tuple[bytes, str], SessionActor]:
+    def sessions(self) -> dict[tuple[bytes, str], HostedSession]:
         """The opened sessions' actors by (identity, session id)."""
         return {key: r.actor for key, r in self.routes.items() if r.actor is not None}
 
@@ -221,15 +226,8 @@ class Node:
             self.sock.curve_server = True
         self.sock.bind(cfg.bind)
         self._tx = zsock.Tx(self.sock)
-        if cfg.workers:
-            self.pool = WorkerPool(cfg.workers, self.ctx,
-                                   (self.executor.text_codec, self.executor.user_codec),
-                                   PoolHandlers(self._worker_sends, self._worker_closing,
-                                                self._worker_crashed, self._worker_tokens,
-                                                self._worker_lost, self._worker_stale),
-                                   frames_wait_s=frames_wait_s(cfg.clock_policy))
-            await self.pool.start()
-            self._clock_base = f"ipc://{self.pool.dir}/clock"    # workers' frames reach it
+        await self.host.start()
+        self._clock_base = self.host.clock_base(cfg.clock_endpoint)
         self.supervisor.start_child(ChildSpec("clock", self._make_clock, Restart.PERMANENT,
                                               self._clock_crashed))
         if cfg.metrics_port:
@@ -300,8 +298,7 @@ class Node:
         if self._watcher is not None and self._watcher is not asyncio.current_task():
             self._watcher.cancel()
         await self.supervisor.stop_all()
-        if self.pool is not None:
-            await self.pool.stop()
+        await self.host.stop()
         if self._own_engine:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
         # The front reads (and refuses opens) until here: nothing below waits on the loop.
@@ -396,7 +393,7 @@ class Node:
                                              4 * self.executor.max_sessions)
 
     @staticmethod
-    def _tell_close(actor: SessionActor, reason: str) -> None:
+    def _tell_close(actor: HostedSession, reason: str) -> None:
         try:
             actor.tell(Close(reason))
         except (ActorStopped, MailboxFull):
@@ -557,7 +554,7 @@ class Node:
         while route.held:
             self.send(identity, route.held.popleft())
 
-    def _tell_control(self, identity: bytes, actor: SessionActor, msg: Any) -> None:
+    def _tell_control(self, identity: bytes, actor: HostedSession, msg: Any) -> None:
         try:
             actor.tell(msg)
         except (ActorStopped, MailboxFull) as exc:
@@ -614,23 +611,13 @@ class Node:
         cfg = SessionConfig(msg.session, handle, h["sample_rate"], h["format"],
                             h["output_sample_rate"], h["output_format"], clock.endpoint,
                             hold_frames=max(1, round(self.cfg.input_hold_s / FRAME_S)))
-        if self.pool is not None:
-            try:
-                route.actor = self.pool.open(cfg)
-            except ActorStopped as exc:
-                await self._free_slot(handle)
-                self.bindings.drop(route)
-                return self._refuse(route.identity, msg.session, "capacity",
-                                    f"node not ready: {exc}")
-            self._remote[route.actor.rid] = route
-            try:
-                clock.bind(handle, route.actor.worker.clock_identity, route.actor.rid)
-            except ActorStopped:        # the engine is restarting: the session ends with it
-                pass
-        else:
-            route.actor = self.supervisor.start_child(ChildSpec(
-                route.child, lambda: self._make_session(cfg, route), Restart.TEMPORARY,
-                lambda actor, exc: self._session_crashed(route, actor, exc)))
+        try:
+            route.actor = self.host.open(cfg, route)
+        except ActorStopped as exc:
+            await self._free_slot(handle)
+            self.bindings.drop(route)
+            return self._refuse(route.identity, msg.session, "capacity", f"node not ready: {exc}")
+        self.host.bind(clock, route.actor)
         self.bindings.opened(route, self.clock.now())
         self.counters.opened += 1
         self.metrics.opened.inc()
@@ -656,18 +643,6 @@ class Node:
                             f"the model did not finish starting the session within "
                             f"{self.cfg.start_timeout_s:.0f} s (node overloaded)")
 
-    def _make_session(self, cfg: SessionConfig, route: Route) -> SessionActor:
-        clock = self.clock_actor
-        return SessionActor(cfg, lambda: clock.frames,
-                            lambda frames, droppable=False: self._send_route(route, frames,
-                                                                             droppable),
-                            self.executor.text_codec, self.executor.user_codec, self.clock,
-                            lambda actor, why: self._close_session(route, actor, why),
-                            self._function_tokens,
-                            run_output=lambda work: self.clock_actor.turns.run(work),
-                            input_turn=(lambda: self.clock_actor.output_turn())
-                            if self.cfg.clock_policy.hold_inputs else None)
-
     def _deliver(self, route: Route, out: BeatOut) -> bool:
         """The clock's route for a session's beat outputs: into its actor's mailbox."""
         if route.actor is None:
@@ -678,34 +653,37 @@ class Node:
             return False
         return True
 
-    def _function_tokens(self, actor: SessionActor, ids: list[int]) -> None:
-        self.clock_actor.tell(FunctionTokens(actor.cfg.handle, ids))
+    def _function_tokens(self, handle: Handle, ids: list[int]) -> None:
+        clock = self.clock_actor
+        if clock is not None:
+            clock.tell(FunctionTokens(handle, ids))
 
     # -- closing ----------------------------------------------------------------------------------
-    async def _close_session(self, route: Route, actor: SessionActor, why: Close) -> None:
-        """Runs inside the session actor: free the slot, send `closed`, stop the actor."""
-        if actor.closing:
-            return
-        actor.closing = True
-        await self._finish(route, actor, why.reason)
-        asyncio.get_running_loop().create_task(self.supervisor.stop_child(route.child))
-
-    async def _finish(self, route: Route, actor: SessionActor | RemoteSession,
-                      reason: str) -> None:
-        if isinstance(actor, RemoteSession):
-            stats = await self._release_remote(actor)
-            self.pool.forget(actor.rid)
-            self._remote.pop(actor.rid, None)
-        else:
-            actor.take_queued_audio()
-            actor.flush_outputs()
-            stats = await self._release(actor)
+    async def _finish(self, route: Route, session: HostedSession, reason: str) -> None:
+        """Close a session wherever it runs: its stream ended, its slot freed, `closed` sent.
+        `closed.stats` counts in 80 ms frames: `dropped` is the input frames never heard
+        (`dropped_in`) plus the output frames the client did not get (`dropped_out`)."""
+        host = self.host
+        ended = await host.end_stream(session)
+        slot_stats = await self._free_slot(session.cfg.handle, ended)
+        drops = await host.input_drops(session, ended)
+        stats = _close_stats(slot_stats, drops, *host.sent(session))
+        host.forget(route, session)
         # A detached session's `closed` waits for its client's resume (which fetches it).
         self._send_route(route, P.pack("closed", route.session, stats=stats))
         self.bindings.forget(route, stats)
         self.counters.closed += 1
         self.metrics.closed.labels(reason).inc()
         self._update_gauges()
+
+    async def _failed(self, route: Route, session: HostedSession, message: str) -> None:
+        """A session's actor or its worker failed: its client is told, and it closes."""
+        self.counters.crashed += 1
+        if session.closing:
+            return
+        session.closing = True
+        self._send_route(route, P.error_frames(P.INTERNAL, message, route.session))
+        await self._finish(route, session, "crash")
 
     async def _free_slot(self, handle: Handle, stream_ended: bool = False):
         """The clock's stats of the session it frees, or None: a handle of an earlier clock
@@ -719,92 +697,16 @@ class Node:
             self.counters.stale += 1
         return stats
 
-    async def _release(self, actor: SessionActor) -> dict:
-        """`closed.stats`, every count in 80 ms frames: `dropped` is the input frames never
-        heard (`dropped_in`) plus the output frames the client did not get (`dropped_out`)."""
-        slot_stats = await self._free_slot(actor.cfg.handle, actor.end_stream())
-        actor.flush_input()
-        return _close_stats(slot_stats, actor.input_drops(), actor.counters.frames_sent,
-                            actor.counters.dropped_out)
-
-    async def _release_remote(self, actor: RemoteSession) -> dict:
-        """The same for a session in a worker. A worker that died lost what its session still
-        held (audio short of a frame, outputs not yet sent): its input frames the clock never
-        counted are unknown, so `dropped_in` is the clock's count alone."""
-        try:
-            ended = await actor.finish()
-        except (ActorStopped, asyncio.TimeoutError):
-            ended = False
-        slot_stats = await self._free_slot(actor.cfg.handle, ended)
-        try:
-            worker_drops = (await actor.drops()) if ended else 0
-        except (ActorStopped, asyncio.TimeoutError):
-            worker_drops = 0
-        return _close_stats(slot_stats, worker_drops, actor.frames_sent, actor.dropped_out)
-
-    # -- session workers --------------------------------------------------------------------------
-    def _worker_sends(self, rid: int, audio: bool, frames: list) -> None:
-        route = self._remote.get(rid)
-        if route is None:
-            return
-        ok = self._send_route(route, frames, audio)
-        if audio:
-            route.actor.sent(ok)
-
-    def _worker_closing(self, rid: int, reason: str) -> None:
-        route = self._remote.get(rid)
-        if route is not None and not route.actor.closing:
-            route.actor.closing = True
-            self._spawn(self._finish(route, route.actor, reason))
-
-    def _worker_crashed(self, rid: int, name: str) -> None:
-        route = self._remote.get(rid)
-        if route is None or route.actor.closing:
-            return
-        self.counters.crashed += 1
-        route.actor.closing = True
-        self._send_route(route, P.error_frames(P.INTERNAL, f"session failed: {name}",
-                                               route.session))
-        self._spawn(self._finish(route, route.actor, "crash"))
-
-    def _worker_tokens(self, rid: int, ids: list[int]) -> None:
-        route = self._remote.get(rid)
-        if route is not None and self.clock_actor is not None:
-            self.clock_actor.tell(FunctionTokens(route.handle, ids))
-
-    def _worker_stale(self, rows: int) -> None:
+    def _stale_rows(self, rows: int) -> None:
         """A worker read a beat's outputs only after the engine refilled them: those sessions
         miss that beat's audio (counted; the next beat comes as usual)."""
         self.counters.stale_rows += rows
         self.metrics.drops.labels("output_overwritten").inc(rows)
 
-    def _worker_lost(self, rids: list[int]) -> None:
-        """A worker died: each of its sessions' clients is told, and the session closes (its
-        slot freed through its handle, so nothing of it reaches the next session there)."""
-        for rid in rids:
-            route = self._remote.get(rid)
-            if route is None or route.actor.closing:
-                continue
-            self.counters.crashed += 1
-            route.actor.closing = True
-            self._send_route(route, P.error_frames(
-                P.INTERNAL, "the process serving this session failed", route.session))
-            self._spawn(self._finish(route, route.actor, "crash"))
-
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.append(task)
         task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
-
-    async def _session_crashed(self, route: Route, actor: SessionActor,
-                               exc: BaseException) -> None:
-        self.counters.crashed += 1
-        if actor.closing:
-            return
-        actor.closing = True
-        self._send_route(route, P.error_frames(P.INTERNAL, f"session failed: "
-                                                           f"{type(exc).__name__}", route.session))
-        await self._finish(route, actor, "crash")
 
     # -- metrics ----------------------------------------------------------------------------------
     def _on_beat(self, rec: BeatRecord) -> None:
@@ -831,8 +733,7 @@ class Node:
         out = {"front": time.process_time(), "engine": None, "workers": []}
         if self.engine is not None and self.engine.proc is not None:
             out["engine"] = cpu_seconds(self.engine.proc.pid)
-        if self.pool is not None:
-            out["workers"] = [cpu_seconds(w.proc.pid) for w in self.pool.workers.values()]
+        out["workers"] = self.host.cpu_seconds()
         return out
 
     def status(self) -> dict:

@@ -30,7 +30,8 @@ from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.frames import SAMPLES_OUT
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.clock.frame_batch import FrameBatcher
-from wave_actors.runtime.actors import ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart, Supervisor
+from wave_actors.runtime.actors import (ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart,
+                                        Supervisor)
 from wave_actors.clock.shared_outputs import BeatOut
 from wave_actors.sessions.session import AudioIn, Close, FunctionResult, SessionActor
 from wave_actors.clock.shared_frames import FramesView
