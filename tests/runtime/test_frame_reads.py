@@ -20,7 +20,7 @@ from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S, SAMPLES_IN
 from wave_actors.core.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
-from wave_actors.engine.process import EngineClock
+from wave_actors.engine.to_workers import engine_clock
 
 SESSIONS, BEATS = 8, 12
 SPREAD_S = 0.01              # the sessions' frames arrive over this much of each 80 ms
@@ -87,8 +87,8 @@ def test_the_engines_reads_stop_short_of_each_hold():
     hold, every = policy.release_hold_s, policy.frames_every_s
     opts = ExecutorOptions(max_sessions=2, cost_model=FLAT)
     at = _At(0.0)
-    clock = EngineClock(SimExecutor(opts, CostModel.load(FLAT, "reference"), at), None,
-                        "inproc://unused", at, policy, EagerStarts(), 0, False, lambda m: None)
+    clock = engine_clock(SimExecutor(opts, CostModel.load(FLAT, "reference"), at), None,
+                         "inproc://unused", at, policy, EagerStarts(), 0, False, lambda m: None)
     clock.t0 = 10.0
     for release in (10.0 + BEAT_S, 10.0 + 7 * BEAT_S):
         hold_start = release - hold

@@ -58,7 +58,7 @@ def test_outputs_without_a_session_actor_are_counted_unroutable():
             assert not node._deliver(gone, None)
             handles = [clock.table.admit(("nobody", i), gone) for i in range(2)]
             slots = np.array([h.slot for h in handles])
-            clock._route(Routed(slots, np.zeros(2, np.int64)), out)   # nobody serves them
+            clock.route.send(Routed(slots, np.zeros(2, np.int64)), out)   # nobody serves them
             assert clock.stats.unroutable == 2
             for h in handles:
                 clock.table.release(h)

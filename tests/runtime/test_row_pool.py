@@ -3,7 +3,7 @@ is never overwritten, and a buffer nobody holds is reused instead of allocating 
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from wave_actors.clock.clock import RowPool
+from wave_actors.clock.routes import RowPool
 
 SRC_SHAPE = (9, 2, 5)
 

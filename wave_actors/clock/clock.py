@@ -2,7 +2,9 @@
 releases a beat every 160 ms on a drift-free schedule, packs two frames per session in the beat
 straight into the executor's input ring, hands the executor the book's plan, and routes each
 session's outputs to its owner. Frames come in over ZMQ (inproc), each naming its session's
-handle; outputs go to the session actors' mailboxes (same process, same loop).
+handle, or lie in a shared ring the session workers write; outputs go where the clock's route
+sends them (`routes.py`): the session actors' mailboxes in the node's process, or the session
+workers from the engine process (`engine/to_workers.py`).
 
 Schedule: release_k = t0 + k·160 ms. A beat that overruns delays the next one (frames are
 sequential: frame t+1 needs frame t's tokens), but the schedule never shifts, so the overrun
@@ -24,7 +26,6 @@ import asyncio
 import collections
 import logging
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -39,7 +40,7 @@ from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import ALL_FRAMES, BEAT_S, FIRST_FRAME, LATER_FRAMES
 from wave_actors.core.jitter import SlotStats
 from wave_actors.core.prompt import PromptRejected
-from wave_actors.core.session_table import END_OF_STREAM, CapacityError, Routed, SessionTable
+from wave_actors.core.session_table import END_OF_STREAM, CapacityError, SessionTable
 from wave_actors.core.slot_book import BookPlan, SlotBook
 from wave_actors.core.snapshots import snapshot_index
 from wave_actors.core.start_policy import StartPolicy, admission
@@ -50,14 +51,10 @@ from wave_actors.clock.frame_batch import FrameBatcher
 from wave_actors.runtime.gc_pauses import GcPauses, collect_between_beats
 from wave_actors.runtime.loop_stalls import StallWatch
 from wave_actors.runtime.actors import Actor
-from wave_actors.clock.shared_outputs import BeatOut
+from wave_actors.clock.routes import BeatRoute
 from wave_actors.runtime.turns import OutputTurns
 
 LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
-
-# Hands a session's beat outputs to its owner (what the node gave at admission); False when
-# the owner cannot take them (not started yet, or gone).
-Deliver = Callable[[Any, BeatOut], bool]
 
 log = logging.getLogger("wave.clock")
 
@@ -65,7 +62,7 @@ log = logging.getLogger("wave.clock")
 @dataclass
 class Admit:
     key: Any
-    owner: Any                # where the session's outputs go (`Deliver`'s first argument)
+    owner: Any                # where the session's outputs go (its route's to know)
     spec: SessionSpec
 
 
@@ -120,36 +117,6 @@ class BeatRecord:
     copies: int = 0          # sessions started by a prompt-snapshot copy in the beat
 
 
-class RowPool:
-    """Reused host buffers for the rows a beat routes. `take` copies rows of `src` into a buffer
-    that no session still holds a row of, and returns the filled part: a fresh array a beat would
-    page-fault as it is first written, on the route's critical path. A buffer is free again once
-    every view of it is gone (numpy views keep the owning array referenced, so its reference
-    count is back to the pool's own); a session that holds its rows for long only makes the pool
-    grow, to `keep` buffers, then allocate."""
-
-    def __init__(self, keep: int = 8):
-        self.keep = keep
-        self._bufs: list[np.ndarray] = []
-
-    def take(self, src: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        n = len(rows)
-        for i in range(len(self._bufs)):
-            # references: the list's, `buf` here, getrefcount's argument
-            if (buf := self._bufs[i]).shape == src.shape and sys.getrefcount(buf) == 3:
-                break
-        else:
-            buf = np.empty_like(src)
-            if len(self._bufs) < self.keep:
-                self._bufs.append(buf)
-        return np.take(src, rows, axis=0, out=buf[:n], mode="clip")
-
-    @property
-    def held(self) -> int:
-        """Buffers of the pool some session still holds a row of."""
-        return sum(sys.getrefcount(b) > 3 for b in self._bufs)   # list, b, the argument
-
-
 @dataclass
 class ClockStats:
     beats: int = 0
@@ -176,26 +143,28 @@ class ClockStats:
 class BeatClockActor(Actor):
     # answered to the asker (AdmissionRefused is a CapacityError); the clock lives on
     reply_errors = (CapacityError, PromptRejected)
-    # Frames read only outside the hold before a release (a clock alone on its loop, whose
-    # turns hold nothing else); in one process with the sessions, tests hold the turns at will.
-    reads_wait_out_hold = False
-    # The release's spin blocks the loop (`Clock.sleep_until(block=True)`) instead of yielding
-    # to it: for a clock alone on its loop, whose turns hold nothing that may not wait a spin.
-    release_blocks = False
 
     def __init__(self, executor: Executor, ctx: zmq.asyncio.Context, endpoint: str,
-                 clock: Clock, deliver: Deliver, policy: ClockPolicy, start_policy: StartPolicy,
+                 clock: Clock, route: BeatRoute, policy: ClockPolicy, start_policy: StartPolicy,
                  epoch: int = 0, on_beat: Callable[[BeatRecord], None] | None = None,
-                 keep_records: bool = True, frames_ring=None):
-        """`frames_ring`: a `shared_frames.FrameRing` the frames lie in (the session workers
-        write them there and send none; the clock pulls them at each release)."""
+                 keep_records: bool = True, frames_ring=None, alone: bool = False,
+                 on_record: Callable[[BeatRecord], None] | None = None):
+        """`route`: where each beat's outputs go (`routes.py`). `frames_ring`: a
+        `shared_frames.FrameRing` the frames lie in (the session workers write them there and
+        send none; the clock pulls them at each release). `alone`: the clock has its loop to
+        itself (the engine process), so frames are read only outside the hold before a release
+        and the release's spin blocks the loop (`Clock.sleep_until(block=True)`) instead of
+        yielding to it; in one process with the sessions, tests hold the turns at will.
+        `on_beat`: each beat that carried sessions; `on_record`: every beat run."""
         super().__init__("clock")
+        self.route, self.epoch, self.start_policy = route, epoch, start_policy
+        self.reads_wait_out_hold = self.release_blocks = alone
+        self._on_record = on_record
         self._ring = frames_ring
         # The executor reads the beat's frames out of the ring itself, while the beat runs.
         self._executor_reads = frames_ring is not None and executor.caps.reads_frames
         self.executor, self.ctx, self.endpoint, self.clock = executor, ctx, endpoint, clock
         self.policy = policy
-        self._deliver = deliver
         opts = executor.options
         self.table = SessionTable(executor.max_sessions, epoch, policy.prebuffer, policy.max_queue,
                                   policy.shedding, frames_ring)
@@ -213,8 +182,8 @@ class BeatClockActor(Actor):
         self.stalls = StallWatch()         # started on a real loop only: virtual time never stalls
         self._watching = False
         self._inputs = [executor.alloc_input(), executor.alloc_input()]     # ring of two slots
-        self._outputs = self._alloc_outputs(executor)
-        self._pcm_rows = RowPool()
+        route.attach(self)
+        self._outputs = route.outputs(executor)
         self._ops: list[tuple] = []              # slot changes for the next beat boundary
         self._ready_waiters: dict[Handle, asyncio.Future] = {}   # admitted, start not done yet
         self._stream_ends: dict[Handle, asyncio.Future] = {}     # END_OF_STREAM seen (closing)
@@ -309,6 +278,7 @@ class BeatClockActor(Actor):
                 if why:
                     raise AdmissionRefused(why)
             handle = self.table.admit(msg.key, msg.owner)     # raises CapacityError when full
+            self.route.admitted(handle.slot)
             self._ops.append(("open", handle, (tokens, msg.spec)))
             self._ready_waiters[handle] = asyncio.get_running_loop().create_future()
             return handle
@@ -450,13 +420,13 @@ class BeatClockActor(Actor):
                     # Frames in a ring this clock has none of (its sender was told of another
                     # engine's): lost, counted; told to send the samples from now on.
                     self.stats.dropped_frames += len(head)
-                    self._tell_ring(frames[0], force=True)
+                    self.route.greet(frames[0], force=True)
                     continue
                 batch, in_ring = (None if head is None else (head, None)), True
             if batch is None:                 # not a FrameBatcher's message
                 self.stats.dropped_frames += 1
                 continue
-            self._tell_ring(frames[0])
+            self.route.greet(frames[0])
             if heads and in_ring != ringed:
                 self._queue_run(heads, pcms, ringed)
                 heads, pcms = [], []
@@ -485,9 +455,6 @@ class BeatClockActor(Actor):
         """Frames the session workers wrote into the shared ring, queued."""
         if self._ring is not None:
             self._frames_read += self.table.pull_ring()
-
-    def _tell_ring(self, sender: bytes, force: bool = False) -> None:
-        """Tell a sender of frames where the shared ring lies (the engine's clock)."""
 
     def _batch_in(self, head: np.ndarray, rows: np.ndarray | list[np.ndarray] | None) -> None:
         """`rows`: the frames' samples (or their pieces in order); None: in the shared ring."""
@@ -583,7 +550,7 @@ class BeatClockActor(Actor):
             return
         if not self.executor.caps.reports_launch:
             self.turns.free()
-        self._refilling(k % 2)
+        self.route.refilling(k % 2)
         self.executor.submit(plan, inp, out)
         self._inflight = asyncio.get_running_loop().create_task(
             self._finish(k, release, plan, packed, out, begin, wake, frames_read, pack_s))
@@ -598,7 +565,7 @@ class BeatClockActor(Actor):
         try:
             if self.executor.caps.first_frame:
                 await self.executor.wait_first()
-                self._route(self.table.peek(packed), out, FIRST_FRAME)
+                self.route.send(self.table.peek(packed), out, FIRST_FRAME)
                 first_s, rest = self.clock.now() - release, LATER_FRAMES
             await self.executor.wait()
             out.compute_s = self.executor.collect(plan, out)
@@ -607,12 +574,12 @@ class BeatClockActor(Actor):
         read = self._inputs[k % 2].frames
         if read is not None and read.torn:
             self.table.jitter.count_torn(read)
-        self._filled(k % 2)
+        self.route.filled(k % 2)
         self.book.observe(plan, out.compute_s)
         returned = self.clock.now() - release
         in_beat = len(packed.slot_idx) > 0
         routed = self.table.complete(packed, late=returned > LATE_AFTER_S and in_beat)
-        self._route(routed, out, rest)
+        self.route.send(routed, out, rest)
         latency = self.clock.now() - release
         if in_beat:
             self._host_s.append(max(0.0, latency - begin - out.compute_s))
@@ -626,35 +593,11 @@ class BeatClockActor(Actor):
                                 len(plan.copies)))
         collect_between_beats(k)     # a no-op unless serving_process turned the collector off
 
-    def _alloc_outputs(self, executor) -> list:
-        """The ring of two output buffers: beat k's outputs land in buffer k % 2."""
-        return [executor.alloc_output(), executor.alloc_output()]
-
-    def _refilling(self, index: int) -> None:
-        """Output buffer `index` is handed to the executor (its last beat's rows are routed)."""
-
-    def _filled(self, index: int) -> None:
-        """Output buffer `index` holds the beat just collected."""
-
-    def _route(self, routed: Routed, out, frames: slice = None) -> None:
-        # Once a beat (or frame), not per session, and only the routed rows: the token rows
-        # become lists in one tolist() each, and the PCM rows are copied out in one piece into a
-        # reused buffer (the ring slot is refilled two beats on; sessions read their rows later).
-        if not routed:
-            return
-        frames = frames or ALL_FRAMES
-        rows = routed.slots
-        text, func, user = (a[rows, frames].tolist() for a in (out.text, out.func, out.user))
-        pcm = self._pcm_rows.take(out.pcm[:, frames], rows)
-        for i, (entry, first_frame) in enumerate(self.table.entries_of(routed)):
-            header = {"frame": first_frame + frames.start, "text": text[i], "func": func[i],
-                      "user": user[i]}
-            if not self._deliver(entry.owner, BeatOut(header, pcm[i])):
-                self.stats.unroutable += 1
-
     def _record(self, rec: BeatRecord) -> None:
         if self.stats.add(rec, self._keep_records) and self._on_beat:
             self._on_beat(rec)
+        if self._on_record is not None:
+            self._on_record(rec)
 
 
 @dataclass

@@ -36,22 +36,18 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import zmq
 import zmq.asyncio
 
-from wave_actors.sessions import worker_wire as W
-from wave_actors.clock.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
-from wave_actors.core.contract import ExecutorOptions, Handle
-from wave_actors.core.frames import ALL_FRAMES, FIRST_FRAME
-from wave_actors.core.registry import make_executor
-from wave_actors.core.session_table import Routed
-from wave_actors.core.timebase import Clock, new_loop
-from wave_actors.runtime.actors import ActorStopped
-from wave_actors.clock.shared_outputs import BeatOut
-from wave_actors.engine.serving_process import serving_process
+from wave_actors.clock.clock import Admit, BeatClockActor, FunctionTokens, Release
 from wave_actors.clock.shared_frames import SharedFrames, ring_for
 from wave_actors.clock.shared_outputs import SharedOutputs
+from wave_actors.core.contract import ExecutorOptions, Handle
+from wave_actors.core.registry import make_executor
+from wave_actors.core.timebase import Clock, new_loop
+from wave_actors.engine.serving_process import serving_process
+from wave_actors.engine.to_workers import engine_clock
+from wave_actors.runtime.actors import ActorStopped
 
 log = logging.getLogger("wave.engine")
 PARENT_CHECK_S = 0.5
@@ -81,151 +77,12 @@ class EngineFacts:
     pid: int
 
 
-class EngineClock(BeatClockActor):
-    """The beat clock with its outputs sent to the session workers, one message a worker a beat,
-    and every beat's record sent to the front."""
-    reads_wait_out_hold = True
-    release_blocks = True
-
-    def __init__(self, executor, ctx, endpoint: str, clock: Clock, policy, start_policy,
-                 epoch: int, keep_records: bool, report, shared: SharedOutputs | None = None,
-                 frames: SharedFrames | None = None):
-        # With `shared`, the executor writes into memory the workers map, and a beat's message
-        # to a worker carries its rows' headers only (`_route`). With `frames`, the workers
-        # write their frames into memory this clock pulls and packs from, and send nothing.
-        self._shared = shared
-        self._shared_name = shared.name.encode() if shared is not None else b""
-        self._frames = frames
-        if frames is not None:
-            frames.clear()
-        self._told: set[bytes] = set()         # senders told where the frames' ring lies
-        super().__init__(executor, ctx, endpoint, clock, self._collect, policy, start_policy,
-                         epoch, keep_records=keep_records, frames_ring=frames)
-        self.epoch, self.start_policy, self._report = epoch, start_policy, report
-        self._stalls_sent = 0.0
-        # Each slot's session's worker (an index into `_workers`, -1: not bound yet) and the
-        # front's number for it: a beat is routed by these arrays, not per session in Python.
-        self._owner_worker = np.full(executor.max_sessions, -1, np.int32)
-        self._owner_rid = np.zeros(executor.max_sessions, np.int64)
-        self._workers: list[bytes] = []            # socket identities, in order first seen
-        self._worker_index: dict[bytes, int] = {}
-
-    def _alloc_outputs(self, executor) -> list:
-        if self._shared is None:
-            return super()._alloc_outputs(executor)
-        self._shared.clear()
-        self._fills = [0] * self._shared.depth
-        return [executor.alloc_output(out) for out in self._shared.outputs]
-
-    def _refilling(self, index: int) -> None:
-        if self._shared is not None:
-            self._shared.refilling(index)
-
-    def _filled(self, index: int) -> None:
-        if self._shared is not None:
-            self._fills[index] = self._shared.filled(index)
-
-    def _tell_ring(self, sender: bytes, force: bool = False) -> None:
-        if sender in self._told and not force:
-            return
-        self._told.add(sender)
-        ring = self._frames
-        where = (ring.slots, ring.ring, ring.name.encode()) if ring is not None else (0, 0, b"")
-        try:
-            self._tx.send([sender, *W.frames_at(*where)])
-        except zmq.ZMQError:                   # the sender is gone
-            pass
-
-    @staticmethod
-    def _collect(owner, out: BeatOut) -> bool:
-        raise AssertionError("the engine's clock routes by worker (_route)")
-
-    async def handle(self, msg):
-        result = await super().handle(msg)
-        if isinstance(msg, Admit):
-            self._owner_worker[result.slot] = -1   # a new session: unbound until the front says
-        return result
-
-    def bind(self, handle: Handle, worker: bytes, rid: int) -> None:
-        """Where a current session's outputs go: its worker's socket and the front's number for
-        it. Rows of a session not bound yet (or no longer current) are unroutable."""
-        entry = self.table.entries.get(handle.slot)
-        if entry is None or entry.handle != handle:
-            return
-        index = self._worker_index.get(worker)
-        if index is None:
-            index = self._worker_index[worker] = len(self._workers)
-            self._workers.append(worker)
-        self._owner_worker[handle.slot] = index
-        self._owner_rid[handle.slot] = rid
-
-    def _route(self, routed: Routed, out, frames: slice = None) -> None:
-        # Once a beat, as arrays: the routed rows ordered by worker, every field gathered once,
-        # then each worker's rows sent as contiguous slices of those arrays, in one message.
-        # The PCM stays in the shared output buffer, for each worker to copy its own rows out;
-        # without one it is gathered here, in one copy (the buffer is refilled two beats on).
-        # A first frame routed early travels in the message: the shared buffer is stamped
-        # filled only once the whole beat is.
-        if not routed:
-            return
-        frames = frames or ALL_FRAMES
-        n = len(routed)
-        workers = self._owner_worker[routed.slots]
-        order = np.argsort(workers, kind="stable")
-        workers = workers[order]
-        unbound = int(np.searchsorted(workers, 0))     # -1 sorts first: rows of no worker
-        self.stats.unroutable += unbound
-        if unbound == n:
-            return
-        order, workers = order[unbound:], workers[unbound:]
-        rows = routed.slots[order]
-        head = np.empty(len(rows), W.BEAT_ROW)
-        head["rid"] = self._owner_rid[rows]
-        head["frame"] = routed.firsts[order] + frames.start
-        head["lo"], head["hi"] = frames.start, frames.stop
-        for name in ("text", "func", "user"):
-            head[name] = getattr(out, name)[rows]
-        if self._shared is not None and frames != FIRST_FRAME:
-            index = next(i for i, o in enumerate(self._outputs) if o is out)
-            where = np.array([(self._shared.slots, self._shared.depth, index,
-                               self._fills[index])], W.SHARED_AT)
-            slots = rows.astype(np.int32)
-            message = lambda a, b: W.beat_at(head[a:b], slots[a:b], where, self._shared_name)
-        else:
-            pcm = out.pcm[rows, frames]
-            message = lambda a, b: W.beat(head[a:b], pcm[a:b])
-        cuts = np.flatnonzero(workers[1:] != workers[:-1]) + 1
-        starts, ends = np.r_[0, cuts].tolist(), np.r_[cuts, len(rows)].tolist()
-        for a, b, index in zip(starts, ends, workers[starts].tolist()):
-            try:
-                # Slices of fresh arrays nothing writes again: ZMQ takes them uncopied.
-                self._tx.send([self._workers[index], *message(a, b)], copy=False)
-            except zmq.ZMQError:               # the worker died: its sessions are ending
-                self.stats.unroutable += b - a
-
-    def _record(self, rec: BeatRecord) -> None:
-        super()._record(rec)
-        new = self.stalls.since(self._stalls_sent)
-        if new:
-            self._stalls_sent = max(s.release for s in new) + 1e-9
-        t = self.table.jitter.totals
-        self._report(("beat", self.epoch, rec,
-                      {"underruns": t.underruns, "dropped": t.dropped,
-                       "dropped_frames": self.stats.dropped_frames,
-                       "unroutable": self.stats.unroutable, "free_slots": self.free_slots,
-                       "outputs_shared": self._shared is not None,
-                       "frames_shared": self._frames is not None,
-                       "frames_read_by_executor": self._executor_reads,
-                       "frames_overwritten": self.table.jitter.overwritten},
-                      new))
-
-
 class EngineServer:
     def __init__(self, executor, conn, share_outputs: bool = True, share_frames: bool = True):
         self.executor, self.conn = executor, conn
         self.ctx = zmq.asyncio.Context()
         self.clock = Clock()
-        self.actor: EngineClock | None = None
+        self.actor: BeatClockActor | None = None
         self.epoch = -1
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
@@ -315,7 +172,7 @@ class EngineServer:
         elif op == "tokens":
             self.actor.tell(FunctionTokens(msg[2], msg[3]))
         elif op == "bind":
-            self.actor.bind(*msg[2:])
+            self.actor.route.bind(*msg[2:])
 
     async def _start_clock(self, epoch, endpoint, policy, start_policy, keep_records) -> None:
         await self._stop_clock()
@@ -329,9 +186,9 @@ class EngineServer:
                 self.frames.close()
             self.frames = SharedFrames.create(self.executor.max_sessions, ring)
             self._share_frames = self.frames is not None    # none to be had here: not again
-        self.actor = EngineClock(self.executor, self.ctx, endpoint, self.clock, policy,
-                                 start_policy, epoch, keep_records, self.report, self.shared,
-                                 self.frames)
+        self.actor = engine_clock(self.executor, self.ctx, endpoint, self.clock, policy,
+                                  start_policy, epoch, keep_records, self.report, self.shared,
+                                  self.frames)
         task = self.actor.start()
         task.add_done_callback(lambda t, e=epoch: self._clock_ended(t, e))
         self.send(("started", epoch))

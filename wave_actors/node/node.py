@@ -39,6 +39,7 @@ from transports import protocol as P
 from transports import zsock
 from wave_actors.node.bindings import Bindings, Route
 from wave_actors.clock.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
+from wave_actors.clock.routes import ToSessions
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import FRAME_S
@@ -254,7 +255,8 @@ class Node:
             return ClockProxy(self.engine, self._clock_incarnation, endpoint,
                               self.cfg.clock_policy, self.start_policy, self.cfg.keep_records,
                               self._on_beat)
-        return BeatClockActor(self.executor, self.ctx, endpoint, self.clock, self._deliver,
+        return BeatClockActor(self.executor, self.ctx, endpoint, self.clock,
+                              ToSessions(self._deliver),
                               self.cfg.clock_policy, self.start_policy, self._clock_incarnation,
                               self._on_beat, self.cfg.keep_records)
 
