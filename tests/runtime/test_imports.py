@@ -163,3 +163,25 @@ def test_the_node_hosts_sessions_through_one_protocol():
                        "wave_actors.sessions.session.Close",
                        "wave_actors.sessions.session.FunctionResult",
                        "wave_actors.sessions.session.SessionConfig"}, sorted(reached)
+
+
+def project_bases() -> dict[str, list[str]]:
+    """Every class of the serving side (wave_actors, gpu, sim) → the names of its bases."""
+    found = {}
+    for pkg in ("wave_actors", "gpu", "sim"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef):
+                    found[f"{module_name(path)}.{node.name}"] = [ast.unparse(b) for b in node.bases]
+    return found
+
+
+def test_policies_and_the_clock_are_composed_not_inherited():
+    """Bug it catches: a policy made by overriding another's methods (`HeadroomAdmission`
+    was an `EagerStarts` with its hooks replaced), or a second clock class that fills in
+    the first one's empty hooks (`EngineClock`): behaviour then lives in two places."""
+    bases = project_bases()
+    policies = {k: v for k, v in bases.items() if k.startswith("wave_actors.core.start_policy.")}
+    assert policies and all(b in ([], ["Protocol"]) for b in policies.values()), policies
+    clocks = [k for k, v in bases.items() if "BeatClockActor" in v]
+    assert clocks == [], clocks

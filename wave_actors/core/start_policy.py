@@ -135,20 +135,29 @@ def admission(policy, n_live: int, n_starting: int, slots: int) -> str | None:
 
 
 @dataclass
-class HeadroomAdmission(EagerStarts):
+class HeadroomAdmission:
     """Eager start rows, and opens only while the latest beat left `headroom_s` spare."""
     headroom_s: float = 0.02
     name: str = field(default="headroom", init=False)
     refused: int = field(default=0, init=False)
     last_s: float | None = field(default=None, init=False, repr=False)
+    starts: EagerStarts = field(default_factory=EagerStarts, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.headroom_s < BEAT_S:
             raise ValueError(f"HeadroomAdmission: 0 <= headroom_s < {BEAT_S}")
 
+    @property
+    def held_back(self) -> int:
+        return self.starts.held_back
+
     def observe(self, n_live: int, with_rows: bool, seconds: float) -> None:
+        self.starts.observe(n_live, with_rows, seconds)
         if not with_rows:             # a start's extra cost passes; the live load stays
             self.last_s = seconds
+
+    def carry_rows(self, n_live: int, time_left_s: float) -> bool:
+        return self.starts.carry_rows(n_live, time_left_s)
 
     def admit(self, n_live: int, n_starting: int, slots: int) -> str | None:
         # An idle node runs no beat to measure: the last one's time is of a load that left,
@@ -165,11 +174,31 @@ class HeadroomAdmission(EagerStarts):
 
 
 @dataclass
-class ForecastAdmission(BudgetedStarts):
+class ForecastAdmission:
     """Budgeted start rows, and opens only when the forecast beat still meets the deadline."""
-    margin_s: float = 0.008
+    margin_s: float = 0.008         # the budget's margin, and the forecast's
+    max_hold: int = 6
+    smoothing: float = 0.3
     name: str = field(default="forecast", init=False)
     refused: int = field(default=0, init=False)
+    starts: BudgetedStarts = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.starts = BudgetedStarts(self.margin_s, self.max_hold, self.smoothing)
+
+    @property
+    def held_back(self) -> int:
+        return self.starts.held_back
+
+    @property
+    def beat_s(self) -> dict[tuple[int, bool], float]:
+        return self.starts.beat_s
+
+    def observe(self, n_live: int, with_rows: bool, seconds: float) -> None:
+        self.starts.observe(n_live, with_rows, seconds)
+
+    def carry_rows(self, n_live: int, time_left_s: float) -> bool:
+        return self.starts.carry_rows(n_live, time_left_s)
 
     def forecast(self, n: int) -> float | None:
         """A beat of n live sessions: the measured beats without start rows fitted by a line
@@ -198,7 +227,7 @@ class ForecastAdmission(BudgetedStarts):
                 f"{1e3 * self.margin_s:.0f} ms margin")
 
     def describe(self) -> dict:
-        return super().describe() | {"refused": self.refused}
+        return self.starts.describe() | _describe(self) | {"refused": self.refused}
 
 
 OVERLOADED_START_S = 0.1 * BEAT_S   # start work a beat carries where beats are late anyway
