@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu.engine.graph_executor import GraphExecutor                    # noqa: E402
 from gpu.engine.parity import compare, engine_run, reference_run      # noqa: E402
 from wave_actors.core.contract import SessionSpec                           # noqa: E402
-from wave_actors.bench.capacity import git_commit                                # noqa: E402
+from wave_actors.bench.results import git_commit                                 # noqa: E402
 from wave_actors.core.contract import ExecutorOptions                   # noqa: E402
 
 SPECS = [SessionSpec("You are a helpful assistant."), SessionSpec(""),

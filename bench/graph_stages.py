@@ -32,7 +32,7 @@ from gpu.model.talker import TalkerInputs                             # noqa: E4
 from wave_actors.core.text import BOS                                   # noqa: E402
 from gpu.model.voicechat import VoiceChat                             # noqa: E402
 from gpu.model.voicechat_weights import load_dtype, random_weights_on  # noqa: E402
-from wave_actors.bench.capacity import git_commit                              # noqa: E402
+from wave_actors.bench.results import git_commit                               # noqa: E402
 
 CUDNN_OFF = False          # --cudnn-off: the convolutions as the graph backend ran them before
 STAGES = ("mel", "perception", "rnnt", "thinker", "talker", "codec")

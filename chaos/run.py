@@ -43,7 +43,7 @@ import numpy as np
 from chaos import ws_fuzz, zmq_fuzz
 from chaos.relay import Relay
 from transports import client as C
-from wave_actors.bench.capacity import git_commit
+from wave_actors.bench.results import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAME_S = 0.08

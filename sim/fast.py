@@ -52,8 +52,8 @@ from sim.costmodel import CostModel
 from sim.executor import measured_at_build, snapshot_space
 from sim.frame_counters import TICK_EPS, Frames
 from wave_actors.bench.workload import Call, Workload, WorkloadError, load
-from wave_actors.bench.capacity import (RESULTS, WARMUP_BEATS, WARMUP_MAX, WINDOW_OF, BenchResult,
-                                        RunResult, git_commit, write)
+from wave_actors.bench.results import (RESULTS, WARMUP_BEATS, WARMUP_MAX, WINDOW_OF, BenchResult,
+                                       RunResult, git_commit, write)
 from wave_actors.bench.clients import REDIAL_S, call_fields
 from wave_actors.clock.clock import LATE_AFTER_S
 from wave_actors.core.clock_policy import ClockPolicy

@@ -29,7 +29,7 @@ from transports.client import NodeClient
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import FRAME_MS, SAMPLES_IN
-from wave_actors.bench.capacity import git_commit
+from wave_actors.bench.results import git_commit
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
 from wave_actors.node.node import Node, NodeConfig
 

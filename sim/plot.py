@@ -1,5 +1,5 @@
 """`python -m sim.plot RESULT.json [RESULT.json ...] [--out DIR]`: figures of bench, simulator
-and SLO-search results (`wave_actors.bench.capacity`, `sim.run`, `sim.slo`), as PNGs.
+and SLO-search results (`python -m wave_actors.bench`, `sim.run`, `sim.slo`), as PNGs.
 
 For each bench or sim.run result (its first run unless `--run` says otherwise):
 - `<name>-beats.png`: every measured beat's latency (release to outputs routed) against time,

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from sim.costmodel import DEFAULT_PATH
-from wave_actors.bench import capacity as bench
+from wave_actors.bench import cli, results
 
 
 def main(argv=None) -> int:
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0,
                     help="every random choice: the workload, callers, the cost model's jitter")
     ap.add_argument("--find-max", action="store_true")
-    ap.add_argument("--out", default=str(bench.RESULTS))
+    ap.add_argument("--out", default=str(results.RESULTS))
     args = ap.parse_args(argv)
     cost = args.cost_model or str(DEFAULT_PATH)
     if args.jitter is not None:
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     forwarded += ["--seed", str(args.seed)]
     if args.find_max:
         forwarded.append("--find-max")
-    return bench.main(forwarded, command)
+    return cli.main(forwarded, command)
 
 
 if __name__ == "__main__":

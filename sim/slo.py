@@ -29,7 +29,7 @@ from pathlib import Path
 from sim.costmodel import DEFAULT_PATH
 from sim.fast import FastConfig, FastError, run_one
 from wave_actors.bench.workload import Workload, WorkloadError, generate, load, parse_spec
-from wave_actors.bench.capacity import RESULTS, git_commit
+from wave_actors.bench.results import RESULTS, git_commit
 from wave_actors.core.policy_spec import PolicyError, make_policy
 
 # How each SLO key reads a run: (its value from the run's result and deadline metrics).

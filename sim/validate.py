@@ -20,7 +20,7 @@ the batch buckets its engine captured (`extra.engine.buckets_captured`, into the
 `buckets`: an engine before the ladder captured only its top bucket, and a device short of
 memory stops the ladder early, so a beat of few sessions replays a large bucket).
 What is compared is what the GPU result counted: a result with `measured` (the bench's headline
-counts every beat from the first open to the last close, `bench.WINDOW_OF`) against the
+counts every beat from the first open to the last close, `results.WINDOW_OF`) against the
 replay's headline, one without (recorded before that: its headline was the measured window)
 against the replay's measured window (`measured`), in the full node and the draws alike.
 
@@ -141,11 +141,11 @@ def default_model(raw: dict) -> Path:
 
 def run_sim(argv: list[str], out_dir: Path) -> dict:
     """The bench on the sim backend, in this process; its chatter is kept unless it fails."""
-    from wave_actors.bench import capacity as bench
+    from wave_actors.bench import cli, results
     chatter = io.StringIO()
     try:
         with contextlib.redirect_stdout(chatter):
-            bench.main(argv, "python -m wave_actors.bench " + " ".join(argv))
+            cli.main(argv, "python -m wave_actors.bench " + " ".join(argv))
     except (Exception, SystemExit) as exc:
         tail = " | ".join(chatter.getvalue().strip().splitlines()[-3:])
         raise ValidateError(f"the sim run failed ({exc!r}): {tail}") from None

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from wave_actors.bench import capacity as bench
+from wave_actors.bench import capacity, cli
 from wave_actors.bench.clients import Generators
 
 
 @pytest.mark.slow
 def test_a_real_time_run_through_two_generator_processes_accounts_for_every_session(tmp_path):
-    args = bench.parse_args(["--backend", "sim", "--sessions", "5", "--beats", "12",
+    args = cli.parse_args(["--backend", "sim", "--sessions", "5", "--beats", "12",
                              "--client-procs", "2", "--warmup-max", "8", "--out", str(tmp_path)])
-    (res,) = bench.measure(args, 5)
+    (res,) = capacity.measure(args, 5)
     assert res.windows["measured"]["beats"] == 12 and res.refusals == 0 and res.errors == 0
     assert res.beats == sum(res.windows[w]["beats"] for w in ("ramp", "measured", "drain"))
     # every session reported its `closed` stats through its generator: frames went both ways
@@ -32,7 +32,7 @@ def test_a_generator_that_dies_is_reported_while_the_run_waits():
             while callers.failed() is None and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             with pytest.raises(RuntimeError, match="exited with code"):
-                await bench._while_alive(callers, asyncio.sleep(60))
+                await capacity._while_alive(callers, asyncio.sleep(60))
             return callers.failed()
         finally:
             callers.kill()
@@ -50,9 +50,9 @@ def test_churn_on_virtual_time_starts_new_calls_without_a_late_beat(tmp_path):
     raw["profiles"]["reference"].update(fixed_bytes=32e-3 * 1e12 / 2, bytes_per_context_frame=0.0)
     cost = tmp_path / "cost.json"
     cost.write_text(json.dumps(raw))
-    args = bench.parse_args(["--backend", "sim", "--sessions", "4", "--beats", "150", "--virtual",
+    args = cli.parse_args(["--backend", "sim", "--sessions", "4", "--beats", "150", "--virtual",
                              "--churn", "2", "--cost-model", str(cost), "--out", str(tmp_path)])
-    (res,) = bench.measure(args, 4)
+    (res,) = capacity.measure(args, 4)
     assert res.windows["measured"]["beats"] == 150 and res.beats > 150
     assert res.late_beats == 0 and res.errors == 0 and res.refusals == 0
     assert res.opens >= 4 + 10                          # ~24 s of calls of 2 s on 4 lines
@@ -64,7 +64,7 @@ def test_churn_on_virtual_time_starts_new_calls_without_a_late_beat(tmp_path):
 @pytest.mark.parametrize("churn", ["-1", "nan"])
 def test_churn_must_be_a_mean_call_length(churn, capsys):
     with pytest.raises(SystemExit):
-        bench.parse_args(["--backend", "sim", "--churn", churn])
+        cli.parse_args(["--backend", "sim", "--churn", churn])
     assert "--churn" in capsys.readouterr().err
 
 
@@ -73,11 +73,11 @@ def test_a_generator_whose_callers_were_all_refused_does_not_end_the_run(tmp_pat
     """Bug: a load generator whose lines were all refused exited at once, and the bench aborted
     ("bench-load-3 exited with code 0 before the run ended") instead of reporting the refusal.
     Four callers, one per generator, on a node with three slots: one is refused."""
-    args = bench.parse_args(["--backend", "sim", "--sessions", "4", "--beats", "12",
+    args = cli.parse_args(["--backend", "sim", "--sessions", "4", "--beats", "12",
                              "--client-procs", "4", "--warmup-max", "8", "--out", str(tmp_path)])
-    backend = bench.make_executor_for(args, 3)
+    backend = capacity.make_executor_for(args, 3)
     try:
-        (res,) = bench.measure(args, 4, backend)
+        (res,) = capacity.measure(args, 4, backend)
     finally:
         backend.close()
     assert res.windows["measured"]["beats"] == 12 and res.opens == 3 and res.refusals == 1
@@ -89,9 +89,9 @@ def test_a_generator_whose_callers_were_all_refused_does_not_end_the_run(tmp_pat
 def test_a_burst_dials_onto_the_steady_node_and_is_reported_apart(tmp_path):
     """--burst: once the first callers are steady, more dial at once; the measured beats begin
     then, so any start work they cost is in them, and their opens are reported on their own."""
-    args = bench.parse_args(["--backend", "sim", "--sessions", "6", "--burst", "3", "--beats",
+    args = cli.parse_args(["--backend", "sim", "--sessions", "6", "--burst", "3", "--beats",
                              "40", "--virtual", "--out", str(tmp_path)])
-    (res,) = bench.measure(args, 6)
+    (res,) = capacity.measure(args, 6)
     assert res.opens == 6 and res.refusals == 0
     assert res.burst["sessions"] == 3 and res.burst["opened"] == 3 and res.burst["refused"] == 0
     assert 0 <= res.burst["open_p50_ms"] <= res.burst["open_p99_ms"] <= res.burst["open_max_ms"]
@@ -99,4 +99,4 @@ def test_a_burst_dials_onto_the_steady_node_and_is_reported_apart(tmp_path):
     assert res.live["offered"] == 9 and res.live["min"] == 6 and res.live["max"] == 9
     assert res.trace["sessions"][0] == 6                  # measured from the dial on
     with pytest.raises(SystemExit):
-        bench.parse_args(["--backend", "sim", "--burst", "-1"])
+        cli.parse_args(["--backend", "sim", "--burst", "-1"])

@@ -6,11 +6,11 @@ from unittest import mock
 
 from hypothesis import given, settings, strategies as st
 
-from wave_actors.bench import capacity as bench
+from wave_actors.bench import capacity as bench, results
 
 
-def _result(n: int, late: int) -> bench.RunResult:
-    return bench.RunResult(n, 10, late, 100.0, 120.0, 130.0, 90.0, 0, 0, 0, 0, 0, 0)
+def _result(n: int, late: int) -> results.RunResult:
+    return results.RunResult(n, 10, late, 100.0, 120.0, 130.0, 90.0, 0, 0, 0, 0, 0, 0)
 
 
 @settings(max_examples=150, deadline=None)

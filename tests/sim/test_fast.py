@@ -11,7 +11,7 @@ import pytest
 from sim import fast
 from sim.fast import FastConfig, run_fast, run_one
 from wave_actors.bench.workload import load
-from wave_actors.bench import capacity as bench
+from wave_actors.bench import cli
 from wave_actors.core.frames import FRAMES_PER_BEAT
 from wave_actors.core.start_policy import BudgetedStarts, GuardedStarts
 
@@ -53,7 +53,7 @@ def test_fast_mode_agrees_with_full_emulation_on_a_closed_loop(tmp_path):
     falls on is that race."""
     cost = jittered(tmp_path)
     out = tmp_path / "full"
-    assert bench.main(["--backend", "sim", "--virtual", "--sessions", "64", "--beats", "300",
+    assert cli.main(["--backend", "sim", "--virtual", "--sessions", "64", "--beats", "300",
                        "--churn", "5", "--seed", "3", "--profile", "dense", "--cost-model",
                        cost, "--out", str(out)]) == 0
     (path,) = out.glob("sim-*.json")

@@ -13,7 +13,7 @@ from sim import fit
 from sim.costmodel import CostModel
 from sim.fast import FastConfig, run_fast
 from tests.sim.test_fit_validate import ROLL_S, carried_json
-from wave_actors.bench import capacity as bench
+from wave_actors.bench import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_S = 0.05          # far above any other part of a beat: the beat that carries it stands out
@@ -56,7 +56,7 @@ def test_the_sim_executor_and_the_fast_mode_slow_the_first_rolling_beat_alone(tm
     per beat, or the fast mode and the full node disagreeing on which beat pays it."""
     cost = _cost_model(tmp_path)
     out = tmp_path / "full"
-    assert bench.main(["--backend", "sim", "--virtual", "--sessions", "8", "--beats", "120",
+    assert cli.main(["--backend", "sim", "--virtual", "--sessions", "8", "--beats", "120",
                        "--profile", "dense", "--context", "1500", "--cost-model", cost,
                        "--out", str(out)]) == 0
     (path,) = out.glob("sim-*.json")

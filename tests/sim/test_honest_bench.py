@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from wave_actors.bench import capacity as bench
+from wave_actors.bench import capacity, cli
 from wave_actors.core.frames import BEAT_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def slow_first_roll(tmp_path_factory) -> str:
 
 
 def _args(cost: str, out: Path, *more: str):
-    return bench.parse_args(["--backend", "sim", "--virtual", "--sessions", "4", "--beats", "20",
+    return cli.parse_args(["--backend", "sim", "--virtual", "--sessions", "4", "--beats", "20",
                              "--context", "64", "--cost-model", cost, "--out", str(out), *more])
 
 
@@ -37,7 +37,7 @@ def _args(cost: str, out: Path, *more: str):
 def ramp_late_run(slow_first_roll, tmp_path_factory) -> dict:
     """One run whose only late beats are in the ramp, written as the bench writes it."""
     out = tmp_path_factory.mktemp("run")
-    assert bench.main(["--backend", "sim", "--virtual", "--sessions", "4", "--beats", "20",
+    assert cli.main(["--backend", "sim", "--virtual", "--sessions", "4", "--beats", "20",
                        "--context", "64", "--cost-model", slow_first_roll, "--out",
                        str(out)]) == 0
     (path,) = out.glob("sim-*.json")
@@ -82,7 +82,7 @@ def test_find_max_fails_an_n_on_a_late_ramp_beat(slow_first_roll, tmp_path):
     """Catches find-max's verdict (and --fail-fast) looking at the measured beats alone: the
     first roll is late at every N, so no N passes, and each run stops in its ramp."""
     args = _args(slow_first_roll, tmp_path, "--find-max", "--max-find", "4")
-    found, seen = bench.find_max(args)
+    found, seen = capacity.find_max(args)
     assert found == 0 and 4 in seen
     for runs in seen.values():
         (res,) = runs
@@ -96,7 +96,7 @@ def test_the_occupancy_workload_through_the_bench(tmp_path):
     every call. Catches the slots not passed, the window not after the fill, and the headline
     over the window."""
     out = tmp_path / "out"
-    assert bench.main(["--backend", "sim", "--virtual", "--sessions", "4", "--beats", "25",
+    assert cli.main(["--backend", "sim", "--virtual", "--sessions", "4", "--beats", "25",
                        "--workload", "poisson:occupancy=0.75,hold=2", "--out", str(out)]) == 0
     (path,) = out.glob("sim-*.json")
     res = json.loads(path.read_text())
@@ -117,7 +117,7 @@ def test_the_occupancy_workload_through_the_bench(tmp_path):
     assert d["open_wait"]["p50_ms"] <= d["open_wait"]["p99_ms"]
     assert d["beats_counted"] == run["beats"]
     # explicit slots= in the spec win over --sessions
-    args = bench.parse_args(["--backend", "sim", "--sessions", "4", "--workload",
+    args = cli.parse_args(["--backend", "sim", "--sessions", "4", "--workload",
                              "poisson:occupancy=0.5,hold=10,slots=40,duration=60"])
     assert args.workload_obj.source["params"]["rate"] == pytest.approx(2.0)
 
@@ -130,7 +130,7 @@ def test_the_occupancy_workload_through_the_bench(tmp_path):
 ])
 def test_the_bench_refuses_a_bad_occupancy_spec_in_one_line(spec, says, capsys):
     with pytest.raises(SystemExit) as exc:
-        bench.parse_args(["--backend", "sim", "--sessions", "8", "--workload", spec])
+        cli.parse_args(["--backend", "sim", "--sessions", "8", "--workload", spec])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
@@ -140,7 +140,7 @@ def test_the_bench_refuses_a_bad_occupancy_spec_in_one_line(spec, says, capsys):
 def test_a_worker_engines_start_policy_is_recorded_as_it_ran(tmp_path):
     """Bug caught: with `--workers` the clock and its start policy run in the engine process;
     the result recorded the front's copy, as it was given (no beat observed, priors only)."""
-    assert bench.main(["--backend", "sim", "--sessions", "2", "--beats", "6", "--runs", "1",
+    assert cli.main(["--backend", "sim", "--sessions", "2", "--beats", "6", "--runs", "1",
                        "--workers", "1", "--out", str(tmp_path)], "test") == 0
     (path,) = tmp_path.glob("*.json")
     start = json.loads(path.read_text())["per_run"][0]["policies"]["start"]

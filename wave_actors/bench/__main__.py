@@ -1,7 +1,7 @@
 """`python -m wave_actors.bench`: the capacity benchmark."""
 import sys
 
-from wave_actors.bench.capacity import main
+from wave_actors.bench.cli import main
 
 try:
     sys.exit(main())

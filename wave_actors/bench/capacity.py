@@ -1,169 +1,37 @@
-"""The capacity benchmark: N concurrent sessions through the real node and its real sockets.
-
-    python -m wave_actors.bench --backend sim --sessions 64 --beats 500
-    python -m wave_actors.bench --backend sim --sessions 120 --beats 500 --virtual --find-max
-
-Every session streams 80 ms chunks of speech-like audio at real-time pace over TCP. Latency is
-taken at the server boundary (beat release to outputs routed). The headline numbers (late beats,
-p50/p99 latency, calls that heard a late beat) count every beat that had a live session, from the
-first open to the last close: the ramp while callers dial in, the `--beats` beats measured once
-all are live and a warm-up is on time, and the drain while they hang up; each window is also
-reported on its own (`windows` in the JSON). Underruns, drops, refusals and frames in/out cover
-the whole run; the backend's and host's times and the trace cover the measured beats. `--runs R`
-repeats the run; `--find-max` searches for the largest N with zero late beats (of all beats) in
-every run.
-`--virtual` runs node and clients on virtual time (exact, faster than real time; only for the
-sim backend, whose time is modelled). Results are printed as a table and written as JSON under
-bench/results/.
+"""The capacity bench's runs: a node with its executor (`make_executor_for`), N callers driven
+through its real sockets (`measure`), the largest N with no late beat (`find_max`). The command
+line is `cli.py` (`python -m wave_actors.bench`); what a run records, `results.py`.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import concurrent.futures
-import datetime as dt
 import functools
-import json
 import multiprocessing as mp
 import os
-import platform
-import sys
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
+from wave_actors.bench.results import WARMUP_BEATS, WINDOW_OF, RunResult
 from wave_actors.bench import deadlines as deadline_metrics
-from wave_actors.bench.workload import FILL_HOLDS, WorkloadError
 from wave_actors.bench.workload import load as load_workload
 from transports.client import NodeClient
 from wave_actors.bench.clients import OPEN_TIMEOUT_S, Generators, drive_all, drive_workload
-from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.policy_spec import PolicyError, load_class, make_policy
+from wave_actors.core.policy_spec import load_class
 from wave_actors.core.timebase import Clock, new_loop
-from wave_actors.core.registry import NAMES, described, entry, make_executor
+from wave_actors.core.registry import entry, make_executor
 from wave_actors.core.spread import spread_ms
-from wave_actors.bench.records import (_host, _ramp, _trace, _window, _windows, _workload_window,
-                                       _worst, shifted)
+from wave_actors.bench.records import (_host, _ramp, _trace, _windows, _workload_window, _worst,
+                                       shifted)
 from wave_actors.engine.host import EngineHost
 from wave_actors.engine.process import ExecutorSpec
-from wave_actors.bench.provenance import provenance
 from wave_actors.node.node import Node, NodeConfig
-from wave_actors.node.cli import sized_slots
 from wave_actors.engine.serving_process import serving_process
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
-WARMUP_BEATS = 8            # on-time beats in a row before measuring
-WARMUP_MAX = 64             # beats of warm-up at most
 CLIENT_PROCS = max(1, min(4, (os.cpu_count() or 2) // 4))   # callers' processes, real time
-
-
-# Which beats each number of a run covers (written into the bench's results as `window_of`;
-# a result without it, such as the fast mode's, says nothing of its windows).
-WINDOW_OF = {
-    "all": "every beat with a live session, from the first open to the last close (ramp + "
-           "measured + drain): beats, late_beats, p50_ms, p99_ms, max_ms, deadlines (each call "
-           "over its whole life), calls, opens and open waits, refusals, underruns, dropped, "
-           "frames_in, frames_out",
-    "measured": "the --beats beats once every caller is live and the warm-up is on time (a "
-                "workload: its window_s after the fill, else every beat): windows.measured, "
-                "trace, mean_compute_ms, compute_p50_ms, compute_p99_ms, backlog_ms, live, host, "
-                "first_frame",
-    "ramp": "the beats before the measured ones (callers dialling in, the warm-up): "
-            "windows.ramp; `ramp` breaks the backend's time down, start-only beats included",
-    "drain": "the beats after the measured ones until the last close: windows.drain",
-}
-
-
-@dataclass
-class RunResult:
-    sessions: int
-    beats: int            # all beats (WINDOW_OF); windows.measured.beats: the --beats window
-    late_beats: int
-    p50_ms: float
-    p99_ms: float
-    max_ms: float
-    mean_compute_ms: float
-    underruns: int
-    dropped: int
-    refusals: int
-    frames_in: int
-    frames_out: int
-    errors: int
-    # the backend's own time per beat: what of the latency above it is host work
-    compute_p50_ms: float = 0.0
-    compute_p99_ms: float = 0.0
-    # every measured beat in order, ms to 0.1: latency, the backend's time, the host's time
-    # before the backend was called and how much of it the loop took to wake, and the frames
-    # read since the previous beat: where a tail comes from
-    trace: dict = field(default_factory=dict)
-    # how far behind its release the first measured beat woke: a start-up backlog the warm-up
-    # did not drain (every beat that still waits on it is late, whatever the beat costs)
-    backlog_ms: float = 0.0
-    # sessions opened in the run (with --churn, more than `sessions`), and how long their opens
-    # waited for `opened` (the session's start on the model)
-    opens: int = 0
-    open_p50_ms: float = 0.0
-    open_p99_ms: float = 0.0
-    # the start and clock policies the run's node ran with: name, class, parameters and what
-    # the start policy counted (beats held back, starts given up, its step's measured cost)
-    policies: dict = field(default_factory=dict)
-    open_max_ms: float = 0.0
-    # refused opens by the node's reason, and live sessions per measured beat against those
-    # offered: min / p50 / max
-    refusals_by_reason: dict = field(default_factory=dict)
-    live: dict = field(default_factory=dict)
-    # the host's share of the beat, ms at p50 / p99 / max: how late the loop woke for the
-    # release, release → the executor called, and the executor done → outputs routed; and
-    # `stalls`: each late wake in the measured beats with the loop's stacks sampled meanwhile
-    host: dict = field(default_factory=dict)
-    # --burst: the callers dialled at once onto the steady node (the measured beats begin
-    # then): how many, how long they waited for `opened` (p50 / p99 / max ms), refusals
-    burst: dict = field(default_factory=dict)
-    # the beats before the measured ones (sessions starting, a backlog draining): how many,
-    # the backend's time p50 / p99 / max, and the slowest with what each carried
-    ramp: dict = field(default_factory=dict)
-    # release → the beat's first frame routed, ms at p50 / p99 / max: ahead of the beat's
-    # latency when the backend finishes frame 0 early (`Capabilities.first_frame`)
-    first_frame: dict = field(default_factory=dict)
-    # every open's wait for `opened`, ms to 0.1, in the order they were asked (`sim.plot`)
-    open_waits_ms: list = field(default_factory=list)
-    # every call's record (`wave_actors.bench.deadlines.records`: dialled, opened or blocked,
-    # ended, refusals, its late beats and longest run of them) and the run's deadline metrics
-    calls: list = field(default_factory=list)
-    deadlines: dict = field(default_factory=dict)
-    # beats, late_beats, p50_ms, p99_ms, max_ms and from_s / to_s (releases, seconds from the
-    # run's start) of each window: all, ramp, measured, drain (WINDOW_OF)
-    windows: dict = field(default_factory=dict)
-    window_of: dict = field(default_factory=dict)
-
-
-@dataclass
-class BenchResult:
-    backend: str
-    profile: str
-    context: int
-    sessions: int
-    runs: int
-    beats: int            # --beats: the measured window of each run
-    late_beats: int       # of all beats of every run (beats_all); p50_ms, p99_ms: the worst run's
-    p50_ms: float
-    p99_ms: float
-    virtual: bool
-    gpu: str
-    commit: str
-    date: str
-    command: str
-    policy: dict = field(default_factory=dict)      # start and clock: name, class, parameters
-    per_run: list[dict] = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
-    beats_all: int = 0    # beats late_beats counts: all beats of every run (WINDOW_OF)
-    # the measured windows alone: their beats and late beats over the runs, the worst p50 / p99
-    measured: dict = field(default_factory=dict)
-    window_of: dict = field(default_factory=dict)   # as RunResult's, and the top's fields
-    provenance: dict = field(default_factory=dict)  # commit, dirty, changed files, from where
 
 
 def held_context(args) -> tuple[int, int, int]:
@@ -575,22 +443,6 @@ def find_max(args, backend=None, ceiling: int | None = None) -> tuple[int, dict[
     return lo, seen
 
 
-def git_commit() -> str:
-    """The commit the code ran at, from git or the tree's checked manifest (see
-    `wave_actors.bench.provenance`, which also says whether the tree differed from it)."""
-    return provenance()["commit"]
-
-
-def _gpu_name() -> str:
-    try:
-        import torch
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
-    return f"none ({platform.processor() or platform.machine()})"
-
-
 def _by_window(windows: dict) -> str:
     """'ramp 40 beats, 2 late, p99 171.0 ms; measured ...': each window of a run."""
     def one(name: str) -> str:
@@ -602,247 +454,7 @@ def _by_window(windows: dict) -> str:
     return "; ".join(one(k) for k in ("ramp", "measured", "drain"))
 
 
-def summarize(args, n: int, runs: list[RunResult], extra: dict) -> BenchResult:
-    policy = {kind: {k: d[k] for k in ("name", "class", "params")}
-              for kind, d in runs[0].policies.items()} if runs and runs[0].policies else {}
-    measured = [r.windows.get("measured") or {"beats": 0, "late_beats": 0} for r in runs]
-    prov = provenance()
-    return BenchResult(args.backend, args.profile, args.context, n, len(runs), args.beats,
-                       sum(r.late_beats for r in runs), max(r.p50_ms for r in runs),
-                       max(r.p99_ms for r in runs), args.virtual, _gpu_name(), prov["commit"],
-                       dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                       getattr(args, "command", None)
-                       or "python -m wave_actors.bench " + " ".join(sys.argv[1:]),
-                       policy, [asdict(r) for r in runs], extra,
-                       beats_all=sum(r.beats for r in runs),
-                       window_of={"beats": "measured", "beats_all, late_beats, p50_ms, p99_ms":
-                                  "all", **WINDOW_OF},
-                       measured={"beats": sum(m["beats"] for m in measured),
-                                 "late_beats": sum(m["late_beats"] for m in measured),
-                                 "p50_ms": max((m.get("p50_ms", 0.0) for m in measured),
-                                               default=0.0),
-                                 "p99_ms": max((m.get("p99_ms", 0.0) for m in measured),
-                                               default=0.0)},
-                       provenance=prov)
-
-
-def write(result: BenchResult, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = result.date.replace(":", "").replace("-", "")[:15]
-    path = out_dir / f"{result.backend}-{result.profile}-n{result.sessions}-{stamp}.json"
-    path.write_text(json.dumps(asdict(result), indent=1) + "\n")
-    return path
-
-
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m wave_actors.bench", description=__doc__,
-                                 formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--backend", choices=NAMES, default="sim", help=described())
-    ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
-    ap.add_argument("--config", choices=("tiny", "full"), default="full")
-    ap.add_argument("--context", type=int, default=1500,
-                    help="the context window every session runs at (a node's --max-context): "
-                         "sessions run past it by rolling, as a node with that --max-context does")
-    ap.add_argument("--sessions", type=int, default=8)
-    ap.add_argument("--max-sessions", type=int, default=0, help="slots (default: --sessions)")
-    ap.add_argument("--snapshot-mb", type=float, default=-1.0,
-                    help="memory for prompt snapshots (-1: the backend's default, 0: every start "
-                         "prefills), as the node's flag")
-    ap.add_argument("--self-size", action="store_true",
-                    help="slots as the node sizes them with no --max-sessions (a device "
-                         "backend: from its memory and its measured beat)")
-    ap.add_argument("--beats", type=int, default=500,
-                    help="beats in the measured window, once every caller is live and the "
-                         "warm-up is on time (a workload: after its fill); the headline late "
-                         "beats and p50/p99 count every beat from the first open to the last "
-                         "close, this window's are reported apart")
-    ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--warmup-max", type=int, default=WARMUP_MAX,
-                    help="beats to wait at most for a start-up backlog to drain")
-    ap.add_argument("--find-max", action="store_true")
-    ap.add_argument("--fail-fast", action="store_true",
-                    help="end a run at its first late beat, in any window (and skip that N's "
-                         "other runs); on by default with --find-max")
-    ap.add_argument("--max-find", type=int, default=1024)
-    ap.add_argument("--find-step", type=int, default=1,
-                    help="find-max stops when the bracket is this narrow (fewer probes)")
-    ap.add_argument("--virtual", action="store_true", help="virtual time (sim backend only)")
-    ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="every random choice: callers' call lengths and audio, the sim's "
-                         "jitter; run r of --runs uses seed + r (recorded under extra.seeds)")
-    ap.add_argument("--burst", type=int, default=0, metavar="N",
-                    help="once the --sessions callers are steady, N more dial at once; the "
-                         "measured beats begin then, and their opens are reported apart")
-    ap.add_argument("--churn", type=float, default=0.0, metavar="SECONDS",
-                    help="calls end and new ones start: each session lives an exponential time "
-                         "of this mean, and its caller opens a new one (default 0: sessions "
-                         "live the whole run); a closed loop, every slot busy: its open-loop "
-                         "companion is --workload poisson:occupancy=X,hold=SECONDS")
-    ap.add_argument("--start-rows", type=int, default=0,
-                    help="starting sessions each beat advances (0: the backend's default)")
-    ap.add_argument("--beat-wait", choices=("poll", "thread"), default="poll",
-                    help="graph: the loop polls the beat's CUDA event, or a worker thread waits")
-    ap.add_argument("--first-poll-ms", type=float, default=0.0,
-                    help="graph, wpk: frame 0's count polled every loop turn from just before "
-                         "the fastest recent frame 0 (0), or slept to it and polled every this "
-                         "many ms")
-    ap.add_argument("--workers", type=int, default=0,
-                    help="session worker processes of the node (real time only; 0: the "
-                         "sessions run on the node's own loop)")
-    ap.add_argument("--client-procs", type=int, default=CLIENT_PROCS,
-                    help="load-generator processes for the sessions (0: the callers share the "
-                         "node's process; --virtual always does)")
-    ap.add_argument("--policy", nargs="+", metavar="WORD",
-                    help="start policy: guarded | eager | budgeted | headroom | forecast | "
-                         "module:Class, then key=value parameters (default: the node's, "
-                         "guarded); recorded in the result")
-    ap.add_argument("--release-hold-ms", type=float, default=1e3 * ClockPolicy().release_hold_s,
-                    help="clock policy: session actors' output work waits this long before a "
-                         "release until the beat is queued (0: off)")
-    ap.add_argument("--hold-inputs", action="store_true",
-                    help="clock policy: client audio waits through the same hold")
-    ap.add_argument("--output-slice", type=int, default=ClockPolicy().output_slice,
-                    help="clock policy: sessions that start their output work in one turn of "
-                         "the event loop (0: all at once)")
-    ap.add_argument("--frames-every-ms", type=float,
-                    default=1e3 * ClockPolicy().frames_every_s,
-                    help="clock policy: how often the clock reads the workers' frame batches "
-                         "(0: as they arrive)")
-    ap.add_argument("--workload", metavar="SPEC",
-                    help="calls from a workload instead of --sessions steady callers: a CSV or "
-                         "JSONL file, or a generator (poisson:rate=2,duration=600,call=90; "
-                         "see wave_actors/bench/workload.py); --sessions is then the node's slots, "
-                         "and the run lasts until the last call ends.\n"
-                         "poisson:occupancy=0.95,hold=120: Poisson arrivals at rate "
-                         "occupancy * slots / hold (slots: --sessions, or slots=N), call "
-                         "lengths exponential of mean hold seconds; without duration=, calls "
-                         f"arrive for a fill of {FILL_HOLDS:g} holds plus --beats beats, and "
-                         "those beats after the fill are the measured window")
-    ap.add_argument("--out", default=str(RESULTS))
-    args = ap.parse_args(argv)
-    if args.virtual and not entry(args.backend).caps.modelled_time:
-        ap.error(f"--virtual needs an executor with modelled time (sim): {args.backend} "
-                 f"takes real time")
-    try:
-        args.start_policy = make_policy(args.policy) if args.policy else None
-        args.clock_policy = ClockPolicy(release_hold_s=args.release_hold_ms / 1e3,
-                                        hold_inputs=args.hold_inputs,
-                                        output_slice=args.output_slice,
-                                        frames_every_s=args.frames_every_ms / 1e3)
-    except (PolicyError, ValueError) as exc:
-        ap.error(str(exc))
-    if args.workers and args.virtual:
-        ap.error("--workers runs the node in several processes: real time only (not --virtual)")
-    if args.workers < 0:
-        ap.error("--workers must be >= 0")
-    if args.sessions < 1 or args.beats < 1 or args.runs < 1:
-        ap.error("--sessions, --beats and --runs must be positive")
-    if not args.churn >= 0:
-        ap.error("--churn must be a mean call length in seconds, >= 0")
-    if args.burst < 0 or (args.burst and args.find_max):
-        ap.error("--burst is a count of callers (>= 0), and not for --find-max")
-    args.fail_fast = args.fail_fast or args.find_max
-    args.workload_obj = None
-    if args.workload:
-        if args.find_max or args.burst or args.churn:
-            ap.error("--workload sets the calls: not with --find-max, --burst or --churn")
-        try:
-            args.workload_obj = load_workload(args.workload, args.seed, **workload_context(args))
-        except WorkloadError as exc:
-            ap.error(str(exc))
-    return args
-
-
 def workload_context(args) -> dict:
     """What a workload spec may leave to the bench: the node's slots (an occupancy's share of
     them) and the beats to measure after its fill."""
     return {"slots": max(args.sessions, args.max_sessions or 0), "beats": args.beats}
-
-
-def main(argv=None, command: str | None = None) -> int:
-    """`command`: the command line to record, when another tool (sim.run) called this one."""
-    args = parse_args(argv)
-    args.command = command
-    offset, max_context, roll = held_context(args)
-    # how the measured context was held: every session cycles between these by rolling
-    extra: dict = {"context_held": {"from": offset, "to": max_context, "roll": roll},
-                   "seeds": [args.seed + r for r in range(args.runs)]}
-    if args.workload_obj is not None:
-        extra["workload"] = args.workload_obj.describe()
-    backend, ceiling = None, None
-    if entry(args.backend).caps.device:
-        # One model on the GPU for every run, slots for the most sessions this run may ask for.
-        ceiling = memory_ceiling(args, max_context)
-        print(f"memory ceiling at this context: {ceiling} sessions", flush=True)
-        slots = min(args.max_find, ceiling) if args.find_max else args.sessions + args.burst
-        backend = make_executor_for(args, slots)
-        extra["engine"] = backend.describe()
-        if extra["engine"].get("slots"):
-            print(f"slots: {sized_slots(extra['engine']['slots'])}", flush=True)
-        rows = extra["engine"].get("start_rows")
-        if rows:
-            print(f"start rows: up to {rows['rows']} × {rows['chunk']} prompt positions in a beat "
-                  f"that starts sessions: {rows['beat_with_rows_ms']} ms against "
-                  f"{rows['beat_ms']} ms for {rows['at_sessions']} sessions (idle caches); ms "
-                  f"added by the rows a capture holds: {rows.get('added_ms_by_rows')}", flush=True)
-    try:
-        if args.find_max:
-            n, seen = find_max(args, backend, ceiling)
-            runs = seen.get(n) or measure(args, n, backend)
-            extra["find_max"] = {str(k): [asdict(r) for r in v] for k, v in sorted(seen.items())}
-        else:
-            n, runs = args.sessions, measure(args, args.sessions, backend)
-        if backend is not None:
-            try:
-                base = backend.baseline(args.context)
-            except Exception as exc:     # a node filled to its memory has none to spare for it
-                base = {"error": f"{type(exc).__name__}: {str(exc)[:200]}",
-                        "sessions_on_time": 0}
-            extra["baseline"] = base
-            # The stock stack is credited with one session even when its beat misses the deadline.
-            extra["sessions_ratio"] = n / max(1, base["sessions_on_time"])
-            facts = backend.describe()
-            extra["engine_after"] = facts
-            starts = runs[-1].policies.get("start", {}) if runs else {}
-            rows = facts.get("start_rows") or {}
-            print(f"session starts ({starts.get('name')} policy): {rows.get('rows')} start rows of "
-                  f"{rows.get('chunk')} prompt positions add {rows.get('added_ms')} ms to the "
-                  f"{rows.get('at_sessions')}-session beat (measured at build); "
-                  f"{starts.get('held_back')} beats held their start rows back", flush=True)
-            if "launch_ms" in facts:
-                print(f"executor: the worker launched a beat in {facts['launch_ms']} ms; allocator "
-                      f"{facts.get('allocator')}", flush=True)
-            for b in facts.get("slow_beats", [])[-8:]:
-                print(f"           slow beat {b['beat']}: {b['done_ms']} ms ({b['launch_ms']} ms "
-                      f"to launch), {b['live']} live, {b['rows']} rows, {b['resets']} resets, "
-                      f"{b['rolls']} rolls; allocator {b['allocator']}", flush=True)
-            extra["memory_used_bytes"] = facts["memory_used_bytes"]
-            extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
-    finally:
-        if backend is not None:
-            backend.close()      # its engine process unlinks what it shared
-    result = summarize(args, n, runs, extra)
-    path = write(result, Path(args.out))
-    print(f"\n{'backend':8} {'profile':10} {'context':>7} {'sessions':>8} {'runs':>4} "
-          f"{'beats':>6} {'late':>5} {'p50 ms':>8} {'p99 ms':>8}   (all beats: first open to "
-          f"last close)")
-    print(f"{result.backend:8} {result.profile:10} {result.context:7d} {result.sessions:8d} "
-          f"{result.runs:4d} {result.beats_all:6d} {result.late_beats:5d} {result.p50_ms:8.2f} "
-          f"{result.p99_ms:8.2f}")
-    m, wl = result.measured, args.workload_obj
-    where = (f"--beats {result.beats} a run, once all callers were live" if wl is None
-             else f"the workload's window {list(wl.window_s)} s, after its fill" if wl.window_s
-             else "every beat: a workload without a fill")
-    print(f"of which measured ({where}): {m['beats']} beats, {m['late_beats']} late, "
-          f"p50 / p99 {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms")
-    for kind, pol in result.policy.items():
-        print(f"{kind} policy: {pol['name']} ({pol['class']}) {pol['params']}")
-    if "baseline" in extra and "error" not in extra["baseline"]:
-        b = extra["baseline"]
-        print(f"baseline (reference model, one session at a time, eager): beat {b['beat_ms_p50']:.1f}"
-              f" ms -> {b['sessions_on_time']} sessions on time per GPU; engine {n} sessions "
-              f"({extra['sessions_ratio']:.0f}x, crediting the baseline with at least one)")
-    print(f"written: {path}")
-    return 0
-
