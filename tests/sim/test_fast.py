@@ -277,7 +277,8 @@ def test_a_run_whose_starts_never_end_stops_with_the_reason(monkeypatch):
         run_one(FastConfig(slots=4, lines=4, beats=10, policy=NoRoom()), 0)
 
 
-@pytest.mark.parametrize("seed", [1, 5, 8])
+@pytest.mark.parametrize("seed", [1, pytest.param(5, marks=pytest.mark.slow),
+                                  pytest.param(8, marks=pytest.mark.slow)])
 def test_learned_start_costs_stay_near_what_starts_cost_under_poisson_traffic(seed):
     """Bug it catches: the guarded policy learning what a start costs against the beats less
     their priced starts (`plain_s`): one slow beat priced the starts higher, which lowered that

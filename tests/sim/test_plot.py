@@ -102,6 +102,7 @@ def test_the_figures_draw_the_results_own_numbers(results):
     assert cdf.get_ydata()[-1] == 1.0
 
 
+@pytest.mark.slow
 def test_the_command_writes_pngs_and_a_comparison(results, tmp_path):
     cmd = [sys.executable, "-m", "sim.plot", *map(str, results.values()), "--out", str(tmp_path)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -162,6 +163,7 @@ def test_the_calls_figure_counts_each_calls_late_beats(workload_results):
     assert sum(c["late_beats"] for c in opened) > 0      # the bars past zero are drawn too
 
 
+@pytest.mark.slow
 def test_workload_results_get_calls_and_blocking_figures(workload_results, slo_result,
                                                           tmp_path):
     paths = [*map(str, workload_results.values()), str(slo_result)]

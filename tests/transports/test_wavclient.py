@@ -116,6 +116,7 @@ def test_write_audio_uses_the_extensions_format_and_keeps_the_wire_samples(tmp_p
 
 
 # -- the command against a real node ------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", INPUTS)
 def test_each_input_format_streams_and_the_reply_is_written(tmp_path, node, name):
     """Catches an input format the client cannot stream (a 32-bit float WAV stopped it with
