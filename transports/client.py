@@ -28,6 +28,7 @@ import zmq.asyncio
 
 from transports import protocol as P
 from transports import zsock
+from wave_actors.core.tasks import stop_tasks, within
 
 EVENT_QUEUE = 4096          # events a session buffers for a slow consumer before dropping
 SEND_TIMEOUT_S = 10.0       # how long a send may wait for a node to take it
@@ -141,7 +142,7 @@ class ClientSession:
         await self.client.send(P.pack("event", self.id, name=name, value=value))
 
     async def next_event(self, timeout: float | None = None):
-        return await asyncio.wait_for(self.events.get(), timeout)
+        return await within(self.events.get(), timeout)
 
     async def close(self, timeout: float = 10.0) -> Closed:
         """Ask the node to close; return its `closed` stats, skipping events still queued."""
@@ -151,7 +152,7 @@ class ClientSession:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             while self.closed is None:
-                await asyncio.wait_for(self.events.get(), max(0.0, deadline - loop.time()))
+                await within(self.events.get(), max(0.0, deadline - loop.time()))
         return self.closed
 
     def _deliver(self, event) -> None:
@@ -212,10 +213,7 @@ class NodeClient:
         self._pinger = loop.create_task(self._heartbeats())
 
     async def aclose(self) -> None:
-        for task in (self._reader, self._monitor, self._pinger):
-            if task:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        await stop_tasks([self._reader, self._monitor, self._pinger])
         if self._monitor_sock is not None:     # a watcher cancelled before it ran never closed it
             self._monitor_sock.close(0)
         self.sock.close(0)
@@ -230,7 +228,7 @@ class NodeClient:
             except zmq.Again:
                 pass
             try:
-                await asyncio.wait_for(self.sock.send_multipart(frames), timeout)
+                await within(self.sock.send_multipart(frames), timeout)
             except asyncio.TimeoutError:
                 raise NodeUnavailable(self._why_unavailable()) from None
 
@@ -258,7 +256,7 @@ class NodeClient:
                           for s in self.sessions.values()), default=HEARTBEAT_S)
             self._period_changed.clear()
             try:
-                await asyncio.wait_for(self._period_changed.wait(), period)
+                await within(self._period_changed.wait(), period)
                 continue
             except asyncio.TimeoutError:
                 pass
@@ -316,7 +314,7 @@ class NodeClient:
                     await asyncio.gather(sending, return_exceptions=True)
             if not sending.cancelled():
                 sending.result()                    # NodeUnavailable past the timeout
-            return await asyncio.wait_for(fut, timeout)
+            return await within(fut, timeout)
         except asyncio.TimeoutError:
             raise NodeUnavailable(self._why_unavailable()) from None
         finally:
@@ -330,7 +328,7 @@ class NodeClient:
         fut = asyncio.get_running_loop().create_future()
         self._pongs[nonce] = fut
         await self.send(P.pack("ping", nonce=nonce))
-        await asyncio.wait_for(fut, timeout)
+        await within(fut, timeout)
 
     async def _read_loop(self) -> None:
         async for batch in zsock.batches(self.sock, self._tx.sync):

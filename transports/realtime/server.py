@@ -42,6 +42,7 @@ from transports.realtime.session import (FORMAT_NAMES, NAMED, NATIVE_INPUT, NATI
                                          SessionConfig, apply_update, parse_audio_format,
                                          parse_event, session_object)
 from wave_actors.core.frames import OUT_RATE
+from wave_actors.core.tasks import stop_tasks, within
 
 log = logging.getLogger("wave.realtime")
 
@@ -257,8 +258,7 @@ class Connection:
     async def _park(self) -> None:
         """Keep the session (the model goes on hearing silence) for `resume_grace_s`; what it
         says meanwhile is not kept (counted)."""
-        self._writer.cancel()
-        await asyncio.gather(self._writer, return_exceptions=True)
+        await stop_tasks([self._writer])
         self._tasks.remove(self._writer)
         self.bridge.totals["dropped_deltas"] += self.outbox.dropped
         self.parked = True
@@ -278,12 +278,10 @@ class Connection:
 
     async def _shutdown(self) -> None:
         self.bridge.totals["dropped_deltas"] += self.outbox.dropped
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(self._tasks)
         if self.node is not None and self.node.closed is None:
             try:
-                self.node_stats = (await asyncio.wait_for(self.node.close(timeout=2.0), 2.0)).stats
+                self.node_stats = (await within(self.node.close(timeout=2.0), 2.0)).stats
             except (asyncio.TimeoutError, OSError, C.NodeUnavailable):
                 log.warning("%s: node did not confirm close", self.node_id)
         elif self.node is not None:
@@ -477,7 +475,7 @@ class Connection:
         try:
             # wait_for bounds the send too: a DEALER with no peer (node down, CURVE refused)
             # blocks on send, and NodeClient.open's own timeout covers only the reply.
-            self.node = await asyncio.wait_for(self.bridge.client.open(
+            self.node = await within(self.bridge.client.open(
                 self.node_id, sample_rate=NATIVE_INPUT.rate, format=NATIVE_INPUT.fmt,
                 output_sample_rate=out.rate, output_format=out.fmt,
                 instructions=cfg.instructions, tools=list(cfg.tools),
@@ -553,7 +551,7 @@ class Connection:
 
     async def _to_node(self, send) -> None:
         try:
-            await asyncio.wait_for(send, self.cfg.node_send_timeout_s)
+            await within(send, self.cfg.node_send_timeout_s)
         except asyncio.TimeoutError:
             self.emit(self.conv.error("node_unavailable", "the model node stopped taking input",
                                       kind="server_error"))
@@ -566,7 +564,7 @@ class Connection:
         while True:
             try:
                 ev = await (node.next_event() if lost is None else
-                            asyncio.wait_for(node.next_event(), CLOSED_AFTER_UNKNOWN_S))
+                            within(node.next_event(), CLOSED_AFTER_UNKNOWN_S))
             except asyncio.TimeoutError:
                 self.emit(conv.error(lost.code, f"node: {lost.message}", kind="server_error"))
                 self._tell_closed(None, "lost by the node")
@@ -612,7 +610,7 @@ class Connection:
         stats = None
         if self.node is not None and self.node.closed is None:
             try:
-                stats = (await asyncio.wait_for(self.node.close(timeout=5.0), 5.0)).stats
+                stats = (await within(self.node.close(timeout=5.0), 5.0)).stats
             except (asyncio.TimeoutError, OSError, C.NodeUnavailable):
                 log.warning("%s: node did not confirm close", self.node_id)
         elif self.node is not None:

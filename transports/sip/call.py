@@ -42,6 +42,7 @@ from transports.sip.jitter import JitterBuffer
 from transports.sip.latch import SourceLatch
 from transports.sip.pacer import Clock, MonotonicClock, Playout, ticks
 from transports.sip.sdp import Answer, Codec
+from wave_actors.core.tasks import stop_tasks, within
 
 
 @dataclass
@@ -155,7 +156,7 @@ class Call:
             timeout=2 * self.cfg.open_timeout, output_sample_rate=self.codec.rate,
             output_format=law, instructions=self.cfg.instructions))
         try:
-            self.session = await asyncio.wait_for(asyncio.shield(opening),
+            self.session = await within(asyncio.shield(opening),
                                                   self.cfg.open_timeout)
         except (asyncio.CancelledError, asyncio.TimeoutError):
             opening.add_done_callback(_close_if_opened)
@@ -329,9 +330,7 @@ class Call:
         return self._stop_task
 
     async def _stop(self, close_timeout: float) -> dict:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(self._tasks)
         node_stats, node_error = None, None
         if self.session is not None:
             try:

@@ -37,6 +37,7 @@ from transports.sip.dialog import Dialog, hostport, new_tag
 from transports.sip.dtmf import Key
 from transports.sip.pacer import Clock, MonotonicClock
 from transports.sip.transaction import InviteTx, Transactions, tx_key
+from wave_actors.core.tasks import stop_tasks
 
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
 KNOWN_METHODS = ("REGISTER", "INFO", "UPDATE", "PRACK", "SUBSCRIBE", "NOTIFY", "REFER",
@@ -145,9 +146,7 @@ class Bridge:
         ending = hangups + list(self._finishing)
         if ending:
             await asyncio.wait(ending, timeout=timeout)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(list(self._tasks))
         if self._housekeeper:
             self._housekeeper.cancel()
         self.emit("stats", **self.stats.as_dict())

@@ -21,6 +21,7 @@ from transports.sip import message as M
 from transports.sip.config import BridgeConfig
 from transports.sip.dialog import new_tag
 from transports.sip.pacer import Clock
+from wave_actors.core.tasks import within
 
 MAX_TRANSACTIONS = 4096
 
@@ -124,7 +125,7 @@ class Transactions:
         interval, deadline = self.cfg.t1, self.clock.now() + self.cfg.timer_b
         while self.clock.now() < deadline:
             try:
-                await asyncio.wait_for(tx.acked.wait(), min(interval, deadline - self.clock.now()))
+                await within(tx.acked.wait(), min(interval, deadline - self.clock.now()))
                 return
             except asyncio.TimeoutError:
                 pass
@@ -147,7 +148,7 @@ class Transactions:
             self._send(data, dest)
             while self.clock.now() < deadline:
                 try:
-                    return await asyncio.wait_for(asyncio.shield(fut), interval)
+                    return await within(asyncio.shield(fut), interval)
                 except asyncio.TimeoutError:
                     self._send(data, dest)
                     self.stats.retransmits_out += 1

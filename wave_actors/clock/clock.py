@@ -46,6 +46,7 @@ from wave_actors.core.snapshots import snapshot_index
 from wave_actors.core.start_policy import StartPolicy, admission
 from wave_actors.core.jitter import AdmissionRefused
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
+from wave_actors.core.tasks import stop_tasks
 from wave_actors.clock import frame_batch
 from wave_actors.clock.frame_batch import FrameBatcher
 from wave_actors.runtime.gc_pauses import GcPauses, collect_between_beats
@@ -249,11 +250,7 @@ class BeatClockActor(Actor):
         self.gc.uninstall()
         self.stalls.stop()
         self.turns.free()                    # no session waits on a stopped clock
-        for task in [*self._tasks, self._inflight]:
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*[t for t in [*self._tasks, self._inflight] if t is not None],
-                             return_exceptions=True)
+        await stop_tasks([*self._tasks, self._inflight])
         try:                                 # a beat cut off mid-run: the executor settles it
             await self.executor.wait()
         except Exception as exc:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from wave_actors.clock.clock import Admit, BeatRecord, ClockStats, FunctionTokens, Release
 from wave_actors.core.contract import Handle
+from wave_actors.core.tasks import within
 from wave_actors.engine.process import EngineFacts, ExecutorSpec, engine_main
 from wave_actors.runtime.actors import Actor, ActorStopped, MsgClass
 
@@ -185,7 +186,7 @@ class EngineHost:
         fut = self._replies[req] = asyncio.get_running_loop().create_future()
         try:
             self.send((op, epoch, req, *args))
-            return await asyncio.wait_for(fut, timeout)
+            return await within(fut, timeout)
         finally:
             self._replies.pop(req, None)
 
@@ -271,14 +272,14 @@ class ClockProxy(Actor):
         self.host.attach(self)
         self.host.send(("clock_start", self.epoch, self.endpoint, self.policy, self.start_policy,
                         self._keep_records))
-        await asyncio.wait_for(self._started, START_TIMEOUT_S)
+        await within(self._started, START_TIMEOUT_S)
 
     async def on_stop(self) -> None:
         if self.host.alive and self.host._proxy is self:
             self._stopped = asyncio.get_running_loop().create_future()
             try:
                 self.host.send(("clock_stop", self.epoch))
-                await asyncio.wait_for(self._stopped, STOP_TIMEOUT_S)
+                await within(self._stopped, STOP_TIMEOUT_S)
             except (ActorStopped, asyncio.TimeoutError) as exc:
                 log.warning("engine: the clock did not stop cleanly: %r", exc)
         if self.host._proxy is self:
@@ -309,7 +310,7 @@ class ClockProxy(Actor):
         if self.stopped.is_set():
             raise ActorStopped(self.name)
         if isinstance(msg, (Admit, Release)) and not self._started.done():
-            await asyncio.wait_for(asyncio.shield(self._started), START_TIMEOUT_S)
+            await within(asyncio.shield(self._started), START_TIMEOUT_S)
         if isinstance(msg, Admit):
             handle = await self.host.request("admit", self.epoch, msg.key, msg.spec,
                                              timeout=timeout)

@@ -47,6 +47,7 @@ from wave_actors.core.jitter import AdmissionRefused, CapacityError
 from wave_actors.core.prompt import PromptRejected
 from wave_actors.core.start_policy import GuardedStarts, StartPolicy
 from wave_actors.core.timebase import Clock
+from wave_actors.core.tasks import stop_tasks, within
 from wave_actors.engine.host import ClockProxy, EngineHost
 from wave_actors.engine.process import ExecutorSpec
 from wave_actors.node.flood import FloodGate, FloodPolicy
@@ -304,9 +305,7 @@ class Node:
         if self._own_engine:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
         # The front reads (and refuses opens) until here: nothing below waits on the loop.
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(self._tasks)
         if self.gatekeeper is not None:
             await self.gatekeeper.stop()
         self.sock.close(CLOSE_LINGER_MS)
@@ -351,7 +350,7 @@ class Node:
 
     async def _send_later(self, identity: bytes, frames: list[bytes]) -> None:
         try:
-            await asyncio.wait_for(self.sock.send_multipart([identity, *frames]), SEND_TIMEOUT_S)
+            await within(self.sock.send_multipart([identity, *frames]), SEND_TIMEOUT_S)
         except (asyncio.TimeoutError, zmq.ZMQError):
             self.metrics.drops.labels("client_not_reading").inc()
 

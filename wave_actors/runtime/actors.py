@@ -15,6 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from wave_actors.core.tasks import within
+
 log = logging.getLogger("wave.runtime")
 
 
@@ -124,7 +126,7 @@ class Actor:
             raise ActorStopped(self.name)
         fut = asyncio.get_running_loop().create_future()
         self.mailbox.put(Envelope(msg, MsgClass.CONTROL, fut))
-        return await asyncio.wait_for(fut, timeout)
+        return await within(fut, timeout)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def on_start(self) -> None:

@@ -29,6 +29,7 @@ from wave_actors.sessions import worker_wire as W
 from wave_actors.core.clock_policy import ClockPolicy
 from wave_actors.core.frames import SAMPLES_OUT
 from wave_actors.core.timebase import Clock, new_loop
+from wave_actors.core.tasks import stop_tasks
 from wave_actors.clock.frame_batch import FrameBatcher
 from wave_actors.runtime.actors import (ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart,
                                         Supervisor)
@@ -83,10 +84,7 @@ class SessionWorker:
         loop = asyncio.get_running_loop()
         self._tasks += [loop.create_task(self._recv()), loop.create_task(self._watch_parent())]
         await self._stop.wait()
-        tasks = self._tasks
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stop_tasks(self._tasks)
         await self.supervisor.stop_all()
         self._flush_out()
         self.ctx.destroy(linger=200)

@@ -33,6 +33,7 @@ from wave_actors.sessions import worker_wire as W
 from wave_actors.runtime.actors import ActorStopped, MsgClass
 from wave_actors.sessions.session import AudioIn, Close, FunctionResult, SessionConfig
 from wave_actors.sessions.session_worker import FRAMES_WAIT_S, worker_main
+from wave_actors.core.tasks import within
 
 log = logging.getLogger("wave.workers")
 READY_TIMEOUT_S = 60.0          # a spawned worker imports numpy, zmq and soxr before it is ready
@@ -160,7 +161,7 @@ class WorkerPool:
         self._task = asyncio.get_running_loop().create_task(self._recv())
         for i in range(self.n):
             self._spawn(i)
-        await asyncio.wait_for(asyncio.gather(*(w.ready for w in self.workers.values())),
+        await within(asyncio.gather(*(w.ready for w in self.workers.values())),
                                READY_TIMEOUT_S)
 
     def _spawn(self, index: int) -> None:
@@ -289,7 +290,7 @@ class WorkerPool:
         fut = self._asks[key] = asyncio.get_running_loop().create_future()
         self.send(worker, W.ctrl(op, rid))
         try:
-            return await asyncio.wait_for(fut, ASK_TIMEOUT_S)
+            return await within(fut, ASK_TIMEOUT_S)
         finally:
             self._asks.pop(key, None)
 
