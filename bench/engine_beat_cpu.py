@@ -26,10 +26,10 @@ from wave_actors.bench.provenance import stamp  # noqa: E402
 from wave_actors.clock import frame_batch
 from wave_actors.sessions import worker_wire as W
 from wave_actors.clock.clock import Admit
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions, SessionSpec
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN
-from wave_actors.core.start_policy import EagerStarts
+from wave_actors.core.sched.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
 from wave_actors.engine.process import EngineClock
 from wave_actors.sessions.session_worker import frames_wait_s

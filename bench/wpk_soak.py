@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from wave_actors.core.beat_driver import BeatDriver                       # noqa: E402
 from wave_actors.core.contract import ExecutorOptions, SessionSpec        # noqa: E402
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN           # noqa: E402
-from wave_actors.core.jitter import SILENCE                              # noqa: E402
-from wave_actors.core.jitter_arrays import FramesToRead, RingPlaces       # noqa: E402
-from wave_actors.core.spread import spread_ms                             # noqa: E402
+from wave_actors.core.sched.jitter import SILENCE                              # noqa: E402
+from wave_actors.core.sched.jitter_arrays import FramesToRead, RingPlaces       # noqa: E402
+from wave_actors.core.sched.spread import spread_ms                             # noqa: E402
 from wave_actors.clock.shared_frames import SharedFrames                        # noqa: E402
 
 SLOTS, RING = 8, 8

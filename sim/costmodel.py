@@ -9,7 +9,7 @@ rows, slot resets, context rolls, prompt-snapshot copies and saves (`draw_parts`
 A measured model (`sim.fit`) holds instead the executor's beat measured at some batch sizes
 (`beat_points`), interpolated between them. A beat of n live sessions costs the beat of the
 batch the engine replays for it: the graph executor captures a ladder of buckets up to its
-slots (`wave_actors/core/buckets.py`) and pads a beat to the smallest that holds it, so with
+slots (`wave_actors/core/sched/buckets.py`) and pads a beat to the smallest that holds it, so with
 `slots` known a beat is priced at `bucket_for(n, slots)` (without: at n; the roofline prices
 the live rows alone); `buckets`, where given, are the buckets a device captured (one short of
 memory stops its ladder early, and an engine before the ladder captured only the top:
@@ -27,12 +27,12 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wave_actors.core.buckets import bucket_for
-from wave_actors.core.slot_book import GRAPH_MAX_PROMPT
+from wave_actors.core.sched.buckets import bucket_for
+from wave_actors.core.sched.slot_book import GRAPH_MAX_PROMPT
 
 DEFAULT_PATH = Path(__file__).with_name("costmodel.json")
 
-# Prompt snapshots (wave_actors/core/snapshots.py): what one holds in the full model, the same in
+# Prompt snapshots (wave_actors/core/sched/snapshots.py): what one holds in the full model, the same in
 # both profiles (fp32 SSM states, bf16 conv states and KV rows in each). Computed from the real
 # shapes on the meta device (sim stays torch-free, so not imported here):
 #   .venv/bin/python -c "from gpu.model.config import VoiceChatConfig, PROFILES;

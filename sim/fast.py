@@ -56,15 +56,15 @@ from wave_actors.bench.results import (RESULTS, WARMUP_BEATS, WARMUP_MAX, WINDOW
                                        RunResult, git_commit, write)
 from wave_actors.bench.clients import REDIAL_S, call_fields
 from wave_actors.clock.clock import LATE_AFTER_S
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.frames import BEAT_S, FRAME_S
 from wave_actors.core.prompt import fitted_prompt_tokens
-from wave_actors.core.slot_book import SlotBook, StartShape
-from wave_actors.core.snapshots import snapshot_index
-from wave_actors.core.spread import spread_ms
-from wave_actors.core.start_policy import GuardedStarts, admission
+from wave_actors.core.sched.slot_book import SlotBook, StartShape
+from wave_actors.core.sched.snapshots import snapshot_index
+from wave_actors.core.sched.spread import spread_ms
+from wave_actors.core.sched.start_policy import GuardedStarts, admission
 from wave_actors.core.text import ByteFallbackCodec
 
 HOST_BEATS = 16             # the clock's `_host_s` window

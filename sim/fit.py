@@ -59,7 +59,7 @@ import numpy as np
 from sim import stages as sim_stages
 from sim.costmodel import DEFAULT_PATH, CostModel
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.slot_book import StartShape
+from wave_actors.core.sched.slot_book import StartShape
 
 MIN_BEATS = 10          # beats of one bucket that make a point
 TRIM_MADS = 6.0         # a beat this far off the first least-squares fit is left out of the second

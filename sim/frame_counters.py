@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from wave_actors.bench.workload import Call
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.frames import FRAME_S, FRAMES_PER_BEAT
 
 TICK_EPS = 1e-9             # a frame due at the very instant of a plan is not in that beat

@@ -26,7 +26,7 @@ import numpy as np
 from sim.costmodel import CostModel
 from sim.executor import SimExecutor
 from transports.client import NodeClient
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import FRAME_MS, SAMPLES_IN
 from wave_actors.bench.results import git_commit

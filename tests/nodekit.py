@@ -12,7 +12,7 @@ import numpy as np
 from sim.costmodel import CostModel
 from sim.executor import SimExecutor
 from transports.client import NodeClient
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
 from wave_actors.engine.process import ExecutorSpec

@@ -49,13 +49,13 @@ from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
 from gpu.model.voicechat_state import session_state_bytes
 from gpu.model.voicechat_weights import load_dtype, param_shapes, random_weights_on
-from wave_actors.core.buckets import BUCKETS, bucket_for
+from wave_actors.core.sched.buckets import BUCKETS, bucket_for
 from wave_actors.core.contract import (MAX_USER_TOKENS, NO_TOKEN, BeatInput, BeatOutput,
                                        ExecutorOptions, SessionSpec)
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 from wave_actors.core.registry import REGISTRY
-from wave_actors.core.slot_book import GRAPH_MAX_PROMPT, BookPlan, StartShape
-from wave_actors.core.spread import spread_ms
+from wave_actors.core.sched.slot_book import GRAPH_MAX_PROMPT, BookPlan, StartShape
+from wave_actors.core.sched.spread import spread_ms
 from wave_actors.core.timebase import Clock
 
 log = logging.getLogger("wave.graph_executor")

@@ -5,7 +5,7 @@ template) and the prompt prefilled into the thinker: its Mamba SSM and conv stat
 [0, prompt) and its length. Only the thinker part differs by prompt, so a snapshot is a row of a
 second `ThinkerState` with room for the prompt's positions (`max_prompt`), kept in the same
 dtypes as the serving state: a copy in is bit for bit the state the prefill left. The slot book
-(`wave_actors/core/snapshots.py`) decides which rows hold what; this class only copies, in the
+(`wave_actors/core/sched/snapshots.py`) decides which rows hold what; this class only copies, in the
 plan's order: `copy_in` right after the slots' resets, `save` after the beat's start rows.
 
 Bytes per snapshot: fixed = ssm + conv of one slot; per position = one K and one V row of every
@@ -19,7 +19,7 @@ import torch
 
 from gpu.model.thinker import ThinkerState
 from gpu.model.voicechat_state import VoiceChatState
-from wave_actors.core.snapshots import SnapshotSpace
+from wave_actors.core.sched.snapshots import SnapshotSpace
 
 
 def space_for(state: VoiceChatState, capacity_bytes: float, salt: str) -> SnapshotSpace:

@@ -44,7 +44,7 @@ from gpu.wpk.controller import ControllerFailed, ResidentController
 from wave_actors.core.contract import BeatInput, BeatOutput, ExecutorOptions
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.registry import REGISTRY
-from wave_actors.core.slot_book import BookPlan
+from wave_actors.core.sched.slot_book import BookPlan
 
 log = logging.getLogger("wave.wpk_executor")
 

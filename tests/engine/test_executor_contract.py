@@ -22,7 +22,7 @@ import pytest
 from wave_actors.core.beat_driver import BeatDriver
 from wave_actors.core.contract import Capabilities, ExecutorOptions, SessionSpec
 from wave_actors.core.registry import REGISTRY
-from wave_actors.core.session_table import SessionTable
+from wave_actors.core.sched.session_table import SessionTable
 from wave_actors.core.timebase import Clock
 
 SLOTS = 4
@@ -231,7 +231,7 @@ def test_launch_times_are_summarised_in_ms_with_their_tail():
     """The graph executor reports how long its worker took to launch beats (as the bench reports
     the host's times); the summary must keep the slowest (a stalled launch is what it is there
     to show)."""
-    from wave_actors.core.spread import spread_ms
+    from wave_actors.core.sched.spread import spread_ms
     assert spread_ms([]) == {"p50": 0.0, "p99": 0.0, "max": 0.0}
     times = [0.002] * 98 + [1.1, 0.5]
     assert spread_ms(times) == {"p50": 2.0, "p99": 506.0, "max": 1100.0}

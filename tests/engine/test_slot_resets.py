@@ -17,7 +17,7 @@ from gpu.engine.slot_resets import COUNTS, SlotResets, padded
 from gpu.engine.snapshot_rows import SnapshotRows, slot_runs
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
-from wave_actors.core.snapshots import SnapshotSpace
+from wave_actors.core.sched.snapshots import SnapshotSpace
 
 SLOTS, PROMPT, CONTEXT = 8, 32, 16
 MODEL = VoiceChat.random(VoiceChatConfig.named("tiny"), Profile.named("fp32"), "cpu", 0)

@@ -1,5 +1,5 @@
 """The slot book with Python per slot: the reference `tests/runtime/test_slot_book_arrays.py`
-holds the array book (`wave_actors.core.slot_book.SlotBook`, what the clock runs) to."""
+holds the array book (`wave_actors.core.sched.slot_book.SlotBook`, what the clock runs) to."""
 from __future__ import annotations
 
 from collections import deque
@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from wave_actors.core.frames import FRAMES_PER_BEAT
-from wave_actors.core.slot_book import BookPlan, StartShape, carry_start_rows
-from wave_actors.core.start_policy import StartPolicy
-from wave_actors.core.start_queue import StartQueue
+from wave_actors.core.sched.slot_book import BookPlan, StartShape, carry_start_rows
+from wave_actors.core.sched.start_policy import StartPolicy
+from wave_actors.core.sched.start_queue import StartQueue
 
 
 @dataclass

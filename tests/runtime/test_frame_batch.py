@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from transports import zsock
 from wave_actors.clock import frame_batch
 from wave_actors.core.frames import SAMPLES_IN
-from wave_actors.core.session_table import END_OF_STREAM
+from wave_actors.core.sched.session_table import END_OF_STREAM
 from wave_actors.clock.frame_batch import FrameBatcher
 
 

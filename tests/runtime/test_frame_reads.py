@@ -15,10 +15,10 @@ from sim.costmodel import CostModel
 from sim.executor import SimExecutor
 from tests.nodekit import VirtualNode
 from wave_actors.clock.clock import READ_BEFORE_HOLD_S
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S, SAMPLES_IN
-from wave_actors.core.start_policy import EagerStarts
+from wave_actors.core.sched.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
 from wave_actors.engine.to_workers import engine_clock
 

@@ -8,9 +8,9 @@ learn from); a cost that falls at once after one fast beat.
 """
 import pytest
 
-from wave_actors.core.slot_book import SlotBook, StartShape
-from wave_actors.core.snapshots import SnapshotIndex
-from wave_actors.core.start_policy import GuardedStarts
+from wave_actors.core.sched.slot_book import SlotBook, StartShape
+from wave_actors.core.sched.snapshots import SnapshotIndex
+from wave_actors.core.sched.start_policy import GuardedStarts
 
 CAPTURES = (0, 4, 16)
 
@@ -144,7 +144,7 @@ def test_admission_weighs_the_steady_host_share_not_a_moment():
     slow moment, for as long as it stays in the window; one that ignores the host share
     admits calls a node with a slow host cannot carry."""
     from wave_actors.core.frames import BEAT_S
-    from wave_actors.core.start_policy import HOST_BEATS
+    from wave_actors.core.sched.start_policy import HOST_BEATS
     p = guarded()
     p.know_beats({1: 0.020, 300: 0.142})
     p.start_room(280, BEAT_S - 0.025)        # a fill's first beat, the clock catching up
@@ -165,7 +165,7 @@ def test_a_node_late_without_any_start_work_still_starts_its_admitted_calls():
     model too slow for its host) left every admitted open waiting for ever: no beat ever had
     room, so no reset, copy or row rode, and no caller heard `opened` or a refusal."""
     from wave_actors.core.frames import BEAT_S
-    from wave_actors.core.start_policy import OVERLOADED_START_S
+    from wave_actors.core.sched.start_policy import OVERLOADED_START_S
     p = guarded()
     book, _ = book_with(p)
     book.open(0, [1, 2, 3])

@@ -136,10 +136,10 @@ def test_the_core_imports_nothing_of_the_other_parts():
         assert not outside, f"{path.relative_to(ROOT)} imports {sorted(outside)}"
 
 
-@pytest.mark.parametrize("module", ["wave_actors.core.contract", "wave_actors.core.slot_book",
-                                    "wave_actors.core.session_table", "wave_actors.core.text",
-                                    "wave_actors.core.start_policy", "wave_actors.clock.clock",
-                                    "wave_actors.core.jitter", "wave_actors.node.node", "sim.executor",
+@pytest.mark.parametrize("module", ["wave_actors.core.contract", "wave_actors.core.sched.slot_book",
+                                    "wave_actors.core.sched.session_table", "wave_actors.core.text",
+                                    "wave_actors.core.sched.start_policy", "wave_actors.clock.clock",
+                                    "wave_actors.core.sched.jitter", "wave_actors.node.node", "sim.executor",
                                     "wave_actors.core.registry"])
 def test_no_torch_in_the_core_the_clock_or_the_scheduler(module):
     """Imported in a fresh interpreter, so a transitive import counts too."""
@@ -181,7 +181,7 @@ def test_policies_and_the_clock_are_composed_not_inherited():
     was an `EagerStarts` with its hooks replaced), or a second clock class that fills in
     the first one's empty hooks (`EngineClock`): behaviour then lives in two places."""
     bases = project_bases()
-    policies = {k: v for k, v in bases.items() if k.startswith("wave_actors.core.start_policy.")}
+    policies = {k: v for k, v in bases.items() if k.startswith("wave_actors.core.sched.start_policy.")}
     assert policies and all(b in ([], ["Protocol"]) for b in policies.values()), policies
     clocks = [k for k, v in bases.items() if "BeatClockActor" in v]
     assert clocks == [], clocks

@@ -24,8 +24,8 @@ from hypothesis import given, settings, strategies as st
 
 from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN
-from wave_actors.core.jitter import SILENCE, CapacityError, Shedding, SlotStats
-from wave_actors.core.jitter_arrays import ArrayScheduler
+from wave_actors.core.sched.jitter import SILENCE, CapacityError, Shedding, SlotStats
+from wave_actors.core.sched.jitter_arrays import ArrayScheduler
 
 SLOTS, PREBUFFER, QUEUE = 4, 3, 6
 SHEDDINGS = [None, Shedding(window_s=2 * BEAT_S, keep=0, per_beat=2)]

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import BEAT_S, FRAME_MS
-from wave_actors.core.jitter import SILENCE, BeatScheduler, Shedding
+from wave_actors.core.sched.jitter import SILENCE, BeatScheduler, Shedding
 from wave_actors.core.reorder import ReorderBuffer
 
 FRAME_S = FRAME_MS / 1000

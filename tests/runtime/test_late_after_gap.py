@@ -6,7 +6,7 @@ its real size replaces the estimate: `closed` counts every frame sent once, hear
 """
 from tests.nodekit import VirtualNode, coded_frame
 from wave_actors.core.reorder import GAP_WAIT_S
-from wave_actors.core.start_policy import EagerStarts
+from wave_actors.core.sched.start_policy import EagerStarts
 
 
 def test_a_message_later_than_its_gaps_wait_is_counted_once_not_twice():

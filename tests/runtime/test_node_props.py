@@ -22,7 +22,7 @@ from sim.executor import tone
 from transports import protocol as P
 from transports.client import Audio, Closed, Error, Refused
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.start_policy import EagerStarts
+from wave_actors.core.sched.start_policy import EagerStarts
 
 SLOTS = 3
 

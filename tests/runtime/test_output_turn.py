@@ -19,7 +19,7 @@ from transports.client import Audio, Closed
 from wave_actors.core.contract import MAX_USER_TOKENS, NO_TOKEN
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_OUT
 from wave_actors.clock.shared_outputs import BeatOut
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.frames import BEAT_S
 
 OUT_HOLD_S = ClockPolicy().release_hold_s

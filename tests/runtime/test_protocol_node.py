@@ -15,7 +15,7 @@ from sim.executor import SimExecutor
 from transports import protocol as P
 from transports.client import Audio, Closed, Error, FunctionCall, NodeClient, Refused, Text
 from wave_actors.core.contract import ExecutorOptions
-from wave_actors.core.session_table import Routed
+from wave_actors.core.sched.session_table import Routed
 from wave_actors.core.timebase import Clock
 from wave_actors.node.flood import FloodPolicy
 from wave_actors.node.node import Node, NodeConfig

@@ -17,7 +17,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, invariant, precondition,
 
 from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.jitter import SILENCE, BeatScheduler, CapacityError, Shedding
+from wave_actors.core.sched.jitter import SILENCE, BeatScheduler, CapacityError, Shedding
 
 SLOTS = 4
 

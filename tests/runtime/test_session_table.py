@@ -15,7 +15,7 @@ from transports.client import Audio, Closed, Refused
 from wave_actors.clock.clock import _Crash
 from wave_actors.core.contract import Handle
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.session_table import CapacityError, SessionTable
+from wave_actors.core.sched.session_table import CapacityError, SessionTable
 
 LONG_PROMPT = "Speak slowly and clearly, and never interrupt the caller. " * 7   # ~26 start rows
 

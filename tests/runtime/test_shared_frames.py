@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from transports import zsock
 from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import SAMPLES_IN
-from wave_actors.core.session_table import END_OF_STREAM, SessionTable
+from wave_actors.core.sched.session_table import END_OF_STREAM, SessionTable
 from wave_actors.clock import frame_batch
 from wave_actors.clock.frame_batch import FrameBatcher
 from wave_actors.clock.shared_frames import FramesView, SharedFrames, layout, ring_for
@@ -277,7 +277,7 @@ def test_the_sim_hears_frames_left_in_the_ring_as_it_hears_gathered_ones():
     the frames or left them in the ring, over more slots than it reads at a time."""
     from sim.executor import HEARD_CHUNK, SimExecutor
     from wave_actors.core.contract import ExecutorOptions
-    from wave_actors.core.slot_book import BookPlan
+    from wave_actors.core.sched.slot_book import BookPlan
 
     n = HEARD_CHUNK + 40
     shared = SharedFrames(slots=n, ring=RING)

@@ -12,8 +12,8 @@ import numpy as np
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from wave_actors.core.slot_book import BookPlan, SlotBook, StartShape
-from wave_actors.core.start_policy import BudgetedStarts
+from wave_actors.core.sched.slot_book import BookPlan, SlotBook, StartShape
+from wave_actors.core.sched.start_policy import BudgetedStarts
 
 from tests.runtime.plain_slot_book import PlainSlotBook
 

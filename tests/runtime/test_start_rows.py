@@ -1,4 +1,4 @@
-"""Session starts as start rows inside the beat (wave_actors/core/slot_book.py and
+"""Session starts as start rows inside the beat (wave_actors/core/sched/slot_book.py and
 start_policy.py): each beat carries up to `start_rows` starting sessions' next prompt chunks;
 a start is never refused for want of time, only for want of a slot."""
 import asyncio
@@ -14,8 +14,8 @@ from transports.client import Refused
 from wave_actors.clock.clock import LATE_AFTER_S
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.slot_book import SMALL_START_ROWS, START_ROWS, SlotBook, StartShape
-from wave_actors.core.start_policy import BudgetedStarts, EagerStarts
+from wave_actors.core.sched.slot_book import SMALL_START_ROWS, START_ROWS, SlotBook, StartShape
+from wave_actors.core.sched.start_policy import BudgetedStarts, EagerStarts
 
 
 def _book(rows=2, chunk=4, policy=None, slots=8) -> SlotBook:

@@ -21,7 +21,7 @@ import pytest
 from tests.sim import test_invariants as inv
 from tests.sim.test_mutations import newest_first
 from wave_actors.core.reorder import SkipLedger
-from wave_actors.core.start_queue import StartQueue
+from wave_actors.core.sched.start_queue import StartQueue
 from wave_actors.bench.provenance import provenance
 
 

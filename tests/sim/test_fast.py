@@ -13,7 +13,7 @@ from sim.fast import FastConfig, run_fast, run_one
 from wave_actors.bench.workload import load
 from wave_actors.bench import cli
 from wave_actors.core.frames import FRAMES_PER_BEAT
-from wave_actors.core.start_policy import BudgetedStarts, GuardedStarts
+from wave_actors.core.sched.start_policy import BudgetedStarts, GuardedStarts
 
 ROOT = Path(__file__).resolve().parents[2]
 DENSE = ROOT / "sim" / "costmodel_h200_dense.json"

@@ -56,7 +56,7 @@ def test_fit_recovers_the_beat_host_time_and_start_rows_of_a_known_model(tmp_pat
 def test_a_beat_costs_the_ladder_bucket_that_holds_its_sessions(tmp_path):
     """Catches a model that prices a beat at its live count (cheaper than the padded bucket
     the GPU replays) or at the top bucket (dearer: the graph executor captures a ladder of
-    buckets, `wave_actors/core/buckets.py`), or whose top bucket is not the node's slots."""
+    buckets, `wave_actors/core/sched/buckets.py`), or whose top bucket is not the node's slots."""
     model = fit.model_of(fit.build([fit.read(bench_json(tmp_path / "g.json"))]))
     at = lambda n, slots=None: model.beat_time(n, 1500, slots)  # noqa: E731
     assert at(16) < at(17) < at(64) < at(100) < at(120)            # no ladder given: n itself
@@ -213,10 +213,10 @@ def test_the_workload_comes_from_the_command_with_the_result_fields_over_it():
     # a result of today: its engine's snapshots and its recorded start policy replayed as
     # they were; a result that recorded no policy ran the node's default of its day, eager
     now = {**raw, "command": raw["command"].replace(" --policy budgeted margin_s=0.004", ""),
-           "policy": {"start": {"class": "wave_actors.core.start_policy:GuardedStarts",
+           "policy": {"start": {"class": "wave_actors.core.sched.start_policy:GuardedStarts",
                                 "params": {"margin_s": 0.008}}},
            "extra": {"seeds": [7], "engine": {"snapshots": {"entries": 3}}}}
-    assert validate.workload(now)["policy"] == ["wave_actors.core.start_policy:GuardedStarts",
+    assert validate.workload(now)["policy"] == ["wave_actors.core.sched.start_policy:GuardedStarts",
                                                 "margin_s=0.008"]
     assert "snapshot_mb" not in validate.workload(now)
     assert validate.workload({**now, "command": now["command"] + " --snapshot-mb 300"}

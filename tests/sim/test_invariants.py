@@ -35,8 +35,8 @@ from wave_actors.core.contract import NO_TOKEN, BeatInput, BeatOutput, SessionSp
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.registry import REGISTRY
-from wave_actors.core.slot_book import StartShape
-from wave_actors.core.start_policy import BudgetedStarts, EagerStarts, HeadroomAdmission
+from wave_actors.core.sched.slot_book import StartShape
+from wave_actors.core.sched.start_policy import BudgetedStarts, EagerStarts, HeadroomAdmission
 from wave_actors.core.text import PAD, ByteFallbackCodec, UserByteFallbackCodec
 from wave_actors.node.flood import FloodPolicy
 from wave_actors.sessions.session import SessionActor

@@ -20,14 +20,14 @@ from tests.sim import test_invariants as inv
 from wave_actors.clock import clock as clock_module
 from wave_actors.clock.clock import BeatClockActor
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.jitter import CapacityError
-from wave_actors.core.jitter_arrays import ArrayScheduler
+from wave_actors.core.sched.jitter import CapacityError
+from wave_actors.core.sched.jitter_arrays import ArrayScheduler
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.reorder import SkipLedger
-from wave_actors.core.session_table import SessionTable
-from wave_actors.core.slot_book import StartShape
-from wave_actors.core.start_policy import EagerStarts
-from wave_actors.core.start_queue import StartQueue
+from wave_actors.core.sched.session_table import SessionTable
+from wave_actors.core.sched.slot_book import StartShape
+from wave_actors.core.sched.start_policy import EagerStarts
+from wave_actors.core.sched.start_queue import StartQueue
 from wave_actors.sessions.session import SessionActor
 
 FAILS = (AssertionError, BaseExceptionGroup)

@@ -4,7 +4,7 @@ and 10 % loss, as a client on a real network would cause them. The scheduler-lev
 import pytest
 
 from sim.latency import STALL, Scenario, call, mean_latency
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 
 ADAPTIVE = ClockPolicy()
 FIXED = ClockPolicy(jitter_shed_per_beat=0)

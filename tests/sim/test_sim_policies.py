@@ -9,7 +9,7 @@ import pytest
 
 from tests.sim.simrun import sim_run as run
 from wave_actors.core.policy_spec import PolicyError, make_policy
-from wave_actors.core.start_policy import BudgetedStarts, EagerStarts
+from wave_actors.core.sched.start_policy import BudgetedStarts, EagerStarts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ def test_two_built_in_start_policies_run_and_the_result_names_each(tmp_path):
     assert eager["policy"]["start"]["class"].endswith(":EagerStarts")
     start = budgeted["policy"]["start"]
     assert (start["name"], start["class"], start["params"]) == (
-        "budgeted", "wave_actors.core.start_policy:BudgetedStarts",
+        "budgeted", "wave_actors.core.sched.start_policy:BudgetedStarts",
         {"margin_s": 0.004, "max_hold": 12, "smoothing": 0.3})
     assert budgeted["policy"]["clock"]["params"]["release_hold_s"] == 0.003
     assert "--policy budgeted margin_s=0.004 max_hold=12" in budgeted["command"]
@@ -36,15 +36,18 @@ def test_two_built_in_start_policies_run_and_the_result_names_each(tmp_path):
 
 
 def test_a_policy_is_named_by_module_and_class_with_typed_parameters():
-    policy = make_policy(["wave_actors.core.start_policy:BudgetedStarts", "max_hold=7",
+    policy = make_policy(["wave_actors.core.sched.start_policy:BudgetedStarts", "max_hold=7",
                           "margin_s=0.01"])
     assert isinstance(policy, BudgetedStarts) and policy.max_hold == 7 and policy.margin_s == 0.01
     assert isinstance(make_policy(["eager"]), EagerStarts)
+    # runs recorded before the policies moved to core.sched name them by their old module
+    old = make_policy(["wave_actors.core.start_policy:BudgetedStarts", "max_hold=3"])
+    assert isinstance(old, BudgetedStarts) and old.max_hold == 3
 
 
 @pytest.mark.parametrize("words,says", [
     (["nosuch"], "module:Class"),
-    (["wave_actors.core.start_policy:Nope"], "Nope"),
+    (["wave_actors.core.sched.start_policy:Nope"], "Nope"),
     (["budgeted", "max_hold"], "key=value"),
     (["budgeted", "speed=3"], "speed"),
     (["budgeted", "max_hold=-1"], "max_hold"),

@@ -23,7 +23,7 @@ from wave_actors.core.frames import BEAT_S
 from wave_actors.core.policy_spec import load_class
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.registry import entry, make_executor
-from wave_actors.core.spread import spread_ms
+from wave_actors.core.sched.spread import spread_ms
 from wave_actors.bench.records import (_host, _ramp, _trace, _windows, _workload_window, _worst,
                                        shifted)
 from wave_actors.engine.host import EngineHost

@@ -28,7 +28,7 @@ from wave_actors.bench.capacity import (CLIENT_PROCS, find_max, held_context, ma
                                         measure, memory_ceiling, workload_context)
 from wave_actors.bench.workload import FILL_HOLDS, WorkloadError
 from wave_actors.bench.workload import load as load_workload
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.registry import NAMES, described, entry
 from wave_actors.node.cli import sized_slots

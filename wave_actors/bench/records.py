@@ -12,7 +12,7 @@ import numpy as np
 
 from wave_actors.bench import deadlines as deadline_metrics
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.spread import spread_ms
+from wave_actors.core.sched.spread import spread_ms
 
 STALLS_KEPT = 8         # the longest late wakes of a run, with their stacks, in the result
 

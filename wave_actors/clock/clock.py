@@ -35,16 +35,16 @@ import zmq
 import zmq.asyncio
 
 from transports import zsock
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import ALL_FRAMES, BEAT_S, FIRST_FRAME, LATER_FRAMES
-from wave_actors.core.jitter import SlotStats
+from wave_actors.core.sched.jitter import SlotStats
 from wave_actors.core.prompt import PromptRejected
-from wave_actors.core.session_table import END_OF_STREAM, CapacityError, SessionTable
-from wave_actors.core.slot_book import BookPlan, SlotBook
-from wave_actors.core.snapshots import snapshot_index
-from wave_actors.core.start_policy import StartPolicy, admission
-from wave_actors.core.jitter import AdmissionRefused
+from wave_actors.core.sched.session_table import END_OF_STREAM, CapacityError, SessionTable
+from wave_actors.core.sched.slot_book import BookPlan, SlotBook
+from wave_actors.core.sched.snapshots import snapshot_index
+from wave_actors.core.sched.start_policy import StartPolicy, admission
+from wave_actors.core.sched.jitter import AdmissionRefused
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
 from wave_actors.core.tasks import stop_tasks
 from wave_actors.clock import frame_batch

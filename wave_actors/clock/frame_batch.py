@@ -28,7 +28,7 @@ import zmq
 
 from transports import zsock
 from wave_actors.core.frames import SAMPLES_IN
-from wave_actors.core.session_table import END_OF_STREAM
+from wave_actors.core.sched.session_table import END_OF_STREAM
 
 BATCH_TAG = b"frames"
 HEADS_TAG = b"heads"

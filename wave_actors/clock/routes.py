@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 import numpy as np
 
 from wave_actors.core.frames import ALL_FRAMES
-from wave_actors.core.session_table import Routed
+from wave_actors.core.sched.session_table import Routed
 from wave_actors.clock.shared_outputs import BeatOut
 
 if TYPE_CHECKING:

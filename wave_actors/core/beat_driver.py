@@ -10,9 +10,9 @@ import numpy as np
 
 from wave_actors.core.contract import BeatOutput, Executor, SessionSpec
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.slot_book import BookPlan, SlotBook
-from wave_actors.core.snapshots import snapshot_index
-from wave_actors.core.start_policy import EagerStarts, StartPolicy
+from wave_actors.core.sched.slot_book import BookPlan, SlotBook
+from wave_actors.core.sched.snapshots import snapshot_index
+from wave_actors.core.sched.start_policy import EagerStarts, StartPolicy
 
 
 class BeatDriver:

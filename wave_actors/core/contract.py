@@ -19,8 +19,8 @@ import numpy as np
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 
 if TYPE_CHECKING:
-    from wave_actors.core.jitter_arrays import FramesToRead
-    from wave_actors.core.slot_book import BookPlan, StartShape
+    from wave_actors.core.sched.jitter_arrays import FramesToRead
+    from wave_actors.core.sched.slot_book import BookPlan, StartShape
 
 MAX_USER_TOKENS = 10        # RNNT emits at most 10 symbols per frame (docs/MODEL.md §2.3)
 NO_TOKEN = -1               # fill value of the user-transcript token slots

@@ -1,7 +1,7 @@
 """Policies named on a command line: `module:Class key=value ...` (or a built-in's short name).
 
     --policy budgeted margin_s=0.004 max_hold=6
-    --policy wave_actors.core.start_policy:EagerStarts
+    --policy wave_actors.core.sched.start_policy:EagerStarts
     --policy mylab.policies:Fifo steps=2
 
 Values are read as JSON where they parse (numbers, true/false, null, quoted strings) and as
@@ -13,11 +13,15 @@ from __future__ import annotations
 import importlib
 import json
 
-BUILT_IN = {"budgeted": "wave_actors.core.start_policy:BudgetedStarts",
-            "eager": "wave_actors.core.start_policy:EagerStarts",
-            "guarded": "wave_actors.core.start_policy:GuardedStarts",
-            "headroom": "wave_actors.core.start_policy:HeadroomAdmission",
-            "forecast": "wave_actors.core.start_policy:ForecastAdmission"}
+BUILT_IN = {"budgeted": "wave_actors.core.sched.start_policy:BudgetedStarts",
+            "eager": "wave_actors.core.sched.start_policy:EagerStarts",
+            "guarded": "wave_actors.core.sched.start_policy:GuardedStarts",
+            "headroom": "wave_actors.core.sched.start_policy:HeadroomAdmission",
+            "forecast": "wave_actors.core.sched.start_policy:ForecastAdmission"}
+
+# Modules that moved: runs recorded before the move name their policies here.
+MOVED = {f"wave_actors.core.{m}": f"wave_actors.core.sched.{m}"
+         for m in ("start_policy", "clock_policy")}
 
 
 class PolicyError(ValueError):
@@ -27,6 +31,7 @@ class PolicyError(ValueError):
 def load_class(target: str) -> type:
     """`module:Class` → the class, imported now."""
     module, _, name = target.partition(":")
+    module = MOVED.get(module, module)
     if not module or not name:
         raise PolicyError(f"{target!r}: name a policy as module:Class (or one of {sorted(BUILT_IN)})")
     try:

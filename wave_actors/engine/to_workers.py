@@ -18,7 +18,7 @@ from wave_actors.clock.shared_frames import SharedFrames
 from wave_actors.clock.shared_outputs import SharedOutputs
 from wave_actors.core.contract import Handle
 from wave_actors.core.frames import ALL_FRAMES, FIRST_FRAME
-from wave_actors.core.session_table import Routed
+from wave_actors.core.sched.session_table import Routed
 from wave_actors.sessions import worker_wire as W
 
 

@@ -19,7 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.timebase import Clock, new_loop

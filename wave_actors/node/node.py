@@ -40,12 +40,12 @@ from transports import zsock
 from wave_actors.node.bindings import Bindings, Route
 from wave_actors.clock.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
 from wave_actors.clock.routes import ToSessions
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import FRAME_S
-from wave_actors.core.jitter import AdmissionRefused, CapacityError
+from wave_actors.core.sched.jitter import AdmissionRefused, CapacityError
 from wave_actors.core.prompt import PromptRejected
-from wave_actors.core.start_policy import GuardedStarts, StartPolicy
+from wave_actors.core.sched.start_policy import GuardedStarts, StartPolicy
 from wave_actors.core.timebase import Clock
 from wave_actors.core.tasks import stop_tasks, within
 from wave_actors.engine.host import ClockProxy, EngineHost

@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 import zmq.asyncio
 
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import Handle
 from wave_actors.core.timebase import Clock
 from wave_actors.runtime.actors import ActorStopped, ChildSpec, MsgClass, Restart, Supervisor

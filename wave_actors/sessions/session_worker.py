@@ -26,7 +26,7 @@ import zmq.asyncio
 from transports import audio as A
 from transports import zsock
 from wave_actors.sessions import worker_wire as W
-from wave_actors.core.clock_policy import ClockPolicy
+from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.frames import SAMPLES_OUT
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.tasks import stop_tasks

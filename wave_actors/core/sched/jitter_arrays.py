@@ -28,7 +28,7 @@ import numpy as np
 
 from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
-from wave_actors.core.jitter import SILENCE, CapacityError, Shedding, SlotStats
+from wave_actors.core.sched.jitter import SILENCE, CapacityError, Shedding, SlotStats
 
 assert FRAMES_PER_BEAT == 2, "pack() takes a beat's two frames as two array steps"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from wave_actors.core.frames import FRAMES_PER_BEAT
-from wave_actors.core.jitter import Shedding
+from wave_actors.core.sched.jitter import Shedding
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from wave_actors.core.frames import FRAMES_PER_BEAT
-from wave_actors.core.snapshots import SnapshotIndex
-from wave_actors.core.start_policy import StartPolicy
-from wave_actors.core.start_queue import StartQueue
+from wave_actors.core.sched.snapshots import SnapshotIndex
+from wave_actors.core.sched.start_policy import StartPolicy
+from wave_actors.core.sched.start_queue import StartQueue
 
 
 # The GPU executor's start rows: every captured beat can carry 16 starting sessions' next 16
