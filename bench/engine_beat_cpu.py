@@ -31,7 +31,7 @@ from wave_actors.core.contract import ExecutorOptions, SessionSpec
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.sched.start_policy import EagerStarts
 from wave_actors.core.timebase import Clock
-from wave_actors.engine.process import EngineClock
+from wave_actors.engine.to_workers import engine_clock
 from wave_actors.sessions.session_worker import frames_wait_s
 from wave_actors.clock.shared_frames import SharedFrames, ring_for
 from wave_actors.clock.shared_outputs import OutputsView, SharedOutputs
@@ -77,8 +77,8 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
     sim = SimExecutor(opts, CostModel.load(FLAT, "reference"), Clock())
     shared = None if copy_route else SharedOutputs(n)
     ring = None if copy_frames else SharedFrames(n, ring_for(ClockPolicy().max_queue))
-    clock = EngineClock(sim, None, "inproc://unused", Clock(), ClockPolicy(), EagerStarts(), 0,
-                        False, lambda msg: None, shared, ring)
+    clock = engine_clock(sim, None, "inproc://unused", Clock(), ClockPolicy(), EagerStarts(), 0,
+                         False, lambda msg: None, shared, ring)
     views = [] if copy_route else [OutputsView(shared.name, n, shared.depth)
                                    for _ in range(workers)]
     tx = _Tx(workers)
@@ -86,13 +86,10 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
     handles = []
     for i in range(n):
         h = await clock.handle(Admit(("k", i), None, SessionSpec("", [])))
-        clock.bind(h, b"w%d" % (i % workers), i)
+        clock.route.bind(h, b"w%d" % (i % workers), i)
         handles.append(h)
-    clock._apply_ops()
-    while clock._ready_waiters or clock.book.plan(1.0).rows:     # every start done
-        plan = clock.book.plan(1.0)
-        clock.book.observe(plan, 0.0)
-        clock._resolve_ready()
+    while not all(clock.slots.book.ready(h.slot) for h in handles):     # every start done
+        clock.slots.book.observe(clock.slots.plan(1.0), 0.0)
     pcm = np.random.default_rng(0).standard_normal((2 * n, SAMPLES_IN)).astype(np.float32) * 0.1
     parts = {k: [] for k in ("frames_in", "plan", "pack", "submit_collect", "complete", "route")}
     frame, worker_copy, worker_write = 0, [], []
@@ -127,21 +124,20 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
                 if group:
                     clock._frames_in(group)
         t1 = time.perf_counter()
-        clock._apply_ops()
-        plan = clock.book.plan(0.05)
+        plan = clock.slots.plan(0.05)
         t2 = time.perf_counter()
-        packed = clock.table.pack(inp, plan.live, gather=not clock._executor_reads)
+        packed = clock.slots.table.pack(inp, plan.live, gather=not clock._executor_reads)
         t3 = time.perf_counter()
-        clock._refilling(k % 2)
+        clock.route.refilling(k % 2)
         sim.submit(plan, inp, out)
         sim._inflight = (0.0, 0.1)
         out.compute_s = sim.collect(plan, out)
-        clock._filled(k % 2)
-        clock.book.observe(plan, out.compute_s)
+        clock.route.filled(k % 2)
+        clock.slots.book.observe(plan, out.compute_s)
         t4 = time.perf_counter()
-        routed = clock.table.complete(packed, late=False)
+        routed = clock.slots.table.complete(packed, late=False)
         t5 = time.perf_counter()
-        clock._route(routed, out)
+        clock.route.send(routed, out)
         t6 = time.perf_counter()
         worker_copy.append(1e3 * tx.drain(views))
         for name, a, b in (("frames_in", t0, t1), ("plan", t1, t2), ("pack", t2, t3),
@@ -152,7 +148,7 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
     clock_ms = sum(v for name, v in ms.items() if name != "submit_collect")
     for view in views:
         view.close()
-    clock._outputs = out = clock.table = clock._ring = None
+    clock._outputs = out = clock.slots = clock._ring = None
     for segment in (shared, ring):
         if segment is not None:
             segment.close()

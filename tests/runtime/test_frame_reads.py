@@ -67,7 +67,7 @@ def test_many_small_batches_are_read_in_few_reads_and_every_frame_is_heard():
         assert sum(messages) >= 1.5 * len(reads)      # reads took several batches each
         assert sum(messages) >= sent // 2             # the sessions' frames came as batches
         heard = clock.jitter_totals.frames_in
-        queued = sum(len(clock.table.jitter.queued(s)) for s in clock.table.entries)
+        queued = sum(len(clock.slots.table.jitter.queued(s)) for s in clock.slots.table.entries)
         assert heard + queued == sent and clock.stats.dropped_frames == 0
     finally:
         vn.close()

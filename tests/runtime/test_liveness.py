@@ -323,7 +323,7 @@ def test_a_close_right_after_open_cancels_the_start_and_frees_the_slot():
                 await sock.send_multipart(P.pack("close", f"s{i}"))
                 h, _ = await reply(sock, timeout=5)
                 assert (h["type"], h["session"]) == ("closed", f"s{i}"), h
-            assert not node.routes and node.clock_actor.table.free_slots == 1
+            assert not node.routes and node.clock_actor.slots.table.free_slots == 1
             async with client_of(node) as c:                  # the one slot is free
                 await (await c.open("after")).close()
             sock.close(0)

@@ -181,7 +181,7 @@ class NodeMachine(RuleBasedStateMachine):
         # The clock routes outputs to the owner the node gave at admission: every session in the
         # clock's table is the node's route of that key under that handle, and every opened
         # session's actor holds its route's current handle (nothing leaks or misroutes).
-        node, table = self.vn.node, self.vn.node.clock_actor.table
+        node, table = self.vn.node, self.vn.node.clock_actor.slots.table
         for slot, entry in table.entries.items():
             route = node.routes.get(entry.key)
             assert route is entry.owner and route.handle in (None, entry.handle)
@@ -191,7 +191,7 @@ class NodeMachine(RuleBasedStateMachine):
     @invariant()
     def sessions_never_exceed_slots(self):
         assert len(self.vn.node.sessions) <= SLOTS
-        assert len(self.vn.node.clock_actor.table) <= SLOTS
+        assert len(self.vn.node.clock_actor.slots.table) <= SLOTS
 
     @invariant()
     def late_beats_match_ground_truth(self):

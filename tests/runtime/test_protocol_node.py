@@ -56,12 +56,12 @@ def test_outputs_without_a_session_actor_are_counted_unroutable():
             out = node.executor.alloc_output()
             gone = SimpleNamespace(actor=None)               # a route whose actor is gone
             assert not node._deliver(gone, None)
-            handles = [clock.table.admit(("nobody", i), gone) for i in range(2)]
+            handles = [clock.slots.table.admit(("nobody", i), gone) for i in range(2)]
             slots = np.array([h.slot for h in handles])
             clock.route.send(Routed(slots, np.zeros(2, np.int64)), out)   # nobody serves them
             assert clock.stats.unroutable == 2
             for h in handles:
-                clock.table.release(h)
+                clock.slots.table.release(h)
     asyncio.run(body())
 
 

@@ -22,7 +22,7 @@ def test_opened_comes_when_the_model_is_ready_and_nothing_sent_after_it_is_dropp
             s = await c.open("long", sample_rate=16000, format="pcm_f32le", instructions=LONG_PROMPT)
             waited = loop.time() - t0
             slot = s.opened["slot"]
-            assert node.clock_actor.book.ready(slot)          # its start is done
+            assert node.clock_actor.slots.book.ready(slot)          # its start is done
             assert waited >= 4 * BEAT_S                       # it took the prefill beats
             sent = 25
             for i in range(sent):                             # paced like a live client

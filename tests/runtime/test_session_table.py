@@ -76,22 +76,22 @@ def test_a_start_orphaned_by_a_clock_crash_cannot_touch_the_next_session():
                                                           instructions=LONG_PROMPT))
             await vn.clock.sleep(4 * BEAT_S)
             old = node.clock_actor
-            (a_handle,) = [e.handle for e in old.table.entries.values()]
-            assert not old.book.ready(a_handle.slot)               # A is still starting
+            (a_handle,) = [e.handle for e in old.slots.table.entries.values()]
+            assert not old.slots.book.ready(a_handle.slot)               # A is still starting
             old.tell(_Crash(RuntimeError("a fault in the clock")))
             with pytest.raises(Refused) as refused:                # A hears at once
                 await asyncio.wait_for(a_open, 2.0)
             assert "restarted" in refused.value.message
             clock = node.clock_actor
-            assert clock is not old and not clock.book.starts._starts   # nothing of A carried
+            assert clock is not old and not clock.slots.book.starts._starts   # nothing of A carried
             b = await vn.client.open("b", sample_rate=16000, format="pcm_f32le")
             assert b.opened["slot"] == a_handle.slot
             b_handle = node.routes[(vn.client.identity, "b")].handle
             # A's open, had it lingered, would release its handle now: stale, counted, harmless
             stale = node.counters.stale
             assert await node._free_slot(a_handle) is None
-            assert node.counters.stale == stale + 1 and clock.table.stale >= 1
-            assert clock.table.current(b_handle) is not None and clock.free_slots == 0
+            assert node.counters.stale == stale + 1 and clock.slots.table.stale >= 1
+            assert clock.slots.table.current(b_handle) is not None and clock.free_slots == 0
             frames = 0
             for _ in range(400):                                   # > 60 s of B's call
                 await b.send_audio(np.zeros(1280, np.float32).tobytes())

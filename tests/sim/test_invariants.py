@@ -147,7 +147,7 @@ def check_refusals(policy: str, ops: list) -> dict:
         admit = start_policy.admit
         start_policy.admit = lambda *a: said.append(admit(*a)) or said[-1]
     vn = VirtualNode(SLOTS_2, slow_cost(_tmp(), 45.0), start_policy=start_policy)
-    table = vn.node.clock_actor.table
+    table = vn.node.clock_actor.slots.table
     live, refusals, n = [], {}, 0
     try:
         for op in ops:
@@ -398,7 +398,7 @@ def run_starts(make_executor, opens: list, beats: int = 40,
     vn = VirtualNode(SLOTS_5, slow_cost(_tmp(), 45.0), start_policy=BudgetedStarts(),
                      snapshot_mb=snapshot_mb, **kw)
     clock = vn.node.clock_actor
-    decisions, plan = [], clock.book.plan
+    decisions, plan = [], clock.slots.book.plan
 
     def recorded(time_left_s):
         p = plan(time_left_s)
@@ -406,7 +406,7 @@ def run_starts(make_executor, opens: list, beats: int = 40,
                           tuple((slot, at) for slot, _chunk, at in p.rows), tuple(p.started),
                           tuple(p.copies), tuple(p.saves)))
         return p
-    clock.book.plan = recorded
+    clock.slots.book.plan = recorded
 
     async def one(i, at, chars, stay):
         await asyncio.sleep(at * BEAT_S + 0.01 + 0.002 * i)     # in a set order
@@ -427,7 +427,7 @@ def run_starts(make_executor, opens: list, beats: int = 40,
     try:
         answered = vn.run(workload())
         times = [r.compute_s for r in clock.stats.records]
-        return decisions, times, answered, clock.book.policy.held_back
+        return decisions, times, answered, clock.slots.book.policy.held_back
     finally:
         vn.close()
 

@@ -17,7 +17,7 @@ from sim.executor import SimExecutor
 from tests import nodekit
 from tests.runtime import test_invariants_jitter as jit
 from tests.sim import test_invariants as inv
-from wave_actors.clock import clock as clock_module
+from wave_actors.clock import slots as slots_module
 from wave_actors.clock.clock import BeatClockActor
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.sched.jitter import CapacityError
@@ -99,7 +99,7 @@ def test_refusals_catch_capacity_refused_with_a_slot_free(monkeypatch):
 
 
 def test_refusals_catch_admission_refused_though_the_policy_admits(monkeypatch):
-    monkeypatch.setattr(clock_module, "admission",
+    monkeypatch.setattr(slots_module, "admission",
                         lambda policy, live, starting, slots: "busy" if live else None)
     with pytest.raises(AssertionError, match="policy admitted"):
         inv.check_refusals("eager", [("open", 0), ("wait", 2), ("open", 0)])

@@ -40,11 +40,9 @@ from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import ALL_FRAMES, BEAT_S, FIRST_FRAME, LATER_FRAMES
 from wave_actors.core.sched.jitter import SlotStats
 from wave_actors.core.prompt import PromptRejected
-from wave_actors.core.sched.session_table import END_OF_STREAM, CapacityError, SessionTable
-from wave_actors.core.sched.slot_book import BookPlan, SlotBook
-from wave_actors.core.sched.snapshots import snapshot_index
-from wave_actors.core.sched.start_policy import StartPolicy, admission
-from wave_actors.core.sched.jitter import AdmissionRefused
+from wave_actors.core.sched.session_table import END_OF_STREAM, CapacityError
+from wave_actors.core.sched.slot_book import BookPlan
+from wave_actors.core.sched.start_policy import StartPolicy
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
 from wave_actors.core.tasks import stop_tasks
 from wave_actors.clock import frame_batch
@@ -53,6 +51,7 @@ from wave_actors.runtime.gc_pauses import GcPauses, collect_between_beats
 from wave_actors.runtime.loop_stalls import StallWatch
 from wave_actors.runtime.actors import Actor
 from wave_actors.clock.routes import BeatRoute
+from wave_actors.clock.slots import Slots
 from wave_actors.runtime.turns import OutputTurns
 
 LATE_AFTER_S = BEAT_S + 1e-9     # a nanosecond of slack: float rounding is not lateness
@@ -166,16 +165,7 @@ class BeatClockActor(Actor):
         self._executor_reads = frames_ring is not None and executor.caps.reads_frames
         self.executor, self.ctx, self.endpoint, self.clock = executor, ctx, endpoint, clock
         self.policy = policy
-        opts = executor.options
-        self.table = SessionTable(executor.max_sessions, epoch, policy.prebuffer, policy.max_queue,
-                                  policy.shedding, frames_ring)
-        self.book = SlotBook(executor.max_sessions, executor.start_shape, start_policy,
-                             opts.frames_per_session, opts.roll_frames,
-                             snapshot_index(executor, executor.start_shape.prefill_chunk))
-        for know, fact in (("know_rows", "start_row_s"), ("know_beats", "beat_at_context_s")):
-            learn, measured = getattr(start_policy, know, None), getattr(executor, fact, None)
-            if learn is not None and measured:     # what the executor measured at build
-                learn(measured)
+        self.slots = Slots(executor, epoch, policy, start_policy, frames_ring)
         self.stats = ClockStats()
         self._on_beat, self._keep_records = on_beat, keep_records
         self._frames_read = 0           # since the last release (BeatRecord.frames_read)
@@ -185,8 +175,6 @@ class BeatClockActor(Actor):
         self._inputs = [executor.alloc_input(), executor.alloc_input()]     # ring of two slots
         route.attach(self)
         self._outputs = route.outputs(executor)
-        self._ops: list[tuple] = []              # slot changes for the next beat boundary
-        self._ready_waiters: dict[Handle, asyncio.Future] = {}   # admitted, start not done yet
         self._stream_ends: dict[Handle, asyncio.Future] = {}     # END_OF_STREAM seen (closing)
         self._inflight: asyncio.Task | None = None               # the beat the executor runs
         # Pending from a beat's pack until its submit (only apart while the previous beat
@@ -255,10 +243,10 @@ class BeatClockActor(Actor):
             await self.executor.wait()
         except Exception as exc:
             log.warning("the executor's last beat failed as the clock stopped: %r", exc)
-        for fut in [*self._ready_waiters.values(), *self._stream_ends.values()]:
+        self.slots.forget_waiters()
+        for fut in self._stream_ends.values():
             if not fut.done():
                 fut.set_result(False)        # openers learn at once that their start is gone
-        self._ready_waiters.clear()
         self.frames = None
         for sock in (self._frames_sock, self._sock):
             if sock is not None:
@@ -270,17 +258,11 @@ class BeatClockActor(Actor):
             # Tokenized before a slot is taken: a prompt that does not fit raises PromptRejected
             # to the opener and holds nothing.
             tokens = self.executor.prompt_tokens(msg.spec)
-            if self.table.free_slots:                         # full: the table says so below
-                why = admission(self.book.policy, *self.book.occupancy(), len(self.book.slots))
-                if why:
-                    raise AdmissionRefused(why)
-            handle = self.table.admit(msg.key, msg.owner)     # raises CapacityError when full
+            handle = self.slots.admit(msg.key, msg.owner, tokens, msg.spec)
             self.route.admitted(handle.slot)
-            self._ops.append(("open", handle, (tokens, msg.spec)))
-            self._ready_waiters[handle] = asyncio.get_running_loop().create_future()
             return handle
         if isinstance(msg, Release):
-            if msg.stream_ended and msg.handle.slot in self.table.entries:
+            if msg.stream_ended and self.slots.holds(msg.handle):
                 # Frames travel on the session's socket, this message on the mailbox: wait for
                 # the marker that follows its last frame, so none arrives after the slot is gone.
                 await asyncio.wait({self._stream_end(msg.handle)}, timeout=STREAM_END_WAIT_S)
@@ -293,7 +275,7 @@ class BeatClockActor(Actor):
             finally:
                 self._closing.discard(slot)
         if isinstance(msg, FunctionTokens):
-            self._ops.append(("func", msg.handle, msg.ids))
+            self.slots.force(msg.handle, msg.ids)
             return None
         if isinstance(msg, _Crash):
             raise msg.exc
@@ -306,56 +288,22 @@ class BeatClockActor(Actor):
         return fut
 
     def when_ready(self, handle: Handle) -> asyncio.Future:
-        """Resolves (True) once this admitted session's prompt is planned in: its frames run from
-        the next beat on, and the node answers `opened` then. False when the session was
-        released first (or the handle is not this clock's)."""
-        fut = self._ready_waiters.get(handle)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            entry = self.table.entries.get(handle.slot)
-            fut.set_result(entry is not None and entry.handle == handle)
-        return fut
-
-    def _resolve_ready(self) -> None:
-        for handle in list(self._ready_waiters):
-            if self.book.ready(handle.slot):
-                fut = self._ready_waiters.pop(handle)
-                if not fut.done():
-                    fut.set_result(True)
+        """Resolves (True) once this admitted session's prompt is planned in: the node answers
+        `opened` then. False when the session was released first."""
+        return self.slots.when_ready(handle)
 
     def _release(self, handle: Handle) -> SlotStats | None:
         self._stream_ends.pop(handle, None)
-        fut = self._ready_waiters.pop(handle, None)
-        if fut is not None and not fut.done():
-            fut.set_result(False)
-        stats = self.table.release(handle)          # None for a stale handle (counted)
-        if stats is not None:
-            self._ops.append(("close", handle, None))
-        return stats
+        return self.slots.release(handle)
 
     @property
     def free_slots(self) -> int:
-        return self.table.free_slots
+        return self.slots.free
 
     @property
     def jitter_totals(self) -> SlotStats:
         """Underruns and drops over every session this incarnation admitted."""
-        return self.table.jitter.totals
-
-    def _apply_ops(self) -> None:
-        """Slot changes since the last beat, in order. A close always applies (the slot was freed
-        when it was asked); an open or tool tokens only while their handle is still current."""
-        ops, self._ops = self._ops, []
-        for kind, handle, arg in ops:
-            if kind == "close":
-                if handle.slot not in self.table.entries:
-                    self.book.close(handle.slot)
-            elif self.table.current(handle) is None:
-                continue
-            elif kind == "open":
-                self.book.open(handle.slot, *arg)
-            elif kind == "func":
-                self.book.force(handle.slot, arg)
+        return self.slots.jitter_totals
 
     # -- frames in --------------------------------------------------------------------------------
     async def _read_frames(self) -> None:
@@ -451,7 +399,7 @@ class BeatClockActor(Actor):
     def _pull_ring(self) -> None:
         """Frames the session workers wrote into the shared ring, queued."""
         if self._ring is not None:
-            self._frames_read += self.table.pull_ring()
+            self._frames_read += self.slots.table.pull_ring()
 
     def _batch_in(self, head: np.ndarray, rows: np.ndarray | list[np.ndarray] | None) -> None:
         """`rows`: the frames' samples (or their pieces in order); None: in the shared ring."""
@@ -466,14 +414,14 @@ class BeatClockActor(Actor):
                 rows = np.concatenate(rows)
             head, frame_nos = head[keep], frame_nos[keep]
             rows = None if rows is None else rows[keep]
-        refused = self.table.push_batch(head["slot"], head["generation"], frame_nos, rows)
+        refused = self.slots.table.push_batch(head["slot"], head["generation"], frame_nos, rows)
         self.stats.dropped_frames += refused
         self._frames_read += len(head) - refused
 
     def _ended(self, handle: Handle) -> None:
         """A session's end-of-stream marker: its last frame is in."""
         ended = self._stream_ends.get(handle)
-        if ended is None and handle.slot in self.table.entries:
+        if ended is None and self.slots.holds(handle):
             ended = self._stream_end(handle)
         if ended is not None and not ended.done():
             ended.set_result(True)
@@ -516,20 +464,17 @@ class BeatClockActor(Actor):
         # output work of the previous beat among them) before the executor is called.
         self._drain_frames()
         frames_read, self._frames_read = self._frames_read, 0
-        self._apply_ops()
         inp, out = self._inputs[k % 2], self._outputs[k % 2]
         behind = self._inflight is not None and not self._inflight.done()
         begin = self.clock.now() - release
         inp.time_left_s = 0.0 if behind else (LATE_AFTER_S - begin - max(self._host_s, default=0.0))
-        plan = self.book.plan(inp.time_left_s)
-        if self._ready_waiters:
-            self._resolve_ready()
+        plan = self.slots.plan(inp.time_left_s)
         in_beat = plan.live
         if self._closing:
             for slot in self._closing.intersection(in_beat):
                 inp.audio[slot] = 0.0                  # its session is leaving: it hears nothing
             in_beat = [s for s in in_beat if s not in self._closing]
-        packed = self.table.pack(inp, in_beat, gather=not self._executor_reads)
+        packed = self.slots.table.pack(inp, in_beat, gather=not self._executor_reads)
         pack_s = self.clock.now() - release - begin
         if behind:
             self._handed_slots = frozenset(in_beat)
@@ -541,7 +486,7 @@ class BeatClockActor(Actor):
                 self._handed = None
                 handed.set_result(None)
         if not (plan.live or plan.rows or plan.resets or plan.copies):
-            self.table.complete(packed, late=False)
+            self.slots.table.complete(packed, late=False)
             self.turns.free()
             collect_between_beats(k)
             return
@@ -562,7 +507,7 @@ class BeatClockActor(Actor):
         try:
             if self.executor.caps.first_frame:
                 await self.executor.wait_first()
-                self.route.send(self.table.peek(packed), out, FIRST_FRAME)
+                self.route.send(self.slots.table.peek(packed), out, FIRST_FRAME)
                 first_s, rest = self.clock.now() - release, LATER_FRAMES
             await self.executor.wait()
             out.compute_s = self.executor.collect(plan, out)
@@ -570,12 +515,12 @@ class BeatClockActor(Actor):
             self.turns.free()
         read = self._inputs[k % 2].frames
         if read is not None and read.torn:
-            self.table.jitter.count_torn(read)
+            self.slots.table.jitter.count_torn(read)
         self.route.filled(k % 2)
-        self.book.observe(plan, out.compute_s)
+        self.slots.book.observe(plan, out.compute_s)
         returned = self.clock.now() - release
         in_beat = len(packed.slot_idx) > 0
-        routed = self.table.complete(packed, late=returned > LATE_AFTER_S and in_beat)
+        routed = self.slots.table.complete(packed, late=returned > LATE_AFTER_S and in_beat)
         self.route.send(routed, out, rest)
         latency = self.clock.now() - release
         if in_beat:

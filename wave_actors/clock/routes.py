@@ -115,7 +115,7 @@ class ToSessions:
         text, func, user = (a[rows, frames].tolist() for a in (out.text, out.func, out.user))
         pcm = self._pcm_rows.take(out.pcm[:, frames], rows)
         clock = self.clock
-        for i, (entry, first_frame) in enumerate(clock.table.entries_of(routed)):
+        for i, (entry, first_frame) in enumerate(clock.slots.table.entries_of(routed)):
             header = {"frame": first_frame + frames.start, "text": text[i], "func": func[i],
                       "user": user[i]}
             if not self.deliver(entry.owner, BeatOut(header, pcm[i])):

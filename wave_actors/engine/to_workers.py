@@ -75,7 +75,7 @@ class ToWorkers:
     def bind(self, handle: Handle, worker: bytes, rid: int) -> None:
         """Where a current session's outputs go: its worker's socket and the front's number for
         it. Rows of a session not bound yet (or no longer current) are unroutable."""
-        entry = self.clock.table.entries.get(handle.slot)
+        entry = self.clock.slots.table.entries.get(handle.slot)
         if entry is None or entry.handle != handle:
             return
         index = self._worker_index.get(worker)
@@ -140,7 +140,7 @@ class ToWorkers:
             new = clock.stalls.since(stalls_sent[0])
             if new:
                 stalls_sent[0] = max(s.release for s in new) + 1e-9
-            t = clock.table.jitter.totals
+            t = clock.slots.table.jitter.totals
             report(("beat", epoch, rec,
                     {"underruns": t.underruns, "dropped": t.dropped,
                      "dropped_frames": clock.stats.dropped_frames,
@@ -148,7 +148,7 @@ class ToWorkers:
                      "outputs_shared": self._shared is not None,
                      "frames_shared": self._frames is not None,
                      "frames_read_by_executor": clock._executor_reads,
-                     "frames_overwritten": clock.table.jitter.overwritten},
+                     "frames_overwritten": clock.slots.table.jitter.overwritten},
                     new))
         return record
 
