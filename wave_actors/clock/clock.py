@@ -1,5 +1,5 @@
-"""BeatClockActor: one per GPU. It owns the session table (slot, generation) and the slot book,
-releases a beat every 160 ms on a drift-free schedule, packs two frames per session in the beat
+"""BeatClockActor: one per GPU. It holds the slots' one owner (`slots.py`: the session table and
+the slot book), releases a beat every 160 ms on a drift-free schedule, packs two frames per session in the beat
 straight into the executor's input ring, hands the executor the book's plan, and routes each
 session's outputs to its owner. Frames come in over ZMQ (inproc), each naming its session's
 handle, or lie in a shared ring the session workers write; outputs go where the clock's route
@@ -17,8 +17,7 @@ beat k (if it overran) before submitting. A beat packed while its predecessor st
 behind schedule, so it is planned with no time for start work.
 
 Slot changes (open, close, tool results) arrive at any time but reach the book only between
-beats, so an executor never sees its state change under a running beat. A message naming a
-stale handle is rejected and counted (`SessionTable.stale`).
+beats (`Slots.plan`). A message naming a stale handle is rejected and counted.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The session table: who holds which slot, under which generation. One per clock incarnation,
-owned by the clock; everything else holds a `Handle` and asks.
+held by the clock's `Slots` (wave_actors/clock/slots.py); everything else holds a `Handle`.
 
 A slot's generation changes every time it is admitted, and generations never repeat within a
 node: a table starts its count at its `epoch` (the clock's incarnation) shifted past any count
