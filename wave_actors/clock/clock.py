@@ -1,7 +1,7 @@
-"""BeatClockActor: one per GPU. It holds the slots' one owner (`slots.py`: the session table and
-the slot book), releases a beat every 160 ms on a drift-free schedule, packs two frames per session in the beat
-straight into the executor's input ring, hands the executor the book's plan, and routes each
-session's outputs to its owner. Frames come in over ZMQ (inproc), each naming its session's
+"""BeatClockActor: one per GPU. It holds the slots' one owner (`slots.py`: the session table
+and the slot book), releases a beat every 160 ms on a drift-free schedule, packs two frames
+per session in the beat straight into the executor's input ring, hands the executor the
+book's plan, and routes each session's outputs to its owner. Frames come in over ZMQ (inproc), each naming its session's
 handle, or lie in a shared ring the session workers write; outputs go where the clock's route
 sends them (`routes.py`): the session actors' mailboxes in the node's process, or the session
 workers from the engine process (`engine/to_workers.py`).
