@@ -89,7 +89,7 @@ def test_a_start_orphaned_by_a_clock_crash_cannot_touch_the_next_session():
             b_handle = node.routes[(vn.client.identity, "b")].handle
             # A's open, had it lingered, would release its handle now: stale, counted, harmless
             stale = node.counters.stale
-            assert await node._free_slot(a_handle) is None
+            assert await node.free_slot(a_handle) is None
             assert node.counters.stale == stale + 1 and clock.slots.table.stale >= 1
             assert clock.slots.table.current(b_handle) is not None and clock.free_slots == 0
             frames = 0

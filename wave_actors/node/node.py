@@ -16,20 +16,18 @@ closed by a failed send. A detached session resumes with `resume` (its token, or
 CURVE key that opened it) within `resume_grace_s`, else it closes. A session that hears nothing
 of its own (audio, a function result, a ping naming it) for `idle_timeout_s` closes too.
 
-The front (this module) owns the public socket: it parses every message with `protocol.parse`,
-answers malformed input with `error` (never crashing, never touching another session), rate-limits
-floods per client, and hands typed messages to the actors. `python -m wave_actors.node` serves
+The front (this module) owns the public socket and sends on it; `inbound.py` reads it: every
+message parsed, malformed input answered with `error` (never crashing, never touching another
+session), floods rate-limited per client, typed messages handed to the actors. `python -m wave_actors.node` serves
 until SIGINT/SIGTERM, then drains: new opens are refused, every session gets `closed`.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -38,27 +36,25 @@ import zmq.auth
 from transports import protocol as P
 from transports import zsock
 from wave_actors.node.bindings import Bindings, Route
-from wave_actors.clock.clock import Admit, BeatClockActor, BeatRecord, FunctionTokens, Release
+from wave_actors.clock.clock import BeatClockActor, BeatRecord, FunctionTokens, Release
 from wave_actors.clock.routes import ToSessions
 from wave_actors.core.sched.clock_policy import ClockPolicy
-from wave_actors.core.contract import Executor, Handle, SessionSpec
-from wave_actors.core.frames import FRAME_S
-from wave_actors.core.sched.jitter import AdmissionRefused, CapacityError
-from wave_actors.core.prompt import PromptRejected
+from wave_actors.core.contract import Executor, Handle
 from wave_actors.core.sched.start_policy import GuardedStarts, StartPolicy
 from wave_actors.core.timebase import Clock
 from wave_actors.core.tasks import stop_tasks, within
 from wave_actors.engine.host import ClockProxy, EngineHost
 from wave_actors.engine.process import ExecutorSpec
 from wave_actors.node.flood import FloodGate, FloodPolicy
-from wave_actors.node.gatekeeper import CONN_PROPERTY, DOMAIN, Gatekeeper
+from wave_actors.node.gatekeeper import DOMAIN, Gatekeeper
+from wave_actors.node.inbound import Inbound
 from wave_actors.runtime.metrics import NodeMetrics
 from wave_actors.runtime.proc_cpu import cpu_seconds
 from wave_actors.runtime.actors import (ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart,
                                         Supervisor)
 from wave_actors.clock.shared_outputs import BeatOut
 from wave_actors.sessions.hosts import HostedSession, HostEvents, make_host
-from wave_actors.sessions.session import AudioIn, Close, FunctionResult, SessionConfig
+from wave_actors.sessions.session import Close
 
 log = logging.getLogger("wave.node")
 SEND_TIMEOUT_S = 5.0
@@ -115,11 +111,6 @@ def _close_stats(slot, worker_drops: int, frames_sent: int, dropped_out: int) ->
             "dropped_in": dropped_in, "dropped_out": dropped_out}
 
 
-def _zero_stats() -> dict:
-    return {"frames_in": 0, "frames_out": 0, "underruns": 0, "dropped": 0, "late_beats": 0,
-            "dropped_in": 0, "dropped_out": 0}
-
-
 @dataclass
 class NodeCounters:
     errors: dict = field(default_factory=dict)
@@ -132,11 +123,6 @@ class NodeCounters:
     superseded: int = 0                 # messages read from a connection already replaced
     held_lost: int = 0                  # messages for detached sessions past HELD_MAX
     stale_rows: int = 0                 # beat outputs a worker read after they were refilled
-
-
-def _older(conn: str, than: str) -> bool:
-    """Connection numbers grow (gatekeeper.py); inproc connections have none."""
-    return conn.isdigit() and than.isdigit() and int(conn) < int(than)
 
 
 class Node:
@@ -170,7 +156,7 @@ class Node:
         self.sock: zmq.asyncio.Socket | None = None
         self.gatekeeper: Gatekeeper | None = None
         self._tasks: list[asyncio.Task] = []
-        self._opens: set[asyncio.Task] = set()
+        self.opens: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
         # where sessions run: in this process, or in cfg.workers session workers
         self.host = make_host(cfg.workers, self.supervisor, lambda: self.clock_actor, self.ctx,
@@ -180,6 +166,7 @@ class Node:
                                          self._function_tokens, self._stale_rows,
                                          self._spawn))
         self._clock_base = cfg.clock_endpoint
+        self.inbound = Inbound(self)
 
     @property
     def clock_actor(self) -> BeatClockActor:
@@ -227,7 +214,7 @@ class Node:
             self.sock.curve_publickey = public
             self.sock.curve_server = True
         self.sock.bind(cfg.bind)
-        self._tx = zsock.Tx(self.sock)
+        self.tx = zsock.Tx(self.sock)
         await self.host.start()
         self._clock_base = self.host.clock_base(cfg.clock_endpoint)
         self.supervisor.start_child(ChildSpec("clock", self._make_clock, Restart.PERMANENT,
@@ -235,10 +222,10 @@ class Node:
         if cfg.metrics_port:
             self.metrics.serve(cfg.metrics_port)
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._recv_loop()))
+        self._tasks.append(loop.create_task(self.inbound.run()))
         self._tasks.append(loop.create_task(self._watch_liveness()))
         self._watcher = loop.create_task(self._watch_supervisor())
-        self._update_gauges()
+        self.update_gauges()
 
     async def _watch_supervisor(self) -> None:
         """The supervisor gave up on the clock: no beat will run again, so every session is
@@ -295,7 +282,7 @@ class Node:
                 pass
         began = self.clock.now()
         deadline = began + timeout
-        while (self.sessions or self._opens or self.clock.now() < began + self.cfg.drain_grace_s) \
+        while (self.sessions or self.opens or self.clock.now() < began + self.cfg.drain_grace_s) \
                 and self.clock.now() < deadline:
             await asyncio.sleep(0.02)
         if self._watcher is not None and self._watcher is not asyncio.current_task():
@@ -321,7 +308,7 @@ class Node:
         also says so for a live peer whose pipe was full a moment ago and is draining. It is
         counted, and liveness is left to the heartbeats and to the probe at a new connection."""
         try:
-            self._tx.send([identity, *frames])
+            self.tx.send([identity, *frames])
             return True
         except zmq.ZMQError as exc:
             unreachable = exc.errno == zmq.EHOSTUNREACH
@@ -354,12 +341,12 @@ class Node:
         except (asyncio.TimeoutError, zmq.ZMQError):
             self.metrics.drops.labels("client_not_reading").inc()
 
-    def _error(self, identity: bytes, code: str, message: str, session: str | None = None) -> None:
+    def error(self, identity: bytes, code: str, message: str, session: str | None = None) -> None:
         self.counters.errors[code] = self.counters.errors.get(code, 0) + 1
         self.metrics.errors.labels(code).inc()
         self.send(identity, P.error_frames(code, message, session))
 
-    def _refuse(self, identity: bytes, session: str, reason: str, message: str) -> None:
+    def refuse(self, identity: bytes, session: str, reason: str, message: str) -> None:
         self.counters.refusals[reason] = self.counters.refusals.get(reason, 0) + 1
         self.metrics.refusals.labels(reason).inc()
         self.send(identity, P.pack("refused", session, reason=reason, message=message))
@@ -376,7 +363,7 @@ class Node:
         frames = P.pack("heartbeat")
         for identity in self.bindings.bound_identities():
             try:
-                self._tx.send([identity, *frames])
+                self.tx.send([identity, *frames])
             except zmq.ZMQError as exc:
                 if exc.errno == zmq.EHOSTUNREACH:
                     self._detach_identity(identity, "unreachable at a new connection")
@@ -400,250 +387,6 @@ class Node:
         except (ActorStopped, MailboxFull):
             pass
 
-    # -- inbound ----------------------------------------------------------------------------------
-    async def _recv_loop(self) -> None:
-        async for batch in zsock.batches(self.sock, self._tx.sync, copy=False):
-            for raw in batch:
-                try:
-                    self._on_frames(raw)
-                except Exception:
-                    # The front survives anything a peer sends; a bug here is logged and counted.
-                    log.exception("front: unexpected failure handling a message")
-                    self.metrics.errors.labels(P.INTERNAL).inc()
-
-    @staticmethod
-    def _property(frame, name: str) -> str | None:
-        try:
-            return frame.get(name)
-        except zmq.ZMQError:            # not carried (inproc has no handshake)
-            return None
-
-    def _on_frames(self, raw: list) -> None:
-        identity, head = raw[0].bytes, raw[0]
-        conn = self._property(head, CONN_PROPERTY) or ""
-        now = self.clock.now()
-        peer = self.bindings.peers.get(identity)
-        if peer is not None and peer.conn != conn and _older(conn, peer.conn):
-            # A straggler of a connection this identity has since replaced (read after the new
-            # one's messages): its sessions live on the new one, which sends again what they
-            # did not hear (resume), so it belongs to no session now.
-            self.counters.superseded += 1
-            return
-        if peer is None or peer.conn != conn:
-            user_key = self._property(head, "User-Id") if self.cfg.curve_keys else None
-            sender = user_key or self._property(head, "Peer-Address") or identity.hex()
-            peer = self.bindings.connected(identity, conn, now, sender, user_key)
-        peer.heard = now
-        user_key, sender = peer.user_key, peer.sender
-        try:
-            msg = P.parse([f.bytes for f in raw[1:]])
-        except P.ProtocolError as exc:
-            if self._admit_rate(identity, sender, now):
-                self._reply_protocol_error(identity, exc)
-            return
-        # `close` is never rate-limited: shedding load must not keep a session alive.
-        if msg.type != "close" and not self._admit_rate(identity, sender, now):
-            if msg.type == "audio":
-                route, _code, _why = self.bindings.check(identity, user_key, conn, msg.session)
-                if route is not None:
-                    route.actor.count_flooded(msg.payload, msg.header["seq"])
-            return
-        getattr(self, f"_on_{msg.type}")(identity, user_key, conn, sender, msg)
-
-    def _reply_protocol_error(self, identity: bytes, exc: P.ProtocolError) -> None:
-        if exc.msg_type == "open" and exc.session:
-            # The opener waits for opened/refused: answer in those terms, and count it.
-            self.counters.errors[exc.code] = self.counters.errors.get(exc.code, 0) + 1
-            self.metrics.errors.labels(exc.code).inc()
-            self._refuse(identity, exc.session, "invalid", exc.message)
-        else:
-            self._error(identity, exc.code, exc.message, exc.session)
-
-    def _admit_rate(self, identity: bytes, sender: str, now: float) -> bool:
-        ok, notice = self.flood.admit(sender, self.bindings.sessions_of.get(sender, 0), now)
-        if not ok:
-            self.counters.flood_drops += 1
-            self.metrics.drops.labels("flood").inc()
-            if notice is not None:
-                self._error(identity, P.OVERLOADED,
-                            f"too many messages from this sender: {notice} dropped since the "
-                            f"last notice (at most one notice every "
-                            f"{self.cfg.flood.notice_interval_s:g} s)")
-        return ok
-
-    def _on_ping(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
-        if msg.session is not None:
-            # A session's own heartbeat keeps it from idling. One naming a session that is not
-            # (or no longer) bound here refreshes nothing, and is answered all the same: a
-            # heartbeat racing its session's `close` is no error.
-            route, _code, _why = self.bindings.check(identity, user_key, conn, msg.session)
-            if route is not None:
-                route.last_heard = self.clock.now()
-        self.send(identity, P.pack("pong", msg.session, nonce=msg.get("nonce")))
-
-    def _bound_route(self, identity: bytes, user_key, conn: str, msg: P.Message) -> Route | None:
-        """The opened session a message names, if this connection may drive it; else the
-        sender gets an error saying why, and None."""
-        route, code, why = self.bindings.check(identity, user_key, conn, msg.session)
-        if route is None:
-            self._error(identity, code, why, msg.session)
-            return None
-        route.last_heard = self.clock.now()
-        return route
-
-    def _on_audio(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
-        route = self._bound_route(identity, user_key, conn, msg)
-        if route is not None:
-            seq = msg.header["seq"]
-            route.next_seq = max(route.next_seq, seq + 1)
-            try:
-                route.actor.tell(AudioIn(seq, msg.payload), MsgClass.AUDIO)
-            except ActorStopped:            # its session is ending (its worker died)
-                self.metrics.drops.labels("session_gone").inc()
-
-    def _on_function_result(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
-        route = self._bound_route(identity, user_key, conn, msg)
-        if route is not None:
-            self._tell_control(identity, route.actor,
-                               FunctionResult(msg.get("call_id"), msg.get("output")))
-
-    def _on_event(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
-        """A client-side event (a key press) reaches the model the only way text reaches it
-        mid-call: as a tool response in its function channel, `{"event": name, "value": v}`."""
-        route = self._bound_route(identity, user_key, conn, msg)
-        if route is not None:
-            output = json.dumps({"event": msg.header["name"], "value": msg.header["value"]})
-            self._tell_control(identity, route.actor,
-                               FunctionResult(f"event:{msg.header['name']}", output))
-
-    def _on_close(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
-        route = self.bindings.get(identity, msg.session)
-        if route is not None and route.actor is None and route.owner_key == user_key \
-                and route.conn == conn:
-            # Closed before `opened`: its open stops (cancelling its start, freeing its slot)
-            # and answers `closed`.
-            route.cancelled = True
-            if route.ready is not None and not route.ready.done():
-                route.ready.cancel()
-            return None
-        route = self._bound_route(identity, user_key, conn, msg)
-        if route is not None:
-            self._tell_control(identity, route.actor, Close("client"))
-
-    def _on_resume(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
-        """Rebind a session to this connection: by its token, or under CURVE by the key that
-        opened it. A session that closed meanwhile answers with its `closed` stats."""
-        b, token = self.bindings, msg.get("token")
-        route = b.resumable(msg.session, token, user_key)
-        if route is None:
-            stats = b.closed_stats(msg.session, token, user_key)
-            if stats is not None:
-                self.send(identity, P.pack("closed", msg.session, stats=stats))
-            else:
-                self._error(identity, P.UNKNOWN_SESSION, f"no session {msg.session!r} to resume "
-                                                         "with this token or key", msg.session)
-            return
-        if not b.rebind(route, identity, conn, self.clock.now()):
-            self._error(identity, P.BAD_HEADER, f"session {msg.session!r} is already open on "
-                                                "this connection under another token",
-                        msg.session)
-            return
-        # The next seq is the front's view: audio it accepted may still wait in the actor's
-        # mailbox, and sent again it would be a duplicate.
-        seq = max(route.next_seq, route.actor.expected_seq)
-        self.send(identity, P.pack("resumed", msg.session, seq=seq, out_seq=route.actor.out_seq))
-        while route.held:
-            self.send(identity, route.held.popleft())
-
-    def _tell_control(self, identity: bytes, actor: HostedSession, msg: Any) -> None:
-        try:
-            actor.tell(msg)
-        except (ActorStopped, MailboxFull) as exc:
-            self._error(identity, P.OVERLOADED, f"session cannot take messages: {exc}",
-                        actor.cfg.session)
-
-    def _on_open(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
-        key = (identity, msg.session)
-        if self.draining:
-            return self._refuse(identity, msg.session, "draining", "the node is shutting down")
-        if key in self.routes:
-            return self._refuse(identity, msg.session, "duplicate",
-                                f"session {msg.session!r} is already open on this connection")
-        route = Route(identity, msg.session, user_key, sender, conn)
-        self.bindings.add(route)
-        task = asyncio.get_running_loop().create_task(self._open(route, msg))
-        self._opens.add(task)
-        task.add_done_callback(self._opens.discard)
-    async def _open(self, route: Route, msg: P.Message) -> None:
-        h = msg.header
-        clock = self.clock_actor
-        key = (route.identity, route.session)
-        try:
-            handle = await clock.ask(Admit(key, route, SessionSpec(h["instructions"], h["tools"])))
-        except AdmissionRefused as exc:
-            self.bindings.drop(route)
-            return self._refuse(route.identity, msg.session, "admission", str(exc))
-        except CapacityError as exc:
-            self.bindings.drop(route)
-            return self._refuse(route.identity, msg.session, "capacity", str(exc))
-        except PromptRejected as exc:
-            self.bindings.drop(route)
-            return self._refuse(route.identity, msg.session, "invalid", str(exc))
-        except (ActorStopped, asyncio.TimeoutError, AttributeError) as exc:
-            self.bindings.drop(route)
-            return self._refuse(route.identity, msg.session, "capacity",
-                                f"node not ready: {exc!r}")
-        route.handle = handle
-        # `opened` waits for the model's session start (its prompt's rows ride the next beats),
-        # so the client streams only once its audio is heard; audio sent before would queue,
-        # overflow and be dropped.
-        ready = route.ready = clock.when_ready(handle)
-        if (route.cancelled or self.draining) and not ready.done():
-            ready.cancel()
-        try:
-            await asyncio.wait({ready}, timeout=self.cfg.start_timeout_s)
-        finally:
-            route.ready = None
-        answered = ready.done() and not ready.cancelled()
-        if self.draining or route.cancelled or not (answered and ready.result()):
-            await self._free_slot(handle)
-            self.bindings.drop(route)
-            return self._answer_failed_open(route, answered)
-        cfg = SessionConfig(msg.session, handle, h["sample_rate"], h["format"],
-                            h["output_sample_rate"], h["output_format"], clock.endpoint,
-                            hold_frames=max(1, round(self.cfg.input_hold_s / FRAME_S)))
-        try:
-            route.actor = self.host.open(cfg, route)
-        except ActorStopped as exc:
-            await self._free_slot(handle)
-            self.bindings.drop(route)
-            return self._refuse(route.identity, msg.session, "capacity", f"node not ready: {exc}")
-        self.host.bind(clock, route.actor)
-        self.bindings.opened(route, self.clock.now())
-        self.counters.opened += 1
-        self.metrics.opened.inc()
-        self._update_gauges()
-        self.send(route.identity, P.pack(
-            "opened", msg.session, frame_ms=80, beat_ms=160,
-            output_sample_rate=cfg.output_sample_rate, output_format=cfg.output_format,
-            slot=handle.slot, token=route.token, heartbeat_ms=round(1000 * self.cfg.heartbeat_s),
-            resume_ms=round(1000 * self.cfg.resume_grace_s),
-            idle_ms=round(1000 * self.cfg.idle_timeout_s)))
-
-    def _answer_failed_open(self, route: Route, answered: bool) -> None:
-        identity, session = route.identity, route.session
-        if self.draining:
-            return self._refuse(identity, session, "draining", "the node is shutting down")
-        if route.cancelled:                         # the client closed it while it started
-            self.send(identity, P.pack("closed", session, stats=_zero_stats()))
-            return None
-        if answered:                                # its clock went away mid-start
-            return self._refuse(identity, session, "capacity",
-                                "the engine restarted while the session was starting")
-        return self._refuse(identity, session, "capacity",
-                            f"the model did not finish starting the session within "
-                            f"{self.cfg.start_timeout_s:.0f} s (node overloaded)")
-
     def _deliver(self, route: Route, out: BeatOut) -> bool:
         """The clock's route for a session's beat outputs: into its actor's mailbox."""
         if route.actor is None:
@@ -666,7 +409,7 @@ class Node:
         (`dropped_in`) plus the output frames the client did not get (`dropped_out`)."""
         host = self.host
         ended = await host.end_stream(session)
-        slot_stats = await self._free_slot(session.cfg.handle, ended)
+        slot_stats = await self.free_slot(session.cfg.handle, ended)
         drops = await host.input_drops(session, ended)
         stats = _close_stats(slot_stats, drops, *host.sent(session))
         host.forget(route, session)
@@ -675,7 +418,7 @@ class Node:
         self.bindings.forget(route, stats)
         self.counters.closed += 1
         self.metrics.closed.labels(reason).inc()
-        self._update_gauges()
+        self.update_gauges()
 
     async def _failed(self, route: Route, session: HostedSession, message: str) -> None:
         """A session's actor or its worker failed: its client is told, and it closes."""
@@ -686,7 +429,7 @@ class Node:
         self._send_route(route, P.error_frames(P.INTERNAL, message, route.session))
         await self._finish(route, session, "crash")
 
-    async def _free_slot(self, handle: Handle, stream_ended: bool = False):
+    async def free_slot(self, handle: Handle, stream_ended: bool = False):
         """The clock's stats of the session it frees, or None: a handle of an earlier clock
         incarnation (whose table went with it) or already released is stale, and counted."""
         try:
@@ -723,7 +466,7 @@ class Node:
                 m.underruns.inc(total - self._underruns_reported)
                 self._underruns_reported = total
 
-    def _update_gauges(self) -> None:
+    def update_gauges(self) -> None:
         live = len(self.sessions)
         self.metrics.sessions.set(live)
         self.metrics.free_slots.set(self.executor.max_sessions - live)
