@@ -117,12 +117,12 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
                 ring.write(slot, generation, number, row)
             worker_write.append(1e3 * (time.perf_counter() - t))
             t0 = time.perf_counter()
-            clock._pull_ring()
+            clock.frames_in.pull_ring()
         else:
             t0 = time.perf_counter()
             for group in groups:
                 if group:
-                    clock._frames_in(group)
+                    clock.frames_in.take(group)
         t1 = time.perf_counter()
         plan = clock.slots.plan(0.05)
         t2 = time.perf_counter()
@@ -148,7 +148,7 @@ async def measure(n: int, workers: int, beats: int, batches: int, reads: int,
     clock_ms = sum(v for name, v in ms.items() if name != "submit_collect")
     for view in views:
         view.close()
-    clock._outputs = out = clock.slots = clock._ring = None
+    clock._outputs = out = clock.slots = clock.frames_in = None
     for segment in (shared, ring):
         if segment is not None:
             segment.close()

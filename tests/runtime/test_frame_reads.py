@@ -14,7 +14,7 @@ import numpy as np
 from sim.costmodel import CostModel
 from sim.executor import SimExecutor
 from tests.nodekit import VirtualNode
-from wave_actors.clock.clock import READ_BEFORE_HOLD_S
+from wave_actors.clock.frames_in import READ_BEFORE_HOLD_S
 from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S, SAMPLES_IN
@@ -32,14 +32,14 @@ def test_many_small_batches_are_read_in_few_reads_and_every_frame_is_heard():
     try:
         clock = vn.node.clock_actor
         reads, messages = [], []
-        frames_in = clock._frames_in
+        frames_in = clock.frames_in.take
 
         def counting(batch):
             if batch:
                 reads.append(vn.clock.now())
                 messages.append(len(batch))
             frames_in(batch)
-        clock._frames_in = counting
+        clock.frames_in.take = counting
         sessions = [vn.run(vn.client.open(f"s{i}")) for i in range(SESSIONS)]
         frame = np.full(SAMPLES_IN, 0.5, np.float32).tobytes()
         start = vn.clock.now()
@@ -94,7 +94,7 @@ def test_the_engines_reads_stop_short_of_each_hold():
         hold_start = release - hold
         for now in np.linspace(release - BEAT_S + 1e-4, release - 1e-4, 400):
             at.t = now
-            nxt = clock._next_read(every)
+            nxt = clock.frames_in.next_read(every)
             assert now < nxt <= now + every
             inside = hold_start - READ_BEFORE_HOLD_S < nxt < release
             assert not inside or now >= hold_start - READ_BEFORE_HOLD_S, (now, nxt)

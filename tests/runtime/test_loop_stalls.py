@@ -58,17 +58,25 @@ def test_a_late_wake_is_sampled_with_the_blocking_function_on_top():
 
 
 def test_on_time_wakes_leave_no_stall():
+    """Every stall filed is a wake that really was late past `after_s` (a busy machine may make
+    one late: that one is a stall, not a false report)."""
+    after_s = 0.003
+
     async def main():
-        watch = StallWatch(after_s=0.003).start()
+        watch = StallWatch(after_s=after_s).start()
+        lates = []
         try:
             for _ in range(20):
-                await _wake_at(watch, time.monotonic() + 0.005)
+                lates.append(await _wake_at(watch, time.monotonic() + 0.005))
             await asyncio.sleep(0.01)
-            return watch
+            return watch, lates
         finally:
             watch.stop()
 
-    assert list(asyncio.run(main()).stalls) == []
+    watch, lates = asyncio.run(main())
+    late_wakes = sum(late > after_s for late in lates)
+    assert len(watch.stalls) <= late_wakes
+    assert all(stall.late_s > after_s for stall in watch.stalls)
 
 
 def test_stack_of_names_innermost_first():

@@ -1,10 +1,11 @@
 """BeatClockActor: one per GPU. It holds the slots' one owner (`slots.py`: the session table
 and the slot book), releases a beat every 160 ms on a drift-free schedule, packs two frames
 per session in the beat straight into the executor's input ring, hands the executor the
-book's plan, and routes each session's outputs to its owner. Frames come in over ZMQ (inproc), each naming its session's
-handle, or lie in a shared ring the session workers write; outputs go where the clock's route
-sends them (`routes.py`): the session actors' mailboxes in the node's process, or the session
-workers from the engine process (`engine/to_workers.py`).
+book's plan, and routes each session's outputs to its owner. Frames come in (`frames_in.py`)
+over ZMQ (inproc), each naming its session's handle, or lie in a shared ring the session
+workers write; outputs go where the clock's route sends them (`routes.py`): the session
+actors' mailboxes in the node's process, or the session workers from the engine process
+(`engine/to_workers.py`).
 
 Schedule: release_k = t0 + k·160 ms. A beat that overruns delays the next one (frames are
 sequential: frame t+1 needs frame t's tokens), but the schedule never shifts, so the overrun
@@ -24,12 +25,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -39,17 +38,17 @@ from wave_actors.core.contract import Executor, Handle, SessionSpec
 from wave_actors.core.frames import ALL_FRAMES, BEAT_S, FIRST_FRAME, LATER_FRAMES
 from wave_actors.core.sched.jitter import SlotStats
 from wave_actors.core.prompt import PromptRejected
-from wave_actors.core.sched.session_table import END_OF_STREAM, CapacityError
+from wave_actors.core.sched.session_table import CapacityError
 from wave_actors.core.sched.slot_book import BookPlan
 from wave_actors.core.sched.start_policy import StartPolicy
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
 from wave_actors.core.tasks import stop_tasks
-from wave_actors.clock import frame_batch
 from wave_actors.clock.frame_batch import FrameBatcher
 from wave_actors.runtime.gc_pauses import GcPauses, collect_between_beats
 from wave_actors.runtime.loop_stalls import StallWatch
 from wave_actors.runtime.actors import Actor
 from wave_actors.clock.routes import BeatRoute
+from wave_actors.clock.frames_in import FramesIn
 from wave_actors.clock.slots import Slots
 from wave_actors.runtime.turns import OutputTurns
 
@@ -70,10 +69,6 @@ class Release:
     handle: Handle
     stream_ended: bool = False   # its session sent END_OF_STREAM: count its frames in flight first
 
-
-# The frame reads' last before a hold ends this long before it: a read due at the hold's very
-# start could run inside it.
-READ_BEFORE_HOLD_S = 0.5e-3
 
 STREAM_END_WAIT_S = 0.5         # a marker lost with a restarting socket cannot hold a release
 
@@ -159,7 +154,7 @@ class BeatClockActor(Actor):
         self.route, self.epoch, self.start_policy = route, epoch, start_policy
         self.reads_wait_out_hold = self.release_blocks = alone
         self._on_record = on_record
-        self._ring = frames_ring
+        self.frames_in = FramesIn(self, frames_ring)
         # The executor reads the beat's frames out of the ring itself, while the beat runs.
         self._executor_reads = frames_ring is not None and executor.caps.reads_frames
         self.executor, self.ctx, self.endpoint, self.clock = executor, ctx, endpoint, clock
@@ -167,14 +162,12 @@ class BeatClockActor(Actor):
         self.slots = Slots(executor, epoch, policy, start_policy, frames_ring)
         self.stats = ClockStats()
         self._on_beat, self._keep_records = on_beat, keep_records
-        self._frames_read = 0           # since the last release (BeatRecord.frames_read)
         self.gc = GcPauses()
         self.stalls = StallWatch()         # started on a real loop only: virtual time never stalls
         self._watching = False
         self._inputs = [executor.alloc_input(), executor.alloc_input()]     # ring of two slots
         route.attach(self)
         self._outputs = route.outputs(executor)
-        self._stream_ends: dict[Handle, asyncio.Future] = {}     # END_OF_STREAM seen (closing)
         self._inflight: asyncio.Task | None = None               # the beat the executor runs
         # Pending from a beat's pack until its submit (only apart while the previous beat
         # overran), with the slots it packed: a release of one of them waits for it, so frames
@@ -202,7 +195,7 @@ class BeatClockActor(Actor):
         # A new incarnation starts from an empty table and book: the executor forgets every
         # slot's state too, so nothing of a crashed clock's sessions runs on.
         self.executor.reset()
-        if self._reads_every:
+        if self.frames_in.reads_every:
             # Read on a timer only: a plain socket, which the loop does not watch. An asyncio
             # one would wake the loop for every batch that arrives, read or not.
             self._sock = zmq.Socket(self.ctx, zmq.ROUTER)
@@ -221,7 +214,7 @@ class BeatClockActor(Actor):
         self._watching = not isinstance(loop, VirtualTimeLoop)
         if self._watching:
             self.stalls.start()
-        self._tasks = [loop.create_task(self._read_frames(), name="clock-frames"),
+        self._tasks = [loop.create_task(self.frames_in.run(), name="clock-frames"),
                        loop.create_task(self._beat_loop(), name="clock-beats")]
         for task in self._tasks:
             task.add_done_callback(self._task_died)
@@ -243,9 +236,7 @@ class BeatClockActor(Actor):
         except Exception as exc:
             log.warning("the executor's last beat failed as the clock stopped: %r", exc)
         self.slots.forget_waiters()
-        for fut in self._stream_ends.values():
-            if not fut.done():
-                fut.set_result(False)        # openers learn at once that their start is gone
+        self.frames_in.stop()
         self.frames = None
         for sock in (self._frames_sock, self._sock):
             if sock is not None:
@@ -264,7 +255,8 @@ class BeatClockActor(Actor):
             if msg.stream_ended and self.slots.holds(msg.handle):
                 # Frames travel on the session's socket, this message on the mailbox: wait for
                 # the marker that follows its last frame, so none arrives after the slot is gone.
-                await asyncio.wait({self._stream_end(msg.handle)}, timeout=STREAM_END_WAIT_S)
+                await asyncio.wait({self.frames_in.stream_end(msg.handle)},
+                                   timeout=STREAM_END_WAIT_S)
             slot = msg.handle.slot
             self._closing.add(slot)
             try:
@@ -280,19 +272,13 @@ class BeatClockActor(Actor):
             raise msg.exc
         raise TypeError(f"unexpected message {type(msg).__name__}")
 
-    def _stream_end(self, handle: Handle) -> asyncio.Future:
-        fut = self._stream_ends.get(handle)
-        if fut is None:
-            fut = self._stream_ends[handle] = asyncio.get_running_loop().create_future()
-        return fut
-
     def when_ready(self, handle: Handle) -> asyncio.Future:
         """Resolves (True) once this admitted session's prompt is planned in: the node answers
         `opened` then. False when the session was released first."""
         return self.slots.when_ready(handle)
 
     def _release(self, handle: Handle) -> SlotStats | None:
-        self._stream_ends.pop(handle, None)
+        self.frames_in.forget(handle)
         return self.slots.release(handle)
 
     @property
@@ -303,127 +289,6 @@ class BeatClockActor(Actor):
     def jitter_totals(self) -> SlotStats:
         """Underruns and drops over every session this incarnation admitted."""
         return self.slots.jitter_totals
-
-    # -- frames in --------------------------------------------------------------------------------
-    async def _read_frames(self) -> None:
-        every = self._reads_every
-        if every:
-            while True:                       # all that waits, every `every`
-                await self.clock.sleep_until(self._next_read(every))
-                if self.reads_wait_out_hold and self.turns.held:
-                    # From just before a release until its beat is queued, frames wait on the
-                    # socket: the release drains them itself, and reading them here would only
-                    # stand between the loop and the release.
-                    await self.turns.turn()
-                self._frames_in(self._recv_all())
-        async for batch in zsock.batches(self._sock, self._tx.sync):    # on arrival
-            self._frames_in(batch)
-            if self.reads_wait_out_hold and self.turns.held:
-                await self.turns.turn()
-
-    def _recv_all(self) -> list[list]:
-        sync, messages = self._tx.sync, []
-        while True:
-            try:
-                messages.append(zsock.recv_now(sync))
-            except zmq.Again:
-                return messages
-
-    def _next_read(self, every: float) -> float:
-        """`every` from now, or just before the next release's hold if that comes first: the
-        release then drains only what arrived during its hold."""
-        now = self.clock.now()
-        hold = self.policy.release_hold_s
-        if self.t0 is None or not (self.reads_wait_out_hold and hold):
-            return now + every
-        hold_start = self.t0 + math.floor((now + hold - self.t0) / BEAT_S + 1) * BEAT_S - hold
-        before = hold_start - READ_BEFORE_HOLD_S
-        return before if now < before < now + every else now + every
-
-    def _drain_frames(self) -> None:
-        """Every frame queued on the socket now, without yielding to the loop (the sessions'
-        batch of this turn sent first)."""
-        if self.frames is not None:
-            self.frames.flush()
-        self._frames_in(self._recv_all())
-        self._pull_ring()
-        zsock.kick(self._sock)           # the reads consumed the socket's edge: re-arm its reader
-
-    def _frames_in(self, messages: list[list]) -> None:
-        """Frame batches read off the socket together, queued as one (a batch's queueing costs
-        about the same whatever its size): each run of messages of one kind (samples in the
-        message, or headers of frames in the shared ring) as one, in the order they came."""
-        heads, pcms, ringed = [], [], False
-        for frames in messages:
-            batch, in_ring = None, False
-            if len(frames) == 4 and frames[1] == frame_batch.BATCH_TAG:
-                batch = frame_batch.decode(frames[2], frames[3])
-            elif len(frames) == 3 and frames[1] == frame_batch.HEADS_TAG:
-                head = frame_batch.decode_heads(frames[2])
-                if head is not None and self._ring is None:
-                    # Frames in a ring this clock has none of (its sender was told of another
-                    # engine's): lost, counted; told to send the samples from now on.
-                    self.stats.dropped_frames += len(head)
-                    self.route.greet(frames[0], force=True)
-                    continue
-                batch, in_ring = (None if head is None else (head, None)), True
-            if batch is None:                 # not a FrameBatcher's message
-                self.stats.dropped_frames += 1
-                continue
-            self.route.greet(frames[0])
-            if heads and in_ring != ringed:
-                self._queue_run(heads, pcms, ringed)
-                heads, pcms = [], []
-            ringed = in_ring
-            heads.append(batch[0])
-            pcms.append(batch[1])
-        if heads:
-            self._queue_run(heads, pcms, ringed)
-
-    def _queue_run(self, heads: list[np.ndarray], pcms: list, ringed: bool) -> None:
-        if ringed:
-            self._batch_in(heads[0] if len(heads) == 1 else np.concatenate(heads), None)
-        elif len(heads) == 1:
-            self._batch_in(heads[0], pcms[0])
-        else:                                 # the samples stay in their messages' buffers
-            self._batch_in(np.concatenate(heads), pcms)
-
-    @property
-    def _reads_every(self) -> float:
-        """How often frame messages are read (0: as they come). With a shared ring the workers
-        send only end-of-stream markers (and each its first batch): read as they come, a timer
-        would wake the loop for nothing."""
-        return 0.0 if self._ring is not None else self.policy.frames_every_s
-
-    def _pull_ring(self) -> None:
-        """Frames the session workers wrote into the shared ring, queued."""
-        if self._ring is not None:
-            self._frames_read += self.slots.table.pull_ring()
-
-    def _batch_in(self, head: np.ndarray, rows: np.ndarray | list[np.ndarray] | None) -> None:
-        """`rows`: the frames' samples (or their pieces in order); None: in the shared ring."""
-        frame_nos = head["frame"]
-        ends = frame_nos == END_OF_STREAM
-        if ends.any():                        # a session's last frames: markers one by one
-            self._pull_ring()                 # (its frames in the ring came before its marker)
-            for slot, generation, _end in head[ends].tolist():
-                self._ended(Handle(slot, generation))
-            keep = ~ends
-            if isinstance(rows, list):
-                rows = np.concatenate(rows)
-            head, frame_nos = head[keep], frame_nos[keep]
-            rows = None if rows is None else rows[keep]
-        refused = self.slots.table.push_batch(head["slot"], head["generation"], frame_nos, rows)
-        self.stats.dropped_frames += refused
-        self._frames_read += len(head) - refused
-
-    def _ended(self, handle: Handle) -> None:
-        """A session's end-of-stream marker: its last frame is in."""
-        ended = self._stream_ends.get(handle)
-        if ended is None and self.slots.holds(handle):
-            ended = self._stream_end(handle)
-        if ended is not None and not ended.done():
-            ended.set_result(True)
 
     # -- the beat ---------------------------------------------------------------------------------
     async def output_turn(self) -> None:
@@ -461,8 +326,8 @@ class BeatClockActor(Actor):
         # Frames that arrived by now go into this beat. They are read here, synchronously:
         # yielding to the loop instead would first run every ready task (the session actors'
         # output work of the previous beat among them) before the executor is called.
-        self._drain_frames()
-        frames_read, self._frames_read = self._frames_read, 0
+        self.frames_in.drain()
+        frames_read = self.frames_in.took()
         inp, out = self._inputs[k % 2], self._outputs[k % 2]
         behind = self._inflight is not None and not self._inflight.done()
         begin = self.clock.now() - release

@@ -106,7 +106,8 @@ class Inbound:
             self.node.error(identity, exc.code, exc.message, exc.session)
 
     def _admit_rate(self, identity: bytes, sender: str, now: float) -> bool:
-        ok, notice = self.node.flood.admit(sender, self.node.bindings.sessions_of.get(sender, 0), now)
+        node = self.node
+        ok, notice = node.flood.admit(sender, node.bindings.sessions_of.get(sender, 0), now)
         if not ok:
             self.node.counters.flood_drops += 1
             self.node.metrics.drops.labels("flood").inc()
@@ -186,8 +187,9 @@ class Inbound:
             if stats is not None:
                 self.node.send(identity, P.pack("closed", msg.session, stats=stats))
             else:
-                self.node.error(identity, P.UNKNOWN_SESSION, f"no session {msg.session!r} to resume "
-                                                         "with this token or key", msg.session)
+                self.node.error(identity, P.UNKNOWN_SESSION,
+                                f"no session {msg.session!r} to resume with this token or key",
+                                msg.session)
             return
         if not b.rebind(route, identity, conn, self.node.clock.now()):
             self.node.error(identity, P.BAD_HEADER, f"session {msg.session!r} is already open on "
@@ -197,7 +199,8 @@ class Inbound:
         # The next seq is the front's view: audio it accepted may still wait in the actor's
         # mailbox, and sent again it would be a duplicate.
         seq = max(route.next_seq, route.actor.expected_seq)
-        self.node.send(identity, P.pack("resumed", msg.session, seq=seq, out_seq=route.actor.out_seq))
+        self.node.send(identity, P.pack("resumed", msg.session, seq=seq,
+                                        out_seq=route.actor.out_seq))
         while route.held:
             self.node.send(identity, route.held.popleft())
 
@@ -263,7 +266,8 @@ class Inbound:
         except ActorStopped as exc:
             await self.node.free_slot(handle)
             self.node.bindings.drop(route)
-            return self.node.refuse(route.identity, msg.session, "capacity", f"node not ready: {exc}")
+            return self.node.refuse(route.identity, msg.session, "capacity",
+                                    f"node not ready: {exc}")
         self.node.host.bind(clock, route.actor)
         self.node.bindings.opened(route, self.node.clock.now())
         self.node.counters.opened += 1
@@ -272,7 +276,8 @@ class Inbound:
         self.node.send(route.identity, P.pack(
             "opened", msg.session, frame_ms=80, beat_ms=160,
             output_sample_rate=cfg.output_sample_rate, output_format=cfg.output_format,
-            slot=handle.slot, token=route.token, heartbeat_ms=round(1000 * self.node.cfg.heartbeat_s),
+            slot=handle.slot, token=route.token,
+            heartbeat_ms=round(1000 * self.node.cfg.heartbeat_s),
             resume_ms=round(1000 * self.node.cfg.resume_grace_s),
             idle_ms=round(1000 * self.node.cfg.idle_timeout_s)))
 
