@@ -26,13 +26,12 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from gpu.model.roll import roll_blocks
 from gpu.model.talker_mog import MogHead, codebook_sqnorms, unmasking_schedule
 from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding, add_normed,
                                    apply_rope_tables, rope_cos_sin, rope_tables)
 from wave_actors.core.text import EOS, PAD, VOCAB
 from wave_actors.core.sched.slot_book import TALKER_WARMUP
-from gpu.model.slots import fill_slots
+from gpu.model.slots import fill_slots, roll_blocks
 
 PREFIX = "tts_model."                   # the talker module's names = checkpoint names minus this
 

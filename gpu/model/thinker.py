@@ -25,9 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gpu.model.roll import roll_blocks
 from wave_actors.core.text import PAD
-from gpu.model.slots import fill_slots
+from gpu.model.slots import fill_slots, roll_blocks
 
 PREFIX = "stt_model."
 PATTERN = "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-"

@@ -4,7 +4,7 @@ the key of its position minus `drop`, at each layer's RoPE θ."""
 import pytest
 import torch
 
-from gpu.model import roll
+from gpu.model import slots as roll
 from gpu.model.talker import TalkerConfig, TalkerState, roll_turn
 from gpu.model.talker_text import apply_rope_tables, rope_cos_sin, rope_tables
 from gpu.model.thinker import ThinkerState
