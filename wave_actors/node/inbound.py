@@ -101,9 +101,9 @@ class Inbound:
             # The opener waits for opened/refused: answer in those terms, and count it.
             self.node.counters.errors[exc.code] = self.node.counters.errors.get(exc.code, 0) + 1
             self.node.metrics.errors.labels(exc.code).inc()
-            self.node.refuse(identity, exc.session, "invalid", exc.message)
+            self.node.out.refuse(identity, exc.session, "invalid", exc.message)
         else:
-            self.node.error(identity, exc.code, exc.message, exc.session)
+            self.node.out.error(identity, exc.code, exc.message, exc.session)
 
     def _admit_rate(self, identity: bytes, sender: str, now: float) -> bool:
         node = self.node
@@ -112,7 +112,7 @@ class Inbound:
             self.node.counters.flood_drops += 1
             self.node.metrics.drops.labels("flood").inc()
             if notice is not None:
-                self.node.error(identity, P.OVERLOADED,
+                self.node.out.error(identity, P.OVERLOADED,
                             f"too many messages from this sender: {notice} dropped since the "
                             f"last notice (at most one notice every "
                             f"{self.node.cfg.flood.notice_interval_s:g} s)")
@@ -126,14 +126,14 @@ class Inbound:
             route, _code, _why = self.node.bindings.check(identity, user_key, conn, msg.session)
             if route is not None:
                 route.last_heard = self.node.clock.now()
-        self.node.send(identity, P.pack("pong", msg.session, nonce=msg.get("nonce")))
+        self.node.out.send(identity, P.pack("pong", msg.session, nonce=msg.get("nonce")))
 
     def _bound_route(self, identity: bytes, user_key, conn: str, msg: P.Message) -> Route | None:
         """The opened session a message names, if this connection may drive it; else the
         sender gets an error saying why, and None."""
         route, code, why = self.node.bindings.check(identity, user_key, conn, msg.session)
         if route is None:
-            self.node.error(identity, code, why, msg.session)
+            self.node.out.error(identity, code, why, msg.session)
             return None
         route.last_heard = self.node.clock.now()
         return route
@@ -185,38 +185,38 @@ class Inbound:
         if route is None:
             stats = b.closed_stats(msg.session, token, user_key)
             if stats is not None:
-                self.node.send(identity, P.pack("closed", msg.session, stats=stats))
+                self.node.out.send(identity, P.pack("closed", msg.session, stats=stats))
             else:
-                self.node.error(identity, P.UNKNOWN_SESSION,
+                self.node.out.error(identity, P.UNKNOWN_SESSION,
                                 f"no session {msg.session!r} to resume with this token or key",
                                 msg.session)
             return
         if not b.rebind(route, identity, conn, self.node.clock.now()):
-            self.node.error(identity, P.BAD_HEADER, f"session {msg.session!r} is already open on "
+            self.node.out.error(identity, P.BAD_HEADER, f"session {msg.session!r} is already open on "
                                                 "this connection under another token",
                         msg.session)
             return
         # The next seq is the front's view: audio it accepted may still wait in the actor's
         # mailbox, and sent again it would be a duplicate.
         seq = max(route.next_seq, route.actor.expected_seq)
-        self.node.send(identity, P.pack("resumed", msg.session, seq=seq,
+        self.node.out.send(identity, P.pack("resumed", msg.session, seq=seq,
                                         out_seq=route.actor.out_seq))
         while route.held:
-            self.node.send(identity, route.held.popleft())
+            self.node.out.send(identity, route.held.popleft())
 
     def _tell_control(self, identity: bytes, actor: HostedSession, msg: Any) -> None:
         try:
             actor.tell(msg)
         except (ActorStopped, MailboxFull) as exc:
-            self.node.error(identity, P.OVERLOADED, f"session cannot take messages: {exc}",
+            self.node.out.error(identity, P.OVERLOADED, f"session cannot take messages: {exc}",
                         actor.cfg.session)
 
     def _on_open(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
         key = (identity, msg.session)
         if self.node.draining:
-            return self.node.refuse(identity, msg.session, "draining", "the node is shutting down")
+            return self.node.out.refuse(identity, msg.session, "draining", "the node is shutting down")
         if key in self.node.routes:
-            return self.node.refuse(identity, msg.session, "duplicate",
+            return self.node.out.refuse(identity, msg.session, "duplicate",
                                 f"session {msg.session!r} is already open on this connection")
         route = Route(identity, msg.session, user_key, sender, conn)
         self.node.bindings.add(route)
@@ -231,16 +231,16 @@ class Inbound:
             handle = await clock.ask(Admit(key, route, SessionSpec(h["instructions"], h["tools"])))
         except AdmissionRefused as exc:
             self.node.bindings.drop(route)
-            return self.node.refuse(route.identity, msg.session, "admission", str(exc))
+            return self.node.out.refuse(route.identity, msg.session, "admission", str(exc))
         except CapacityError as exc:
             self.node.bindings.drop(route)
-            return self.node.refuse(route.identity, msg.session, "capacity", str(exc))
+            return self.node.out.refuse(route.identity, msg.session, "capacity", str(exc))
         except PromptRejected as exc:
             self.node.bindings.drop(route)
-            return self.node.refuse(route.identity, msg.session, "invalid", str(exc))
+            return self.node.out.refuse(route.identity, msg.session, "invalid", str(exc))
         except (ActorStopped, asyncio.TimeoutError, AttributeError) as exc:
             self.node.bindings.drop(route)
-            return self.node.refuse(route.identity, msg.session, "capacity",
+            return self.node.out.refuse(route.identity, msg.session, "capacity",
                                 f"node not ready: {exc!r}")
         route.handle = handle
         # `opened` waits for the model's session start (its prompt's rows ride the next beats),
@@ -266,14 +266,14 @@ class Inbound:
         except ActorStopped as exc:
             await self.node.free_slot(handle)
             self.node.bindings.drop(route)
-            return self.node.refuse(route.identity, msg.session, "capacity",
+            return self.node.out.refuse(route.identity, msg.session, "capacity",
                                     f"node not ready: {exc}")
         self.node.host.bind(clock, route.actor)
         self.node.bindings.opened(route, self.node.clock.now())
         self.node.counters.opened += 1
         self.node.metrics.opened.inc()
         self.node.update_gauges()
-        self.node.send(route.identity, P.pack(
+        self.node.out.send(route.identity, P.pack(
             "opened", msg.session, frame_ms=80, beat_ms=160,
             output_sample_rate=cfg.output_sample_rate, output_format=cfg.output_format,
             slot=handle.slot, token=route.token,
@@ -284,13 +284,13 @@ class Inbound:
     def _answer_failed_open(self, route: Route, answered: bool) -> None:
         identity, session = route.identity, route.session
         if self.node.draining:
-            return self.node.refuse(identity, session, "draining", "the node is shutting down")
+            return self.node.out.refuse(identity, session, "draining", "the node is shutting down")
         if route.cancelled:                         # the client closed it while it started
-            self.node.send(identity, P.pack("closed", session, stats=_zero_stats()))
+            self.node.out.send(identity, P.pack("closed", session, stats=_zero_stats()))
             return None
         if answered:                                # its clock went away mid-start
-            return self.node.refuse(identity, session, "capacity",
+            return self.node.out.refuse(identity, session, "capacity",
                                 "the engine restarted while the session was starting")
-        return self.node.refuse(identity, session, "capacity",
+        return self.node.out.refuse(identity, session, "capacity",
                             f"the model did not finish starting the session within "
                             f"{self.node.cfg.start_timeout_s:.0f} s (node overloaded)")

@@ -16,9 +16,9 @@ closed by a failed send. A detached session resumes with `resume` (its token, or
 CURVE key that opened it) within `resume_grace_s`, else it closes. A session that hears nothing
 of its own (audio, a function result, a ping naming it) for `idle_timeout_s` closes too.
 
-The front (this module) owns the public socket and sends on it; `inbound.py` reads it: every
-message parsed, malformed input answered with `error` (never crashing, never touching another
-session), floods rate-limited per client, typed messages handed to the actors. `python -m wave_actors.node` serves
+The front (this module) owns the public socket; `inbound.py` reads it (every message parsed,
+malformed input answered with `error`, never crashing, never touching another session; floods
+rate-limited per client; typed messages handed to the actors) and `outbound.py` sends on it. `python -m wave_actors.node` serves
 until SIGINT/SIGTERM, then drains: new opens are refused, every session gets `closed`.
 """
 from __future__ import annotations
@@ -42,12 +42,13 @@ from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import Executor, Handle
 from wave_actors.core.sched.start_policy import GuardedStarts, StartPolicy
 from wave_actors.core.timebase import Clock
-from wave_actors.core.tasks import stop_tasks, within
+from wave_actors.core.tasks import stop_tasks
 from wave_actors.engine.host import ClockProxy, EngineHost
 from wave_actors.engine.process import ExecutorSpec
 from wave_actors.node.flood import FloodGate, FloodPolicy
 from wave_actors.node.gatekeeper import DOMAIN, Gatekeeper
 from wave_actors.node.inbound import Inbound
+from wave_actors.node.outbound import Outbound
 from wave_actors.runtime.metrics import NodeMetrics
 from wave_actors.runtime.proc_cpu import cpu_seconds
 from wave_actors.runtime.actors import (ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart,
@@ -57,8 +58,6 @@ from wave_actors.sessions.hosts import HostedSession, HostEvents, make_host
 from wave_actors.sessions.session import Close
 
 log = logging.getLogger("wave.node")
-SEND_TIMEOUT_S = 5.0
-HELD_MAX = 256              # messages other than audio kept for a detached session
 CLOSE_LINGER_MS = 500       # the last `closed`/`refused` replies get this long to leave at exit
 
 
@@ -121,7 +120,7 @@ class NodeCounters:
     closed: int = 0
     crashed: int = 0
     superseded: int = 0                 # messages read from a connection already replaced
-    held_lost: int = 0                  # messages for detached sessions past HELD_MAX
+    held_lost: int = 0                  # messages for detached sessions past outbound.HELD_MAX
     stale_rows: int = 0                 # beat outputs a worker read after they were refilled
 
 
@@ -158,13 +157,14 @@ class Node:
         self._tasks: list[asyncio.Task] = []
         self.opens: set[asyncio.Task] = set()
         self._watcher: asyncio.Task | None = None
+        self.out = Outbound(self)
         # where sessions run: in this process, or in cfg.workers session workers
         self.host = make_host(cfg.workers, self.supervisor, lambda: self.clock_actor, self.ctx,
                               lambda: (executor.text_codec, executor.user_codec), self.clock,
                               cfg.clock_policy,
-                              HostEvents(self._send_route, self._finish, self._failed,
+                              HostEvents(self.out.to_route, self._finish, self._failed,
                                          self._function_tokens, self._stale_rows,
-                                         self._spawn))
+                                         self.spawn))
         self._clock_base = cfg.clock_endpoint
         self.inbound = Inbound(self)
 
@@ -204,7 +204,8 @@ class Node:
         self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(1000 * cfg.silence_limit_s))
         self.sock.setsockopt(zmq.ZAP_DOMAIN, DOMAIN)
         curve = Path(cfg.curve_keys) if cfg.curve_keys else None
-        self.gatekeeper = Gatekeeper(self.ctx, self._probe_bound, curve / "clients" if curve else None)
+        self.gatekeeper = Gatekeeper(self.ctx, self.out.probe_bound,
+                                     curve / "clients" if curve else None)
         self.gatekeeper.start()
         if curve is not None:
             public, secret = zmq.auth.load_certificate(curve / "server.key_secret")
@@ -253,7 +254,7 @@ class Node:
         for route in list(self.routes.values()):
             if route.actor is None:
                 continue
-            self._send_route(route, P.error_frames(
+            self.out.to_route(route, P.error_frames(
                 P.INTERNAL, f"engine restarted after a fault: {type(exc).__name__}", route.session))
             try:
                 route.actor.tell(Close("crash"))
@@ -297,76 +298,6 @@ class Node:
             await self.gatekeeper.stop()
         self.sock.close(CLOSE_LINGER_MS)
         self.stopped.set()
-
-    # -- outbound ---------------------------------------------------------------------------------
-    def send(self, identity: bytes, frames: list[bytes], droppable: bool = False) -> bool:
-        """Send to a client without blocking the node. A client that is not reading loses
-        `droppable` messages (audio, counted); anything else waits for it in a task, bounded
-        by SEND_TIMEOUT_S. False when the message did not go out now.
-
-        A send that finds no peer (EHOSTUNREACH) proves nothing: with ROUTER_MANDATORY, libzmq
-        also says so for a live peer whose pipe was full a moment ago and is draining. It is
-        counted, and liveness is left to the heartbeats and to the probe at a new connection."""
-        try:
-            self.tx.send([identity, *frames])
-            return True
-        except zmq.ZMQError as exc:
-            unreachable = exc.errno == zmq.EHOSTUNREACH
-        if unreachable:
-            self.metrics.drops.labels("client_gone").inc()
-            return False
-        if droppable:
-            self.metrics.drops.labels("client_not_reading").inc()
-            return False
-        task = asyncio.get_running_loop().create_task(self._send_later(identity, frames))
-        self._tasks.append(task)
-        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
-        return False
-
-    def _send_route(self, route: Route, frames: list[bytes], droppable: bool = False) -> bool:
-        """A session's message to its client: to the connection it is bound to, or, while it is
-        detached, held for its resume (audio is not held: it is counted by the caller)."""
-        if route.detached_at is None:
-            return self.send(route.identity, frames, droppable)
-        if not droppable:
-            if len(route.held) < HELD_MAX:
-                route.held.append(frames)
-            else:
-                self.counters.held_lost += 1
-        return False
-
-    async def _send_later(self, identity: bytes, frames: list[bytes]) -> None:
-        try:
-            await within(self.sock.send_multipart([identity, *frames]), SEND_TIMEOUT_S)
-        except (asyncio.TimeoutError, zmq.ZMQError):
-            self.metrics.drops.labels("client_not_reading").inc()
-
-    def error(self, identity: bytes, code: str, message: str, session: str | None = None) -> None:
-        self.counters.errors[code] = self.counters.errors.get(code, 0) + 1
-        self.metrics.errors.labels(code).inc()
-        self.send(identity, P.error_frames(code, message, session))
-
-    def refuse(self, identity: bytes, session: str, reason: str, message: str) -> None:
-        self.counters.refusals[reason] = self.counters.refusals.get(reason, 0) + 1
-        self.metrics.refusals.labels(reason).inc()
-        self.send(identity, P.pack("refused", session, reason=reason, message=message))
-
-    # -- liveness ---------------------------------------------------------------------------------
-    def _detach_identity(self, identity: bytes, why: str) -> None:
-        log.debug("sessions of %r detached (%s)", identity, why)
-        self.bindings.detach_identity(identity, self.clock.now())
-
-    def _probe_bound(self) -> None:
-        """A connection is about to be attached: every routing identity with bound sessions is
-        probed, so one whose connection is gone detaches its sessions before the newcomer can
-        take its identity (gatekeeper.py)."""
-        frames = P.pack("heartbeat")
-        for identity in self.bindings.bound_identities():
-            try:
-                self.tx.send([identity, *frames])
-            except zmq.ZMQError as exc:
-                if exc.errno == zmq.EHOSTUNREACH:
-                    self._detach_identity(identity, "unreachable at a new connection")
 
     async def _watch_liveness(self) -> None:
         cfg = self.cfg
@@ -414,7 +345,7 @@ class Node:
         stats = _close_stats(slot_stats, drops, *host.sent(session))
         host.forget(route, session)
         # A detached session's `closed` waits for its client's resume (which fetches it).
-        self._send_route(route, P.pack("closed", route.session, stats=stats))
+        self.out.to_route(route, P.pack("closed", route.session, stats=stats))
         self.bindings.forget(route, stats)
         self.counters.closed += 1
         self.metrics.closed.labels(reason).inc()
@@ -426,7 +357,7 @@ class Node:
         if session.closing:
             return
         session.closing = True
-        self._send_route(route, P.error_frames(P.INTERNAL, message, route.session))
+        self.out.to_route(route, P.error_frames(P.INTERNAL, message, route.session))
         await self._finish(route, session, "crash")
 
     async def free_slot(self, handle: Handle, stream_ended: bool = False):
@@ -447,7 +378,7 @@ class Node:
         self.counters.stale_rows += rows
         self.metrics.drops.labels("output_overwritten").inc(rows)
 
-    def _spawn(self, coro) -> None:
+    def spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.append(task)
         task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
