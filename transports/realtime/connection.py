@@ -365,8 +365,10 @@ class Connection:
                 raise EventError("session_invalid", f"the node refused the session: {exc.message}",
                                  kind="invalid_request_error")
             self.emit(self.conv.error(f"session_refused_{exc.reason}", f"the node refused the "
-                                      f"session ({exc.reason}): {exc.message}", kind="server_error"))
-            await self._close(1013 if exc.reason in ("capacity", "admission", "draining") else 1008, exc.reason)
+                                      f"session ({exc.reason}): {exc.message}",
+                                      kind="server_error"))
+            retryable = exc.reason in ("capacity", "admission", "draining")
+            await self._close(1013 if retryable else 1008, exc.reason)
         except asyncio.TimeoutError:
             self.emit(self.conv.error("node_unavailable", "the model node did not answer in "
                                       f"{self.cfg.open_timeout_s:g} s", kind="server_error"))

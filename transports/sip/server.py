@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from transports import client as C
-from transports import protocol as P
 from transports.sip import message as M
 from transports.sip import sdp, sockbuf
 from transports.sip.call import NODE_ERRORS, Call
@@ -36,14 +35,13 @@ from transports.sip.config import BridgeConfig
 from transports.sip.dialog import Dialog, hostport, new_tag
 from transports.sip.dtmf import Key
 from transports.sip.pacer import Clock, MonotonicClock
+from transports.sip.refusals import Refusals, new_invite, warning
 from transports.sip.transaction import InviteTx, Transactions, tx_key
 from wave_actors.core.tasks import stop_tasks
 
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
 KNOWN_METHODS = ("REGISTER", "INFO", "UPDATE", "PRACK", "SUBSCRIBE", "NOTIFY", "REFER",
                  "MESSAGE", "PUBLISH")
-RETRYABLE_NODE_REFUSALS = ("capacity", "admission", "draining", "duplicate")   # a later try can succeed
-LOGGED_HEADER_CHARS = 256          # a From header is logged at most this long
 
 
 @dataclass
@@ -97,6 +95,7 @@ class Bridge:
         self.stats = BridgeStats()
         self.transport: asyncio.DatagramTransport | None = None
         self.tx = Transactions(cfg, self.clock, self._send, self._spawn, self.stats)
+        self.refusals = Refusals(cfg, self.tx, self.stats, emit)
         self.dialogs: dict[tuple[str, str, str], Dialog] = {}
         self.calls: set[Call] = set()             # every call from INVITE to teardown
         self._tasks: set[asyncio.Task] = set()
@@ -141,8 +140,8 @@ class Bridge:
         for tx in list(self.tx.invites.values()):
             if tx.final is None and tx.task is not None:
                 tx.task.cancel()
-                self._refuse(tx.request, tx.addr, 503, "shutdown", tx=tx,
-                             headers=self._retry_after())
+                self.refusals.refuse(tx.request, tx.addr, 503, "shutdown", tx=tx,
+                                     headers=self.refusals.retry_after())
         ending = hangups + list(self._finishing)
         if ending:
             await asyncio.wait(ending, timeout=timeout)
@@ -203,8 +202,8 @@ class Bridge:
         if msg.version != M.SIP_VERSION:
             if msg.get("Via") and msg.method != "ACK":
                 self.tx.respond(msg, addr, 505)
-                if _new_invite(msg):
-                    self._log_refusal(msg, addr, 505, "bad_version", msg.version)
+                if new_invite(msg):
+                    self.refusals.log(msg, addr, 505, "bad_version", msg.version)
             else:
                 self.stats.garbage += 1
             return
@@ -221,9 +220,9 @@ class Bridge:
             self.stats.garbage += 1
             return
         self.stats.bad_requests += 1
-        self.tx.respond(partial, addr, 400, cache=False, headers=[_warning(399, reason)])
-        if _new_invite(partial):
-            self._log_refusal(partial, addr, 400, "bad_request", reason)
+        self.tx.respond(partial, addr, 400, cache=False, headers=[warning(399, reason)])
+        if new_invite(partial):
+            self.refusals.log(partial, addr, 400, "bad_request", reason)
 
     # ------------------------------------------------------------------------- requests
 
@@ -245,8 +244,8 @@ class Bridge:
             self.tx.respond(req, addr, status, headers=[("Allow", ALLOW)])
             return
         if method != "CANCEL" and (require := req.get("Require")):
-            self._reject(req, addr, 420, "unsupported_extension", [("Unsupported", require)],
-                         require)
+            self.refusals.reject(req, addr, 420, "unsupported_extension",
+                                 [("Unsupported", require)], require)
             return
         handler(req, addr)
 
@@ -272,19 +271,19 @@ class Bridge:
         if offer is False:
             return
         if not req.get("Contact"):
-            self._reject(req, addr, 400, "bad_request", [_warning(399, "missing Contact")],
-                         "missing Contact")
+            self.refusals.reject(req, addr, 400, "bad_request", [warning(399, "missing Contact")],
+                                 "missing Contact")
             return
         self.stats.calls_offered += 1
         tx = InviteTx(req, addr, new_tag())
         if not self.tx.add_invite(tx):
-            self._refuse(req, addr, 503, "overload", headers=self._retry_after(),
-                         detail="INVITE transaction table full", stateless=True)
+            self.refusals.refuse(req, addr, 503, "overload", headers=self.refusals.retry_after(),
+                                 detail="INVITE transaction table full", stateless=True)
             return
         if len(self.calls) >= self.cfg.max_calls:
-            self._refuse(req, addr, self.cfg.capacity_status, "capacity", tx=tx,
-                         headers=self._retry_after(),
-                         detail=f"{len(self.calls)} calls, max_calls {self.cfg.max_calls}")
+            self.refusals.refuse(req, addr, self.cfg.capacity_status, "capacity", tx=tx,
+                                 headers=self.refusals.retry_after(),
+                                 detail=f"{len(self.calls)} calls, max_calls {self.cfg.max_calls}")
             return
         codec = self._negotiate(offer, 0).codec if offer else sdp.PCMU
         tx.call = Call(self.cfg, req.get("Call-ID"), codec, self._on_call_end, self.clock,
@@ -299,17 +298,19 @@ class Bridge:
             return None
         ctype = (req.get("Content-Type") or "").split(";")[0].strip().lower()
         if ctype != "application/sdp":
-            self._reject(req, addr, 415, "unsupported_media_type",
-                         [("Accept", "application/sdp")], ctype)
+            self.refusals.reject(req, addr, 415, "unsupported_media_type",
+                                 [("Accept", "application/sdp")], ctype)
             return False
         try:
             offer = sdp.parse(req.body)
             self._negotiate(offer, 0)
         except sdp.NotAcceptable as exc:
-            self._reject(req, addr, 488, "no_common_codec", [_warning(305, str(exc))], str(exc))
+            self.refusals.reject(req, addr, 488, "no_common_codec", [warning(305, str(exc))],
+                                 str(exc))
             return False
         except sdp.SdpError as exc:
-            self._reject(req, addr, 400, "bad_sdp", [_warning(399, f"bad SDP: {exc}")], str(exc))
+            self.refusals.reject(req, addr, 400, "bad_sdp", [warning(399, f"bad SDP: {exc}")],
+                                 str(exc))
             return False
         return offer
 
@@ -328,8 +329,8 @@ class Bridge:
             raise
         if refusal is not None:
             status, reason, headers, detail = refusal
-            self._refuse(tx.request, tx.addr, status, reason, tx=tx, headers=headers,
-                         detail=detail)
+            self.refusals.refuse(tx.request, tx.addr, status, reason, tx=tx, headers=headers,
+                                 detail=detail)
             return self._discard(call)
         self._establish(tx, call, offer)
 
@@ -339,67 +340,17 @@ class Bridge:
         try:
             await call.bind()
         except OSError as exc:
-            return 503, "no_rtp_port", [*self._retry_after(), _warning(
+            return 503, "no_rtp_port", [*self.refusals.retry_after(), warning(
                 399, "no RTP port available")], str(exc)
         self.tx.provisional(tx, 180, self._dialog_headers(tx.request))
         try:
             await call.open_node(self.client)
         except C.Refused as exc:
-            return self._node_refusal(exc)
+            return self.refusals.node_refusal(exc)
         except NODE_ERRORS as exc:
-            return 503, "node_unavailable", [*self._retry_after(), _warning(
+            return 503, "node_unavailable", [*self.refusals.retry_after(), warning(
                 399, f"{type(exc).__name__}: node unavailable")], repr(exc)
         return None
-
-    def _node_refusal(self, exc: C.Refused) -> tuple:
-        """The node refused our `open`: capacity as configured; others 503, with Retry-After
-        only where a later try can succeed."""
-        status = self.cfg.capacity_status if exc.reason in ("capacity", "admission") else 503
-        retry = self._retry_after() if exc.reason in RETRYABLE_NODE_REFUSALS else []
-        reason = f"node_{exc.reason}" if exc.reason in P.REFUSE_REASONS else "node_refused"
-        return status, reason, [*retry, _warning(399, f"node refused: {exc}")], str(exc)
-
-    def _retry_after(self) -> list[tuple[str, str]]:
-        return [("Retry-After", str(self.cfg.retry_after))] if self.cfg.retry_after else []
-
-    # ------------------------------------------------------------------------- refusals
-
-    def _reject(self, req: M.SipMessage, addr, status: int, reason: str, headers,
-                detail: str = "") -> None:
-        """An error for an INVITE (a new call: refused; in a dialog: its re-offer refused) or
-        any other request."""
-        if _new_invite(req):
-            self._refuse(req, addr, status, reason, headers=headers, detail=detail)
-            return
-        if status == 400:
-            self.stats.bad_requests += 1
-        self.tx.respond(req, addr, status, cache=status != 400, headers=headers)
-
-    def _refuse(self, req: M.SipMessage, addr, status: int, reason: str, *, headers=(),
-                detail: str = "", tx: InviteTx | None = None, stateless: bool = False) -> None:
-        """Answer a new call's INVITE with an error as its server transaction's final response
-        (statelessly when the transaction table is full); log and count it once."""
-        if tx is None and not stateless:
-            tx = InviteTx(req, addr, new_tag())
-            if not self.tx.add_invite(tx):
-                tx = None
-        if tx is None:
-            self.tx.respond(req, addr, status, to_tag=new_tag(), headers=headers)
-        elif tx.final is None:
-            self.tx.final(tx, status, headers=headers)
-        else:
-            return                                   # answered already (CANCEL, shutdown)
-        if status == 400:
-            self.stats.bad_requests += 1
-        self._log_refusal(req, addr, status, reason, detail)
-
-    def _log_refusal(self, req: M.SipMessage, addr, status: int, reason: str,
-                     detail="") -> None:
-        self.stats.calls_refused += 1
-        self.stats.refusals[reason] = self.stats.refusals.get(reason, 0) + 1
-        self.emit("call_refused", call_id=req.get("Call-ID"), status=status, reason=reason,
-                  source=hostport(*addr[:2]), detail=str(detail)[:LOGGED_HEADER_CHARS],
-                  **{"from": (req.get("From") or "")[:LOGGED_HEADER_CHARS]})
 
     def _on_key(self, call: Call, key: Key) -> None:
         """A key the caller pressed (RFC 4733), once: sent to the model's session as an
@@ -499,11 +450,11 @@ class Bridge:
         call = dialog.call
         tx = InviteTx(req, addr, dialog.local_tag, call=call, dialog=dialog)
         if not self.tx.add_invite(tx):
-            self.tx.respond(req, addr, 503, headers=self._retry_after())
+            self.tx.respond(req, addr, 503, headers=self.refusals.retry_after())
             return
         answer, body = self._answer_sdp(call, offer, int(call.session_id[4:12], 16), cseq)
         if answer is not None and answer.codec.name != call.codec.name:
-            self.tx.final(tx, 488, headers=[_warning(305, "codec change not supported")])
+            self.tx.final(tx, 488, headers=[warning(305, "codec change not supported")])
             return
         tx.offered = answer is None
         self.tx.final(tx, 200, body=body, headers=self._dialog_headers(req),
@@ -572,21 +523,6 @@ class Bridge:
         self.calls.discard(dialog.call)
         self.stats.calls_ended += 1
         self.emit("call_end", **summary)
-
-
-def _new_invite(msg: M.SipMessage) -> bool:
-    """An INVITE that starts a call (no To tag), as far as a partly parsed one tells."""
-    if not msg.is_request or msg.method != "INVITE":
-        return False
-    try:
-        return M.parse_name_addr(msg.get("To") or "").tag is None
-    except ValueError:
-        return True
-
-
-def _warning(code: int, text: str) -> tuple[str, str]:
-    text = text.replace("\\", "\\\\").replace('"', '\\"')[:200]
-    return ("Warning", f'{code} wave "{text}"')
 
 
 async def serve(cfg: BridgeConfig, stop: asyncio.Event | None = None) -> None:

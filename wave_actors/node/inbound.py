@@ -112,10 +112,10 @@ class Inbound:
             self.node.counters.flood_drops += 1
             self.node.metrics.drops.labels("flood").inc()
             if notice is not None:
-                self.node.out.error(identity, P.OVERLOADED,
-                            f"too many messages from this sender: {notice} dropped since the "
-                            f"last notice (at most one notice every "
-                            f"{self.node.cfg.flood.notice_interval_s:g} s)")
+                node.out.error(identity, P.OVERLOADED,
+                               f"too many messages from this sender: {notice} dropped since "
+                               f"the last notice (at most one notice every "
+                               f"{node.cfg.flood.notice_interval_s:g} s)")
         return ok
 
     def _on_ping(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
@@ -188,19 +188,19 @@ class Inbound:
                 self.node.out.send(identity, P.pack("closed", msg.session, stats=stats))
             else:
                 self.node.out.error(identity, P.UNKNOWN_SESSION,
-                                f"no session {msg.session!r} to resume with this token or key",
-                                msg.session)
+                                    f"no session {msg.session!r} to resume with this token or key",
+                                    msg.session)
             return
         if not b.rebind(route, identity, conn, self.node.clock.now()):
-            self.node.out.error(identity, P.BAD_HEADER, f"session {msg.session!r} is already open on "
-                                                "this connection under another token",
-                        msg.session)
+            self.node.out.error(identity, P.BAD_HEADER,
+                                f"session {msg.session!r} is already open on this connection "
+                                "under another token", msg.session)
             return
         # The next seq is the front's view: audio it accepted may still wait in the actor's
         # mailbox, and sent again it would be a duplicate.
         seq = max(route.next_seq, route.actor.expected_seq)
         self.node.out.send(identity, P.pack("resumed", msg.session, seq=seq,
-                                        out_seq=route.actor.out_seq))
+                                            out_seq=route.actor.out_seq))
         while route.held:
             self.node.out.send(identity, route.held.popleft())
 
@@ -209,15 +209,17 @@ class Inbound:
             actor.tell(msg)
         except (ActorStopped, MailboxFull) as exc:
             self.node.out.error(identity, P.OVERLOADED, f"session cannot take messages: {exc}",
-                        actor.cfg.session)
+                                actor.cfg.session)
 
     def _on_open(self, identity: bytes, user_key, conn, sender, msg: P.Message) -> None:
         key = (identity, msg.session)
         if self.node.draining:
-            return self.node.out.refuse(identity, msg.session, "draining", "the node is shutting down")
+            return self.node.out.refuse(identity, msg.session, "draining",
+                                        "the node is shutting down")
         if key in self.node.routes:
             return self.node.out.refuse(identity, msg.session, "duplicate",
-                                f"session {msg.session!r} is already open on this connection")
+                                        f"session {msg.session!r} is already open on this "
+                                        "connection")
         route = Route(identity, msg.session, user_key, sender, conn)
         self.node.bindings.add(route)
         task = asyncio.get_running_loop().create_task(self._open(route, msg))
@@ -241,7 +243,7 @@ class Inbound:
         except (ActorStopped, asyncio.TimeoutError, AttributeError) as exc:
             self.node.bindings.drop(route)
             return self.node.out.refuse(route.identity, msg.session, "capacity",
-                                f"node not ready: {exc!r}")
+                                        f"node not ready: {exc!r}")
         route.handle = handle
         # `opened` waits for the model's session start (its prompt's rows ride the next beats),
         # so the client streams only once its audio is heard; audio sent before would queue,
@@ -267,7 +269,7 @@ class Inbound:
             await self.node.free_slot(handle)
             self.node.bindings.drop(route)
             return self.node.out.refuse(route.identity, msg.session, "capacity",
-                                    f"node not ready: {exc}")
+                                        f"node not ready: {exc}")
         self.node.host.bind(clock, route.actor)
         self.node.bindings.opened(route, self.node.clock.now())
         self.node.counters.opened += 1
@@ -284,13 +286,14 @@ class Inbound:
     def _answer_failed_open(self, route: Route, answered: bool) -> None:
         identity, session = route.identity, route.session
         if self.node.draining:
-            return self.node.out.refuse(identity, session, "draining", "the node is shutting down")
+            return self.node.out.refuse(identity, session, "draining",
+                                        "the node is shutting down")
         if route.cancelled:                         # the client closed it while it started
             self.node.out.send(identity, P.pack("closed", session, stats=_zero_stats()))
             return None
         if answered:                                # its clock went away mid-start
             return self.node.out.refuse(identity, session, "capacity",
-                                "the engine restarted while the session was starting")
+                                        "the engine restarted while the session was starting")
         return self.node.out.refuse(identity, session, "capacity",
-                            f"the model did not finish starting the session within "
-                            f"{self.node.cfg.start_timeout_s:.0f} s (node overloaded)")
+                                    f"the model did not finish starting the session within "
+                                    f"{self.node.cfg.start_timeout_s:.0f} s (node overloaded)")

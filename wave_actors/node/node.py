@@ -18,8 +18,9 @@ of its own (audio, a function result, a ping naming it) for `idle_timeout_s` clo
 
 The front (this module) owns the public socket; `inbound.py` reads it (every message parsed,
 malformed input answered with `error`, never crashing, never touching another session; floods
-rate-limited per client; typed messages handed to the actors) and `outbound.py` sends on it. `python -m wave_actors.node` serves
-until SIGINT/SIGTERM, then drains: new opens are refused, every session gets `closed`.
+rate-limited per client; typed messages handed to the actors) and `outbound.py` sends on it.
+`python -m wave_actors.node` serves until SIGINT/SIGTERM, then drains: new opens are refused,
+every session gets `closed`.
 """
 from __future__ import annotations
 
