@@ -12,7 +12,7 @@ from wave_actors.core.beat_driver import BeatDriver
 from wave_actors.core.contract import ExecutorOptions, SessionSpec
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.sched.jitter import SILENCE
-from wave_actors.core.sched.jitter_arrays import FramesToRead, RingPlaces
+from wave_actors.core.sched.frame_places import FramesToRead, RingPlaces
 from wave_actors.clock.shared_frames import SharedFrames
 
 pytestmark = pytest.mark.gpu

@@ -10,7 +10,7 @@ from gpu.wpk.beat_kernels import Descriptor, frames_done, gate, gather_frames
 from gpu.wpk.sync import interp
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.sched.jitter import SILENCE
-from wave_actors.core.sched.jitter_arrays import FramesToRead, RingPlaces
+from wave_actors.core.sched.frame_places import FramesToRead, RingPlaces
 from wave_actors.clock.shared_frames import FrameRing, layout
 
 pytestmark = pytest.mark.skipif(not interp(), reason="Triton's CPU interpreter")

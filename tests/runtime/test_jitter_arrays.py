@@ -18,7 +18,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import SAMPLES_IN
 from wave_actors.core.sched.jitter import BeatScheduler, CapacityError, Shedding
-from wave_actors.core.sched.jitter_arrays import ArrayScheduler, FrameStore
+from wave_actors.core.sched.frame_places import FrameStore
+from wave_actors.core.sched.jitter_arrays import ArrayScheduler
 
 SLOTS = 4
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from wave_actors.core.contract import BeatInput, Handle
 from wave_actors.core.sched.jitter import CapacityError, Shedding, SlotStats
-from wave_actors.core.sched.jitter_arrays import ArrayPlan, ArrayScheduler, RingPlaces
+from wave_actors.core.sched.frame_places import RingPlaces
+from wave_actors.core.sched.jitter_arrays import ArrayPlan, ArrayScheduler
 
 EPOCH_SHIFT = 40            # 2^40 admissions per incarnation before generations could meet
 # Frames reach the clock in batches (wave_actors/clock/frame_batch.py), each row naming the session's
