@@ -375,8 +375,9 @@ class NodeClient:
             if msg.type == "refused":
                 pending.set_exception(Refused(h.get("reason", "?"), h.get("message", "")))
                 return
-            if msg.type == "error":
-                pending.set_exception(Refused("invalid", f"{h.get('code')}: {h.get('message')}"))
+            if msg.type == "error":            # a malformed open, or the node's own failure
+                why = "internal" if h.get("code") == P.INTERNAL else "invalid"
+                pending.set_exception(Refused(why, f"{h.get('code')}: {h.get('message')}"))
                 return
         session = self.sessions.get(sid) if sid else None
         if session is None:

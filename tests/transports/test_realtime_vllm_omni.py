@@ -185,7 +185,7 @@ async def _first(ws, kind: str, timeout: float = 10.0) -> dict:
             return ev
 
 
-async def _node_opened(bridge, session_id: str, timeout: float = 5.0) -> bool:
+async def _node_opened(bridge, session_id: str, timeout: float = 15.0) -> bool:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while loop.time() < end:

@@ -64,6 +64,11 @@ class Admit:
     spec: SessionSpec
 
 
+class AdmitFailed(Exception):
+    """An admission failed before it held anything (a bug in tokenizing its prompt): its
+    opener is told `internal`; the clock carries on."""
+
+
 @dataclass
 class Release:
     handle: Handle
@@ -136,7 +141,7 @@ class ClockStats:
 
 class BeatClockActor(Actor):
     # answered to the asker (AdmissionRefused is a CapacityError); the clock lives on
-    reply_errors = (CapacityError, PromptRejected)
+    reply_errors = (CapacityError, PromptRejected, AdmitFailed)
 
     def __init__(self, executor: Executor, ctx: zmq.asyncio.Context, endpoint: str,
                  clock: Clock, route: BeatRoute, policy: ClockPolicy, start_policy: StartPolicy,
@@ -247,7 +252,15 @@ class BeatClockActor(Actor):
         if isinstance(msg, Admit):
             # Tokenized before a slot is taken: a prompt that does not fit raises PromptRejected
             # to the opener and holds nothing.
-            tokens = self.executor.prompt_tokens(msg.spec)
+            try:
+                tokens = self.executor.prompt_tokens(msg.spec)
+            except PromptRejected:
+                raise
+            except Exception as exc:
+                # Nothing is held yet: this opener fails, the clock (every other session's
+                # beat) lives on.
+                log.exception("tokenizing a prompt failed")
+                raise AdmitFailed(f"{type(exc).__name__}: {exc}") from exc
             handle = self.slots.admit(msg.key, msg.owner, tokens, msg.spec)
             self.route.admitted(handle.slot)
             return handle

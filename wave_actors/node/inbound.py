@@ -229,6 +229,10 @@ class Inbound:
         h = msg.header
         clock = self.node.clock_actor
         key = (route.identity, route.session)
+        if clock is None:                    # between a clock's crash and its restart
+            self.node.bindings.drop(route)
+            return self.node.out.refuse(route.identity, msg.session, "capacity",
+                                        "node not ready: the beat clock is restarting")
         try:
             handle = await clock.ask(Admit(key, route, SessionSpec(h["instructions"], h["tools"])))
         except AdmissionRefused as exc:
@@ -240,10 +244,17 @@ class Inbound:
         except PromptRejected as exc:
             self.node.bindings.drop(route)
             return self.node.out.refuse(route.identity, msg.session, "invalid", str(exc))
-        except (ActorStopped, asyncio.TimeoutError, AttributeError) as exc:
+        except (ActorStopped, asyncio.TimeoutError) as exc:
             self.node.bindings.drop(route)
             return self.node.out.refuse(route.identity, msg.session, "capacity",
                                         f"node not ready: {exc!r}")
+        except Exception:
+            # A bug, not a refusal: this opener is told `internal` (logged with its stack and
+            # counted); no other session is touched and the front reads on.
+            log.exception("admitting session %r failed", msg.session)
+            self.node.bindings.drop(route)
+            return self.node.out.error(route.identity, P.INTERNAL, "the node failed to admit "
+                                       "the session (an internal error, logged)", msg.session)
         route.handle = handle
         # `opened` waits for the model's session start (its prompt's rows ride the next beats),
         # so the client streams only once its audio is heard; audio sent before would queue,
