@@ -49,3 +49,24 @@ def test_a_held_row_keeps_its_values_whatever_comes_after(beats, keep):
         assert pool.held <= len(pool._bufs)
     held.clear()
     assert pool.held == 0
+
+
+def test_reuse_follows_the_rows_lifetimes_not_reference_counts():
+    """The pool decided a buffer was free from `sys.getrefcount(buf) == 3`, a number CPython
+    versions count differently (3.14 borrows references it used to count): a reference the
+    interpreter holds, or stops holding, then reads as a row in use, or as none. Here another
+    reference to the buffer itself (as a debugger or a newer interpreter's frame would hold)
+    must not stop its reuse once the rows are gone, and a view of a view of a row must keep it."""
+    pool = RowPool(keep=2)
+    got = pool.take(src(0), [0, 1, 2])
+    inner = got[1][0][::2]                   # a view of a view of a row
+    want = inner.copy()
+    del got
+    other = pool.take(src(1), [4, 5])        # the first buffer is still held by `inner`
+    np.testing.assert_array_equal(inner, want)
+    assert pool.held == 2
+    extra = pool._bufs[0]                    # a reference that is no row
+    del inner, other
+    assert pool.held == 0
+    again = pool.take(src(2), [3])
+    assert again.ctypes.data in (b.ctypes.data for b in pool._bufs) and extra is pool._bufs[0]

@@ -7,7 +7,7 @@ one message a beat. The clock is the same either way; only its route differs.
 """
 from __future__ import annotations
 
-import sys
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
@@ -24,34 +24,51 @@ if TYPE_CHECKING:
 Deliver = Callable[[Any, BeatOut], bool]
 
 
+class _Lease:
+    """One `take` of a pooled buffer as numpy sees it: every view of the rows handed out (and
+    every view of those) keeps this object alive through its `base`, so the buffer is free
+    again exactly when the last of them is gone (a `weakref.finalize`), whatever the Python
+    version counts in its reference counts."""
+
+    def __init__(self, buf: np.ndarray):
+        self.buf = buf
+        self.__array_interface__ = buf.__array_interface__
+
+
 class RowPool:
     """Reused host buffers for the rows a beat routes. `take` copies rows of `src` into a buffer
     that no session still holds a row of, and returns the filled part: a fresh array a beat would
-    page-fault as it is first written, on the route's critical path. A buffer is free again once
-    every view of it is gone (numpy views keep the owning array referenced, so its reference
-    count is back to the pool's own); a session that holds its rows for long only makes the pool
-    grow, to `keep` buffers, then allocate."""
+    page-fault as it is first written, on the route's critical path. A session that holds its
+    rows for long only makes the pool grow, to `keep` buffers, then allocate."""
 
     def __init__(self, keep: int = 8):
         self.keep = keep
         self._bufs: list[np.ndarray] = []
+        self._busy: list[bool] = []
 
     def take(self, src: np.ndarray, rows: np.ndarray) -> np.ndarray:
         n = len(rows)
-        for i in range(len(self._bufs)):
-            # references: the list's, `buf` here, getrefcount's argument
-            if (buf := self._bufs[i]).shape == src.shape and sys.getrefcount(buf) == 3:
+        for i, buf in enumerate(self._bufs):
+            if not self._busy[i] and buf.shape == src.shape:
                 break
         else:
-            buf = np.empty_like(src)
-            if len(self._bufs) < self.keep:
-                self._bufs.append(buf)
-        return np.take(src, rows, axis=0, out=buf[:n], mode="clip")
+            if len(self._bufs) >= self.keep:      # all held: a buffer of its own, not pooled
+                return np.take(src, rows, axis=0, mode="clip")
+            i, buf = len(self._bufs), np.empty_like(src)
+            self._bufs.append(buf)
+            self._busy.append(False)
+        self._busy[i] = True
+        lease = _Lease(buf)
+        weakref.finalize(lease, self._free, i)
+        return np.take(src, rows, axis=0, out=np.asarray(lease)[:n], mode="clip")
+
+    def _free(self, i: int) -> None:
+        self._busy[i] = False
 
     @property
     def held(self) -> int:
         """Buffers of the pool some session still holds a row of."""
-        return sum(sys.getrefcount(b) > 3 for b in self._bufs)   # list, b, the argument
+        return sum(self._busy)
 
 
 class BeatRoute(Protocol):
