@@ -48,6 +48,7 @@ class Route:
     last_heard: float = 0.0             # its last audio, function result or ping
     next_seq: int = 0                   # past the highest audio seq the front accepted
     held: collections.deque = field(default_factory=collections.deque)  # while detached
+    shed_out: int = 0                   # its audio the front queued, then shed (a slow client)
 
     @property
     def child(self) -> str:

@@ -84,6 +84,9 @@ class NodeConfig:
     # only admits, routes and beats.
     workers: int = 0
     input_hold_s: float = 60.0           # input a session may send ahead of real time
+    # Messages the socket queues for one client before the front queues the rest itself, in
+    # order (`outbound.py`): a larger pipe only delays seeing that a client does not read.
+    send_hwm: int = 10_000
 
     def __post_init__(self) -> None:
         if self.input_hold_s <= 0:
@@ -197,7 +200,7 @@ class Node:
         # No ROUTER_HANDOVER: a connection cannot take the routing identity of a live one.
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 10_000)
-        self.sock.setsockopt(zmq.SNDHWM, 10_000)
+        self.sock.setsockopt(zmq.SNDHWM, cfg.send_hwm)
         self.sock.setsockopt(zmq.MAXMSGSIZE, P.TRANSPORT_MAX_BYTES)
         # ZMTP heartbeats end a half-open connection (a peer gone without a FIN), so the
         # client's reconnect under its identity is not refused as a duplicate for long.
@@ -343,7 +346,10 @@ class Node:
         ended = await host.end_stream(session)
         slot_stats = await self.free_slot(session.cfg.handle, ended)
         drops = await host.input_drops(session, ended)
-        stats = _close_stats(slot_stats, drops, *host.sent(session))
+        sent, dropped_out = host.sent(session)
+        # audio the front queued for a slow client and shed since: not sent after all
+        stats = _close_stats(slot_stats, drops, sent - route.shed_out,
+                             dropped_out + route.shed_out)
         host.forget(route, session)
         # A detached session's `closed` waits for its client's resume (which fetches it).
         self.out.to_route(route, P.pack("closed", route.session, stats=stats))
@@ -379,10 +385,11 @@ class Node:
         self.counters.stale_rows += rows
         self.metrics.drops.labels("output_overwritten").inc(rows)
 
-    def spawn(self, coro) -> None:
+    def spawn(self, coro) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.append(task)
         task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+        return task
 
     # -- metrics ----------------------------------------------------------------------------------
     def _on_beat(self, rec: BeatRecord) -> None:
