@@ -46,7 +46,7 @@ from wave_actors.core.tasks import stop_tasks
 from wave_actors.clock.frame_batch import FrameBatcher
 from wave_actors.runtime.gc_pauses import GcPauses, collect_between_beats
 from wave_actors.runtime.loop_stalls import StallWatch
-from wave_actors.runtime.actors import Actor
+from wave_actors.runtime.actors import Actor, Later
 from wave_actors.clock.routes import BeatRoute
 from wave_actors.clock.frames_in import FramesIn
 from wave_actors.clock.slots import Slots
@@ -265,19 +265,12 @@ class BeatClockActor(Actor):
             self.route.admitted(handle.slot)
             return handle
         if isinstance(msg, Release):
-            if msg.stream_ended and self.slots.holds(msg.handle):
-                # Frames travel on the session's socket, this message on the mailbox: wait for
-                # the marker that follows its last frame, so none arrives after the slot is gone.
-                await asyncio.wait({self.frames_in.stream_end(msg.handle)},
-                                   timeout=STREAM_END_WAIT_S)
-            slot = msg.handle.slot
-            self._closing.add(slot)
-            try:
-                while self._handed is not None and slot in self._handed_slots:
-                    await asyncio.shield(self._handed)
+            ending = msg.stream_ended and self.slots.holds(msg.handle)
+            if not ending and not (self._handed is not None
+                                   and msg.handle.slot in self._handed_slots):
                 return self._release(msg.handle)
-            finally:
-                self._closing.discard(slot)
+            # Its waits run beside the mailbox: opens and other releases do not queue behind.
+            return Later(self._release_after(msg.handle, ending))
         if isinstance(msg, FunctionTokens):
             self.slots.force(msg.handle, msg.ids)
             return None
@@ -289,6 +282,21 @@ class BeatClockActor(Actor):
         """Resolves (True) once this admitted session's prompt is planned in: the node answers
         `opened` then. False when the session was released first."""
         return self.slots.when_ready(handle)
+
+    async def _release_after(self, handle: Handle, ending: bool) -> SlotStats | None:
+        """A release that waits: for the marker after its session's last frame (frames travel
+        on the session's socket, the release on the mailbox, so none may arrive after the slot
+        is gone), then for a packed beat that holds its slot to be handed to the executor."""
+        if ending:
+            await asyncio.wait({self.frames_in.stream_end(handle)}, timeout=STREAM_END_WAIT_S)
+        slot = handle.slot
+        self._closing.add(slot)
+        try:
+            while self._handed is not None and slot in self._handed_slots:
+                await asyncio.shield(self._handed)
+            return self._release(handle)
+        finally:
+            self._closing.discard(slot)
 
     def _release(self, handle: Handle) -> SlotStats | None:
         self.frames_in.forget(handle)

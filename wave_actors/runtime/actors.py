@@ -101,8 +101,17 @@ class Mailbox:
         return MailboxStats(len(self._q), self._audio, self.dropped_audio, self.delivered)
 
 
+@dataclass
+class Later:
+    """What `handle` returns for an answer that must wait (a release waiting for its session's
+    last frames): the actor goes on with the next message while `work` runs, and the asker gets
+    its result when it ends. Control messages so never queue behind a slow one's wait."""
+    work: Awaitable[Any]
+
+
 class Actor:
-    """Override `handle(msg)`; optionally `on_start`/`on_stop`. One message at a time, in order."""
+    """Override `handle(msg)`; optionally `on_start`/`on_stop`. One message at a time, in order
+    (a handler that returns `Later` has its answer settled on the side)."""
 
     audio_cap = 64
     control_cap = 1024
@@ -114,6 +123,7 @@ class Actor:
         self.mailbox = Mailbox(self.audio_cap, self.control_cap)
         self._task: asyncio.Task | None = None
         self.stopped = asyncio.Event()
+        self._later: set[asyncio.Task] = set()     # answers being settled on the side
 
     # -- messaging ------------------------------------------------------------------------------
     def tell(self, msg: Any, cls: MsgClass = MsgClass.CONTROL) -> None:
@@ -152,6 +162,23 @@ class Actor:
     def task(self) -> asyncio.Task | None:
         return self._task
 
+    def _settle(self, task: asyncio.Task, env: "Envelope") -> None:
+        self._later.discard(task)
+        reply = env.reply
+        if task.cancelled():
+            if reply and not reply.done():
+                reply.set_exception(ActorStopped(self.name))
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, self.reply_errors):
+            log.error("%s: a deferred answer failed: %r", self.name, exc)
+        if reply is None or reply.done():
+            return
+        if exc is not None:
+            reply.set_exception(exc)
+        else:
+            reply.set_result(task.result())
+
     async def _run(self) -> None:
         try:
             await self.on_start()
@@ -167,10 +194,17 @@ class Actor:
                     if env.reply and not env.reply.done():
                         env.reply.set_exception(exc)
                     raise
+                if isinstance(result, Later):
+                    task = asyncio.get_running_loop().create_task(result.work)
+                    self._later.add(task)
+                    task.add_done_callback(lambda t, e=env: self._settle(t, e))
+                    continue
                 if env.reply and not env.reply.done():
                     env.reply.set_result(result)
         finally:
             self.stopped.set()
+            for task in list(self._later):
+                task.cancel()                  # their askers hear ActorStopped
             for env in self.mailbox.drain():
                 if env.reply and not env.reply.done():
                     env.reply.set_exception(ActorStopped(self.name))
