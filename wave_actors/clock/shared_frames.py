@@ -12,9 +12,10 @@ stamped with the generation and number of the frame it holds: a worker marks the
 (number -1), writes the samples, then the generation and the number; whoever reads a place
 checks its stamp after reading the samples (the clock's gather, or `FramesToRead.rows` on the
 executor's thread, whose finds the clock counts at collect). A frame whose place was written
-again before its beat (a slot more than a ring of frames behind, or an older session's) fails that check and is
-heard as silence, counted as dropped: never someone else's audio, never a torn frame. (Stores and
-loads are ordered as x86 orders them, as for the shared outputs.)
+again before its beat (a slot more than a ring of frames behind, or an older session's) fails
+that check and is heard as silence, counted as dropped: never someone else's audio, never a
+torn frame. (Stores and loads are taken to stay in order, as x86 keeps them: on other hosts
+the ring is not shared, `shm_segment.unordered_host`.)
 
 The ring holds the jitter buffer's bound and two beats more (`ring_for`): a frame's place is
 rewritten only after the buffer would have dropped it anyway, unless frame numbers skip.
@@ -26,7 +27,7 @@ import logging
 import numpy as np
 
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
-from wave_actors.clock.shm_segment import Segment, close_map, open_map, page_up
+from wave_actors.clock.shm_segment import Segment, close_map, open_map, page_up, unordered_host
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,10 @@ class SharedFrames(FrameRing):
     def create(cls, slots: int, ring: int) -> "SharedFrames | None":
         """The segment, or None where shared memory is missing or too small (workers then send
         each frame's samples in their messages, and the clock queues copies)."""
+        why = unordered_host()
+        if why is not None:
+            log.warning("frames are not shared with the workers (%s): they send copies", why)
+            return None
         try:
             return cls(slots, ring)
         except (OSError, ValueError) as exc:

@@ -7,8 +7,9 @@ A buffer is refilled by the beat after next. Each buffer has a stamp: -1 while t
 be writing it, else the number of the fill it holds. The clock clears the stamp before it hands
 the buffer to the executor and sets it once the beat is collected; a worker copies its rows,
 then reads the stamp again, and a stamp that changed means the copy may be torn: the rows are
-dropped and counted, never delivered. (Stores and loads are ordered as x86 orders them: the
-stamp's store precedes the executor's writes, a reader's data loads precede its stamp load.)
+dropped and counted, never delivered. (Stores and loads are taken to stay in order, as x86 keeps
+them: the stamp's store precedes the executor's writes, a reader's data loads precede its
+stamp load; on other hosts the outputs are not shared, `shm_segment.unordered_host`.)
 
 The segment (`shm_segment`) is the engine process's; workers map it read-only by name.
 """
@@ -21,7 +22,7 @@ import numpy as np
 
 from wave_actors.core.contract import MAX_USER_TOKENS, NO_TOKEN, BeatOutput
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_OUT
-from wave_actors.clock.shm_segment import Segment, close_map, open_map, page_up
+from wave_actors.clock.shm_segment import Segment, close_map, open_map, page_up, unordered_host
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,10 @@ class SharedOutputs:
     def create(cls, slots: int, depth: int = DEPTH) -> "SharedOutputs | None":
         """The segment, or None where shared memory is missing or too small (the clock then
         copies each worker's rows into its message)."""
+        why = unordered_host()
+        if why is not None:
+            log.warning("outputs are not shared with the workers (%s): the clock copies them", why)
+            return None
         try:
             return cls(slots, depth)
         except (OSError, ValueError) as exc:

@@ -5,10 +5,28 @@ from __future__ import annotations
 
 import mmap
 import os
+import platform
 import secrets
 from multiprocessing import resource_tracker
 
 import _posixshmem
+
+
+# Hosts whose stores and loads stay in program order (x86's total store order): the shared
+# rings' stamps are written after their payloads and read after them with plain numpy stores
+# and loads, which a weaker order (Arm: Grace Hopper) may reorder, so a torn frame could pass
+# its stamp check there. Elsewhere the rings are not shared: frames and outputs travel in
+# messages, which are correct on any host.
+STORE_ORDERED = ("x86_64", "amd64", "i386", "i686")
+
+
+def unordered_host(machine: str | None = None) -> str | None:
+    """Why this host may not share the rings (None: it may)."""
+    machine = (machine or platform.machine()).lower()
+    if machine in STORE_ORDERED:
+        return None
+    return (f"this host ({machine}) may reorder plain stores and loads; the shared rings are "
+            f"used on x86 only")
 
 
 def page_up(n: int) -> int:
