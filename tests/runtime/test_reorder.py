@@ -177,3 +177,21 @@ def test_skip_ledger_gives_each_skipped_seq_once_and_forgets_the_oldest_runs():
     ledger.add(range(20, 21), 2)
     ledger.add(range(30, 31), 3)                # the bound forgets the run of seq 10
     assert ledger.take(10) is None and ledger.take(20) == 2 and ledger.take(30) == 3
+
+
+def test_a_learnt_wait_covers_the_paths_reordering_decays_and_is_capped():
+    """With a `Reach`: a message trailing its successor by the prebuffer's 240 ms is released,
+    not skipped; a path that trails further raises the wait, never past MAX_GAP_WAIT_S; after
+    a minute of no reordering the wait is back near `gap_wait_s`."""
+    from wave_actors.core.reorder import MAX_GAP_WAIT_S, Reach
+    buf = ReorderBuffer(WAIT, reach=Reach())
+    assert buf.push(1, "b", 0.0).items == ()
+    assert buf.push(0, "a", 0.24).items == ("a", "b")            # in time: released in order
+    assert buf.push(3, "d", 1.0).items == ()
+    skipped = buf.due(1.0 + buf.wait_s(1.0))
+    assert [list(r) for r in skipped.skipped] == [[2]]
+    assert buf.push(2, "c", 1.35).rejected == (2,)               # trailed "d" by 0.35 s
+    assert 0.35 < buf.wait_s(1.35) <= MAX_GAP_WAIT_S
+    buf.push(4, "e", 1.4)                                       # in order: no gap, no change
+    assert buf.wait_s(1.4) <= MAX_GAP_WAIT_S
+    assert buf.wait_s(100.0) < 0.07                              # a quiet path: short again

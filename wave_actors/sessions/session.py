@@ -30,7 +30,7 @@ from transports import protocol as P
 from wave_actors.core.contract import NO_TOKEN, Handle, TextCodec
 from wave_actors.core.frames import FRAME_S, IN_RATE, OUT_RATE, SAMPLES_IN
 from wave_actors.core.function_calls import FunctionCallParser, result_tokens
-from wave_actors.core.reorder import Released, ReorderBuffer, SkipLedger
+from wave_actors.core.reorder import Reach, Released, ReorderBuffer, SkipLedger
 from wave_actors.core.text import TextStream
 from wave_actors.core.timebase import Clock
 from wave_actors.runtime.actors import Actor, ActorStopped
@@ -143,7 +143,7 @@ class SessionActor(Actor):
         self._text_codec = text_codec
         self.counters = SessionCounters()
         self.mailbox.on_drop = self._count_mailbox_drop
-        self._reorder = ReorderBuffer()
+        self._reorder = ReorderBuffer(reach=Reach())      # the wait learns the path's reordering
         self._skips = SkipLedger()
         self._gap_timer: asyncio.Task | None = None
         self._in_resampler = A.StreamResampler(cfg.sample_rate, IN_RATE)
