@@ -150,7 +150,8 @@ for machine in (Lockstep, LockstepShedding, LockstepSheddingDefault):
 
 TestLockstep = Lockstep.TestCase
 TestLockstepShedding = LockstepShedding.TestCase
-TestLockstepSheddingDefault = LockstepSheddingDefault.TestCase
+# slow: the edit loop (make test-fast) runs the other two
+TestLockstepSheddingDefault = pytest.mark.slow(LockstepSheddingDefault.TestCase)
 
 
 def test_a_batch_larger_than_the_buffer_keeps_the_last_frames():

@@ -32,6 +32,7 @@ def writer(name: str, seconds: float, started) -> None:
     view.close()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(unordered_host() is not None, reason="rings are shared on x86 only")
 def test_a_reader_racing_a_writer_in_another_process_never_accepts_a_torn_frame():
     ring = SharedFrames(SLOTS, RING)

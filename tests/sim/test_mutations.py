@@ -76,7 +76,9 @@ def _lowest_never_served(original):
 
 
 @pytest.mark.parametrize("method,plant", [
-    ("push", _drop_with_room), ("pack", _underrun_with_a_frame), ("pack", _lowest_never_served)],
+    ("push", _drop_with_room),
+    pytest.param("pack", _underrun_with_a_frame, marks=pytest.mark.slow),   # the longest search
+    ("pack", _lowest_never_served)],
     ids=["frame dropped with room left", "underrun counted with a frame queued",
          "lowest slot never served"])
 def test_jitter_accounting_catches(monkeypatch, method, plant):
