@@ -2,6 +2,7 @@
 
     python -m chaos.run --short          # well under a minute; what tests/chaos runs
     python -m chaos.run --long           # a few minutes, progress every 10 s (`make chaos`)
+    python -m chaos.run --soak 30        # 30 minutes: memory and files sampled (`soak.py`)
 
 Starts a node (`--backend sim`, TCP) and the Realtime bridge as subprocesses (a crash is a dead
 process, not a swallowed exception), and the SIP bridge too where `chaos.sip_fuzz` exists. A few
@@ -10,7 +11,7 @@ through a `Relay` that resets, refuses, delays and drops their TCP connections o
 Meanwhile the fuzzers run against the node (its victims' session ids and direct victims'
 routing identities among their targets), the Realtime bridge and the SIP bridge, in rounds of
 fresh seeds until the plan's time is up. Then every victim closes its session and the figures
-are printed and written to `--out` (default bench/results/) as chaos-<short|long>.json:
+are printed and written to `--out` (default bench/results/) as chaos-<short|long|soak>.json:
 
   messages tried        every message the fuzzers sent
   errors answered       the `error`/`refused` answers (SIP: responses) they got back
@@ -20,8 +21,12 @@ are printed and written to `--out` (default bench/results/) as chaos-<short|long
   frames unaccounted    per victim |frames sent - closed.frames_in - closed.dropped|, summed
                         (`dropped_in` for `dropped` where the node reports input drops apart);
                         a victim without `closed` stats counts every frame it sent
+  out of order          audio a victim received with a seq not above the one before
+  rounds failed         fuzz rounds that hung or whose fuzzer raised (a surface left unfuzzed)
+  rss growth mb         (a soak) the most any process's resident memory grew after its warm-up
 
-The exit status is 1 when crashes, sessions lost or frames unaccounted is not 0.
+The exit status is 1 when crashes, sessions lost, frames unaccounted, out of order or rounds
+failed is not 0, or a soak's memory grew past `soak.RSS_GROWTH_MB`.
 """
 from __future__ import annotations
 
@@ -30,27 +35,21 @@ import asyncio
 import datetime
 import importlib
 import json
-import os
 import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 
 from chaos import ws_fuzz, zmq_fuzz
 from chaos.relay import Relay
-from transports import client as C
+from chaos.victims import FORMATS, Victim, VictimRun
+from chaos.soak import RSS_GROWTH_MB, Resources, soak_plan
 from wave_actors.bench.results import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
-FRAME_S = 0.08
-FRAME = (0.2 * np.sin(2 * np.pi * 220 * np.arange(1280) / 16000)).astype(np.float32)
-FORMATS = ({"format": "pcm_f32le", "payload": FRAME.tobytes()},            # 16 kHz: no resampling
-           {"format": "pcm_s16le", "payload": (FRAME * 32767).astype("<i2").tobytes()})
-CLOSE_TIMEOUT_S = 8.0
 START_TIMEOUT_S = 60.0
 
 
@@ -65,6 +64,8 @@ class Plan:
     sip_round: int
     relay_cycle_s: float      # one reset / delay / refuse+reset / drop cycle this often
     progress_s: float | None
+    slow_readers: int = 0     # victims that stop reading 2 s in every 20
+    sample_s: float | None = None   # memory and open files sampled this often
 
 
 PLANS = {"short": Plan("short", 12.0, 3, 2, 3000, 800, 40, 10.0, None),
@@ -123,92 +124,6 @@ class Proc:
         return self.log.read_text(errors="replace")[-n:]
 
 
-# ---- victims -----------------------------------------------------------------------------------
-
-@dataclass
-class Victim:
-    name: str
-    relayed: bool
-    format: str
-    identity: str = ""
-    sent: int = 0                 # frames sent (one per message, 80 ms at 16 kHz)
-    audio_in: int = 0             # output frames received
-    errors: dict = field(default_factory=dict)
-    lost: str | None = None       # why the session ended without our close
-    stats: dict | None = None     # the node's `closed` stats
-    resumes: int | None = None
-
-    @property
-    def unaccounted(self) -> int:
-        """Input frames neither heard nor counted as dropped. A node that splits its drops
-        reports `dropped_in` (its `dropped` then also holds output frames the client could not
-        take, which are no input)."""
-        if self.stats is None:
-            return self.sent
-        dropped = self.stats.get("dropped_in", self.stats.get("dropped", 0))
-        return self.sent - self.stats.get("frames_in", 0) - dropped
-
-
-class VictimRun:
-    """One victim session: open, stream in real time, consume events, close."""
-
-    def __init__(self, v: Victim, endpoint: str, fmt: dict):
-        self.v, self.fmt = v, fmt
-        self.client = C.NodeClient(endpoint)
-        v.identity = self.client.identity.decode()
-        self.session: C.ClientSession | None = None
-        self.tasks: list[asyncio.Task] = []
-
-    async def open(self) -> None:
-        self.client.connect()
-        self.session = await self.client.open(self.v.name, sample_rate=16000,
-                                              format=self.fmt["format"], timeout=20)
-        loop = asyncio.get_running_loop()
-        self.tasks = [loop.create_task(self._stream()), loop.create_task(self._consume())]
-
-    async def _stream(self) -> None:
-        loop = asyncio.get_running_loop()
-        due = loop.time()
-        while self.v.lost is None:
-            try:
-                await self.session.send_audio(self.fmt["payload"])
-            except C.NodeUnavailable:
-                pass                                    # counted below: its seq is spent
-            self.v.sent = self.session.seq
-            due += FRAME_S
-            await asyncio.sleep(max(0.0, due - loop.time()))
-
-    async def _consume(self) -> None:
-        while True:
-            ev = await self.session.next_event()
-            if isinstance(ev, C.Audio):
-                self.v.audio_in += 1
-            elif isinstance(ev, C.Error):
-                self.v.errors[ev.code] = self.v.errors.get(ev.code, 0) + 1
-                if ev.code == "unknown_session":
-                    self.v.lost = self.v.lost or "the node no longer knew the session"
-            elif isinstance(ev, C.Closed):
-                self.v.lost = self.v.lost or "closed by the node"
-                self.v.stats = ev.stats
-                return
-
-    async def close(self) -> None:
-        for task in self.tasks:                          # close() reads the events itself
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        s = self.session
-        if s is not None:
-            self.v.sent = s.seq
-            self.v.resumes = getattr(s, "resumes", None)
-            if s.closed is not None:
-                self.v.lost = self.v.lost or "closed by the node"
-            try:
-                self.v.stats = (await s.close(timeout=CLOSE_TIMEOUT_S)).stats
-            except (asyncio.TimeoutError, C.NodeUnavailable):
-                self.v.lost = self.v.lost or "close not confirmed"
-        await self.client.aclose()
-
-
 # ---- the run -----------------------------------------------------------------------------------
 
 class Chaos:
@@ -222,6 +137,7 @@ class Chaos:
         self.fuzz: dict[str, list[dict]] = {"zmq": [], "ws": [], "sip": []}
         self.sip_fuzz = _optional("chaos.sip_fuzz")
         self.notes: list[str] = []
+        self.resources = Resources()
 
     async def start(self) -> None:
         node = Proc("node", ["-m", "wave_actors.node", "--bind", self.endpoint, "--backend", "sim",
@@ -248,7 +164,8 @@ class Chaos:
         for i in range(p.victims):
             relayed = i < p.relayed
             fmt = FORMATS[i % len(FORMATS)]
-            v = Victim(f"victim-{i}", relayed, fmt["format"])
+            v = Victim(f"victim-{i}", relayed, fmt["format"],
+                       slow=p.victims - i <= p.slow_readers)
             port = relay_port if relayed else self.node_port
             self.victims.append(VictimRun(v, f"tcp://127.0.0.1:{port}", fmt))
         await asyncio.gather(*(vr.open() for vr in self.victims))
@@ -263,6 +180,8 @@ class Chaos:
             jobs.append(self._rounds("sip", self._sip_round, end))
         if self.plan.progress_s:
             jobs.append(self._progress(end))
+        if self.plan.sample_s:
+            jobs.append(self._sample(end))
         await asyncio.gather(*jobs)
         await asyncio.sleep(max(0.0, end - loop.time()))
 
@@ -310,6 +229,15 @@ class Chaos:
                 act(self.relay)
             start += cycle
 
+    async def _sample(self, end: float) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            pids = {n: p.proc.pid for n, p in self.procs.items() if not p.died}
+            self.resources.sample(loop.time() - self.began, pids)
+            if loop.time() + self.plan.sample_s > end:
+                return
+            await asyncio.sleep(self.plan.sample_s)
+
     async def _progress(self, end: float) -> None:
         loop = asyncio.get_running_loop()
         while loop.time() < end:
@@ -346,7 +274,12 @@ def figures(ch: Chaos, procs: dict) -> dict:
             "errors_answered": sum(r.get("answered", 0) for r in rounds),
             "crashes": sum(p["died"] for p in procs.values()),
             "sessions_lost": sum(v.lost is not None for v in victims),
-            "frames_unaccounted": sum(abs(v.unaccounted) for v in victims)}
+            "frames_unaccounted": sum(abs(v.unaccounted) for v in victims),
+            "out_of_order": sum(v.out_of_order for v in victims),
+            # rounds that hung or whose fuzzer failed: a surface not fuzzed is no pass
+            "rounds_failed": sum(bool(r.get("failed") or r.get("hung")) for r in rounds),
+            **({"rss_growth_mb": ch.resources.worst_rss_growth_mb()} if ch.plan.sample_s
+               else {})}
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -389,20 +322,30 @@ def main(argv: list[str] | None = None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--short", dest="plan", action="store_const", const="short")
     mode.add_argument("--long", dest="plan", action="store_const", const="long")
+    mode.add_argument("--soak", type=float, metavar="MINUTES",
+                      help="run this long, sampling memory and open files")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"),
-                    help="folder for chaos-<short|long>.json")
+                    help="folder for chaos-<short|long|soak>.json")
     args = ap.parse_args(argv)
-    plan = PLANS[args.plan or "short"]
+    try:
+        plan = soak_plan(Plan, args.soak) if args.soak else PLANS[args.plan or "short"]
+    except ValueError as exc:
+        ap.error(str(exc))
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         figs, ch, procs = asyncio.run(main_async(plan, args.seed, Path(tmp)))
-    ok = not (figs["crashes"] or figs["sessions_lost"] or figs["frames_unaccounted"])
+    grew = figs.get("rss_growth_mb")
+    ok = not (figs["crashes"] or figs["sessions_lost"] or figs["frames_unaccounted"]
+              or figs["out_of_order"] or figs["rounds_failed"]
+              or (grew is not None and grew > RSS_GROWTH_MB))
     result = {
         "chaos": {"mode": plan.name, "seed": args.seed, **figs, "ok": ok},
         "plan": asdict(plan),
         "fuzzers": {k: summarise(v) for k, v in ch.fuzz.items() if v},
         "victims": [{**asdict(vr.v), "unaccounted": vr.v.unaccounted} for vr in ch.victims],
         "relay": ch.relay.stats, "processes": procs, "notes": ch.notes,
+        **({"resources": ch.resources.growth(), "samples": ch.resources.series}
+           if plan.sample_s else {}),
         "command": " ".join(["python -m chaos.run", *(argv if argv is not None else sys.argv[1:])]),
         "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),

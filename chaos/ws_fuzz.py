@@ -48,7 +48,7 @@ FIELDS = {                           # the fields the bridge reads, dotted into 
 
 
 def _handlers() -> list[str]:
-    from transports.realtime.server import HANDLERS
+    from transports.realtime.connection import HANDLERS
     return sorted(HANDLERS)
 
 

@@ -5,8 +5,10 @@ Bugs caught: a node or bridge that dies on malformed input (`crashes`); a victim
 by someone else's traffic: a fuzzer closing or resuming it, a client taking its routing
 identity, a shared connection dropped, or a TCP reset under it that the client cannot resume
 from (`sessions_lost`); input frames a victim sent that the node neither heard nor counted as
-dropped in its `closed` stats (`frames_unaccounted`); a chaos run whose exit status hides any of
-these.
+dropped in its `closed` stats (`frames_unaccounted`); audio a victim got out of order
+(`out_of_order`); a fuzzer that cannot run (it once imported a name a refactor had moved, and
+every WebSocket round failed unnoticed: `rounds_failed`); a chaos run whose exit status hides
+any of these.
 """
 import json
 import subprocess
@@ -30,6 +32,9 @@ def test_short_chaos_run_passes_with_zero_figures(tmp_path):
     assert figures["crashes"] == 0, data["processes"]
     assert figures["sessions_lost"] == 0, data["victims"]
     assert figures["frames_unaccounted"] == 0, data["victims"]
+    assert figures["out_of_order"] == 0, data["victims"]
+    assert figures["rounds_failed"] == 0, data["notes"]
+    assert all(data["fuzzers"][k]["rounds"] for k in ("zmq", "ws")), data["fuzzers"]
     assert figures["messages_tried"] > 0 and figures["errors_answered"] > 0, data["fuzzers"]
     assert done.returncode == 0, report
     assert data["command"].startswith("python -m chaos.run --short") and data["commit"]
