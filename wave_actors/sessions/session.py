@@ -66,6 +66,9 @@ class FunctionResult:
 class Close:
     reason: str = "client"          # client | lost | drain | crash
 
+# Tool-result tokens a session may have waiting (the model hears one a frame): the largest
+# result the protocol admits fits, a stream of them does not.
+TOOL_BACKLOG = P.MAX_INSTRUCTIONS + 4096
 
 @dataclass
 class _OutputFailed:
@@ -89,6 +92,7 @@ class SessionCounters:
     engine_unavailable: int = 0     # frames the clock could not take (it was restarting)
     held_high: int = 0              # most frames held back at once (input ahead of real time)
     held_overflow: int = 0          # frames refused past the hold's bound (also in dropped)
+    tool_refused: int = 0           # function results refused: too many tool tokens waiting
 
 
 @dataclass
@@ -144,6 +148,8 @@ class SessionActor(Actor):
         self.counters = SessionCounters()
         self.mailbox.on_drop = self._count_mailbox_drop
         self._reorder = ReorderBuffer(reach=Reach())      # the wait learns the path's reordering
+        self._out_frame = 0             # the model's frame after the latest output heard
+        self._tool_heard_by = 0         # the frame by which every tool token sent is heard
         self._skips = SkipLedger()
         self._gap_timer: asyncio.Task | None = None
         self._in_resampler = A.StreamResampler(cfg.sample_rate, IN_RATE)
@@ -225,7 +231,7 @@ class SessionActor(Actor):
         elif isinstance(msg, GapDue):
             self._take(self._reorder.due(self.clock.now()))
         elif isinstance(msg, FunctionResult):
-            self._on_function_tokens(self, result_tokens(self._text_codec, msg.output))
+            self._tool_result(result_tokens(self._text_codec, msg.output))
         elif isinstance(msg, Close):
             await self._on_close(self, msg)
         else:
@@ -360,6 +366,7 @@ class SessionActor(Actor):
         self._release()
         h = msg.header
         pcm = msg.pcm
+        self._out_frame = max(self._out_frame, h["frame"] + pcm.shape[0])
         for f in range(pcm.shape[0]):
             frame = h["frame"] + f
             self._send_audio(frame, self._out_resampler(pcm[f]))
@@ -398,6 +405,19 @@ class SessionActor(Actor):
         if user:
             self._send(P.pack(
                 "text", self.cfg.session, channel="user", frame=frame, text=user))
+
+    def _tool_result(self, ids: list[int]) -> None:
+        """Tool-result tokens to the model (one a frame), unless that would leave more than
+        TOOL_BACKLOG of them waiting: then refused, told and counted (a client sending results
+        faster than they are heard would otherwise grow the node's memory without bound)."""
+        waiting = max(0, self._tool_heard_by - self._out_frame)
+        if waiting + len(ids) > TOOL_BACKLOG:
+            self.counters.tool_refused += 1
+            self._error(P.OVERLOADED, f"function_result refused: {waiting} tool tokens are still "
+                        f"to be heard, one a frame (at most {TOOL_BACKLOG} may wait)")
+            return
+        self._tool_heard_by = max(self._tool_heard_by, self._out_frame) + len(ids)
+        self._on_function_tokens(self, ids)
 
     def _error(self, code: str, message: str) -> None:
         self._send(P.error_frames(code, message, self.cfg.session))
