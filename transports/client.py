@@ -28,55 +28,20 @@ import zmq.asyncio
 
 from transports import protocol as P
 from transports import zsock
+from transports.client_events import (Audio, Closed, Error, FunctionCall, NodeUnavailable,
+                                       Refused, Text, event_of)
 from wave_actors.core.tasks import stop_tasks, within
+
+# A session's events and the client's exceptions live in client_events.py; named here too, as
+# every caller imports them from the client.
+__all__ = ["Audio", "Closed", "ClientSession", "CurveKeys", "Error", "FunctionCall", "NodeClient",
+           "NodeUnavailable", "Refused", "Text"]
 
 EVENT_QUEUE = 4096          # events a session buffers for a slow consumer before dropping
 SEND_TIMEOUT_S = 10.0       # how long a send may wait for a node to take it
 HEARTBEAT_S = 1.0           # until a node's `opened` says otherwise
 REPLAY = 128                # audio messages kept per session to send again after a resume
 RESUME_RETRY_S = 0.5        # a session asks to resume at most this often
-
-
-@dataclass
-class Audio:
-    seq: int
-    frame: int
-    payload: bytes
-
-
-@dataclass
-class Text:
-    channel: str
-    frame: int
-    text: str
-
-
-@dataclass
-class FunctionCall:
-    call_id: str
-    name: str
-    arguments: str
-
-
-@dataclass
-class Closed:
-    stats: dict
-
-
-@dataclass
-class Error:
-    code: str
-    message: str
-
-
-class NodeUnavailable(Exception):
-    """No node took the message in time (down, unreachable, or it refused our key)."""
-
-
-class Refused(Exception):
-    def __init__(self, reason: str, message: str):
-        super().__init__(f"{reason}: {message}")
-        self.reason, self.message = reason, message
 
 
 @dataclass
@@ -384,19 +349,6 @@ class NodeClient:
             if msg.type == "error":
                 self.orphan_errors.append(Error(h.get("code", "?"), h.get("message", "")))
             return
-        session._deliver(_event(msg))
+        session._deliver(event_of(msg))
         if msg.type == "closed":
             self.sessions.pop(sid, None)
-
-
-def _event(msg: P.Message):
-    h = msg.header
-    if msg.type == "audio":
-        return Audio(h.get("seq", -1), h.get("frame", -1), msg.payload or b"")
-    if msg.type == "text":
-        return Text(h.get("channel", "?"), h.get("frame", -1), h.get("text", ""))
-    if msg.type == "function_call":
-        return FunctionCall(h.get("call_id", ""), h.get("name", ""), h.get("arguments", ""))
-    if msg.type == "closed":
-        return Closed(h.get("stats", {}))
-    return Error(h.get("code", "?"), h.get("message", ""))
