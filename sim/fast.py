@@ -50,6 +50,7 @@ import numpy as np
 from wave_actors.bench import deadlines
 from sim.costmodel import CostModel
 from sim.executor import measured_at_build, snapshot_space
+from sim.fast_result import deadline_beats, run_result
 from sim.frame_counters import TICK_EPS, Frames
 from wave_actors.bench.workload import Call, Workload, WorkloadError, load
 from wave_actors.bench.results import (RESULTS, WARMUP_BEATS, WARMUP_MAX, WINDOW_OF, BenchResult,
@@ -63,7 +64,6 @@ from wave_actors.core.frames import BEAT_S, FRAME_S
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.sched.slot_book import SlotBook, StartShape
 from wave_actors.core.sched.snapshots import snapshot_index
-from wave_actors.core.sched.spread import spread_ms
 from wave_actors.core.sched.start_policy import GuardedStarts, admission
 from wave_actors.core.text import ByteFallbackCodec
 
@@ -449,69 +449,6 @@ class _Run:
         lo, hi = np.searchsorted(rel, span[0] - TICK_EPS), np.searchsorted(rel, span[1] - TICK_EPS)
         return slice(int(lo), int(hi))
 
-    # -- results ----------------------------------------------------------------------------
-    def _window(self, part: slice) -> dict:
-        """`bench_records._window` of the beats `part`: beats, late beats, latency p50 / p99 / max
-        (ms), the span of releases (s from the run's start)."""
-        lat = np.asarray(self.rec["latency"][part], float)
-        if not len(lat):
-            return {"beats": 0, "late_beats": 0}
-        p50, p99, top = np.percentile(1e3 * lat, [50, 99, 100])
-        rel = self.rec["release"][part]
-        return {"beats": len(lat), "late_beats": int((lat > LATE_AFTER_S).sum()),
-                "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(top),
-                "from_s": round(rel[0], 3), "to_s": round(rel[-1] + BEAT_S, 3)}
-
-    def result(self, measured: slice) -> RunResult:
-        """The run as the bench reports it: the headline over every beat with a live session
-        (first open to last close), the trace and the backend's times over the measured
-        beats, `windows` for each part (`bench.WINDOW_OF`)."""
-        cfg = self.cfg
-        every = slice(0, len(self.rec["end"]))
-        if not len(self.rec["latency"]):
-            raise FastError("no beat carried a session: nothing to measure")
-        whole = self._window(every)
-        r = {k: np.asarray(v[measured], float) for k, v in self.rec.items()}
-        lat, gpu = 1e3 * r["latency"], 1e3 * r["compute"]
-        gpu_or_0 = gpu if len(gpu) else np.zeros(1)
-        ms = np.array(self.waits) * 1e3 if self.waits else np.zeros(1)
-        o50, o99, omax = np.percentile(ms, [50, 99, 100])
-        live = r["sessions"].astype(int)
-        live_or_0 = live if len(live) else np.zeros(1, int)
-        n = cfg.slots if cfg.workload is not None else cfg.lines
-        f = self.frames
-        res = RunResult(
-            n, whole["beats"], whole["late_beats"], whole["p50_ms"], whole["p99_ms"],
-            whole["max_ms"], float(gpu_or_0.mean()),
-            f.total("underruns"), f.total("dropped"), sum(self.refused.values()),
-            f.total("heard"), f.total("out"), 0,
-            float(np.percentile(gpu_or_0, 50)), float(np.percentile(gpu_or_0, 99)),
-            {"latency_ms": [round(x, 1) for x in lat.tolist()],
-             "compute_ms": [round(x, 1) for x in gpu.tolist()],
-             "sessions": live.tolist(),
-             **{k: r[k].astype(int).tolist() for k in ("rows", "resets", "rolls", "copies")}},
-            round(1e3 * float(r["begin"][0]), 1) if len(lat) else 0.0, len(self.waits),
-            float(o50), float(o99),
-            {"start": self.policy.describe()}, float(omax), dict(self.refused),
-            {"offered": n, "min": int(live_or_0.min()),
-             "p50": float(np.percentile(live_or_0, 50)), "max": int(live_or_0.max())})
-        res.windows = {"all": whole, "ramp": self._window(slice(0, measured.start)),
-                       "measured": self._window(measured),
-                       "drain": self._window(slice(measured.stop, every.stop))}
-        res.window_of = dict(WINDOW_OF)
-        if cfg.workload is None:
-            ran = self.rec["ran"][measured.start] if len(lat) else len(self.ramp_compute)
-            before = self.ramp_compute[:ran]
-            res.ramp = {"beats": len(before), "compute_ms": spread_ms(before)}
-        res.open_waits_ms = [round(float(w), 1) for w in ms] if self.waits else []
-        return res
-
-    def deadline_beats(self) -> list[tuple[float, float, bool]]:
-        """Every beat with a live session, as the bench gives its deadline metrics: a call is
-        matched against the beats of its whole life, the ramp's and the drain's included."""
-        return [(rel, lat, lat > LATE_AFTER_S) for rel, lat in
-                zip(self.rec["release"], self.rec["latency"])]
-
     def virtual_s(self) -> float:
         return max(self.rec["end"], default=0.0)
 
@@ -521,8 +458,10 @@ def run_one(cfg: FastConfig, seed: int) -> tuple[RunResult, dict, _Run]:
     tests: the counters, the book, the call records)."""
     run = _Run(cfg, seed)
     measured = run.closed_loop() if cfg.workload is None else run.open_workload()
-    res = run.result(measured)
-    beats = run.deadline_beats()
+    if not len(run.rec["latency"]):
+        raise FastError("no beat carried a session: nothing to measure")
+    res = run_result(run, measured)
+    beats = deadline_beats(run.rec)
     offered = cfg.workload.offered_erlangs() if cfg.workload is not None else None
     end = max([c.ended_s or 0.0 for c in run.calls] + [b[0] + BEAT_S for b in beats])
     metrics = deadlines.summarize(run.calls, beats, offered, run_end_s=end)
