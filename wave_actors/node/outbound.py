@@ -52,12 +52,15 @@ class Outbound:
              route: Route | None = None) -> bool:
         """Send to a client without blocking the node; True when it went out now or waits in
         the client's queue (in order, behind what waits there already). False: not sent, and
-        counted (a droppable message to a client gone, or whose queue is closing).
+        counted (audio to a client not reading, or anything to a client the socket does not know
+        that no session of it waits for).
 
         A send that finds no peer (EHOSTUNREACH) proves nothing: with ROUTER_MANDATORY, libzmq
-        also says so for a live peer whose pipe was full a moment ago and is draining. Audio is
-        then counted as lost; anything else waits its turn like any message to a slow client,
-        and liveness is left to the heartbeats and to the probe at a new connection."""
+        also says so for a live peer whose pipe was full a moment ago and is draining. A
+        session's message other than audio then waits its turn like any message to a slow
+        client, and liveness is left to the heartbeats and to the probe at a new connection;
+        a reply that belongs to no session (a pong, an error) is counted and not retried: a
+        peer gone for good would otherwise keep a queue polling for the liveness limit."""
         q = self._queues.get(identity)
         if q is None:
             try:
@@ -65,7 +68,7 @@ class Outbound:
                 return True
             except zmq.ZMQError as exc:
                 gone = exc.errno == zmq.EHOSTUNREACH
-            if droppable:
+            if droppable or (gone and route is None):
                 self.node.metrics.drops.labels("client_gone" if gone else
                                                "client_not_reading").inc()
                 return False
