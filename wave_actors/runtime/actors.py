@@ -150,8 +150,17 @@ class Actor:
 
     def start(self) -> asyncio.Task:
         self.stopped.clear()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
-        return self._task
+        task = self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task) -> None:
+        # An ended task's exception (a stop's CancelledError too) holds a traceback whose
+        # frames hold this actor: kept here it would make a cycle, and the automatic collector
+        # is off while serving (`serving_process`), so every closed session's actor, mailbox
+        # and buffers would wait for the next full collection. Dropped, they go at once.
+        if self._task is task:
+            self._task = None
 
     async def stop(self) -> None:
         if self._task and not self._task.done():
@@ -233,6 +242,11 @@ class _Child:
     actor: Actor
     watcher: asyncio.Task | None = None
 
+    def forget_watcher(self, task: asyncio.Task) -> None:
+        """An ended watcher is dropped (as `Actor._ended` drops its task: no cycle)."""
+        if self.watcher is task:
+            self.watcher = None
+
 
 class EscalationError(Exception):
     """Restart intensity exceeded: the supervisor gives up and its owner must stop."""
@@ -260,8 +274,9 @@ class Supervisor:
         actor = spec.factory()
         child = _Child(spec, actor)
         self._children[spec.name] = child
-        actor.start()
-        child.watcher = asyncio.get_running_loop().create_task(self._watch(child))
+        task = actor.start()
+        child.watcher = asyncio.get_running_loop().create_task(self._watch(child, task))
+        child.watcher.add_done_callback(lambda t, c=child: c.forget_watcher(t))
         return actor
 
     def get(self, name: str) -> Actor | None:
@@ -281,8 +296,7 @@ class Supervisor:
         for name in list(self._children):
             await self.stop_child(name)
 
-    async def _watch(self, child: _Child) -> None:
-        task = child.actor.task
+    async def _watch(self, child: _Child, task: asyncio.Task) -> None:
         try:
             await asyncio.shield(task)
             return          # clean exit

@@ -148,7 +148,9 @@ class LocalHost:
         return session.counters.frames_sent, session.counters.dropped_out
 
     def forget(self, route: Any, session: SessionActor) -> None:
-        return None           # its actor stops as it closes
+        # Its actor stops as it closes. The actor's callbacks hold the route: the route lets go
+        # of the actor, or the two would wait in a cycle for the next full collection.
+        route.actor = None
 
     def cpu_seconds(self) -> list:
         return []

@@ -213,7 +213,11 @@ class SessionActor(Actor):
             turn.cancel()
         self._queued_out.clear()
         if self._gap_timer is not None:
+            # Dropped as well as cancelled: its end (a traceback holding this session) and
+            # this reference would make a cycle that only a full collection frees.
             self._gap_timer.cancel()
+            self._gap_timer = None
+        self.mailbox.on_drop = None           # a bound method of this actor: a cycle
 
     # -- messages ---------------------------------------------------------------------------------
     async def handle(self, msg: Any) -> Any:
