@@ -84,7 +84,9 @@ def test_node_refusals_leave_one_line_and_a_count(node_kw, cfg_kw, reason, retry
 
 def test_every_refused_offer_leaves_one_line_and_a_count_and_nothing_else_does():
     """Refusals before the node is asked (bad SDP, no common codec, wrong body type, missing
-    Contact, Require, SIP version, broken request) left no trace but `finals`; a retransmitted
+    Contact, Require, SIP version, broken request) left no trace but `finals`; an unparseable
+    Contact was taken, failed the answer after the node session opened and left the call, its
+    RTP port and its node session open for good (an internal error); a retransmitted
     INVITE must not count twice, and errors that refuse no call (a re-INVITE's 488, REGISTER's
     405) must not count at all."""
     async def scenario(bridge, node, ua, events):
@@ -94,6 +96,8 @@ def test_every_refused_offer_leaves_one_line_and_a_count_and_nothing_else_does()
                  ("codec", dict(body=offer(9, 18, "G729")), 488, "no_common_codec"),
                  ("ctype", dict(body=b"hi", ctype="text/plain"), 415, "unsupported_media_type"),
                  ("contact", dict(body=offer(9), contact=False), 400, "bad_request"),
+                 ("badcontact", dict(body=offer(9), contact=False,
+                                     extra=["Contact: <sip:unterminated"]), 400, "bad_request"),
                  ("require", dict(body=offer(9), extra=["Require: 100rel"]), 420,
                   "unsupported_extension")]
         for call_id, kw, status, _ in cases:
@@ -121,7 +125,8 @@ def test_every_refused_offer_leaves_one_line_and_a_count_and_nothing_else_does()
         assert all(e["from"] and e["source"] for e in lines)
         assert bridge.stats.calls_refused == len(expected)
         assert sum(bridge.stats.refusals.values()) == len(expected)
-        assert bridge.stats.refusals["bad_request"] == 2
+        assert bridge.stats.refusals["bad_request"] == 3
+        assert bridge.stats.internal_errors == 0 and len(bridge.calls) == 1      # "live"
     run(scenario)
 
 

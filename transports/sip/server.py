@@ -85,6 +85,18 @@ class _SipProtocol(asyncio.DatagramProtocol):
         pass
 
 
+def _bad_contact(value: str | None) -> str | None:
+    """Why an INVITE's Contact cannot be the dialog's remote target (RFC 3261 §8.1.1.8), or
+    None."""
+    if not value:
+        return "missing Contact"
+    try:
+        M.parse_name_addr(value)
+    except ValueError as exc:
+        return f"bad Contact: {exc}"
+    return None
+
+
 class Bridge:
     def __init__(self, cfg: BridgeConfig, client: C.NodeClient | None = None,
                  emit: Callable[..., None] = print_event, clock: Clock | None = None):
@@ -270,9 +282,10 @@ class Bridge:
         offer = self._check_offer(req, addr)
         if offer is False:
             return
-        if not req.get("Contact"):
-            self.refusals.reject(req, addr, 400, "bad_request", [warning(399, "missing Contact")],
-                                 "missing Contact")
+        bad_contact = _bad_contact(req.get("Contact"))
+        if bad_contact:
+            self.refusals.reject(req, addr, 400, "bad_request", [warning(399, bad_contact)],
+                                 bad_contact)
             return
         self.stats.calls_offered += 1
         tx = InviteTx(req, addr, new_tag())
@@ -332,7 +345,17 @@ class Bridge:
             self.refusals.refuse(tx.request, tx.addr, status, reason, tx=tx, headers=headers,
                                  detail=detail)
             return self._discard(call)
-        self._establish(tx, call, offer)
+        try:
+            self._establish(tx, call, offer)
+        except Exception:
+            # A bug of ours after the node session opened: the caller hears 500 and the call
+            # (its RTP port, its node session, its place under max_calls) ends, never lingers.
+            if tx.final is None:
+                self.refusals.refuse(tx.request, tx.addr, 500, "internal", tx=tx,
+                                     detail="the call could not be set up")
+            self.calls.discard(call)
+            call.stop("internal_error")
+            raise                                  # counted and logged by _task_done
 
     async def _open_call(self, tx: InviteTx, call: Call) -> tuple | None:
         """Bind RTP and open the node session: None when both worked, else the refusal
