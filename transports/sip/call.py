@@ -331,6 +331,9 @@ class Call:
 
     async def _stop(self, close_timeout: float) -> dict:
         await stop_tasks(self._tasks)
+        # Ended tasks hold tracebacks whose frames hold this call: kept, they would hold the
+        # ended call (jitter buffer, resamplers) in a cycle until a full collection.
+        self._tasks = []
         node_stats, node_error = None, None
         if self.session is not None:
             try:
