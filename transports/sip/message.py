@@ -219,6 +219,18 @@ def check_request(msg: SipMessage) -> str | None:
     return None
 
 
+def bad_contact(value: str | None) -> str | None:
+    """Why an INVITE's Contact cannot be the dialog's remote target (RFC 3261 §8.1.1.8), or
+    None."""
+    if not value:
+        return "missing Contact"
+    try:
+        parse_name_addr(value)
+    except ValueError as exc:
+        return f"bad Contact: {exc}"
+    return None
+
+
 # ---------------------------------------------------------------------------- header values
 
 

@@ -29,7 +29,7 @@ from typing import Callable
 
 from transports import client as C
 from transports.sip import message as M
-from transports.sip import sdp, sockbuf
+from transports.sip import offers, sdp, sockbuf
 from transports.sip.call import NODE_ERRORS, Call
 from transports.sip.config import BridgeConfig
 from transports.sip.dialog import Dialog, hostport, new_tag
@@ -83,18 +83,6 @@ class _SipProtocol(asyncio.DatagramProtocol):
 
     def error_received(self, exc: Exception) -> None:
         pass
-
-
-def _bad_contact(value: str | None) -> str | None:
-    """Why an INVITE's Contact cannot be the dialog's remote target (RFC 3261 §8.1.1.8), or
-    None."""
-    if not value:
-        return "missing Contact"
-    try:
-        M.parse_name_addr(value)
-    except ValueError as exc:
-        return f"bad Contact: {exc}"
-    return None
 
 
 class Bridge:
@@ -282,7 +270,7 @@ class Bridge:
         offer = self._check_offer(req, addr)
         if offer is False:
             return
-        bad_contact = _bad_contact(req.get("Contact"))
+        bad_contact = M.bad_contact(req.get("Contact"))
         if bad_contact:
             self.refusals.reject(req, addr, 400, "bad_request", [warning(399, bad_contact)],
                                  bad_contact)
@@ -298,7 +286,7 @@ class Bridge:
                                  headers=self.refusals.retry_after(),
                                  detail=f"{len(self.calls)} calls, max_calls {self.cfg.max_calls}")
             return
-        codec = self._negotiate(offer, 0).codec if offer else sdp.PCMU
+        codec = offers.negotiate(self.cfg, offer, 0).codec if offer else sdp.PCMU
         tx.call = Call(self.cfg, req.get("Call-ID"), codec, self._on_call_end, self.clock,
                        signalling_host=addr[0], on_key=self._on_key)
         self.calls.add(tx.call)
@@ -307,30 +295,11 @@ class Bridge:
 
     def _check_offer(self, req: M.SipMessage, addr) -> sdp.Session | None | bool:
         """The INVITE's SDP offer (None: none, we offer); False once answered with an error."""
-        if not req.body:
-            return None
-        ctype = (req.get("Content-Type") or "").split(";")[0].strip().lower()
-        if ctype != "application/sdp":
-            self.refusals.reject(req, addr, 415, "unsupported_media_type",
-                                 [("Accept", "application/sdp")], ctype)
-            return False
-        try:
-            offer = sdp.parse(req.body)
-            self._negotiate(offer, 0)
-        except sdp.NotAcceptable as exc:
-            self.refusals.reject(req, addr, 488, "no_common_codec", [warning(305, str(exc))],
-                                 str(exc))
-            return False
-        except sdp.SdpError as exc:
-            self.refusals.reject(req, addr, 400, "bad_sdp", [warning(399, f"bad SDP: {exc}")],
-                                 str(exc))
+        offer = offers.check(self.cfg, req)
+        if isinstance(offer, offers.Refusal):
+            self.refusals.reject(req, addr, *offer)
             return False
         return offer
-
-    def _negotiate(self, offer: sdp.Session, port: int, session_id: int = 0,
-                   version: int = 0) -> sdp.Answer:
-        return sdp.negotiate(offer, self.cfg.rtp_ip, port, session_id, version,
-                             events=self.cfg.telephone_event)
 
     async def _answer(self, tx: InviteTx, offer: sdp.Session | None) -> None:
         """Bind RTP, open the node session, answer 200 OK with SDP (or refuse the call)."""
@@ -386,7 +355,8 @@ class Bridge:
 
     def _establish(self, tx: InviteTx, call: Call, offer: sdp.Session | None) -> None:
         req, session_id = tx.request, int(call.session_id[4:12], 16)
-        answer, body = self._answer_sdp(call, offer, session_id, 1)
+        answer, body = offers.answer_sdp(self.cfg, call.codec, call.local_port, offer,
+                                         session_id, 1)
         tx.offered = answer is None
         frm, contact = M.parse_name_addr(req.get("From")), M.parse_name_addr(req.get("Contact"))
         dialog = Dialog(req.get("Call-ID"), tx.local_tag, frm.tag or "",
@@ -402,16 +372,6 @@ class Bridge:
         self.emit("call_start", call_id=call.sip_call_id, session=call.session_id,
                   codec=call.codec.name, remote=answer.remote if answer else None,
                   rtp_port=call.local_port)
-
-    def _answer_sdp(self, call: Call, offer: sdp.Session | None, session_id: int,
-                    version: int) -> tuple[sdp.Answer | None, bytes]:
-        """Our answer to `offer`; without one, our offer (the caller answers in the ACK)."""
-        if offer is None:
-            return None, sdp.offer(self.cfg.rtp_ip, call.local_port, session_id, version,
-                                   codecs=(call.codec,),
-                                   events=self.cfg.telephone_event).to_bytes()
-        answer = self._negotiate(offer, call.local_port, session_id, version)
-        return answer, answer.sdp.to_bytes()
 
     def _dialog_headers(self, req: M.SipMessage) -> list[tuple[str, str]]:
         contact = hostport(self.cfg.rtp_ip, self.address[1])
@@ -440,7 +400,8 @@ class Bridge:
         dialog.confirmed = True
         if tx.offered and req.body:                      # our offer's answer
             try:
-                answer = self._negotiate(sdp.parse(req.body), dialog.call.local_port, 0, 1)
+                answer = offers.negotiate(self.cfg, sdp.parse(req.body), dialog.call.local_port,
+                                         0, 1)
                 if answer.codec.name != dialog.call.codec.name:
                     raise sdp.NotAcceptable("the answer changed the codec")
             except (sdp.SdpError, sdp.NotAcceptable):
@@ -475,7 +436,8 @@ class Bridge:
         if not self.tx.add_invite(tx):
             self.tx.respond(req, addr, 503, headers=self.refusals.retry_after())
             return
-        answer, body = self._answer_sdp(call, offer, int(call.session_id[4:12], 16), cseq)
+        answer, body = offers.answer_sdp(self.cfg, call.codec, call.local_port, offer,
+                                         int(call.session_id[4:12], 16), cseq)
         if answer is not None and answer.codec.name != call.codec.name:
             self.tx.final(tx, 488, headers=[warning(305, "codec change not supported")])
             return
