@@ -23,7 +23,7 @@ from wave_actors.node.bindings import Route
 from wave_actors.node.gatekeeper import CONN_PROPERTY
 from wave_actors.runtime.actors import ActorStopped, MailboxFull, MsgClass
 from wave_actors.sessions.hosts import HostedSession
-from wave_actors.sessions.session import AudioIn, Close, FunctionResult, SessionConfig
+from wave_actors.sessions.messages import AudioIn, Close, FunctionResult, SessionConfig
 
 if TYPE_CHECKING:
     from wave_actors.node.node import Node

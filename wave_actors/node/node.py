@@ -56,7 +56,7 @@ from wave_actors.runtime.actors import (ActorStopped, ChildSpec, MailboxFull, Ms
                                         Supervisor)
 from wave_actors.clock.shared_outputs import BeatOut
 from wave_actors.sessions.hosts import HostedSession, HostEvents, make_host
-from wave_actors.sessions.session import Close
+from wave_actors.sessions.messages import Close
 
 log = logging.getLogger("wave.node")
 CLOSE_LINGER_MS = 500       # the last `closed`/`refused` replies get this long to leave at exit

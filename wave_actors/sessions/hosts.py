@@ -27,7 +27,8 @@ from wave_actors.core.contract import Handle
 from wave_actors.core.timebase import Clock
 from wave_actors.runtime.actors import ActorStopped, ChildSpec, MsgClass, Restart, Supervisor
 from wave_actors.runtime.proc_cpu import cpu_seconds
-from wave_actors.sessions.session import Close, SessionActor, SessionConfig
+from wave_actors.sessions.messages import Close, SessionConfig
+from wave_actors.sessions.session import SessionActor
 from wave_actors.sessions.session_worker import frames_wait_s
 from wave_actors.sessions.worker_pool import PoolHandlers, RemoteSession, WorkerPool
 

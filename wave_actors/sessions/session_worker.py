@@ -34,7 +34,8 @@ from wave_actors.clock.frame_batch import FrameBatcher
 from wave_actors.runtime.actors import (ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart,
                                         Supervisor)
 from wave_actors.clock.shared_outputs import BeatOut
-from wave_actors.sessions.session import AudioIn, Close, FunctionResult, SessionActor
+from wave_actors.sessions.messages import AudioIn, Close, FunctionResult
+from wave_actors.sessions.session import SessionActor
 from wave_actors.clock.shared_frames import FramesView
 from wave_actors.clock.shared_outputs import OutputsView
 

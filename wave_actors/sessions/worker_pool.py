@@ -31,7 +31,7 @@ import zmq.asyncio
 from transports import zsock
 from wave_actors.sessions import worker_wire as W
 from wave_actors.runtime.actors import ActorStopped, MsgClass
-from wave_actors.sessions.session import AudioIn, Close, FunctionResult, SessionConfig
+from wave_actors.sessions.messages import AudioIn, Close, FunctionResult, SessionConfig
 from wave_actors.sessions.session_worker import FRAMES_WAIT_S, worker_main
 from wave_actors.core.tasks import within
 
