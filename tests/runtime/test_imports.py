@@ -159,10 +159,10 @@ def test_the_node_hosts_sessions_through_one_protocol():
     assert reached <= {"wave_actors.sessions.hosts", "wave_actors.sessions.hosts.HostedSession",
                        "wave_actors.sessions.hosts.HostEvents",
                        "wave_actors.sessions.hosts.make_host",
-                       "wave_actors.sessions.session", "wave_actors.sessions.session.AudioIn",
-                       "wave_actors.sessions.session.Close",
-                       "wave_actors.sessions.session.FunctionResult",
-                       "wave_actors.sessions.session.SessionConfig"}, sorted(reached)
+                       "wave_actors.sessions.messages", "wave_actors.sessions.messages.AudioIn",
+                       "wave_actors.sessions.messages.Close",
+                       "wave_actors.sessions.messages.FunctionResult",
+                       "wave_actors.sessions.messages.SessionConfig"}, sorted(reached)
 
 
 def project_bases() -> dict[str, list[str]]:
