@@ -1,6 +1,6 @@
 """A beat's slot resets as one captured graph, where calls open at scattered slots.
 
-A reset writes every tensor of a slot's state but the thinker's (~40 of them) and copies the
+A reset writes every tensor of a slot's state but the thinker's and the KV rows (~40 of them) and copies the
 talker's warm-up in; the thinker's part is left to the prompt snapshot copied in next, or reset
 apart where there is none. Over a run of consecutive slots that is ~40 fills of views, whatever
 the run's length, which suits a fill (its opens take consecutive slots). Calls that come and go

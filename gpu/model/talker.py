@@ -168,10 +168,12 @@ class TalkerState:
                    cfg.pad_code)
 
     def reset(self, slots: Tensor) -> None:
-        """Re-initialise only these slots. KV is zeroed too: a masked stale row is multiplied
-        by probability 0, and 0·NaN would still poison the output."""
-        for t in (self.k, self.v, self.position):
-            fill_slots(t, slots, 0)
+        """Re-initialise only these slots: position 0 and the pad codes. The KV rows are left
+        as the last session wrote them (zeroing them was ~200 MB a dense slot and ~800 MB a
+        reference slot, the bulk of a start's beat time): no reader looks at a row at or past
+        a slot's position. The decode kernel's loads stop there, and `attend` zeroes the values
+        no query sees, so a stale row, NaN included, reaches no output."""
+        fill_slots(self.position, slots, 0)
         fill_slots(self.prev_codes, slots, self.pad_code)
 
     def roll(self, slot: int, sink: int, drop: int, turn: tuple[Tensor, Tensor]) -> None:
@@ -241,6 +243,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, window: int | None,
         visible &= kpos > q_pos[..., None] - window
     s = torch.einsum("brthd,brphd->brhtp", q, k) * scale
     s = s.masked_fill(~visible[:, None, None], float("-inf"))
+    # a row no query sees may be stale (a reset leaves the KV rows): its probability is 0, but
+    # 0·NaN is NaN, so its values are zeroed
+    v = v.masked_fill(~visible.any(1)[:, None, :, None, None], 0)
     o = torch.einsum("brhtp,brphd->brthd", s.softmax(-1), v)
     return o.flatten(-2)
 

@@ -52,6 +52,24 @@ def test_rows_form_matches_ref_per_row(q_dtype, kv_dtype, rows, hq, hkv, d, cap,
         assert rel(o[:, r], o_ref) < tol, (r, rel(o[:, r], o_ref))
 
 
+@pytest.mark.parametrize("q_dtype,kv_dtype,rows,hq,hkv,d,cap,lengths,window,splits,state_view,variant",
+                         CASES)
+def test_rows_past_each_length_are_never_read(q_dtype, kv_dtype, rows, hq, hkv, d, cap, lengths,
+                                              window, splits, state_view, variant):
+    """A slot reset leaves the talker's KV rows as its last session wrote them; every kernel
+    must give the same output with NaN in every row at or past each length. Bug caught: a
+    kernel that loads a block's rows past the length unmasked, and multiplies them by 0."""
+    q, k, v = make(q_dtype, kv_dtype, rows, hq, hkv, d, cap, state_view=state_view, seed=hq + cap)
+    want, slots, lens = run_checked(q, k, v, lengths, scale=d ** -0.5, window=window,
+                                    num_splits=splits, **variant)
+    for s, n in zip(slots.tolist(), lengths):
+        k[s, :, :, n:] = float("nan")
+        v[s, :, :, n:] = float("nan")
+    got = decode_attention(q, k, v, slots, lens, scale=d ** -0.5, window=window,
+                           num_splits=splits, **variant)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("window", [0, 7])
 def test_rows_form_takes_positions_and_int64_indices(window):
     # The talker's call: int64 slots, its positions pos as lengths with length_bias 1.

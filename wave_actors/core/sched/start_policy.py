@@ -252,10 +252,10 @@ class GuardedStarts:
     OVERLOADED_START_S of start work each, so every admitted open still starts."""
     margin_s: float = 0.008         # the beat's spread from beat to beat, the host's jitter
     # a snapshot copy's and a slot reset's device time until learned (a fill of many counts
-    # never measured learns nothing): a reset fills the slot's state (~350 MB dense) in ~40
-    # writes (one captured replay for a few scattered slots), a copy moves the prompt's thinker
-    # state (~150 MB each way) in 5; a run of consecutive slots shares both, so these are a
-    # lone start's, above what a run costs a slot
+    # never measured learns nothing): a reset writes the slot's state less its KV rows (~10 MB
+    # and the talker's warm-up rows) in ~40 writes (one captured replay for a few scattered
+    # slots), a copy moves the prompt's thinker state (~150 MB each way) in 5; a run of
+    # consecutive slots shares both, so these are a lone start's, above what a run costs a slot
     copy_s: float = 0.00015
     reset_s: float = 0.0004
     roll_s: float = 0.0008
