@@ -2,7 +2,8 @@
 all R rows) against decode_attention_ref applied row by row: the MHA split and padded kernels, the
 dot kernel (GQA and mha_dot), fp32 and bf16 KV, with and without a window, several split counts,
 a layer view of the talker's 6-D state, int64 slots and lengths given as positions (length_bias);
-the per-lane MHA kernel (lanes) at the talker's head_dim 72 against an fp64 twin."""
+the per-lane MHA kernel (lanes) at the talker's head_dim 72 against an fp64 twin; and rows past a
+position (a reset slot's stale KV, NaN included) read by no kernel."""
 import pytest
 import torch
 
@@ -50,24 +51,6 @@ def test_rows_form_matches_ref_per_row(q_dtype, kv_dtype, rows, hq, hkv, d, cap,
         o_ref = decode_attention_ref(q[:, r], k[:, r], v[:, r], slots, lens, scale=d ** -0.5,
                                      window=window)
         assert rel(o[:, r], o_ref) < tol, (r, rel(o[:, r], o_ref))
-
-
-@pytest.mark.parametrize("q_dtype,kv_dtype,rows,hq,hkv,d,cap,lengths,window,splits,state_view,variant",
-                         CASES)
-def test_rows_past_each_length_are_never_read(q_dtype, kv_dtype, rows, hq, hkv, d, cap, lengths,
-                                              window, splits, state_view, variant):
-    """A slot reset leaves the talker's KV rows as its last session wrote them; every kernel
-    must give the same output with NaN in every row at or past each length. Bug caught: a
-    kernel that loads a block's rows past the length unmasked, and multiplies them by 0."""
-    q, k, v = make(q_dtype, kv_dtype, rows, hq, hkv, d, cap, state_view=state_view, seed=hq + cap)
-    want, slots, lens = run_checked(q, k, v, lengths, scale=d ** -0.5, window=window,
-                                    num_splits=splits, **variant)
-    for s, n in zip(slots.tolist(), lengths):
-        k[s, :, :, n:] = float("nan")
-        v[s, :, :, n:] = float("nan")
-    got = decode_attention(q, k, v, slots, lens, scale=d ** -0.5, window=window,
-                           num_splits=splits, **variant)
-    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("window", [0, 7])
@@ -121,3 +104,33 @@ def test_rows_form_lanes_kernel_matches_fp64(kv_dtype, rows, h, cap, positions, 
     ref = decode_attention_ref(q.double(), k.double(), v.double(), slots, pos, scale=1 / 16,
                                window=window, length_bias=1)
     assert rel(o, ref) < 1e-5, rel(o, ref)
+
+
+# (kv dtype, R, HQ, HKV, D, cap, positions, window, variant): the kernels a talker or thinker
+# call takes (lanes: the talker's default), q fp32, int64 slots, positions with length_bias 1
+PAST = [
+    (torch.bfloat16, 1, 4, 4, 72, 160, [159, 0, 70], 0, dict(lanes=True)),          # dense talker
+    (torch.float32, 2, 2, 2, 72, 100, [99, 40, 0], 25, dict(lanes=True, num_splits=3)),
+    (torch.float32, 2, 3, 3, 9, 45, [44, 6, 29], 0, dict(num_splits=2)),             # MHA split
+    (torch.bfloat16, 1, 6, 2, 24, 50, [36, 0, 49], 7, dict(num_splits=3)),           # GQA dot
+]
+
+
+@pytest.mark.parametrize("kv_dtype,rows,hq,hkv,d,cap,positions,window,variant", PAST)
+def test_rows_past_each_position_are_never_read(kv_dtype, rows, hq, hkv, d, cap, positions,
+                                                window, variant):
+    """A slot reset leaves the talker's KV rows as its last session wrote them; each kernel
+    must give the same output with NaN in every row past each position. Bug caught: a kernel
+    that loads a block's rows past the length unmasked and multiplies them by 0."""
+    q, k, v = make(torch.float32, kv_dtype, rows, hq, hkv, d, cap, state_view=True, seed=cap)
+    slots = torch.tensor([5, 1, 3], device=DEV)
+    pos = torch.tensor(positions, device=DEV)
+
+    def attend():
+        return decode_attention(q, k, v, slots, pos, scale=d ** -0.5, window=window,
+                                length_bias=1, **variant)
+    want = attend()
+    for s, p in zip(slots.tolist(), positions):
+        k[s, :, :, p + 1:] = float("nan")
+        v[s, :, :, p + 1:] = float("nan")
+    assert torch.equal(attend(), want)
