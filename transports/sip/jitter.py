@@ -5,11 +5,18 @@ and takes two per 160 ms beat, so audio that reaches it early is never harmful a
 here only adds latency. The buffer therefore releases packets *in sequence order as soon as they
 are contiguous*, and holds packets only behind a gap, for an adaptive wait:
 
-    wait = clamp(min_wait, max(4 * J, grown), max_wait)
+    wait = clamp(min_wait, max(4 * J, grown, reach + ptime), max_wait)
 
-where J is the RFC 3550 interarrival jitter estimate and `grown` rises by half (plus one ptime)
+where J is the RFC 3550 interarrival jitter estimate, `grown` rises by half (plus one ptime)
 every time a packet arrives after its gap was given up on (a late packet), then decays back
-towards 4 * J over ~250 released packets. When a gap's wait expires (or the buffer reaches its
+towards 4 * J over ~250 released packets, and `reach` is how long this path's packets trailed
+their successors (the rule the node's reorder buffer learns a ZMQ connection by,
+`wave_actors.core.reorder.Reach`): it starts at `start_wait`, rises to the longest trail seen
+(a gap filled in time, or a packet that came after its gap was given up), and halves every
+`reach_half_life` once the path stops reordering. A path that shuffles its packets within a
+few packets' time is so heard whole from its first gap on, not after it lost some: the node's
+jitter buffer plays a call's first frames from its prebuffer, so that first wait costs
+nothing yet. When a gap's wait expires (or the buffer reaches its
 capacity) the missing sequence numbers are declared lost and concealed with G.711 silence of the
 exact length the RTP timestamps imply (for at most `max_conceal` packets of a gap), so the
 node's input timeline stays continuous.
@@ -33,6 +40,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, replace
 
 from transports.sip.rtp import RtpPacket
+from wave_actors.core.reorder import Reach
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,8 @@ class JitterConfig:
     max_conceal: int = 8             # lost packets per gap filled with silence (160 ms)
     max_jump: int = 200              # a sequence step beyond this is a jump (probation)
     history: int = 256               # lost sequence numbers remembered to tell late from dup
+    start_wait: float = 0.200        # the reach a call starts with (module doc), s
+    reach_half_life: float = 20.0    # the reach halves in this long without reordering, s
 
     @property
     def samples_per_packet(self) -> int:
@@ -94,12 +104,18 @@ class JitterBuffer:
         self._ssrc: int | None = None
         self._last: RtpPacket | None = None  # last released packet (for concealment sizes)
         self._lost = deque(maxlen=config.history)
-        self._lost_set: set[int] = set()
+        # lost ext seq -> when the packet after its gap arrived (how long a late one trailed)
+        self._lost_at: dict[int, float] = {}
         self._probe: RtpPacket | None = None
         self._pending: list[Out] = []        # released by a resync, handed out by the next pop
         self._transit: float | None = None
         self._jitter = 0.0                   # seconds
         self._wait = config.min_wait
+        self._reach = Reach(start_s=config.start_wait, max_s=config.max_wait,
+                            margin_s=config.ptime, half_life_s=config.reach_half_life)
+        self._now = 0.0                      # the latest time pushed or popped
+        self.stats.wait_ms = 1000 * min(config.max_wait, max(config.min_wait,
+                                                            config.start_wait + config.ptime))
 
     @property
     def depth(self) -> int:
@@ -109,6 +125,7 @@ class JitterBuffer:
         """Accept one packet that arrived at `now` (seconds, monotonic); `audio=False` for a
         telephone-event packet, which takes its sequence number and leaves without a payload."""
         self.stats.received += 1
+        self._now = max(self._now, now)
         if not audio:
             pkt = replace(pkt, payload=b"")
         if self._next is None:
@@ -120,11 +137,13 @@ class JitterBuffer:
             self._probe = None
         ext = self._extend(pkt.seq)
         if ext < self._next:
-            if ext in self._lost_set or ext < self._start:      # its slot went by unplayed
+            if ext in self._lost_at or ext < self._start:       # its slot went by unplayed
                 self.stats.late += 1
-                self._lost_set.discard(ext)
+                after = self._lost_at.pop(ext, None)
+                if after is not None:
+                    self._reach.saw(now - after, now)
                 self._wait = min(self.cfg.max_wait, self._wait * 1.5 + self.cfg.ptime)
-                self.stats.wait_ms = self._wait * 1000
+                self.stats.wait_ms = self._gap_wait(now) * 1000
             else:
                 self._count_duplicate(audio)
             return
@@ -133,6 +152,9 @@ class JitterBuffer:
             return
         if ext < self._max_ext:
             self.stats.reordered += 1
+            # it fills a gap in time: the gap opened when the first packet after it came
+            self._reach.saw(now - min(at for e, (_, at) in self._buf.items() if e > ext), now)
+            self.stats.wait_ms = self._gap_wait(now) * 1000
         if audio:
             self._update_jitter(pkt, now)
         self._buf[ext] = (pkt, now)
@@ -142,17 +164,20 @@ class JitterBuffer:
     def pop(self, now: float) -> list[Out]:
         """Everything that may leave at `now`: in-order packets, and gaps whose wait expired."""
         out, self._pending = self._pending, []
+        self._now = max(self._now, now)
+        wait = self._gap_wait(now)
         while self._buf:
             entry = self._buf.pop(self._next, None)
             if entry is not None:
                 self._release(entry[0], out)
                 continue
             oldest = min(arrival for _, arrival in self._buf.values())
-            if len(self._buf) < self.cfg.capacity and now < oldest + self._wait:
+            if len(self._buf) < self.cfg.capacity and now < oldest + wait:
                 break
             if len(self._buf) >= self.cfg.capacity:
                 self.stats.forced += 1
             self._give_up(min(self._buf), out)
+        self.stats.wait_ms = self._gap_wait(now) * 1000
         return out
 
     def next_deadline(self) -> float | None:
@@ -161,7 +186,7 @@ class JitterBuffer:
             return float("-inf")
         if not self._buf or self._next in self._buf:
             return None
-        return min(arrival for _, arrival in self._buf.values()) + self._wait
+        return min(arrival for _, arrival in self._buf.values()) + self._gap_wait(self._now)
 
     def drain(self) -> list[Out]:
         """Release everything held (end of call): gaps are declared lost."""
@@ -183,7 +208,7 @@ class JitterBuffer:
         self._start = self._max_ext = self._next
         self._last, self._transit = None, None
         self._lost.clear()
-        self._lost_set.clear()
+        self._lost_at.clear()
 
     def _on_probation(self, pkt: RtpPacket, now: float) -> bool:
         """A far jump or a foreign SSRC: believe it (resync) on the second packet in a row."""
@@ -211,7 +236,6 @@ class JitterBuffer:
         self._next += 1
         base = max(self.cfg.min_wait, 4 * self._jitter)
         self._wait = min(self.cfg.max_wait, max(base, self._wait + (base - self._wait) / 256))
-        self.stats.wait_ms = self._wait * 1000
 
     def _give_up(self, first: int, out: list[Out]) -> None:
         """Declare [next, first) lost and conceal them with silence sized by the timestamps."""
@@ -223,13 +247,14 @@ class JitterBuffer:
             gap = (nxt.timestamp - self._last.timestamp - len(self._last.payload)) & 0xFFFFFFFF
             if gap <= missing * spp * 4:                    # trust timestamps that make sense
                 samples = gap
+        after = self._buf[first][1]
         per, extra = divmod(samples, missing)
         for i in range(missing):
             size = per + (extra if i == missing - 1 else 0) if i < self.cfg.max_conceal else 0
             payload = bytes([self.silence]) * size if size else None
             out.append(Out(self._next, payload, lost=True))
             self.stats.concealed += payload is not None
-            self._remember_lost(self._next)
+            self._remember_lost(self._next, after)
             self._next += 1
         self.stats.lost += missing
 
@@ -239,11 +264,15 @@ class JitterBuffer:
         else:
             self.stats.repeated += 1
 
-    def _remember_lost(self, ext: int) -> None:
+    def _remember_lost(self, ext: int, after: float) -> None:
         if len(self._lost) == self._lost.maxlen:
-            self._lost_set.discard(self._lost[0])
+            self._lost_at.pop(self._lost[0], None)
         self._lost.append(ext)
-        self._lost_set.add(ext)
+        self._lost_at[ext] = after
+
+    def _gap_wait(self, now: float) -> float:
+        """How long a gap is held at `now` (module doc)."""
+        return min(self.cfg.max_wait, max(self._wait, self._reach.wait_s(now, self.cfg.min_wait)))
 
     def _update_jitter(self, pkt: RtpPacket, now: float) -> None:
         transit = now - pkt.timestamp / self.cfg.rate
