@@ -18,6 +18,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Response
 
 from transports import client as C
+from wave_actors.core.heap import Trimmer
 from transports.realtime.connection import Connection
 from transports.realtime import webpage
 from transports.realtime.feed import FeedPolicy
@@ -75,6 +76,7 @@ class Bridge:
         self.client: C.NodeClient | None = None
         self.server = None
         self.connections: set[Connection] = set()
+        self.trimmer = Trimmer()        # a connection's frames freed: their pages go back
         # vllm-omni sessions by their `session_id`: live ones (a second socket naming one is
         # refused) and parked ones (their socket dropped; a socket naming one takes it over)
         self.named: dict[str, Connection] = {}
@@ -101,6 +103,7 @@ class Bridge:
         return self.server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        self.trimmer.cancel()
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
@@ -133,6 +136,7 @@ class Bridge:
         try:
             await conn.run(ws)
         finally:
+            self.trimmer.soon()
             if not conn.parked:
                 self.connections.discard(conn)
                 if self.named.get(conn.dialect.session_id) is conn:

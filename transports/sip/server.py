@@ -37,6 +37,7 @@ from transports.sip.dtmf import Key
 from transports.sip.pacer import Clock, MonotonicClock
 from transports.sip.refusals import Refusals, new_invite, warning
 from transports.sip.transaction import InviteTx, Transactions, tx_key
+from wave_actors.core.heap import Trimmer
 from wave_actors.core.tasks import stop_tasks
 
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
@@ -101,6 +102,7 @@ class Bridge:
         self._tasks: set[asyncio.Task] = set()
         self._finishing: set[asyncio.Task] = set()     # calls being torn down
         self._housekeeper: asyncio.Task | None = None
+        self.trimmer = Trimmer()        # an ended call's buffers freed: their pages go back
 
     # ------------------------------------------------------------------------- life cycle
 
@@ -148,6 +150,7 @@ class Bridge:
         await stop_tasks(list(self._tasks))
         if self._housekeeper:
             self._housekeeper.cancel()
+        self.trimmer.cancel()
         self.emit("stats", **self.stats.as_dict())
         if self.transport:
             self.transport.close()
@@ -507,6 +510,7 @@ class Bridge:
         self.dialogs.pop(dialog.key, None)
         self.calls.discard(dialog.call)
         self.stats.calls_ended += 1
+        self.trimmer.soon()
         self.emit("call_end", **summary)
 
 
