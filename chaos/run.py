@@ -2,7 +2,7 @@
 
     python -m chaos.run --short          # well under a minute; what tests/chaos runs
     python -m chaos.run --long           # a few minutes, progress every 10 s (`make chaos`)
-    python -m chaos.run --soak 30        # 30 minutes: memory and files sampled (`soak.py`)
+    python -m chaos.run --soak 30        # 30 minutes at capacity: memory and files sampled
 
 Starts a node (`--backend sim`, TCP) and the Realtime bridge as subprocesses (a crash is a dead
 process, not a swallowed exception), and the SIP bridge too where `chaos.sip_fuzz` exists. A few
@@ -10,7 +10,8 @@ process, not a swallowed exception), and the SIP bridge too where `chaos.sip_fuz
 through a `Relay` that resets, refuses, delays and drops their TCP connections on a schedule.
 Meanwhile the fuzzers run against the node (its victims' session ids and direct victims'
 routing identities among their targets), the Realtime bridge and the SIP bridge, in rounds of
-fresh seeds until the plan's time is up. Then every victim closes its session and the figures
+fresh seeds until the plan's time is up. A soak also holds the node at capacity with calls that
+come and go on other lines (`soak.Churn`). Then every victim closes its session and the figures
 are printed and written to `--out` (default bench/results/) as chaos-<short|long|soak>.json:
 
   messages tried        every message the fuzzers sent
@@ -24,9 +25,10 @@ are printed and written to `--out` (default bench/results/) as chaos-<short|long
   out of order          audio a victim received with a seq not above the one before
   rounds failed         fuzz rounds that hung or whose fuzzer raised (a surface left unfuzzed)
   rss growth mb         (a soak) the most any process's resident memory grew after its warm-up
+  churn failed          (a soak) 1 when the churning callers could not report every call closed
 
 The exit status is 1 when crashes, sessions lost, frames unaccounted, out of order or rounds
-failed is not 0, or a soak's memory grew past `soak.RSS_GROWTH_MB`.
+failed is not 0, or a soak's memory grew past `soak.RSS_GROWTH_MB` or its churn failed.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ from pathlib import Path
 from chaos import ws_fuzz, zmq_fuzz
 from chaos.relay import Relay
 from chaos.victims import FORMATS, Victim, VictimRun
-from chaos.soak import RSS_GROWTH_MB, Resources, soak_plan
+from chaos.soak import NODE_SLOTS, RSS_GROWTH_MB, Churn, Resources, soak_plan
 from wave_actors.bench.results import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,9 +68,12 @@ class Plan:
     progress_s: float | None
     slow_readers: int = 0     # victims that stop reading 2 s in every 20
     sample_s: float | None = None   # memory and open files sampled this often
+    churn_lines: int = 0      # lines of calls coming and going (the node held at capacity)
+    churn_mean_s: float = 20.0      # a churning call's mean length
 
 
-PLANS = {"short": Plan("short", 12.0, 3, 2, 3000, 800, 40, 10.0, None),
+PLANS = {"short": Plan("short", 12.0, 3, 2, 3000, 800, 40, 10.0, None, churn_lines=4,
+                       churn_mean_s=3.0),
          "long": Plan("long", 180.0, 4, 2, 4000, 800, 60, 15.0, 10.0)}
 
 
@@ -138,10 +143,12 @@ class Chaos:
         self.sip_fuzz = _optional("chaos.sip_fuzz")
         self.notes: list[str] = []
         self.resources = Resources()
+        self.churn: Churn | None = None
+        self.churned: dict | None = None
 
     async def start(self) -> None:
         node = Proc("node", ["-m", "wave_actors.node", "--bind", self.endpoint, "--backend", "sim",
-                             "--max-sessions", "48"], "listening", self.logdir)
+                             "--max-sessions", str(NODE_SLOTS)], "listening", self.logdir)
         await node.start()
         self.procs["node"] = node
         ws_port = free_port()
@@ -169,6 +176,8 @@ class Chaos:
             port = relay_port if relayed else self.node_port
             self.victims.append(VictimRun(v, f"tcp://127.0.0.1:{port}", fmt))
         await asyncio.gather(*(vr.open() for vr in self.victims))
+        if p.churn_lines:
+            self.churn = Churn(self.endpoint, p.churn_lines, self.seed, p.churn_mean_s)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -251,6 +260,8 @@ class Chaos:
                   f"dead {dead or 'none'}", flush=True)
 
     async def finish(self) -> None:
+        if self.churn is not None:
+            self.churned = await self.churn.finish()
         await asyncio.gather(*(vr.close() for vr in self.victims))
         await self.relay.close()
 
@@ -278,6 +289,7 @@ def figures(ch: Chaos, procs: dict) -> dict:
             "out_of_order": sum(v.out_of_order for v in victims),
             # rounds that hung or whose fuzzer failed: a surface not fuzzed is no pass
             "rounds_failed": sum(bool(r.get("failed") or r.get("hung")) for r in rounds),
+            **({"churn_failed": int("failed" in ch.churned)} if ch.churned is not None else {}),
             **({"rss_growth_mb": ch.resources.worst_rss_growth_mb()} if ch.plan.sample_s
                else {})}
 
@@ -336,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         figs, ch, procs = asyncio.run(main_async(plan, args.seed, Path(tmp)))
     grew = figs.get("rss_growth_mb")
     ok = not (figs["crashes"] or figs["sessions_lost"] or figs["frames_unaccounted"]
-              or figs["out_of_order"] or figs["rounds_failed"]
+              or figs["out_of_order"] or figs["rounds_failed"] or figs.get("churn_failed")
               or (grew is not None and grew > RSS_GROWTH_MB))
     result = {
         "chaos": {"mode": plan.name, "seed": args.seed, **figs, "ok": ok},
@@ -344,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         "fuzzers": {k: summarise(v) for k, v in ch.fuzz.items() if v},
         "victims": [{**asdict(vr.v), "unaccounted": vr.v.unaccounted} for vr in ch.victims],
         "relay": ch.relay.stats, "processes": procs, "notes": ch.notes,
+        **({"churn": ch.churned} if ch.churned is not None else {}),
         **({"resources": ch.resources.growth(), "samples": ch.resources.series}
            if plan.sample_s else {}),
         "command": " ".join(["python -m chaos.run", *(argv if argv is not None else sys.argv[1:])]),

@@ -1,5 +1,6 @@
-"""What a soak adds to a chaos run (`python -m chaos.run --soak MINUTES`): a plan that long, and
-the processes' memory and open files sampled through it.
+"""What a soak adds to a chaos run (`python -m chaos.run --soak MINUTES`): a plan that long, the
+node held at capacity by calls that come and go, and the processes' memory and open files
+sampled through it.
 
 A node and its bridges serving for hours must not grow: a leak shows as resident memory or file
 descriptors that keep rising after the first minutes (caches and pools warm up in those; they
@@ -11,8 +12,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from wave_actors.bench.clients import Generators
+
 WARMUP_S = 60.0              # growth counts from the first sample after this
 RSS_GROWTH_MB = 20.0         # the soak fails past this growth of any process's resident memory
+NODE_SLOTS = 48              # the chaos node's --max-sessions
+# Lines of calls that come and go beside the victims: the node's slots less the victims' and two
+# the fuzzers' opens may take (a full node refuses them, and its refusals are fuzzed anyway).
+# Each call lives an exponential time of CHURN_MEAN_S; a refused one dials again a second later.
+CHURN_LINES = NODE_SLOTS - 6 - 2
+CHURN_MEAN_S = 20.0
 
 
 def soak_plan(plan_type, minutes: float):
@@ -21,7 +30,36 @@ def soak_plan(plan_type, minutes: float):
     if minutes <= 0:
         raise ValueError("--soak needs a positive number of minutes")
     return plan_type("soak", 60.0 * minutes, 6, 2, 4000, 800, 60, 15.0, 30.0,
-                     slow_readers=1, sample_s=10.0)
+                     slow_readers=1, sample_s=10.0, churn_lines=CHURN_LINES,
+                     churn_mean_s=CHURN_MEAN_S)
+
+
+class Churn:
+    """`lines` caller lines in a load-generator process (the bench's callers: real-time audio,
+    `closed` awaited at each hang-up), each a call after another of mean `mean_s`."""
+
+    def __init__(self, endpoint: str, lines: int, seed: int, mean_s: float = CHURN_MEAN_S):
+        self.lines = lines
+        self.gen = Generators(endpoint, lines, 1, mean_s, first=10_000, seed=seed)
+
+    def failed(self) -> str | None:
+        return self.gen.failed()
+
+    async def finish(self) -> dict:
+        """The calls' figures; `failed`: why the callers could not report (a session whose
+        `closed` never came fails its generator)."""
+        try:
+            stats, refused, calls = await self.gen.finish()
+        except RuntimeError as exc:
+            return {"lines": self.lines, "failed": str(exc)}
+        finally:
+            self.gen.kill()
+        opened = [c for c in calls if c.opened_s is not None]
+        return {"lines": self.lines, "calls": len(calls), "opened": len(opened),
+                "refused": refused, "closed": len(stats),
+                "frames_in": sum(s.get("frames_in", 0) for s in stats),
+                "underruns": sum(s.get("underruns", 0) for s in stats),
+                "dropped": sum(s.get("dropped", 0) for s in stats)}
 
 
 def rss_kb(pid: int) -> int | None:

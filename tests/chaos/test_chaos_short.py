@@ -8,7 +8,7 @@ from (`sessions_lost`); input frames a victim sent that the node neither heard n
 dropped in its `closed` stats (`frames_unaccounted`); audio a victim got out of order
 (`out_of_order`); a fuzzer that cannot run (it once imported a name a refactor had moved, and
 every WebSocket round failed unnoticed: `rounds_failed`); a chaos run whose exit status hides
-any of these.
+any of these; calls coming and going beside them that end without `closed` (`churn_failed`).
 """
 import json
 import subprocess
@@ -34,6 +34,9 @@ def test_short_chaos_run_passes_with_zero_figures(tmp_path):
     assert figures["frames_unaccounted"] == 0, data["victims"]
     assert figures["out_of_order"] == 0, data["victims"]
     assert figures["rounds_failed"] == 0, data["notes"]
+    churn = data["churn"]
+    assert figures["churn_failed"] == 0, churn
+    assert churn["calls"] > churn["lines"] and churn["closed"] == churn["opened"], churn
     assert all(data["fuzzers"][k]["rounds"] for k in ("zmq", "ws")), data["fuzzers"]
     assert figures["messages_tried"] > 0 and figures["errors_answered"] > 0, data["fuzzers"]
     assert done.returncode == 0, report
