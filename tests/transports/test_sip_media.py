@@ -286,6 +286,21 @@ def test_any_permutation_within_the_playout_window_loses_nothing(n, delays, star
     assert [o.payload for o in outs] == [_pkt(start + i).payload for i in range(n)]
 
 
+def test_after_a_resync_a_gap_waits_as_long_as_its_deadline_says():
+    """Bug caught: a resync's drain (time +inf) that moved the buffer's clock, so the deadline
+    a call's timer waits for came before the time `pop` holds the gap to (a timer that fires
+    at once, again and again)."""
+    jb = JitterBuffer(JitterConfig())
+    for i, (t, pkt) in enumerate([(0.0, _pkt(0)), (0.02, _pkt(9000, ssrc=8)),
+                                  (0.04, _pkt(9001, ssrc=8)), (0.06, _pkt(9003, ssrc=8))]):
+        jb.push(pkt, t)
+        jb.pop(t)
+    deadline = jb.next_deadline()
+    assert deadline is not None and deadline > 0.06
+    assert jb.pop(deadline - 0.001) == []
+    assert [o.lost for o in jb.pop(deadline)] == [True, False]
+
+
 def test_the_wait_returns_to_the_floor_once_the_path_stops_reordering():
     """The reach decays: a minute of in-order packets brings a gap's wait back near
     `min_wait`, so an in-order path's losses cost little delay."""

@@ -163,9 +163,13 @@ class JitterBuffer:
 
     def pop(self, now: float) -> list[Out]:
         """Everything that may leave at `now`: in-order packets, and gaps whose wait expired."""
-        out, self._pending = self._pending, []
         self._now = max(self._now, now)
-        wait = self._gap_wait(now)
+        out = self._take(now, self._gap_wait(now))
+        self.stats.wait_ms = self._gap_wait(now) * 1000
+        return out
+
+    def _take(self, now: float, wait: float) -> list[Out]:
+        out, self._pending = self._pending, []
         while self._buf:
             entry = self._buf.pop(self._next, None)
             if entry is not None:
@@ -177,7 +181,6 @@ class JitterBuffer:
             if len(self._buf) >= self.cfg.capacity:
                 self.stats.forced += 1
             self._give_up(min(self._buf), out)
-        self.stats.wait_ms = self._gap_wait(now) * 1000
         return out
 
     def next_deadline(self) -> float | None:
@@ -189,8 +192,9 @@ class JitterBuffer:
         return min(arrival for _, arrival in self._buf.values()) + self._gap_wait(self._now)
 
     def drain(self) -> list[Out]:
-        """Release everything held (end of call): gaps are declared lost."""
-        return self.pop(float("inf"))
+        """Release everything held (end of call, or a resync): gaps are declared lost; the
+        clock and the learnt wait are left as they were."""
+        return self._take(float("inf"), 0.0)
 
     # -------------------------------------------------------------------------- internals
 
