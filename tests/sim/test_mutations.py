@@ -17,6 +17,7 @@ from sim.executor import SimExecutor
 from tests import nodekit
 from tests.runtime import test_invariants_jitter as jit
 from tests.sim import test_invariants as inv
+from tests.sim import test_invariants_starts as inv_starts
 from wave_actors.clock import slots as slots_module
 from wave_actors.clock.clock import BeatClockActor
 from wave_actors.core.frames import BEAT_S
@@ -206,7 +207,7 @@ def _fitted_short(self, spec):
 def test_same_starts_catches_the_sim_deciding_apart(monkeypatch, name, value):
     monkeypatch.setattr(SimExecutor, name, value)
     with pytest.raises(AssertionError):
-        inv.check_same_starts(inv.STARTS_CASE)
+        inv_starts.check_same_starts(inv_starts.STARTS_CASE)
 
 
 # -- 6. the backlog drains ---------------------------------------------------------------------
@@ -227,4 +228,4 @@ def test_backlog_check_catches_a_schedule_that_never_catches_up(monkeypatch):
     monkeypatch.setattr(BeatClockActor, "_beat",
                         _schedule_rebased_on_late_beats(BeatClockActor._beat))
     with pytest.raises(AssertionError, match="should have drained"):
-        inv.check_backlog_drains(4, 0.3, 0.08)
+        inv_starts.check_backlog_drains(4, 0.3, 0.08)
