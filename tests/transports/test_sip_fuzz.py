@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from chaos import sip_fuzz
-from tests.transports.test_sip_bridge import UA, establish
+from tests.transports.sipkit import UA, establish
 from tests.transports.test_sip_e2e import PY, Proc, _free_port
 from tests.transports.test_sip_strict_rtp import QUIET, Media, rtp_dest, sdp_offer, until
 from transports.sip import rtp

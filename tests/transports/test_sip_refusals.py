@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.transports.test_sip_bridge import CFG, M, establish, offer, run
+from tests.transports.sipkit import CFG, M, establish, offer, run
 from tests.transports.test_sip_e2e import ACK, HEAD, SDP, _free_port, _sipp
 from transports.sip import sockbuf
 from transports.sip.__main__ import parse_args

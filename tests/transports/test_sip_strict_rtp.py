@@ -9,7 +9,7 @@ looks for something, they never assert how fast it came.
 import asyncio
 from dataclasses import replace
 
-from tests.transports.test_sip_bridge import CFG, M, establish, run
+from tests.transports.sipkit import CFG, M, establish, run
 from transports.sip import rtp
 
 QUIET = b"\xfe" * 160                    # PCMU near silence: the caller
