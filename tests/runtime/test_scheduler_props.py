@@ -137,6 +137,8 @@ def _drop_early(original):
     return push
 
 
+# A check of the property tests themselves (a search per planted bug): `make test` runs it.
+@pytest.mark.slow
 @pytest.mark.parametrize("method,plant", [("pack", _starve_lowest), ("push", _drop_early)],
                          ids=["lowest slot never served", "frame dropped with room left"])
 def test_planted_bugs_are_caught(monkeypatch, method, plant):
