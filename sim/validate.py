@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.fast import FastConfig, FastError, run_fast
-from sim.fit import FitError, gpu_result
+from sim.measured import FitError, gpu_result
 from sim.verdicts import (ALPHA, TOLERANCE, VERDICTS, ValidateError, compare, held_apart,
                           metrics)
 from wave_actors.core.policy_spec import PolicyError, make_policy
