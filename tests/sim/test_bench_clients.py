@@ -100,3 +100,25 @@ def test_a_burst_dials_onto_the_steady_node_and_is_reported_apart(tmp_path):
     assert res.trace["sessions"][0] == 6                  # measured from the dial on
     with pytest.raises(SystemExit):
         cli.parse_args(["--backend", "sim", "--burst", "-1"])
+
+
+def test_a_call_takes_its_audio_from_the_shared_clips():
+    """Bug caught: every call drawing its own audio at `opened` (~4 ms of the generator's loop),
+    which stamped a burst's `opened` one caller after another (300 answered within two beats
+    were stamped over ~1 s): the benchmark measured its own callers, not the node."""
+    from wave_actors.bench.clients import CLIPS, caller_audio
+    assert caller_audio(3) is caller_audio(3 + CLIPS)
+    assert len({id(caller_audio(k)) for k in range(3 * CLIPS)}) == CLIPS
+
+
+def test_a_workload_calls_talk_pattern_is_its_talk_and_silence():
+    import numpy as np
+    from wave_actors.bench.clients import talking
+    from wave_actors.bench.workload import Call
+    from wave_actors.core.frames import IN_RATE
+    call = Call(0.0, 10.0, talk_s=1.3, silence_s=0.45)
+    period = talking(call)
+    t = np.arange(10 * len(period)) / IN_RATE
+    want = ((t % (call.talk_s + call.silence_s)) < call.talk_s).astype(np.float32)
+    got = period[np.arange(len(t)) % len(period)]
+    assert (got != want).mean() < 1e-4        # the rule, up to a sample's rounding
