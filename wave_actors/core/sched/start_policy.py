@@ -252,7 +252,7 @@ class GuardedStarts:
     OVERLOADED_START_S of start work each, so every admitted open still starts."""
     margin_s: float = 0.008         # the beat's spread from beat to beat, the host's jitter
     # a snapshot copy's and a slot reset's device time until learned (a fill of many counts
-    # never measured learns nothing): a reset writes the slot's state less its KV rows (~10 MB
+    # never measured learns nothing): a reset writes the slot's state less its KV rows (~4 MB
     # and the talker's warm-up rows) in ~40 writes (one captured replay for a few scattered
     # slots), a copy moves the prompt's thinker state (~150 MB each way) in 5; a run of
     # consecutive slots shares both, so these are a lone start's, above what a run costs a slot
