@@ -42,9 +42,6 @@ class Churn:
         self.lines = lines
         self.gen = Generators(endpoint, lines, 1, mean_s, first=10_000, seed=seed)
 
-    def failed(self) -> str | None:
-        return self.gen.failed()
-
     async def finish(self) -> dict:
         """The calls' figures; `failed`: why the callers could not report (a session whose
         `closed` never came fails its generator)."""

@@ -169,10 +169,10 @@ class TalkerState:
 
     def reset(self, slots: Tensor) -> None:
         """Re-initialise only these slots: position 0 and the pad codes. The KV rows are left
-        as the last session wrote them (zeroing them was ~200 MB a dense slot and ~800 MB a
-        reference slot, the bulk of a start's beat time): no reader looks at a row at or past
-        a slot's position. The decode kernel's loads stop there, and `attend` zeroes the values
-        no query sees, so a stale row, NaN included, reaches no output."""
+        as the last session wrote them (zeroing them would write ~200 MB a dense slot and
+        ~800 MB a reference slot inside the beat a call starts in): no reader looks at a row at
+        or past a slot's position. The decode kernel's loads stop there, and `attend` zeroes
+        the values no query sees, so a stale row, NaN included, reaches no output."""
         fill_slots(self.position, slots, 0)
         fill_slots(self.prev_codes, slots, self.pad_code)
 

@@ -103,9 +103,9 @@ def test_a_burst_dials_onto_the_steady_node_and_is_reported_apart(tmp_path):
 
 
 def test_a_call_takes_its_audio_from_the_shared_clips():
-    """Bug caught: every call drawing its own audio at `opened` (~4 ms of the generator's loop),
-    which stamped a burst's `opened` one caller after another (300 answered within two beats
-    were stamped over ~1 s): the benchmark measured its own callers, not the node."""
+    """Bug caught: every call drawing its own audio at `opened` (milliseconds of the
+    generator's loop), which stamps a burst's `opened` one caller after another: the benchmark
+    measures its own callers, not the node."""
     from wave_actors.bench.clients import CLIPS, caller_audio
     assert caller_audio(3) is caller_audio(3 + CLIPS)
     assert len({id(caller_audio(k)) for k in range(3 * CLIPS)}) == CLIPS

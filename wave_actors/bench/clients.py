@@ -37,10 +37,9 @@ def speech_like(seconds: float, seed: int) -> np.ndarray:
     return (0.1 * env * rng.standard_normal(n)).astype(np.float32)
 
 
-# Callers share a few clips. Drawing a call's own 8 s of audio took ~4 ms of the generator's
-# loop at its `opened`, so in a burst each caller stamped its `opened` after the audio of every
-# caller answered before it: 300 opens answered within one beat were stamped over ~1 s, a
-# wait of the benchmark's own making.
+# Callers share a few clips. Drawing a call's own 8 s of audio takes milliseconds of the
+# generator's loop; drawn at its `opened`, it would delay the `opened` of every caller answered
+# after it in the same burst, a wait of the benchmark's own making.
 CLIP_S, CLIPS = 8.0, 8
 
 

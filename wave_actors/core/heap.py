@@ -3,7 +3,7 @@
 A bridge's traffic comes in bursts: a client's large frames, a flood of connections, a fuzzer.
 glibc keeps the pages such a burst freed inside its heap for later allocations, so a process's
 resident memory stays at its largest burst and climbs a step with each larger one, though
-nothing is held (the soak's Realtime bridge: +13.5 MB over four minutes, all of it free heap).
+nothing is held (a soak reads those steps as a leak).
 `trim()` hands every whole free page back (`malloc_trim(0)`); `Trimmer` runs it a while after
 work ended (a call, a connection), at most once per `delay_s`, off the hot path of the work
 itself. Elsewhere than glibc both do nothing.
@@ -13,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
-import logging
-
-log = logging.getLogger("wave.heap")
 
 
 def _malloc_trim():
