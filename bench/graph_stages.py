@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu.engine.beat_streams import StreamedBeat                      # noqa: E402
 from gpu.engine.decode_ops import TritonDecodeOps, install            # noqa: E402
 from gpu.model.config import Profile, VoiceChatConfig                 # noqa: E402
-from gpu.model.talker import TalkerInputs                             # noqa: E402
+from gpu.model.talker_state import TalkerInputs                       # noqa: E402
 from wave_actors.core.text import BOS                                   # noqa: E402
 from gpu.model.voicechat import VoiceChat                             # noqa: E402
 from gpu.model.voicechat_weights import load_dtype, random_weights_on  # noqa: E402

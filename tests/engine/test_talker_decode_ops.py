@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpu.engine.decode_ops import TritonDecodeOps, fused_gate_up_weight, fused_qkv_weight, install_talker
-from gpu.model.talker import TalkerState
+from gpu.model.talker_state import TalkerState
 from gpu.model.talker_weights import load_talker
 from tests.model.test_model_tts import CFG, inputs, make_talker, tiny_weights
 from tests.tensorkit import counting, rel

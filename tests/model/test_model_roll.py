@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from gpu.model import slots as roll
-from gpu.model.talker import TalkerConfig, TalkerState, roll_turn
+from gpu.model.talker import TalkerConfig
+from gpu.model.talker_state import TalkerState, roll_turn
 from gpu.model.talker_text import apply_rope_tables, rope_cos_sin, rope_tables
 from gpu.model.thinker import ThinkerState
 from tests.model.test_model_voicechat_kit import CFG

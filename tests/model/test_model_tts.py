@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from gpu.model.codec import Codec, CodecConfig, CodecState, init_random as codec_random, load_codec
-from gpu.model.talker import PREFIX, Talker, TalkerConfig, TalkerInputs, TalkerState
+from gpu.model.talker import PREFIX, Talker, TalkerConfig
+from gpu.model.talker_state import TalkerInputs, TalkerState
 from gpu.model.talker_weights import init_random, integer_buffers, load_talker, param_shapes
 from wave_actors.core.text import EOS, PAD
 
