@@ -164,9 +164,9 @@ class JitterBuffer:
     def pop(self, now: float) -> list[Out]:
         """Everything that may leave at `now`: in-order packets, and gaps whose wait expired."""
         self._now = max(self._now, now)
-        out = self._take(now, self._gap_wait(now))
-        self.stats.wait_ms = self._gap_wait(now) * 1000
-        return out
+        wait = self._gap_wait(now)
+        self.stats.wait_ms = wait * 1000
+        return self._take(now, wait)
 
     def _take(self, now: float, wait: float) -> list[Out]:
         out, self._pending = self._pending, []
