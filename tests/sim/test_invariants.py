@@ -134,11 +134,15 @@ def check_open_bounded(prompts: list[int], offset_s: float = 0.0,
     if snapshot_mb != 0:
         # a start whose prompt an older one of this burst is prefilling copies that one's
         # snapshot, which is saved after the rows of its last beat: the copy rides the beat
-        # after it, so it is answered one beat later
+        # after it, so it is answered one beat later. With more distinct prompts in the burst
+        # than snapshot entries, a later save of the same beat may take that snapshot's entry:
+        # the first follower then prefills its own rows the beat after, and the next ones copy
+        # its snapshot a beat after that
+        evicting = len(set(prompts)) > ex.snapshot_space.entries
         first = {}
         for i, p in enumerate(prompts):
             if p in first:
-                bounds[i] = bounds[first[p]] + 1
+                bounds[i] = bounds[first[p]] + 1 + (chunks[i] + 1 if evicting else 0)
             first.setdefault(p, i)
 
     async def opens():
