@@ -211,7 +211,9 @@ class Chaos:
             n += 1
 
     async def _zmq_round(self, seed: int) -> dict:
-        direct = [vr.v.identity.encode() for vr in self.victims if not vr.v.relayed]
+        # The victims' identities as they are now: a victim redials under a fresh one when its
+        # connection is taken, and a thief that knows it takes the new one next round.
+        direct = [vr.client.identity for vr in self.victims if not vr.v.relayed]
         return await zmq_fuzz.run(self.endpoint, self.plan.zmq_round, seed,
                                   targets=[vr.v.name for vr in self.victims], steal=direct)
 

@@ -4,11 +4,13 @@ Every bridge, the WAV client and the benchmark use it. Node messages are parsed 
 schema module as the node's and dispatched to a bounded event queue per session.
 
 Liveness (docs/PROTOCOL.md): the client pings the node every heartbeat (and each session that
-sent nothing in that time, so a quiet session is not taken as idle). When its connection comes
-back after a drop (the socket monitor sees a new handshake), or the node says a session is
-detached, it sends `resume` with the session's token; on `resumed` it sends again the audio the
-node did not get, from a replay buffer of recent messages. The application sees none of this
-beyond `ClientSession.resumes`.
+sent nothing in that time, so a quiet session is not taken as idle). A dropped connection comes
+back by itself (ZeroMQ reconnects). One that hears nothing from the node for SILENT_BEATS
+heartbeats is taken for gone (half-open, or taken over by a peer that brought our routing
+identity), and the client redials under a fresh random identity. When the connection is back,
+or the node says a session is detached, it sends `resume` with the session's token; on `resumed`
+it sends again the audio the node did not get, from a replay buffer of recent messages. The
+application sees none of this beyond `ClientSession.resumes`.
 
     async with NodeClient("tcp://127.0.0.1:5555") as client:
         s = await client.open("call-1", sample_rate=16000, format="pcm_f32le")
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -40,8 +43,16 @@ __all__ = ["Audio", "Closed", "ClientSession", "CurveKeys", "Error", "FunctionCa
 EVENT_QUEUE = 4096          # events a session buffers for a slow consumer before dropping
 SEND_TIMEOUT_S = 10.0       # how long a send may wait for a node to take it
 HEARTBEAT_S = 1.0           # until a node's `opened` says otherwise
+SILENT_BEATS = 3            # heartbeats without a word from the node: the connection is gone
 REPLAY = 128                # audio messages kept per session to send again after a resume
 RESUME_RETRY_S = 0.5        # a session asks to resume at most this often
+_MONITORS = itertools.count()
+
+
+def fresh_identity() -> bytes:
+    """A routing identity no other peer can guess (128 random bits): the node gives an
+    identity to whichever connection last brought it."""
+    return b"c-" + os.urandom(16).hex().encode()
 
 
 @dataclass
@@ -133,7 +144,7 @@ class NodeClient:
     def __init__(self, endpoint: str, identity: bytes | None = None,
                  curve: CurveKeys | None = None, ctx: zmq.asyncio.Context | None = None):
         self.endpoint = endpoint
-        self.identity = identity or b"c-" + os.urandom(6).hex().encode()
+        self.identity = identity or fresh_identity()     # the first connection's; see _redial
         self.ctx = ctx or zmq.asyncio.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, self.identity)
@@ -153,6 +164,8 @@ class NodeClient:
         self._pinger: asyncio.Task | None = None
         self._period_changed = asyncio.Event()   # a session opened: the node's heartbeat applies
         self._handshakes = 0
+        self._last_heard = 0.0                  # when the node last said anything (loop time)
+        self._resume_queued = False             # a redial queued its sessions' `resume`s
         self._monitor: asyncio.Task | None = None
         self._monitor_sock: zmq.Socket | None = None
         self._send_lock = asyncio.Lock()
@@ -169,8 +182,11 @@ class NodeClient:
     def connect(self) -> None:
         loop = asyncio.get_running_loop()
         # Attached before connecting: a refusal of the first handshake is not missed.
+        # A unique address: pyzmq names it after the socket's fd by default, which a later
+        # socket reuses while the closed one's monitor may still be bound there.
         mon = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                                           | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                                           | zmq.EVENT_HANDSHAKE_SUCCEEDED,
+                                           addr=f"inproc://wave-client-monitor-{next(_MONITORS)}")
         self._monitor_sock = mon
         self._monitor = loop.create_task(self._watch_handshakes(mon))
         self.sock.connect(self.endpoint)
@@ -215,7 +231,10 @@ class NodeClient:
 
     async def _heartbeats(self) -> None:
         """Paranoid Pirate, client side: something reaches the node every heartbeat while we
-        hold sessions, and every session that sent nothing in that time pings in its name."""
+        hold sessions, and every session that sent nothing in that time pings in its name. The
+        node answers every ping; SILENT_BEATS heartbeats without a word from it mean our
+        connection is gone without a sign (half-open, or handed to a peer that brought our
+        identity), and we redial."""
         while True:
             period = min((s.opened.get("heartbeat_ms", 1000 * HEARTBEAT_S) / 1000
                           for s in self.sessions.values()), default=HEARTBEAT_S)
@@ -225,9 +244,13 @@ class NodeClient:
                 continue
             except asyncio.TimeoutError:
                 pass
-            if not self.sessions:
-                continue
             now = asyncio.get_running_loop().time()
+            if not self.sessions:                   # nothing asked, so silence means nothing
+                self._last_heard = now
+                continue
+            if now - self._last_heard > SILENT_BEATS * period and not self._unread():
+                self._last_heard = now
+                self._redial()
             self._send_soon(P.pack("ping"))
             for s in list(self.sessions.values()):
                 if now - s._last_sent >= period:
@@ -247,9 +270,10 @@ class NodeClient:
                 ev = await recv_monitor_message(mon)
                 if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     self._handshakes += 1
-                    if self._handshakes > 1:           # back after a drop: rebind our sessions
-                        for s in list(self.sessions.values()):
+                    if self._handshakes > 1 and not self._resume_queued:
+                        for s in list(self.sessions.values()):   # back after a drop: rebind
                             s._ask_resume()
+                    self._resume_queued = False
                 self.auth_failed = ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 if self.auth_failed:
                     for fut in self._pending_open.values():
@@ -257,6 +281,39 @@ class NodeClient:
                             fut.set_exception(Refused("unauthorized", self._why_unavailable()))
         finally:
             mon.close(0)
+
+    def _unread(self) -> bool:
+        """Whether node messages wait to be read: after a stall of this process, the node's
+        answers are there before our reader has had its turn."""
+        try:
+            return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        except zmq.ZMQError:
+            return False
+
+    def _redial(self) -> None:
+        """The connection is gone without a sign: connect again under a fresh identity. The
+        node hands a routing identity to the newest connection that brings it, so the old one
+        may now be another peer's; our sessions follow their tokens instead. Messages still
+        queued for the old connection go with it (a resume replays the audio); an `open` waiting
+        for its answer fails, since its session, if the node made one, answers to the old
+        identity."""
+        self.identity = fresh_identity()
+        self.sock.setsockopt(zmq.IDENTITY, self.identity)
+        try:
+            self.sock.disconnect(self.endpoint)
+        except zmq.ZMQError:
+            pass                                # not connected at the moment: nothing to end
+        self.sock.connect(self.endpoint)
+        # Each session's `resume` goes first on the new connection: audio queued behind it
+        # reaches the node once the session is bound to the new identity.
+        self._resume_queued = True
+        for session in list(self.sessions.values()):
+            session._resume_asked = -1e9
+            session._ask_resume()
+        for fut in self._pending_open.values():
+            if not fut.done():
+                fut.set_exception(NodeUnavailable("the connection to the node dropped while "
+                                                  "opening; open again"))
 
     async def open(self, session: str, sample_rate: int = 16000, format: str = "pcm_f32le",
                    timeout: float = 10.0, **fields: Any) -> ClientSession:
@@ -297,6 +354,7 @@ class NodeClient:
 
     async def _read_loop(self) -> None:
         async for batch in zsock.batches(self.sock, self._tx.sync):
+            self._last_heard = asyncio.get_running_loop().time()
             for frames in batch:
                 try:
                     msg = P.parse(frames, P.NODE_TYPES)
