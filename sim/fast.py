@@ -33,33 +33,25 @@ has each part (ramp, measured, drain: `bench.WINDOW_OF`), and the trace the meas
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import dataclasses
-import datetime as dt
 import heapq
 import math
 import random
 import sys
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 
 from wave_actors.bench import deadlines
 from sim.costmodel import CostModel
 from sim.executor import measured_at_build, snapshot_space
+from sim.fast_config import FastConfig, FastError
 from sim.fast_result import deadline_beats, run_result
 from sim.frame_counters import TICK_EPS, Frames
-from wave_actors.bench.workload import Call, Workload, WorkloadError, load
-from wave_actors.bench.results import (RESULTS, WARMUP_BEATS, WARMUP_MAX, WINDOW_OF, BenchResult,
-                                       RunResult, git_commit, write)
+from wave_actors.bench.workload import Call
+from wave_actors.bench.results import WARMUP_BEATS, RunResult
 from wave_actors.bench.clients import REDIAL_S, call_fields
 from wave_actors.clock.clock import LATE_AFTER_S
-from wave_actors.core.sched.clock_policy import ClockPolicy
-from wave_actors.core.contract import ExecutorOptions
-from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.frames import BEAT_S, FRAME_S
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.sched.slot_book import SlotBook, StartShape
@@ -71,54 +63,6 @@ HOST_BEATS = 16             # the clock's `_host_s` window
 MAX_BEATS = 2_000_000       # a run that never gets going stops here with an error
 STUCK_S = 600.0             # ... or once sessions waited this long with no beat carrying any
 OBSERVE, PLAN, CALLER = 0, 1, 2     # order of events at one instant
-
-
-class FastError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class FastConfig:
-    slots: int                          # the node's max sessions
-    workload: Workload | None = None    # calls to serve; None: closed loop of `lines`
-    lines: int = 0                      # closed loop: caller lines (`drive_line`)
-    churn_s: float = 0.0                # closed loop: mean call length (0: calls never end)
-    beats: int = 0                      # closed loop: beats measured; workload: a cap (0: none)
-    profile: str = "reference"
-    context: int = 1500
-    cost_model: str | None = None       # JSON path (None: the roofline defaults)
-    policy: object = None               # a start-policy object (None: GuardedStarts, the
-                                        # node's); each run gets a fresh copy, as each bench
-                                        # run a fresh node
-    seed: int = 0
-    runs: int = 1                       # run r draws from seed + r
-    command: str = ""
-    # a generator's spec: run r serves the workload it draws from seed + r (as the bench's
-    # runs do); None: every run serves `workload` as given
-    workload_spec: str | None = None
-    clock: ClockPolicy = field(default_factory=ClockPolicy)     # prebuffer, queue, shedding
-    warmup_max: int = WARMUP_MAX
-    snapshot_mb: float = -1.0           # prompt snapshots' memory (-1: the executors', 0: none)
-
-    def __post_init__(self) -> None:
-        if self.slots < 1 or self.runs < 1 or self.beats < 0:
-            raise FastError("slots and runs must be >= 1 and beats >= 0")
-        if self.workload is None and (self.lines < 1 or self.beats < 1):
-            raise FastError("a closed loop needs lines >= 1 and beats >= 1 (or give a workload)")
-        if not self.churn_s >= 0:
-            raise FastError("churn_s must be >= 0")
-        if not (self.snapshot_mb >= 0 or self.snapshot_mb == -1):
-            raise FastError(f"snapshot_mb {self.snapshot_mb}: -1 (the default), 0 (none) or more")
-
-    @property
-    def options(self) -> ExecutorOptions:
-        """The executor's options as the bench sizes them (`bench.held_context`): sessions hold
-        the context less two rolls and roll on past it."""
-        roll = ExecutorOptions(max_context=self.context).roll_frames
-        return ExecutorOptions(max_sessions=self.slots, profile=self.profile,
-                               max_context=self.context, cost_model=self.cost_model,
-                               context_offset=max(0, self.context - 2 * roll),
-                               context_roll=roll, seed=self.seed, snapshot_mb=self.snapshot_mb)
 
 
 @dataclass
@@ -468,90 +412,6 @@ def run_one(cfg: FastConfig, seed: int) -> tuple[RunResult, dict, _Run]:
     return res, metrics, run
 
 
-def run_fast(cfg: FastConfig) -> BenchResult:
-    """`cfg.runs` runs (run r from seed + r), as a bench result of backend `sim-fast`."""
-    t0, runs, virtual = time.perf_counter(), [], 0.0
-    for r in range(cfg.runs):
-        seed = cfg.seed + r
-        run_cfg = cfg if cfg.workload_spec is None or r == 0 else dataclasses.replace(
-            cfg, workload=load(cfg.workload_spec, seed, slots=cfg.slots))
-        res, d, run = run_one(run_cfg, seed)
-        res.deadlines, res.calls = d, deadlines.records(run.calls)
-        runs.append(res)
-        virtual += run.virtual_s()
-    wall = time.perf_counter() - t0
-    extra = {"workload": cfg.workload.describe() if cfg.workload is not None else None,
-             "seeds": [cfg.seed + r for r in range(cfg.runs)],
-             "cost_model": cfg.cost_model, "slots": cfg.slots, "snapshot_mb": cfg.snapshot_mb,
-             "virtual_s": round(virtual, 3), "wall_s": round(wall, 3),
-             "speed": round(virtual / wall, 1) if wall > 0 else None}
-    start = runs[0].policies["start"]
-    measured = [r.windows["measured"] for r in runs]
-    return BenchResult(
-        "sim-fast", cfg.profile, cfg.context, runs[0].sessions, cfg.runs,
-        measured[0]["beats"] if cfg.workload is not None else cfg.beats,
-        sum(r.late_beats for r in runs), max(r.p50_ms for r in runs),
-        max(r.p99_ms for r in runs), True, "none (modelled)", git_commit(),
-        dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        cfg.command or "sim.fast.run_fast", {"start": {k: start[k] for k in
-                                                        ("name", "class", "params")}},
-        [dataclasses.asdict(r) for r in runs], extra, beats_all=sum(r.beats for r in runs),
-        measured={"beats": sum(m["beats"] for m in measured),
-                  "late_beats": sum(m["late_beats"] for m in measured),
-                  "p50_ms": max(m.get("p50_ms", 0.0) for m in measured),
-                  "p99_ms": max(m.get("p99_ms", 0.0) for m in measured)},
-        window_of={"beats": "measured", "beats_all, late_beats, p50_ms, p99_ms": "all",
-                   **WINDOW_OF})
-
-
-def main(argv=None, command: str | None = None) -> int:
-    """`python -m sim.fast`: one fast-mode run, printed (speed included) and written.
-    `command`: the command line to record, when another tool (sim.run) called this one."""
-    ap = argparse.ArgumentParser(prog="python -m sim.fast", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lines", type=int, default=0, help="closed loop: caller lines")
-    ap.add_argument("--slots", type=int, default=0, help="the node's slots (default: --lines)")
-    ap.add_argument("--churn", type=float, default=0.0, metavar="SECONDS")
-    ap.add_argument("--beats", type=int, default=0)
-    ap.add_argument("--workload", metavar="SPEC", help="calls instead of --lines")
-    ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
-    ap.add_argument("--context", type=int, default=1500)
-    ap.add_argument("--cost-model")
-    ap.add_argument("--policy", nargs="+", metavar="WORD")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--snapshot-mb", type=float, default=-1.0,
-                    help="prompt snapshots' memory, MB (-1: the executors' default, 0: none)")
-    ap.add_argument("--out", help=f"folder for the result JSON (default: none; e.g. {RESULTS})")
-    args = ap.parse_args(argv)
-    try:
-        cfg = FastConfig(
-            slots=args.slots or args.lines, lines=args.lines, churn_s=args.churn,
-            beats=args.beats, workload=load(args.workload, args.seed,
-                                            slots=args.slots or args.lines)
-            if args.workload else None,
-            workload_spec=args.workload,
-            profile=args.profile, context=args.context, cost_model=args.cost_model,
-            policy=make_policy(args.policy) if args.policy else None, seed=args.seed,
-            runs=args.runs, snapshot_mb=args.snapshot_mb,
-            command=command or "python -m sim.fast " + " ".join(
-                sys.argv[1:] if argv is None else argv))
-        result = run_fast(cfg)
-    except (FastError, WorkloadError, PolicyError, OSError) as exc:
-        print(f"sim.fast: {exc}", file=sys.stderr)
-        return 2
-    for r in result.per_run:
-        print(f"N={r['sessions']}: {r['beats']} beats, p50 {r['p50_ms']:.2f} ms, p99 "
-              f"{r['p99_ms']:.2f} ms, late {r['late_beats']}, opens {r['opens']} (wait p50 "
-              f"{r['open_p50_ms']:.0f} / p99 {r['open_p99_ms']:.0f} ms), refusals "
-              f"{r['refusals_by_reason']}")
-    x = result.extra
-    print(f"{x['virtual_s']:.1f} s of virtual time in {x['wall_s']:.2f} s: {x['speed']}x real "
-          f"time")
-    if args.out:
-        print(f"written: {write(result, Path(args.out))}")
-    return 0
-
-
 if __name__ == "__main__":
+    from sim.fast_run import main
     sys.exit(main())

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     if args.fast:
         if args.find_max:
             ap.error("--fast has no --find-max: `python -m sim.slo` searches capacity")
-        from sim import fast
+        from sim import fast_run
         fwd = ["--slots", str(args.sessions), "--beats", str(0 if args.workload else args.beats),
                "--runs", str(args.runs), "--context", str(args.context), "--profile",
                args.profile, "--cost-model", cost, "--out", args.out, "--seed", str(args.seed)]
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             fwd += ["--policy", *args.policy]
         if args.snapshot_mb != -1.0:
             fwd += ["--snapshot-mb", str(args.snapshot_mb)]
-        return fast.main(fwd, command)
+        return fast_run.main(fwd, command)
     forwarded = ["--backend", "sim", "--virtual", "--sessions", str(args.sessions), "--beats",
                  str(args.beats), "--runs", str(args.runs), "--context", str(args.context),
                  "--profile", args.profile, "--cost-model", cost, "--out", args.out,

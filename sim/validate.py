@@ -56,7 +56,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.fast import FastConfig, FastError, run_fast
+from sim.fast import FastConfig, FastError
+from sim.fast_run import run_fast
 from sim.measured import FitError, gpu_result
 from sim.verdicts import (ALPHA, TOLERANCE, VERDICTS, ValidateError, compare, held_apart,
                           metrics)

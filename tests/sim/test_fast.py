@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from sim import fast
-from sim.fast import FastConfig, run_fast, run_one
+from sim.fast import FastConfig, run_one
+from sim.fast_run import run_fast
 from wave_actors.bench.workload import load
 from wave_actors.bench import cli
 from wave_actors.core.frames import FRAMES_PER_BEAT
