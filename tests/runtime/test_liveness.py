@@ -72,6 +72,29 @@ def test_an_oversized_message_gets_too_large_and_its_connection_lives_on():
     asyncio.run(body())
 
 
+@pytest.mark.slow
+def test_a_connection_under_a_live_clients_identity_receives_nothing():
+    """Bug: with ROUTER_HANDOVER, a second connection using the victim's routing identity took
+    over its output (42 audio and 17 text messages in 3 s) and the victim went deaf."""
+    async def body():
+        async with node_on_tcp() as node, client_of(node, identity=b"victim") as victim:
+            s = await victim.open("call")
+            feeding = asyncio.create_task(stream(s, 150))
+            thief = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+            thief.setsockopt(zmq.LINGER, 0)
+            thief.setsockopt(zmq.ROUTING_ID, b"victim")
+            thief.connect(node.endpoint)
+            await thief.send_multipart(P.pack("ping", nonce="x"))
+            stolen = await listen(thief, 1.5)
+            heard, closed = await audio_within(s, 1.0)
+            feeding.cancel()
+            assert [h for h in stolen if h.get("session") == "call"] == []
+            assert heard > 0 and not closed
+            thief.close(0)
+            await s.close()
+    asyncio.run(body())
+
+
 def test_a_vanished_clients_identity_gives_a_newcomer_nothing_and_the_token_resumes():
     """Bug: routing by identity alone; a newcomer that takes the identity of a client whose
     connection is gone must get nothing of its sessions, while the owner resumes them by token

@@ -61,25 +61,20 @@ def test_curve_keys_gate_connections_and_sessions(keys):
             bob = NodeClient(node.endpoint, identity=b"bob-1", curve=keys["bob"])
             bob.connect()
             await bob.send(P.pack("audio", "call", frame, seq=1))
-            # Bob's connection under Alice's routing identity takes her connection (the node
-            # hands an identity to its newest connection), but not her session: it answers
-            # to her key alone. The node stops sending to that identity when it hears Bob on
-            # it; Alice, hearing nothing, redials under a fresh identity and resumes.
+            # Bob's connection under Alice's routing identity: it is not attached while hers
+            # lives (no handover), and it receives nothing of her session.
             thief = NodeClient(node.endpoint, identity=b"alice-1", curve=keys["bob"])
             thief.connect()
             await thief.send(P.pack("audio", "call", frame, seq=2))
             await thief.send(P.pack("close", "call"))
-            loop = asyncio.get_running_loop()
-            end, heard = loop.time() + 8, 0
-            while heard < 3 and loop.time() < end:
+            heard = 0
+            for seq in range(1, 20):
                 await s.send_audio(frame)
                 with contextlib.suppress(asyncio.TimeoutError):
-                    heard += isinstance(await s.next_event(0.05), Audio) and s.resumes > 0
+                    heard += isinstance(await s.next_event(0.05), Audio)
             assert [e.code for e in list(bob.orphan_errors)] == ["unknown_session"]
-            assert thief.sessions == {}
-            assert {e.code for e in thief.orphan_errors} <= {"forbidden", "detached"}
-            assert s.resumes == 1 and alice.identity != b"alice-1"
-            assert heard == 3 and len(node.sessions) == 1          # Alice's session lives on
+            assert thief.sessions == {} and not thief.orphan_errors
+            assert heard > 0 and len(node.sessions) == 1          # Alice's session lives on
             # Resuming it under Bob's key fails, with or without a token.
             await bob.send(P.pack("resume", "call"))
             await bob.send(P.pack("resume", "call", token=s.token))

@@ -10,9 +10,7 @@ Before a new connection is approved, `before_attach` runs: the node uses it to p
 routing identity that has sessions bound, and a probe that finds no connection detaches that
 identity's sessions. A newcomer that takes a vanished client's routing identity is therefore
 attached only after those sessions stopped following the identity, and receives nothing of them.
-The ROUTER runs with ROUTER_HANDOVER: a newcomer under a live connection's identity takes it
-over, and the node detaches that identity's sessions when it hears the newcomer (bindings.py);
-only the token (or the CURVE key) that opened a session resumes it.
+(The ROUTER runs without ROUTER_HANDOVER, so a live connection's identity cannot be taken.)
 """
 from __future__ import annotations
 

@@ -75,11 +75,6 @@ class Inbound:
             # did not hear (resume), so it belongs to no session now.
             self.node.counters.superseded += 1
             return
-        if peer is not None and peer.conn != conn:
-            # The ROUTER handed the identity to this connection; the old one hears nothing
-            # more, and its sessions wait for a `resume` (bindings.connected).
-            self.node.counters.takeovers += 1
-            self.node.metrics.takeovers.inc()
         if peer is None or peer.conn != conn:
             user_key = self._property(head, "User-Id") if self.node.cfg.curve_keys else None
             sender = user_key or self._property(head, "Peer-Address") or identity.hex()

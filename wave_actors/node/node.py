@@ -124,7 +124,6 @@ class NodeCounters:
     closed: int = 0
     crashed: int = 0
     superseded: int = 0                 # messages read from a connection already replaced
-    takeovers: int = 0                  # connections that brought an identity another one held
     held_lost: int = 0                  # messages for detached sessions past outbound.HELD_MAX
     stale_rows: int = 0                 # beat outputs a worker read after they were refilled
 
@@ -198,22 +197,15 @@ class Node:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.start)
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # Handover: a connection that brings a live connection's routing identity takes it.
-        # Without it libzmq never reads the newcomer (a client back over a new path while the
-        # old one is still half-open here stays deaf for good) and never frees its pipes. The
-        # identity is the client's secret; sessions stay bound to their connection (bindings).
-        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # No ROUTER_HANDOVER: a connection cannot take the routing identity of a live one.
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RCVHWM, 10_000)
         self.sock.setsockopt(zmq.SNDHWM, cfg.send_hwm)
         self.sock.setsockopt(zmq.MAXMSGSIZE, P.TRANSPORT_MAX_BYTES)
-        # TCP keepalives end a half-open connection (a peer gone without a FIN). Not ZMTP
-        # heartbeats: with them libzmq 4.3.5 aborts the process (`!_io_error`) when connections
-        # under one identity come and go quickly, which any peer can do.
-        self.sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
-        self.sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, max(1, round(cfg.silence_limit_s)))
-        self.sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, max(1, round(cfg.heartbeat_s)))
-        self.sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
+        # ZMTP heartbeats end a half-open connection (a peer gone without a FIN), so the
+        # client's reconnect under its identity is not refused as a duplicate for long.
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, int(1000 * cfg.heartbeat_s))
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(1000 * cfg.silence_limit_s))
         self.sock.setsockopt(zmq.ZAP_DOMAIN, DOMAIN)
         curve = Path(cfg.curve_keys) if cfg.curve_keys else None
         self.gatekeeper = Gatekeeper(self.ctx, self.out.probe_bound,

@@ -28,8 +28,6 @@ class NodeMetrics:
         self.opened = Counter("wave_sessions_opened", "sessions opened", registry=r)
         self.closed = Counter("wave_sessions_closed", "sessions closed, by reason", ["reason"],
                               registry=r)
-        self.takeovers = Counter("wave_identity_takeovers", "connections that brought a routing "
-                                 "identity another connection held", registry=r)
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

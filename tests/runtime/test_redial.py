@@ -1,0 +1,50 @@
+"""A client whose connection went quiet redials under a fresh routing identity and resumes its
+sessions by token. Real ZMQ sockets: a ROUTER standing in for a node that stops answering."""
+import asyncio
+
+import zmq
+import zmq.asyncio
+
+from transports import protocol as P
+from transports.client import NodeClient
+
+TOKEN = "t" * 32
+
+
+def test_a_client_the_node_stopped_hearing_redials_under_a_fresh_identity():
+    """Bug: a client whose old connection the node still held (half-open there after a change
+    of network) reconnected under the same identity, which libzmq never attaches while the old
+    one lives: nothing it sent was read, nothing reached it, and it waited forever. It now
+    takes 3 heartbeats without a word from the node for a dead connection, redials under a
+    fresh identity, and sends `resume` with each session's token before anything else."""
+    async def body():
+        node = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        node.setsockopt(zmq.LINGER, 0)
+        endpoint = f"tcp://127.0.0.1:{node.bind_to_random_port('tcp://127.0.0.1')}"
+        client = NodeClient(endpoint, identity=b"first")
+        client.connect()
+        try:
+            opening = asyncio.ensure_future(client.open("call"))
+            ident, *frames = await asyncio.wait_for(node.recv_multipart(), 5)
+            assert P.parse(frames).type == "open"
+            await node.send_multipart([ident, *P.pack("opened", "call", token=TOKEN,
+                                                      heartbeat_ms=200, frame_ms=80)])
+            s = await asyncio.wait_for(opening, 5)
+            await s.send_audio(bytes(5120))
+            heard = []                      # the node reads on, but answers nothing more
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 5
+            while loop.time() < end:
+                ident, *frames = await asyncio.wait_for(node.recv_multipart(), 5)
+                msg = P.parse(frames)
+                heard.append((ident, msg.type))
+                if ident != b"first":
+                    break
+            assert ident != b"first", "no redial in 5 s"
+            assert msg.type == "resume" and msg.header["token"] == TOKEN
+            assert ident == client.identity and len(ident) > 32
+            assert ("first", "ping") in [(i.decode(), t) for i, t in heard]
+        finally:
+            await client.aclose()
+            node.close(0)
+    asyncio.run(body())
