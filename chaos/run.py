@@ -211,8 +211,8 @@ class Chaos:
             n += 1
 
     async def _zmq_round(self, seed: int) -> dict:
-        # The victims' identities as they are now: a victim redials under a fresh one when its
-        # connection is taken, and a thief that knows it takes the new one next round.
+        # The victims' identities as they are now: a victim redials under a fresh one after a
+        # silent spell, and the thieves try the new one.
         direct = [vr.client.identity for vr in self.victims if not vr.v.relayed]
         return await zmq_fuzz.run(self.endpoint, self.plan.zmq_round, seed,
                                   targets=[vr.v.name for vr in self.victims], steal=direct)

@@ -6,8 +6,9 @@ schema module as the node's and dispatched to a bounded event queue per session.
 Liveness (docs/PROTOCOL.md): the client pings the node every heartbeat (and each session that
 sent nothing in that time, so a quiet session is not taken as idle). A dropped connection comes
 back by itself (ZeroMQ reconnects). One that hears nothing from the node for SILENT_BEATS
-heartbeats is taken for gone (half-open, or taken over by a peer that brought our routing
-identity), and the client redials under a fresh random identity. When the connection is back,
+heartbeats is taken for gone (half-open, or a reconnect the node did not attach because it
+still holds our old connection under the same identity), and the client redials under a fresh
+random identity. When the connection is back,
 or the node says a session is detached, it sends `resume` with the session's token; on `resumed`
 it sends again the audio the node did not get, from a replay buffer of recent messages. The
 application sees none of this beyond `ClientSession.resumes`.
@@ -33,25 +34,23 @@ from transports import protocol as P
 from transports import zsock
 from transports.client_events import (Audio, Closed, Error, FunctionCall, NodeUnavailable,
                                        Refused, Text, event_of)
+from transports.client_session import ClientSession
 from wave_actors.core.tasks import stop_tasks, within
 
-# A session's events and the client's exceptions live in client_events.py; named here too, as
-# every caller imports them from the client.
+# A session's events and the client's exceptions live in client_events.py, the session in
+# client_session.py; named here too, as every caller imports them from the client.
 __all__ = ["Audio", "Closed", "ClientSession", "CurveKeys", "Error", "FunctionCall", "NodeClient",
            "NodeUnavailable", "Refused", "Text"]
 
-EVENT_QUEUE = 4096          # events a session buffers for a slow consumer before dropping
 SEND_TIMEOUT_S = 10.0       # how long a send may wait for a node to take it
 HEARTBEAT_S = 1.0           # until a node's `opened` says otherwise
 SILENT_BEATS = 3            # heartbeats without a word from the node: the connection is gone
-REPLAY = 128                # audio messages kept per session to send again after a resume
-RESUME_RETRY_S = 0.5        # a session asks to resume at most this often
 _MONITORS = itertools.count()
 
 
 def fresh_identity() -> bytes:
-    """A routing identity no other peer can guess (128 random bits): the node gives an
-    identity to whichever connection last brought it."""
+    """A routing identity no other peer can guess (128 random bits): the node never attaches
+    a connection under an identity that another live connection holds."""
     return b"c-" + os.urandom(16).hex().encode()
 
 
@@ -61,83 +60,6 @@ class CurveKeys:
     public: bytes
     secret: bytes
     server_public: bytes
-
-
-class ClientSession:
-    def __init__(self, client: "NodeClient", session: str, opened: dict):
-        self.client, self.id, self.opened = client, session, opened
-        self.events: asyncio.Queue = asyncio.Queue(EVENT_QUEUE)
-        self.dropped_events = 0
-        self.seq = 0
-        self.closed: Closed | None = None
-        self.token: str | None = opened.get("token")
-        self.resumes = 0                    # times the node rebound this session to us
-        self._replay: collections.deque[tuple[int, list[bytes]]] = collections.deque(maxlen=REPLAY)
-        self._last_sent = 0.0
-        self._resume_asked = -1e9
-        self._resume_mark = 0               # past the last seq queued when resume was asked
-        self._closing = False               # `close` sent; sent again after a resume
-
-    async def send_audio(self, payload: bytes, seq: int | None = None) -> None:
-        if seq is None:
-            seq, self.seq = self.seq, self.seq + 1
-        frames = P.pack("audio", self.id, payload, seq=seq)
-        self._last_sent = asyncio.get_running_loop().time()
-        await self.client.send(frames)
-        # Kept once queued: a send still waiting for room when a resume replays is not in the
-        # buffer yet, so it goes out once, after the replay.
-        self._replay.append((seq, frames))
-
-    def _ask_resume(self) -> None:
-        now = asyncio.get_running_loop().time()
-        if self.closed is not None or now - self._resume_asked < RESUME_RETRY_S:
-            return
-        self._resume_asked = now
-        # Audio queued after this `resume` reaches the node after it, on the same connection:
-        # only what was queued before can have been lost.
-        self._resume_mark = self._replay[-1][0] + 1 if self._replay else 0
-        self.client._send_soon(P.pack("resume", self.id, token=self.token))
-
-    def _resumed(self, seq: int) -> None:
-        """Send again what the node has not heard: audio from `seq` on that was queued before
-        the resume was asked, still in the buffer."""
-        self.resumes += 1
-        self._resume_asked = -1e9
-        for s, frames in list(self._replay):
-            if seq <= s < self._resume_mark:
-                self.client._send_soon(frames)
-        if self._closing and self.closed is None:
-            # the node may have answered our `close` with `detached`: ask again, now bound
-            self.client._send_soon(P.pack("close", self.id))
-
-    async def function_result(self, call_id: str, output: str) -> None:
-        await self.client.send(P.pack("function_result", self.id, call_id=call_id, output=output))
-
-    async def send_event(self, name: str, value: str) -> None:
-        """A client-side event the model sees (`protocol.EVENT_VALUES`: a key press)."""
-        await self.client.send(P.pack("event", self.id, name=name, value=value))
-
-    async def next_event(self, timeout: float | None = None):
-        return await within(self.events.get(), timeout)
-
-    async def close(self, timeout: float = 10.0) -> Closed:
-        """Ask the node to close; return its `closed` stats, skipping events still queued."""
-        if self.closed is None:
-            self._closing = True
-            await self.client.send(P.pack("close", self.id), timeout)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout
-            while self.closed is None:
-                await within(self.events.get(), max(0.0, deadline - loop.time()))
-        return self.closed
-
-    def _deliver(self, event) -> None:
-        if isinstance(event, Closed):
-            self.closed = event
-        try:
-            self.events.put_nowait(event)
-        except asyncio.QueueFull:
-            self.dropped_events += 1
 
 
 class NodeClient:
@@ -233,8 +155,8 @@ class NodeClient:
         """Paranoid Pirate, client side: something reaches the node every heartbeat while we
         hold sessions, and every session that sent nothing in that time pings in its name. The
         node answers every ping; SILENT_BEATS heartbeats without a word from it mean our
-        connection is gone without a sign (half-open, or handed to a peer that brought our
-        identity), and we redial."""
+        connection is gone without a sign (half-open, or a reconnect under our identity that
+        the node did not attach), and we redial."""
         while True:
             period = min((s.opened.get("heartbeat_ms", 1000 * HEARTBEAT_S) / 1000
                           for s in self.sessions.values()), default=HEARTBEAT_S)
@@ -291,12 +213,11 @@ class NodeClient:
             return False
 
     def _redial(self) -> None:
-        """The connection is gone without a sign: connect again under a fresh identity. The
-        node hands a routing identity to the newest connection that brings it, so the old one
-        may now be another peer's; our sessions follow their tokens instead. Messages still
-        queued for the old connection go with it (a resume replays the audio); an `open` waiting
-        for its answer fails, since its session, if the node made one, answers to the old
-        identity."""
+        """The connection is gone without a sign: connect again under a fresh identity (the
+        node attaches no connection under an identity it still holds), and our sessions follow
+        their tokens. Messages still queued for the old connection go with it (a resume replays
+        the audio); an `open` waiting for its answer fails, since its session, if the node made
+        one, answers to the old identity."""
         self.identity = fresh_identity()
         self.sock.setsockopt(zmq.IDENTITY, self.identity)
         try:
