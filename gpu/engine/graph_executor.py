@@ -659,6 +659,7 @@ class GraphExecutor:
             self.model.warm(self.state, idx)
             # scattered resets (calls coming and going) replay one of these
             self.runner.resets.capture(self._pool, t)
+            self.runner.snapshots.capture(self._pool, t)    # and scattered copies
         torch.cuda.synchronize()
 
     def _size_slots(self, most: int, ceiling: int) -> dict:

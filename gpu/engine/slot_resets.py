@@ -15,17 +15,11 @@ from __future__ import annotations
 
 import torch
 
-from gpu.engine.snapshot_rows import slot_runs
+from gpu.engine.snapshot_rows import COUNTS, padded, slot_runs
 from gpu.model.voicechat import VoiceChat
 from gpu.model.voicechat_state import VoiceChatState
 
-COUNTS = (1, 2, 4, 8, 16)       # the slot counts captured; more resets in a beat: by runs
-
-
-def padded(slots, count: int) -> list[int]:
-    """Sorted `slots`, the last repeated up to `count`."""
-    s = sorted(slots)
-    return s + s[-1:] * (count - len(s))
+__all__ = ["COUNTS", "SlotResets", "padded"]     # the counts captured (more resets: by runs)
 
 
 class SlotResets:

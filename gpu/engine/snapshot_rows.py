@@ -8,6 +8,12 @@ dtypes as the serving state: a copy in is bit for bit the state the prefill left
 (`wave_actors/core/sched/snapshots.py`) decides which rows hold what; this class only copies, in the
 plan's order: `copy_in` right after the slots' resets, `save` after the beat's start rows.
 
+A beat's copies go one of two ways. A few (calls coming and going start one or two a beat, at
+scattered slots) go by `copy_rows` launches that read their slots, entries and lengths from the
+device, captured once per count in COUNTS on a GPU: one replay, where slicing took five
+launches a copy and the host's dispatch of them was most of what a lone start cost. More (a
+fill) go by runs of consecutive slots, one broadcast copy a tensor a run.
+
 Bytes per snapshot: fixed = ssm + conv of one slot; per position = one K and one V row of every
 attention layer. A copy moves them once each way.
 """
@@ -17,9 +23,12 @@ import hashlib
 
 import torch
 
+from gpu.kernels.row_copy import copy_rows
 from gpu.model.thinker import ThinkerState
 from gpu.model.voicechat_state import VoiceChatState
 from wave_actors.core.sched.snapshots import SnapshotSpace
+
+COUNTS = (1, 2, 4, 8, 16)       # the copy counts captured; more copies in a beat: by runs
 
 
 def space_for(state: VoiceChatState, capacity_bytes: float, salt: str) -> SnapshotSpace:
@@ -37,11 +46,23 @@ def model_salt(*parts) -> str:
     return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
 
 
+def padded(items, count: int) -> list:
+    """Sorted `items`, the last repeated up to `count`."""
+    s = sorted(items)
+    return s + s[-1:] * (count - len(s))
+
+
 class SnapshotRows:
-    def __init__(self, state: VoiceChatState, space: SnapshotSpace):
+    """`indexed` without a capture runs the copies a capture would replay eagerly (a check,
+    under Triton's interpreter on a CPU, of what the captures write)."""
+
+    def __init__(self, state: VoiceChatState, space: SnapshotSpace, indexed: bool = False):
         th = state.thinker
         self.space, self.state = space, state
         self.rows = None
+        self.counts: tuple[int, ...] = COUNTS if indexed and space.entries else ()
+        # count → (graph, the device index [3, count] it reads, its pinned host twin)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         if space.entries:
             n, d = space.entries, th.k.device
             self.rows = ThinkerState(
@@ -70,11 +91,61 @@ class SnapshotRows:
         dst.v[:, i, :p].copy_(src.v[:, one, :p].expand_as(dst.v[:, i, :p]))
         dst.length[i] = p
 
+    def _indexed(self, index: torch.Tensor) -> None:
+        """index [3, n] on the device: slots, entries, positions; every copy by device rows."""
+        th, src = self.state.thinker, self.rows
+        slots, entries, positions = index[0], index[1], index[2]
+        copy_rows(th.ssm, slots, src.ssm, entries)
+        copy_rows(th.conv, slots, src.conv, entries)
+        copy_rows(th.k, slots, src.k, entries, positions)
+        copy_rows(th.v, slots, src.v, entries, positions)
+        th.length.index_copy_(0, slots, positions)
+
+    def capture(self, pool, slot: int) -> None:
+        """One graph per count, each warmed and captured copying entry 0 into `slot` (a slot
+        no session uses)."""
+        if not self.space.entries:
+            return
+        device = self.state.thinker.length.device
+        for n in COUNTS:
+            host = torch.tensor([[slot] * n, [0] * n, [1] * n], dtype=torch.long,
+                                pin_memory=True)
+            index = host.to(device)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._indexed(index)        # compiles the kernel: a capture wants it warm
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._indexed(index)
+            self.graphs[n] = (graph, index, host)
+        self.counts = COUNTS
+
+    def count_for(self, n: int) -> int | None:
+        """The smallest captured count that holds n copies (None: none does)."""
+        return next((c for c in self.counts if c >= n), None)
+
     def copy_in(self, copies: list[tuple[int, int, int]]) -> None:
         """(slot, entry, positions): the entry's state into the slot (after its reset); the
-        slot's length says where its cache ends, and nothing reads past it. Consecutive slots
-        copying the same entry (a fill: many opens of one prompt) take one copy."""
+        slot's length says where its cache ends, and nothing reads past it. A few copies: one
+        captured replay (padded by the last copy again, which writes what it wrote); more:
+        consecutive slots copying the same entry (a fill: many opens of one prompt) take one
+        copy."""
         if not copies:
+            return
+        count = self.count_for(len(copies))
+        if count is not None:
+            rows = list(zip(*padded(copies, count)))
+            if count not in self.graphs:
+                self._indexed(torch.tensor(rows, dtype=torch.long,
+                                           device=self.state.thinker.length.device))
+                return
+            graph, index, host = self.graphs[count]
+            # the beats run one after another: the last beat's copy from `host` is done by now
+            host.numpy()[:] = rows
+            index.copy_(host, non_blocking=True)
+            graph.replay()
             return
         source = {slot: (entry, positions) for slot, entry, positions in copies}
         for a, b, (entry, positions) in slot_runs(source, source.get):

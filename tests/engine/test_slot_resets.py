@@ -1,12 +1,14 @@
 """A beat's resets and snapshot copies run over runs of consecutive slots (plain fills and
-broadcast copies of views), or, on a GPU, the resets by one captured graph of padded index
-writes. Each way must write exactly what a per-slot reset and copy write, and nothing else.
+broadcast copies of views), or, on a GPU, by one captured graph each of padded index writes
+and device-indexed row copies. Each way must write exactly what a per-slot reset and copy
+write, and nothing else.
 
 Bugs these catch: a run that reaches one slot too far (a neighbour's state zeroed mid-call);
 a copy-start whose thinker part is left stale because the reset skipped it and the copy missed
 it; a reset that skips the thinker of a slot that does not copy in this plan (it would prefill
 onto the last session's SSM state); a run merged across two different snapshot entries; a
-padded index whose padding names a slot that no reset was asked for.
+padded index whose padding names a slot that no reset was asked for; a captured copy that
+replays the positions or entry it was captured with instead of the beat's.
 """
 import pytest
 import numpy as np
@@ -35,8 +37,8 @@ def noisy_state(seed: int):
     return state
 
 
-def snapshot_rows(state, entries: int = 2) -> SnapshotRows:
-    rows = SnapshotRows(state, SnapshotSpace(entries, 1e9, 1, 1, "test"))
+def snapshot_rows(state, entries: int = 2, indexed: bool = False) -> SnapshotRows:
+    rows = SnapshotRows(state, SnapshotSpace(entries, 1e9, 1, 1, "test"), indexed=indexed)
     g = torch.Generator().manual_seed(99)
     for t in (rows.rows.ssm, rows.rows.conv, rows.rows.k, rows.rows.v):
         t.copy_(torch.rand(t.shape, generator=g) - 3)
@@ -79,7 +81,7 @@ def test_resets_write_what_per_slot_resets_and_copies_write(resets, copy_entry, 
     # as ModelRunner.reset_slots and SnapshotRows.copy_in do them: by runs, or by the padded
     # index writes a GPU executor captures
     got = noisy_state(0)
-    got_rows = snapshot_rows(got)
+    got_rows = snapshot_rows(got, indexed=indexed)
     SlotResets(got, MODEL, indexed=indexed).run(sorted(resets), {s for s, _, _ in copies})
     got_rows.copy_in(copies)
     w, g = by_slot(want), by_slot(got)
@@ -122,6 +124,34 @@ def test_captured_resets_write_what_eager_ones_write():
                 for _, t in state.tensors():    # the capture's warm-up wrote the trash slot
                     t.fill_(7)
             r.run(slots, set())
+            states.append(by_slot(state))
+        for name in states[0]:
+            assert torch.equal(states[0][name], states[1][name]), (n, name)
+
+
+@pytest.mark.gpu
+def test_captured_copies_write_what_eager_ones_write():
+    """The captured copy graphs (slots, entries and positions read from the device at replay)
+    against the copies by runs, on the device, for scattered slots of every captured count."""
+    cuda = VoiceChat.random(VoiceChatConfig.named("tiny"), Profile.named("fp32"), "cuda", 0)
+    n_slots = 2 * max(COUNTS) + 1
+    trash = n_slots - 1
+    for n in COUNTS:
+        copies = [(2 * i, i % 2, 1 + (5 * i) % PROMPT) for i in range(n)]
+        states = []
+        for captured in (True, False):
+            state = cuda.alloc_state(n_slots, CONTEXT, PROMPT)
+            for _, t in state.tensors():
+                t.fill_(7)
+            rows = SnapshotRows(state, SnapshotSpace(2, 1e9, 1, 1, "test"))
+            for k, t in enumerate((rows.rows.ssm, rows.rows.conv, rows.rows.k, rows.rows.v)):
+                t.copy_(torch.arange(t.numel(), device="cuda").view(t.shape) % 97 - k)
+            if captured:
+                rows.capture(None, trash)
+                assert rows.count_for(n) == n
+                for _, t in state.tensors():    # the capture's warm-up wrote the trash slot
+                    t.fill_(7)
+            rows.copy_in(copies)
             states.append(by_slot(state))
         for name in states[0]:
             assert torch.equal(states[0][name], states[1][name]), (n, name)

@@ -254,8 +254,9 @@ class GuardedStarts:
     # a snapshot copy's and a slot reset's device time until learned (a fill of many counts
     # never measured learns nothing): a reset writes the slot's state less its KV rows (~4 MB
     # and the talker's warm-up rows) in ~40 writes (one captured replay for a few scattered
-    # slots), a copy moves the prompt's thinker state (~150 MB each way) in 5; a run of
-    # consecutive slots shares both, so these are a lone start's, above what a run costs a slot
+    # slots), a copy moves the prompt's thinker state (~150 MB each way) in 5 launches (one
+    # captured replay for a few scattered copies); a run of consecutive slots shares both, so
+    # these are a lone start's, above what a run costs a slot
     copy_s: float = 0.00015
     reset_s: float = 0.0004
     roll_s: float = 0.0008
