@@ -46,7 +46,7 @@ DEFAULT_PATH = Path(__file__).with_name("costmodel.json")
 # every attention layer.
 SNAPSHOT_FIXED_BYTES = 143_548_416
 SNAPSHOT_BYTES_PER_POSITION = 16_384
-# The graph executor's default (gpu/engine/graph_executor.py SNAPSHOT_BYTES, with
+# The graph executor's default (gpu/engine/memory_plan.py SNAPSHOT_BYTES, with
 # ExecutorOptions.snapshot_mb = -1): three snapshots of the full model's 512 prompt positions.
 SNAPSHOT_BYTES = 0.5e9
 # Until an H200 fit prices them: a snapshot copy (or save) moves a whole prompt's snapshot

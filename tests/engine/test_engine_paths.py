@@ -80,7 +80,7 @@ def test_triton_decode_path_equals_reference_step():
 
 
 def test_memory_plan_matches_model_md():
-    from gpu.engine.graph_executor import MemoryPlan
+    from gpu.engine.memory_plan import MemoryPlan
     plan = MemoryPlan(VoiceChatConfig.full(), Profile.named("reference"), 124, 1500, 0)
     # docs/MODEL.md §3, plus the perception's 72-row K/V ring over its channel cache (3,637,248 B)
     # and the talker's padding to an even 1538 positions (516,096 B)

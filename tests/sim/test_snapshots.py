@@ -138,7 +138,7 @@ def test_the_sim_keeps_the_snapshots_a_gpu_executor_keeps():
     sim/costmodel.py are computed from gpu.model; a config change must show here), a default
     snapshot memory apart from the graph executor's, and a sim that ignores `snapshot_mb`."""
     torch = pytest.importorskip("torch")
-    from gpu.engine.graph_executor import SNAPSHOT_BYTES as GRAPH_DEFAULT
+    from gpu.engine.memory_plan import SNAPSHOT_BYTES as GRAPH_DEFAULT
     from gpu.engine.snapshot_rows import space_for
     from gpu.model.config import PROFILES, VoiceChatConfig
     from gpu.model.voicechat_state import VoiceChatState
