@@ -135,7 +135,7 @@ class NodeClient:
             except asyncio.TimeoutError:
                 raise NodeUnavailable(self._why_unavailable()) from None
 
-    def _send_soon(self, frames: list[bytes]) -> None:
+    def send_soon(self, frames: list[bytes]) -> None:
         """A send from a callback: now if the socket has room, else from a task."""
         try:
             self._tx.send(frames)
@@ -173,10 +173,10 @@ class NodeClient:
             if now - self._last_heard > SILENT_BEATS * period and not self._unread():
                 self._last_heard = now
                 self._redial()
-            self._send_soon(P.pack("ping"))
+            self.send_soon(P.pack("ping"))
             for s in list(self.sessions.values()):
                 if now - s._last_sent >= period:
-                    self._send_soon(P.pack("ping", s.id))
+                    self.send_soon(P.pack("ping", s.id))
 
     def _why_unavailable(self) -> str:
         if self.auth_failed:
@@ -194,7 +194,7 @@ class NodeClient:
                     self._handshakes += 1
                     if self._handshakes > 1 and not self._resume_queued:
                         for s in list(self.sessions.values()):   # back after a drop: rebind
-                            s._ask_resume()
+                            s.ask_resume()
                     self._resume_queued = False
                 self.auth_failed = ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 if self.auth_failed:
@@ -229,8 +229,7 @@ class NodeClient:
         # reaches the node once the session is bound to the new identity.
         self._resume_queued = True
         for session in list(self.sessions.values()):
-            session._resume_asked = -1e9
-            session._ask_resume()
+            session.ask_resume(again=True)
         for fut in self._pending_open.values():
             if not fut.done():
                 fut.set_exception(NodeUnavailable("the connection to the node dropped while "
@@ -300,10 +299,10 @@ class NodeClient:
         if msg.type == "heartbeat":
             return
         if msg.type == "resumed" and sid in self.sessions:
-            self.sessions[sid]._resumed(h.get("seq", 0))
+            self.sessions[sid].resumed(h.get("seq", 0))
             return
         if msg.type == "error" and h.get("code") == P.DETACHED and sid in self.sessions:
-            self.sessions[sid]._ask_resume()
+            self.sessions[sid].ask_resume()
             return
         pending = self._pending_open.get(sid) if sid else None
         if msg.type == "opened" and pending is None and sid not in self.sessions:
@@ -328,6 +327,6 @@ class NodeClient:
             if msg.type == "error":
                 self.orphan_errors.append(Error(h.get("code", "?"), h.get("message", "")))
             return
-        session._deliver(event_of(msg))
+        session.deliver(event_of(msg))
         if msg.type == "closed":
             self.sessions.pop(sid, None)

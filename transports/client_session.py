@@ -39,27 +39,29 @@ class ClientSession:
         # buffer yet, so it goes out once, after the replay.
         self._replay.append((seq, frames))
 
-    def _ask_resume(self) -> None:
+    def ask_resume(self, again: bool = False) -> None:
+        """`resume` queued, once a RESUME_RETRY_S at most; `again`: now, whenever the last was
+        asked (a new connection: the last one's ask went with the old one)."""
         now = asyncio.get_running_loop().time()
-        if self.closed is not None or now - self._resume_asked < RESUME_RETRY_S:
+        if self.closed is not None or (not again and now - self._resume_asked < RESUME_RETRY_S):
             return
         self._resume_asked = now
         # Audio queued after this `resume` reaches the node after it, on the same connection:
         # only what was queued before can have been lost.
         self._resume_mark = self._replay[-1][0] + 1 if self._replay else 0
-        self.client._send_soon(P.pack("resume", self.id, token=self.token))
+        self.client.send_soon(P.pack("resume", self.id, token=self.token))
 
-    def _resumed(self, seq: int) -> None:
+    def resumed(self, seq: int) -> None:
         """Send again what the node has not heard: audio from `seq` on that was queued before
         the resume was asked, still in the buffer."""
         self.resumes += 1
         self._resume_asked = -1e9
         for s, frames in list(self._replay):
             if seq <= s < self._resume_mark:
-                self.client._send_soon(frames)
+                self.client.send_soon(frames)
         if self._closing and self.closed is None:
             # the node may have answered our `close` with `detached`: ask again, now bound
-            self.client._send_soon(P.pack("close", self.id))
+            self.client.send_soon(P.pack("close", self.id))
 
     async def function_result(self, call_id: str, output: str) -> None:
         await self.client.send(P.pack("function_result", self.id, call_id=call_id, output=output))
@@ -82,7 +84,7 @@ class ClientSession:
                 await within(self.events.get(), max(0.0, deadline - loop.time()))
         return self.closed
 
-    def _deliver(self, event) -> None:
+    def deliver(self, event) -> None:
         if isinstance(event, Closed):
             self.closed = event
         try:
