@@ -91,6 +91,7 @@ class NodeClient:
         self._monitor: asyncio.Task | None = None
         self._monitor_sock: zmq.Socket | None = None
         self._send_lock = asyncio.Lock()
+        self._sends = 0                         # sends begun and not done: later ones queue
         self.auth_failed = False
         self._curve = curve is not None
 
@@ -124,28 +125,39 @@ class NodeClient:
     async def send(self, frames: list[bytes], timeout: float | None = SEND_TIMEOUT_S) -> None:
         """Send one message. A DEALER with no connected node blocks; past `timeout` this raises
         `NodeUnavailable` (with `unauthorized` when the node refused our CURVE key)."""
-        async with self._send_lock:
-            try:                                   # the usual case: the queue has room now
+        self._sends += 1
+        try:
+            async with self._send_lock:
+                try:                               # the usual case: the queue has room now
+                    self._tx.send(frames)
+                    return
+                except zmq.Again:
+                    pass
+                try:
+                    await within(self.sock.send_multipart(frames), timeout)
+                except asyncio.TimeoutError:
+                    raise NodeUnavailable(self._why_unavailable()) from None
+        finally:
+            self._sends -= 1
+
+    def send_soon(self, frames: list[bytes]) -> None:
+        """A send from a callback: now if the socket has room and no send waits for it, else
+        from a task behind the sends begun before (never ahead of them: a `resume` or `close`
+        must not pass the audio it follows)."""
+        if not self._sends:
+            try:
                 self._tx.send(frames)
                 return
             except zmq.Again:
                 pass
-            try:
-                await within(self.sock.send_multipart(frames), timeout)
-            except asyncio.TimeoutError:
-                raise NodeUnavailable(self._why_unavailable()) from None
-
-    def send_soon(self, frames: list[bytes]) -> None:
-        """A send from a callback: now if the socket has room, else from a task."""
-        try:
-            self._tx.send(frames)
-        except zmq.Again:
-            task = asyncio.get_running_loop().create_task(self._send_quietly(frames))
-            task.add_done_callback(lambda t: t.exception())
-        except zmq.ZMQError:
-            pass                                  # closed: nothing more to say
+            except zmq.ZMQError:
+                return                            # closed: nothing more to say
+        self._sends += 1                          # counted now: what is sent next queues behind
+        task = asyncio.get_running_loop().create_task(self._send_quietly(frames))
+        task.add_done_callback(lambda t: t.exception())
 
     async def _send_quietly(self, frames: list[bytes]) -> None:
+        self._sends -= 1                          # `send` counts it again, in the lock's queue
         try:
             await self.send(frames)
         except (NodeUnavailable, zmq.ZMQError):

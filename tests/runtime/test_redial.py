@@ -1,6 +1,7 @@
 """A client whose connection went quiet redials under a fresh routing identity and resumes its
 sessions by token. Real ZMQ sockets: a ROUTER standing in for a node that stops answering."""
 import asyncio
+import time
 
 import zmq
 import zmq.asyncio
@@ -44,6 +45,46 @@ def test_a_client_the_node_stopped_hearing_redials_under_a_fresh_identity():
             assert msg.type == "resume" and msg.header["token"] == TOKEN
             assert ident == client.identity and len(ident) > 32
             assert ("first", "ping") in [(i.decode(), t) for i, t in heard]
+        finally:
+            await client.aclose()
+            node.close(0)
+    asyncio.run(body())
+
+
+def test_a_message_sent_from_a_callback_never_passes_a_send_that_waits_for_room():
+    """Bug: `send_soon` (a `resume`, a `close`, a ping, sent from a callback) tried the socket
+    at once whenever it had room, so where a session's audio waited for room and room came, the
+    callback's message went out ahead of that audio. It now queues behind every send begun."""
+    async def body():
+        ctx = zmq.asyncio.Context.instance()
+        # the node's side read synchronously: room comes while the client's loop stands still
+        node = zmq.Context.shadow(ctx.underlying).socket(zmq.ROUTER)
+        node.setsockopt(zmq.LINGER, 0)
+        node.setsockopt(zmq.RCVHWM, 1)
+        endpoint = "inproc://slow-reader"       # no kernel buffers: the queues are the HWMs
+        node.bind(endpoint)
+        client = NodeClient(endpoint, identity=b"slow")
+        client.sock.setsockopt(zmq.SNDHWM, 1)
+        client.connect()
+        try:
+            sent = 0
+            while True:                          # until a send waits for room
+                waiting = asyncio.ensure_future(client.send(P.pack("ping", f"a{sent}")))
+                await asyncio.sleep(0.05)
+                if not waiting.done():
+                    break
+                sent += 1
+            order = [P.parse(node.recv_multipart()[1:]).session]     # room for one
+            time.sleep(0.05)
+            client.send_soon(P.pack("ping", "marker"))
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 3
+            while "marker" not in order and loop.time() < end:
+                if node.poll(0):
+                    order.append(P.parse(node.recv_multipart()[1:]).session)
+                else:
+                    await asyncio.sleep(0.01)    # the client's loop sends what waits
+            assert order == [f"a{i}" for i in range(sent + 1)] + ["marker"], order
         finally:
             await client.aclose()
             node.close(0)
