@@ -64,6 +64,20 @@ def test_a_late_beat_in_the_fill_counts_in_the_headline(ramp_late_run):
     assert "ramp" in run["window_of"] and "every beat" in run["window_of"]["all"]
 
 
+def test_a_late_beat_outside_the_measured_window_is_broken_down(ramp_late_run):
+    """Catches a late fill or hang-up beat reported only as a count: the trace covers the
+    measured beats, so the slowest ramp and drain beats are kept apart with their breakdown."""
+    run = ramp_late_run["per_run"][0]
+    worst = run["outside"][0]
+    assert worst["window"] == "ramp" and worst["latency_ms"] >= 1e3 * FIRST_ROLL_S
+    assert worst["compute_ms"] >= 1e3 * FIRST_ROLL_S and worst["rolls"] >= 1
+    assert {"begin_ms", "wake_ms", "after_ms", "gc_ms", "sessions"} <= set(worst)
+    lat = [b["latency_ms"] for b in run["outside"]]
+    assert lat == sorted(lat, reverse=True)
+    n_outside = run["windows"]["ramp"]["beats"] + run["windows"]["drain"]["beats"]
+    assert len(lat) == min(8, n_outside)
+
+
 def test_a_calls_late_beat_outside_the_measured_window_still_marks_the_call(ramp_late_run):
     """Catches deadline metrics matched against the measured beats only: every caller was live
     through the late ramp beats, so every call heard them, though the window had none."""

@@ -24,8 +24,8 @@ from wave_actors.core.policy_spec import load_class
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.registry import entry, make_executor
 from wave_actors.core.sched.spread import spread_ms
-from wave_actors.bench.records import (_host, _ramp, _trace, _windows, _workload_window, _worst,
-                                       shifted)
+from wave_actors.bench.records import (_host, _outside, _ramp, _trace, _windows,
+                                       _workload_window, _worst, shifted)
 from wave_actors.engine.host import EngineHost
 from wave_actors.engine.process import ExecutorSpec
 from wave_actors.node.node import Node, NodeConfig
@@ -149,6 +149,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                        burst, ramp, spread_ms(r.first_s for r in records) if records else {})
     result.open_waits_ms = [round(float(w), 1) for w in opens]
     result.windows, result.window_of = windows, dict(WINDOW_OF)
+    result.outside = _outside(everything, records)
     # Deadline metrics over every beat with a live session: each call's whole life, from the
     # run's start (its first open) to its last close, the ramp and the drain included
     beats = [(r.release - t0, r.latency_s, r.late) for r in everything]
@@ -345,6 +346,10 @@ def measure(args, n: int, backend=None) -> list[RunResult]:
                   f"release (p50 / p99), while the second computes", flush=True)
         if res.trace.get("latency_ms"):
             print(f"           worst beats: {_worst(res.trace)}", flush=True)
+        if res.outside and res.outside[0]["latency_ms"] > 1e3 * BEAT_S:
+            b = res.outside[0]
+            print(f"           worst {b['window']} beat: {b['latency_ms']} ms (backend "
+                  f"{b['compute_ms']}, after {b['after_ms']}, {b['sessions']} live)", flush=True)
         print(f"           {res.opens} sessions opened, waiting {res.open_p50_ms:.0f} ms at p50 / "
               f"{res.open_p99_ms:.0f} ms at p99 / {res.open_max_ms:.0f} ms at most for `opened` "
               f"(their start on the model)"

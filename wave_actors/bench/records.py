@@ -71,6 +71,23 @@ def _ramp(records: list, k: int = 8) -> dict:
                         for r in slow]}
 
 
+def _outside(everything: list, measured: list, k: int = 8) -> list[dict]:
+    """The k slowest beats outside the measured window (the ramp's and the drain's), each
+    broken down as the trace breaks down a measured beat: where a fill's or a hang-up's late
+    beat spent its time."""
+    inside = {r.beat for r in measured}
+    first = measured[0].beat if measured else None
+    rest = sorted((r for r in everything if r.beat not in inside),
+                  key=lambda r: r.latency_s, reverse=True)[:k]
+    ms = lambda x: round(1e3 * x, 1)     # noqa: E731
+    return [{"beat": r.beat, "window": "ramp" if first is None or r.beat < first else "drain",
+             "latency_ms": ms(r.latency_s), "compute_ms": ms(r.compute_s),
+             "begin_ms": ms(r.begin_s), "wake_ms": ms(r.wake_s),
+             "after_ms": ms(r.latency_s - r.returned_s), "gc_ms": ms(r.gc_s),
+             "loop_cpu_ms": ms(r.loop_cpu_s), "sessions": r.sessions, "rows": r.rows,
+             "resets": r.resets, "rolls": r.rolls, "copies": r.copies} for r in rest]
+
+
 def _worst(trace: dict, k: int = 3) -> str:
     """The k slowest beats as 'latency (backend, before the call, of which waking, after the
     call returned, garbage collection since the previous beat) @ index', ms."""

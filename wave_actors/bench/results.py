@@ -33,6 +33,8 @@ WINDOW_OF = {
     "ramp": "the beats before the measured ones (callers dialling in, the warm-up): "
             "windows.ramp; `ramp` breaks the backend's time down, start-only beats included",
     "drain": "the beats after the measured ones until the last close: windows.drain",
+    "outside": "the slowest beats of the ramp and the drain, each broken down as the trace "
+               "breaks down a measured beat: outside",
 }
 
 
@@ -97,6 +99,7 @@ class RunResult:
     # run's start) of each window: all, ramp, measured, drain (WINDOW_OF)
     windows: dict = field(default_factory=dict)
     window_of: dict = field(default_factory=dict)
+    outside: list = field(default_factory=list)     # the slowest ramp and drain beats
 
 
 @dataclass
