@@ -37,6 +37,17 @@ from wave_actors.node.cli import sized_slots
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m wave_actors.bench", description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
+    _model_args(ap)
+    _run_args(ap)
+    _node_args(ap)
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    _check(ap, args)
+    return args
+
+
+def _model_args(ap: argparse.ArgumentParser) -> None:
+    """What runs: the backend, the model and its slots."""
     ap.add_argument("--backend", choices=NAMES, default="sim", help=described())
     ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
     ap.add_argument("--config", choices=("tiny", "full"), default="full")
@@ -51,6 +62,10 @@ def parse_args(argv=None):
     ap.add_argument("--self-size", action="store_true",
                     help="slots as the node sizes them with no --max-sessions (a device "
                          "backend: from its memory and its measured beat)")
+
+
+def _run_args(ap: argparse.ArgumentParser) -> None:
+    """How long, how often and with which callers."""
     ap.add_argument("--beats", type=int, default=500,
                     help="beats in the measured window, once every caller is live and the "
                          "warm-up is on time (a workload: after its fill); the headline late "
@@ -79,6 +94,10 @@ def parse_args(argv=None):
                          "of this mean, and its caller opens a new one (default 0: sessions "
                          "live the whole run); a closed loop, every slot busy: its open-loop "
                          "companion is --workload poisson:occupancy=X,hold=SECONDS")
+
+
+def _node_args(ap: argparse.ArgumentParser) -> None:
+    """The node's own settings: start rows, beat waits, workers, policies, the workload."""
     ap.add_argument("--start-rows", type=int, default=0,
                     help="starting sessions each beat advances (0: the backend's default)")
     ap.add_argument("--beat-wait", choices=("poll", "thread"), default="poll",
@@ -119,8 +138,10 @@ def parse_args(argv=None):
                          "lengths exponential of mean hold seconds; without duration=, calls "
                          f"arrive for a fill of {FILL_HOLDS:g} holds plus --beats beats, and "
                          "those beats after the fill are the measured window")
-    ap.add_argument("--out", default=str(RESULTS))
-    args = ap.parse_args(argv)
+
+
+def _check(ap: argparse.ArgumentParser, args) -> None:
+    """Flags that cannot go together, and the policies and workload they name, built."""
     if args.virtual and not entry(args.backend).caps.modelled_time:
         ap.error(f"--virtual needs an executor with modelled time (sim): {args.backend} "
                  f"takes real time")
@@ -151,7 +172,6 @@ def parse_args(argv=None):
             args.workload_obj = load_workload(args.workload, args.seed, **workload_context(args))
         except WorkloadError as exc:
             ap.error(str(exc))
-    return args
 
 
 def main(argv=None, command: str | None = None) -> int:
@@ -164,22 +184,8 @@ def main(argv=None, command: str | None = None) -> int:
                    "seeds": [args.seed + r for r in range(args.runs)]}
     if args.workload_obj is not None:
         extra["workload"] = args.workload_obj.describe()
-    backend, ceiling = None, None
-    if entry(args.backend).caps.device:
-        # One model on the GPU for every run, slots for the most sessions this run may ask for.
-        ceiling = memory_ceiling(args, max_context)
-        print(f"memory ceiling at this context: {ceiling} sessions", flush=True)
-        slots = min(args.max_find, ceiling) if args.find_max else args.sessions + args.burst
-        backend = make_executor_for(args, slots)
-        extra["engine"] = backend.describe()
-        if extra["engine"].get("slots"):
-            print(f"slots: {sized_slots(extra['engine']['slots'])}", flush=True)
-        rows = extra["engine"].get("start_rows")
-        if rows:
-            print(f"start rows: up to {rows['rows']} × {rows['chunk']} prompt positions in a beat "
-                  f"that starts sessions: {rows['beat_with_rows_ms']} ms against "
-                  f"{rows['beat_ms']} ms for {rows['at_sessions']} sessions (idle caches); ms "
-                  f"added by the rows a capture holds: {rows.get('added_ms_by_rows')}", flush=True)
+    backend, ceiling = (_device_backend(args, max_context, extra)
+                        if entry(args.backend).caps.device else (None, None))
     try:
         if args.find_max:
             n, seen = find_max(args, backend, ceiling)
@@ -188,36 +194,68 @@ def main(argv=None, command: str | None = None) -> int:
         else:
             n, runs = args.sessions, measure(args, args.sessions, backend)
         if backend is not None:
-            try:
-                base = backend.baseline(args.context)
-            except Exception as exc:     # a node filled to its memory has none to spare for it
-                base = {"error": f"{type(exc).__name__}: {str(exc)[:200]}",
-                        "sessions_on_time": 0}
-            extra["baseline"] = base
-            # The stock stack is credited with one session even when its beat misses the deadline.
-            extra["sessions_ratio"] = n / max(1, base["sessions_on_time"])
-            facts = backend.describe()
-            extra["engine_after"] = facts
-            starts = runs[-1].policies.get("start", {}) if runs else {}
-            rows = facts.get("start_rows") or {}
-            print(f"session starts ({starts.get('name')} policy): {rows.get('rows')} start rows of "
-                  f"{rows.get('chunk')} prompt positions add {rows.get('added_ms')} ms to the "
-                  f"{rows.get('at_sessions')}-session beat (measured at build); "
-                  f"{starts.get('held_back')} beats held their start rows back", flush=True)
-            if "launch_ms" in facts:
-                print(f"executor: the worker launched a beat in {facts['launch_ms']} ms; allocator "
-                      f"{facts.get('allocator')}", flush=True)
-            for b in facts.get("slow_beats", [])[-8:]:
-                print(f"           slow beat {b['beat']}: {b['done_ms']} ms ({b['launch_ms']} ms "
-                      f"to launch), {b['live']} live, {b['rows']} rows, {b['resets']} resets, "
-                      f"{b['rolls']} rolls; allocator {b['allocator']}", flush=True)
-            extra["memory_used_bytes"] = facts["memory_used_bytes"]
-            extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
+            _after_runs(args, backend, n, runs, extra)
     finally:
         if backend is not None:
             backend.close()      # its engine process unlinks what it shared
     result = summarize(args, n, runs, extra)
     path = write(result, Path(args.out))
+    _print_result(args, result, n, extra)
+    print(f"written: {path}")
+    return 0
+
+
+def _device_backend(args, max_context: int, extra: dict):
+    """One model on the GPU for every run, slots for the most sessions this run may ask for;
+    its facts into `extra`. Returns it and the memory ceiling."""
+    ceiling = memory_ceiling(args, max_context)
+    print(f"memory ceiling at this context: {ceiling} sessions", flush=True)
+    slots = min(args.max_find, ceiling) if args.find_max else args.sessions + args.burst
+    backend = make_executor_for(args, slots)
+    extra["engine"] = backend.describe()
+    if extra["engine"].get("slots"):
+        print(f"slots: {sized_slots(extra['engine']['slots'])}", flush=True)
+    rows = extra["engine"].get("start_rows")
+    if rows:
+        print(f"start rows: up to {rows['rows']} × {rows['chunk']} prompt positions in a beat "
+              f"that starts sessions: {rows['beat_with_rows_ms']} ms against "
+              f"{rows['beat_ms']} ms for {rows['at_sessions']} sessions (idle caches); ms "
+              f"added by the rows a capture holds: {rows.get('added_ms_by_rows')}", flush=True)
+    return backend, ceiling
+
+
+def _after_runs(args, backend, n: int, runs: list, extra: dict) -> None:
+    """The device backend after the runs: the stock stack's baseline and the engine's facts
+    (what starts cost, slow beats, memory) into `extra`."""
+    try:
+        base = backend.baseline(args.context)
+    except Exception as exc:     # a node filled to its memory has none to spare for it
+        base = {"error": f"{type(exc).__name__}: {str(exc)[:200]}",
+                "sessions_on_time": 0}
+    extra["baseline"] = base
+    # The stock stack is credited with one session even when its beat misses the deadline.
+    extra["sessions_ratio"] = n / max(1, base["sessions_on_time"])
+    facts = backend.describe()
+    extra["engine_after"] = facts
+    starts = runs[-1].policies.get("start", {}) if runs else {}
+    rows = facts.get("start_rows") or {}
+    print(f"session starts ({starts.get('name')} policy): {rows.get('rows')} start rows of "
+          f"{rows.get('chunk')} prompt positions add {rows.get('added_ms')} ms to the "
+          f"{rows.get('at_sessions')}-session beat (measured at build); "
+          f"{starts.get('held_back')} beats held their start rows back", flush=True)
+    if "launch_ms" in facts:
+        print(f"executor: the worker launched a beat in {facts['launch_ms']} ms; allocator "
+              f"{facts.get('allocator')}", flush=True)
+    for b in facts.get("slow_beats", [])[-8:]:
+        print(f"           slow beat {b['beat']}: {b['done_ms']} ms ({b['launch_ms']} ms "
+              f"to launch), {b['live']} live, {b['rows']} rows, {b['resets']} resets, "
+              f"{b['rolls']} rolls; allocator {b['allocator']}", flush=True)
+    extra["memory_used_bytes"] = facts["memory_used_bytes"]
+    extra["memory_ceiling_sessions"] = facts["memory_ceiling_sessions"]
+
+
+def _print_result(args, result, n: int, extra: dict) -> None:
+    """The run's table, its measured window and policies, against the baseline."""
     print(f"\n{'backend':8} {'profile':10} {'context':>7} {'sessions':>8} {'runs':>4} "
           f"{'beats':>6} {'late':>5} {'p50 ms':>8} {'p99 ms':>8}   (all beats: first open to "
           f"last close)")
@@ -237,5 +275,3 @@ def main(argv=None, command: str | None = None) -> int:
         print(f"baseline (reference model, one session at a time, eager): beat {b['beat_ms_p50']:.1f}"
               f" ms -> {b['sessions_on_time']} sessions on time per GPU; engine {n} sessions "
               f"({extra['sessions_ratio']:.0f}x, crediting the baseline with at least one)")
-    print(f"written: {path}")
-    return 0
