@@ -36,6 +36,22 @@ DEMO_WAV = Path(__file__).resolve().parents[2] / "assets" / "demo_user.wav"
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m wave_actors.node", description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
+    _model_args(ap)
+    _session_args(ap)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--demo", action="store_true", help="serve demo conversations, then stop")
+    ap.add_argument("--demo-sessions", type=int, default=2)
+    ap.add_argument("--demo-seconds", type=float, default=20.0)
+    ap.add_argument("--demo-wav", default=str(DEMO_WAV))
+    ap.add_argument("--out", default="out")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    _check(ap, args)
+    return args
+
+
+def _model_args(ap: argparse.ArgumentParser) -> None:
+    """Where the node listens and what it serves: backend, slots, model, context, weights."""
     ap.add_argument("--bind", default="tcp://127.0.0.1:5555")
     ap.add_argument("--backend", choices=NAMES, default=default_backend(), help=described())
     ap.add_argument("--max-sessions", type=int,
@@ -62,6 +78,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
     ap.add_argument("--context-offset", type=int, default=0,
                     help="sim: model every session as already holding this many frames")
+
+
+def _session_args(ap: argparse.ArgumentParser) -> None:
+    """Keys, metrics, workers and what a session is allowed: timeouts, input, start policy."""
     ap.add_argument("--curve-keys", help="directory with server.key_secret and clients/*.key")
     ap.add_argument("--metrics-port", type=int)
     ap.add_argument("--workers", type=_workers, default="auto",
@@ -88,14 +108,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "then key=value "
                          "parameters (default: guarded: start rows and snapshot copies only where "
                          "the beat has room for them)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--demo", action="store_true", help="serve demo conversations, then stop")
-    ap.add_argument("--demo-sessions", type=int, default=2)
-    ap.add_argument("--demo-seconds", type=float, default=20.0)
-    ap.add_argument("--demo-wav", default=str(DEMO_WAV))
-    ap.add_argument("--out", default="out")
-    ap.add_argument("-v", "--verbose", action="store_true")
-    args = ap.parse_args(argv)
+
+
+def _check(ap: argparse.ArgumentParser, args) -> None:
+    """Defaults that depend on the backend, flags out of range, the policies built."""
     if args.config is None:
         args.config = "full" if entry(args.backend).caps.device else "tiny"
     if not (args.snapshot_mb >= 0 or args.snapshot_mb == -1):
@@ -113,7 +129,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    input_hold_s=args.input_hold)
     except (PolicyError, ValueError) as exc:
         ap.error(str(exc))
-    return args
 
 
 def default_backend() -> str:
