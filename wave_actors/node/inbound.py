@@ -226,35 +226,10 @@ class Inbound:
         self.node.opens.add(task)
         task.add_done_callback(self.node.opens.discard)
     async def _open(self, route: Route, msg: P.Message) -> None:
-        h = msg.header
         clock = self.node.clock_actor
-        key = (route.identity, route.session)
-        if clock is None:                    # between a clock's crash and its restart
-            self.node.bindings.drop(route)
-            return self.node.out.refuse(route.identity, msg.session, "capacity",
-                                        "node not ready: the beat clock is restarting")
-        try:
-            handle = await clock.ask(Admit(key, route, SessionSpec(h["instructions"], h["tools"])))
-        except AdmissionRefused as exc:
-            self.node.bindings.drop(route)
-            return self.node.out.refuse(route.identity, msg.session, "admission", str(exc))
-        except CapacityError as exc:
-            self.node.bindings.drop(route)
-            return self.node.out.refuse(route.identity, msg.session, "capacity", str(exc))
-        except PromptRejected as exc:
-            self.node.bindings.drop(route)
-            return self.node.out.refuse(route.identity, msg.session, "invalid", str(exc))
-        except (ActorStopped, asyncio.TimeoutError) as exc:
-            self.node.bindings.drop(route)
-            return self.node.out.refuse(route.identity, msg.session, "capacity",
-                                        f"node not ready: {exc!r}")
-        except Exception:
-            # A bug, not a refusal: this opener is told `internal` (logged with its stack and
-            # counted); no other session is touched and the front reads on.
-            log.exception("admitting session %r failed", msg.session)
-            self.node.bindings.drop(route)
-            return self.node.out.error(route.identity, P.INTERNAL, "the node failed to admit "
-                                       "the session (an internal error, logged)", msg.session)
+        handle = await self._admit(route, msg, clock)
+        if handle is None:
+            return None
         route.handle = handle
         # `opened` waits for the model's session start (its prompt's rows ride the next beats),
         # so the client streams only once its audio is heard; audio sent before would queue,
@@ -271,6 +246,7 @@ class Inbound:
             await self.node.free_slot(handle)
             self.node.bindings.drop(route)
             return self._answer_failed_open(route, answered)
+        h = msg.header
         cfg = SessionConfig(msg.session, handle, h["sample_rate"], h["format"],
                             h["output_sample_rate"], h["output_format"], clock.endpoint,
                             hold_frames=max(1, round(self.node.cfg.input_hold_s / FRAME_S)))
@@ -293,6 +269,38 @@ class Inbound:
             heartbeat_ms=round(1000 * self.node.cfg.heartbeat_s),
             resume_ms=round(1000 * self.node.cfg.resume_grace_s),
             idle_ms=round(1000 * self.node.cfg.idle_timeout_s)))
+
+    async def _admit(self, route: Route, msg: P.Message, clock):
+        """The clock's slot for this open, or None once the opener was refused (or told
+        `internal`: a bug, logged with its stack and counted; no other session is touched
+        and the front reads on)."""
+        h = msg.header
+        refuse = self.node.out.refuse
+        if clock is None:                    # between a clock's crash and its restart
+            self.node.bindings.drop(route)
+            refuse(route.identity, msg.session, "capacity",
+                   "node not ready: the beat clock is restarting")
+            return None
+        try:
+            return await clock.ask(Admit((route.identity, route.session), route,
+                                         SessionSpec(h["instructions"], h["tools"])))
+        except AdmissionRefused as exc:
+            reason, why = "admission", str(exc)
+        except CapacityError as exc:
+            reason, why = "capacity", str(exc)
+        except PromptRejected as exc:
+            reason, why = "invalid", str(exc)
+        except (ActorStopped, asyncio.TimeoutError) as exc:
+            reason, why = "capacity", f"node not ready: {exc!r}"
+        except Exception:
+            log.exception("admitting session %r failed", msg.session)
+            self.node.bindings.drop(route)
+            self.node.out.error(route.identity, P.INTERNAL, "the node failed to admit the "
+                                "session (an internal error, logged)", msg.session)
+            return None
+        self.node.bindings.drop(route)
+        refuse(route.identity, msg.session, reason, why)
+        return None
 
     def _answer_failed_open(self, route: Route, answered: bool) -> None:
         identity, session = route.identity, route.session
