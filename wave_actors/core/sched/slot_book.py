@@ -203,6 +203,21 @@ class SlotBook:
         return int(self._frames[slot] - self._rolled[slot])
 
     # -- one beat -----------------------------------------------------------------------------------
+    def _forced(self, idx: np.ndarray, live: list[int]) -> np.ndarray:
+        """The beat's forced tokens [live, frames] (-1: none): each live slot's queued tool
+        tokens, a frame's worth taken from its queue."""
+        forced = np.full((len(live), FRAMES_PER_BEAT), -1, np.int64)
+        if self._forcing:
+            forcing = sorted(self._forcing)
+            for r, i in zip(np.searchsorted(idx, forcing).tolist(), forcing):
+                if r < len(live) and live[r] == i:
+                    q = self.slots[i].forced
+                    for f in range(min(FRAMES_PER_BEAT, len(q))):
+                        forced[r, f] = q.popleft()
+                    if not q:
+                        self._forcing.discard(i)
+        return forced
+
     def plan(self, time_left_s: float) -> BookPlan:
         idx = np.flatnonzero(self._live)
         room_of = getattr(self.policy, "start_room", None)
@@ -222,16 +237,7 @@ class SlotBook:
         context = frame0 - self._rolled[idx]
         rolling = self._rolling(idx, context)
         roll = list(zip(rolling.tolist(), self._prompt_len[rolling].tolist()))
-        forced = np.full((len(live), FRAMES_PER_BEAT), -1, np.int64)
-        if self._forcing:
-            forcing = sorted(self._forcing)
-            for r, i in zip(np.searchsorted(idx, forcing).tolist(), forcing):
-                if r < len(live) and live[r] == i:
-                    q = self.slots[i].forced
-                    for f in range(min(FRAMES_PER_BEAT, len(q))):
-                        forced[r, f] = q.popleft()
-                    if not q:
-                        self._forcing.discard(i)
+        forced = self._forced(idx, live)
         empty = not live
         plan = BookPlan(
             self._beat, resets, live, forced, self._session[idx], frame0,
