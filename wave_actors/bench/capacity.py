@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import concurrent.futures
 import functools
 import multiprocessing as mp
@@ -129,6 +130,33 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     # what the start policy learned, as the clock that ran it left it: a worker engine's clock
     # sends its copy back when it stops (the front's is the one it was given)
     policies["start"] = getattr(ran, "start_policy", node.start_policy).describe()
+    return _result(args, n, _Raw(t0, everything, records, stats, refusals, calls, burst, waits,
+                                 errors, refused_by, stalls, ramp, policies, cpu))
+
+
+@dataclasses.dataclass
+class _Raw:
+    """What a run left, before it is summed up."""
+    t0: float
+    everything: list
+    records: list
+    stats: list
+    refusals: int
+    calls: list
+    burst: dict
+    waits: list
+    errors: int
+    refused_by: dict
+    stalls: list
+    ramp: dict
+    policies: dict
+    cpu: dict
+
+
+def _result(args, n: int, raw: _Raw) -> RunResult:
+    """The run's figures from what it left: windows, latencies, opens, host, deadlines."""
+    t0, everything, records, stats, calls, waits = (raw.t0, raw.everything, raw.records,
+                                                    raw.stats, raw.calls, raw.waits)
     windows = _windows(everything, records, t0)
     whole = windows["all"]
     gpu = np.array([r.compute_s for r in records] or [0.0]) * 1000
@@ -141,13 +169,15 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     result = RunResult(n, whole["beats"], whole["late_beats"], whole.get("p50_ms", 0.0),
                        whole.get("p99_ms", 0.0), whole.get("max_ms", 0.0), float(np.mean(gpu)),
                        sum(s["underruns"] for s in stats), sum(s["dropped"] for s in stats),
-                       refusals, sum(s["frames_in"] for s in stats),
-                       sum(s["frames_out"] for s in stats), errors,
+                       raw.refusals, sum(s["frames_in"] for s in stats),
+                       sum(s["frames_out"] for s in stats), raw.errors,
                        float(np.percentile(gpu, 50)), float(np.percentile(gpu, 99)),
                        _trace(records), round(1000 * records[0].wake_s, 1) if records else 0.0,
-                       len(waits), float(open_p50), float(open_p99), policies,
-                       float(open_max), dict(refused_by), live_seen, _host(records, stalls, cpu),
-                       burst, ramp, spread_ms(r.first_s for r in records) if records else {})
+                       len(waits), float(open_p50), float(open_p99), raw.policies,
+                       float(open_max), dict(raw.refused_by), live_seen,
+                       _host(records, raw.stalls, raw.cpu),
+                       raw.burst, raw.ramp,
+                       spread_ms(r.first_s for r in records) if records else {})
     result.open_waits_ms = [round(float(w), 1) for w in opens]
     result.windows, result.window_of = windows, dict(WINDOW_OF)
     result.outside = _outside(everything, records)
