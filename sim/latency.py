@@ -31,7 +31,8 @@ from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import FRAME_MS, SAMPLES_IN
 from wave_actors.bench.results import git_commit
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
-from wave_actors.node.node import Node, NodeConfig
+from wave_actors.node.config import NodeConfig
+from wave_actors.node.node import Node
 
 FRAME_S = FRAME_MS / 1000.0
 CODE = float(2 ** 20)              # frame k is coded as the constant k / 2^20: exact in float32

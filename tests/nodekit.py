@@ -16,7 +16,8 @@ from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
 from wave_actors.engine.process import ExecutorSpec
-from wave_actors.node.node import Node, NodeConfig
+from wave_actors.node.config import NodeConfig
+from wave_actors.node.node import Node
 
 _ids = itertools.count()
 SCALE = float(2 ** 24)          # frame codes are integers / 2^24: exact in float32

@@ -13,7 +13,8 @@ from transports.client import NodeClient
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.timebase import Clock
 from wave_actors.engine.process import ExecutorSpec
-from wave_actors.node.node import Node, NodeConfig
+from wave_actors.node.config import NodeConfig
+from wave_actors.node.node import Node
 
 
 @contextlib.asynccontextmanager

@@ -16,7 +16,8 @@ from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.runtime.loop_stalls import StallWatch, stack_of
-from wave_actors.node.node import Node, NodeConfig
+from wave_actors.node.config import NodeConfig
+from wave_actors.node.node import Node
 
 
 def _hog_the_loop(seconds: float) -> None:

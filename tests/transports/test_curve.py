@@ -13,7 +13,8 @@ from wave_actors.core.contract import ExecutorOptions
 from transports import protocol as P
 from transports.client import Audio, CurveKeys, NodeClient, Refused
 from wave_actors.core.timebase import Clock
-from wave_actors.node.node import Node, NodeConfig
+from wave_actors.node.config import NodeConfig
+from wave_actors.node.node import Node
 
 
 @pytest.fixture

@@ -30,7 +30,8 @@ from wave_actors.bench.records import (_host, _outside, _ramp, _trace, _windows,
 from wave_actors.bench.report import print_run
 from wave_actors.engine.host import EngineHost
 from wave_actors.engine.process import ExecutorSpec
-from wave_actors.node.node import Node, NodeConfig
+from wave_actors.node.config import NodeConfig
+from wave_actors.node.node import Node
 from wave_actors.engine.serving_process import serving_process
 
 CLIENT_PROCS = max(1, min(4, (os.cpu_count() or 2) // 4))   # callers' processes, real time

@@ -26,7 +26,8 @@ from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.registry import NAMES, described, entry, make_executor
 from wave_actors.engine.host import EngineHost
 from wave_actors.engine.process import ExecutorSpec
-from wave_actors.node.node import Node, NodeConfig
+from wave_actors.node.config import NodeConfig
+from wave_actors.node.node import Node
 from wave_actors.engine.serving_process import serving_process
 
 CPU_SLOTS = 8          # slots of a node on an executor that does not size its own
