@@ -464,5 +464,7 @@ def test_malformed_requests_and_garbage_never_hurt(stack):
     assert responses(sock, 3)[-1].status == 405
     bridge.stop()
     (stats,) = bridge.events("stats")
-    assert stats["garbage"] >= 4 and stats["bad_requests"] >= 2
+    # at least what this test sent (the bridge is the module's: how many other tests ran on
+    # it depends on how the workers split the module)
+    assert stats["garbage"] >= 4 and stats["bad_requests"] >= 1
     assert stats["internal_errors"] == 0
