@@ -35,7 +35,8 @@ SECTIONS = (                # kind -> heading; bench runs of other backends foll
     ("checks", "Parity and checks (`bench/graph_check.py`)"),
     ("fidelity", "Teacher-forced fidelity per stage (`bench/fidelity.py`)"),
     ("chaos", "Chaos runs (`python -m chaos.run`, `make chaos`: fuzzers against the node and "
-              "bridges while victim sessions stream; every figure but the first two must be 0)"),
+              "bridges while victim sessions stream; crashes, sessions lost and frames "
+              "unaccounted must be 0, a soak's RSS growth ≤ 20 MB)"),
     ("latency", "Input latency on virtual time (`python -m sim.latency`: the real node, a 1.2 s "
                 "stall then its backlog at once, and 10 % message loss)"),
     ("other", "Other files"),
@@ -206,8 +207,8 @@ def fidelity_detail(name: str, d: dict) -> list:
 
 
 CHAOS_HEAD = ["date (UTC)", "JSON", "commit", "mode", "seed", "messages tried",
-              "errors answered", "crashes", "sessions lost", "frames unaccounted", "result",
-              "command"]
+              "errors answered", "crashes", "sessions lost", "frames unaccounted",
+              "RSS growth MB", "result", "command"]
 CHAOS_FIGURES = ("messages_tried", "errors_answered", "crashes", "sessions_lost",
                  "frames_unaccounted")
 
@@ -217,14 +218,18 @@ def chaos_row(name: str, date: str, d: dict) -> list:
     figs = [c[k] for k in CHAOS_FIGURES]
     # `ok` where the run judged itself (out of order, failed rounds, a soak's memory too)
     result = "pass" if c.get("ok", not any(figs[2:])) else "FAIL"
+    grew = c.get("rss_growth_mb")
     return [short_date(date), link(name), d.get("commit", "—"), c.get("mode", "—"),
-            c.get("seed", "—"), *figs, result, code(d["command"]) if "command" in d else "—"]
+            c.get("seed", "—"), *figs, "—" if grew is None else grew, result,
+            code(d["command"]) if "command" in d else "—"]
 
 
 def chaos_detail(name: str, d: dict) -> list:
-    """Per victim: frames sent, heard, dropped, unaccounted, and why it was lost, if it was."""
+    """Per victim of a soak: frames sent, heard, dropped, unaccounted, and why it was lost, if
+    it was (the shorter runs' victims are in their JSON)."""
+    c = d["chaos"] if isinstance(d.get("chaos"), dict) else d
     victims = [v for v in d.get("victims", []) if isinstance(v, dict)]
-    if not victims:
+    if not victims or c.get("mode") != "soak":
         return []
     rows = []
     for v in victims:
