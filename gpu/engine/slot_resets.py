@@ -2,20 +2,24 @@
 
 A reset writes every tensor of a slot's state but the thinker's and the KV rows (~40 of them)
 and copies the talker's warm-up in; the thinker's part is left to the prompt snapshot copied in
-next, or reset apart where there is none. Over a run of consecutive slots that is ~40 fills of views, whatever
-the run's length, which suits a fill (its opens take consecutive slots). Calls that come and go
+next, or reset apart where there is none. Over a run of consecutive slots that is ~40 fills of
+views, whatever the run's length, which suits a fill (its opens take consecutive slots). Calls that come and go
 open one or a few a beat at scattered slots, and each run then costs its ~40 launches while the
 device waits for the host. So on a GPU the same writes are captured once for each count in
 COUNTS, by an index tensor of slots: the resets of a beat then cost one replay.
 
-A count larger than the beat's resets is padded by repeating its last slot: every write is a
-constant or the warm-up template, so a slot written twice holds what it holds written once.
+A count larger than the beat's resets is padded by repeating its last slot (`indexed_graphs`):
+every write is a constant or the warm-up template, so a slot written twice holds what it holds
+written once.
 """
 from __future__ import annotations
 
 import torch
 
-from gpu.engine.snapshot_rows import COUNTS, padded, slot_runs
+import numpy as np
+
+from gpu.engine.indexed_graphs import COUNTS, IndexedGraphs, padded
+from gpu.engine.snapshot_rows import slot_runs
 from gpu.model.voicechat import VoiceChat
 from gpu.model.voicechat_state import VoiceChatState
 
@@ -29,9 +33,7 @@ class SlotResets:
 
     def __init__(self, state: VoiceChatState, model: VoiceChat, indexed: bool = False):
         self.state, self.model = state, model
-        self.counts: tuple[int, ...] = COUNTS if indexed else ()
-        # count → (graph, the device index it reads, its pinned host twin)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.graphs = IndexedGraphs(self.write, indexed)
 
     def write(self, slots: torch.Tensor | slice) -> None:
         """What a reset writes, but the thinker's part."""
@@ -40,36 +42,16 @@ class SlotResets:
 
     def capture(self, pool, slot: int) -> None:
         """One graph per count, each warmed and captured on `slot` (a slot no session uses)."""
-        device = self.state.text_prev.device
-        for n in COUNTS:
-            index = torch.full((n,), slot, dtype=torch.long, device=device)
-            host = torch.full((n,), slot, dtype=torch.long, pin_memory=True)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self.write(index)           # the warm-up a capture wants before it
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.write(index)
-            self.graphs[n] = (graph, index, host)
-        self.counts = COUNTS
+        self.graphs.capture(pool, lambda n: np.full(n, slot), self.state.text_prev.device)
 
     def count_for(self, n: int) -> int | None:
         """The smallest captured count that holds n resets (None: none does)."""
-        return next((c for c in self.counts if c >= n), None)
+        return self.graphs.count_for(n)
 
     def replay(self, slots) -> None:
         """`slots` (at most the largest captured count) reset, as `write` does."""
-        count = self.count_for(len(slots))
-        if count not in self.graphs:
-            self.write(torch.tensor(padded(slots, count), device=self.state.text_prev.device))
-            return
-        graph, index, host = self.graphs[count]
-        # the beats run one after another: the last beat's copy from `host` is done by now
-        host.numpy()[:] = padded(slots, count)
-        index.copy_(host, non_blocking=True)
-        graph.replay()
+        index = np.asarray(padded(slots, self.count_for(len(slots))))
+        self.graphs.run(index, self.state.text_prev.device)
 
     def run(self, resets, copied) -> None:
         """A plan's resets: by a captured graph where one holds them, else by runs; the thinker

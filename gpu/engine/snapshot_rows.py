@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import torch
 
+from gpu.engine.indexed_graphs import IndexedGraphs, padded
 from gpu.kernels.row_copy import copy_rows
 from gpu.model.thinker import ThinkerState
 from gpu.model.voicechat_state import VoiceChatState
 from wave_actors.core.sched.snapshots import SnapshotSpace
-
-COUNTS = (1, 2, 4, 8, 16)       # the copy counts captured; more copies in a beat: by runs
 
 
 def space_for(state: VoiceChatState, capacity_bytes: float, salt: str) -> SnapshotSpace:
@@ -46,12 +46,6 @@ def model_salt(*parts) -> str:
     return hashlib.blake2b(repr(parts).encode(), digest_size=8).hexdigest()
 
 
-def padded(items, count: int) -> list:
-    """Sorted `items`, the last repeated up to `count`."""
-    s = sorted(items)
-    return s + s[-1:] * (count - len(s))
-
-
 class SnapshotRows:
     """`indexed` without a capture runs the copies a capture would replay eagerly (a check,
     under Triton's interpreter on a CPU, of what the captures write)."""
@@ -60,9 +54,8 @@ class SnapshotRows:
         th = state.thinker
         self.space, self.state = space, state
         self.rows = None
-        self.counts: tuple[int, ...] = COUNTS if indexed and space.entries else ()
-        # count → (graph, the device index [3, count] it reads, its pinned host twin)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # index [3, count]: slots, entries, positions
+        self.graphs = IndexedGraphs(self._indexed, indexed and bool(space.entries))
         if space.entries:
             n, d = space.entries, th.k.device
             self.rows = ThinkerState(
@@ -104,27 +97,13 @@ class SnapshotRows:
     def capture(self, pool, slot: int) -> None:
         """One graph per count, each warmed and captured copying entry 0 into `slot` (a slot
         no session uses)."""
-        if not self.space.entries:
-            return
-        device = self.state.thinker.length.device
-        for n in COUNTS:
-            host = torch.tensor([[slot] * n, [0] * n, [1] * n], dtype=torch.long,
-                                pin_memory=True)
-            index = host.to(device)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._indexed(index)        # compiles the kernel: a capture wants it warm
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._indexed(index)
-            self.graphs[n] = (graph, index, host)
-        self.counts = COUNTS
+        if self.space.entries:
+            self.graphs.capture(pool, lambda n: np.array([[slot] * n, [0] * n, [1] * n]),
+                                self.state.thinker.length.device)
 
     def count_for(self, n: int) -> int | None:
         """The smallest captured count that holds n copies (None: none does)."""
-        return next((c for c in self.counts if c >= n), None)
+        return self.graphs.count_for(n)
 
     def copy_in(self, copies: list[tuple[int, int, int]]) -> None:
         """(slot, entry, positions): the entry's state into the slot (after its reset); the
@@ -136,16 +115,8 @@ class SnapshotRows:
             return
         count = self.count_for(len(copies))
         if count is not None:
-            rows = list(zip(*padded(copies, count)))
-            if count not in self.graphs:
-                self._indexed(torch.tensor(rows, dtype=torch.long,
-                                           device=self.state.thinker.length.device))
-                return
-            graph, index, host = self.graphs[count]
-            # the beats run one after another: the last beat's copy from `host` is done by now
-            host.numpy()[:] = rows
-            index.copy_(host, non_blocking=True)
-            graph.replay()
+            index = np.ascontiguousarray(np.array(padded(copies, count)).T)   # [3, count]
+            self.graphs.run(index, self.state.thinker.length.device)
             return
         source = {slot: (entry, positions) for slot, entry, positions in copies}
         for a, b, (entry, positions) in slot_runs(source, source.get):
