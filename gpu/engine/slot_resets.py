@@ -5,8 +5,8 @@ and copies the talker's warm-up in; the thinker's part is left to the prompt sna
 next, or reset apart where there is none. Over a run of consecutive slots that is ~40 fills of
 views, whatever the run's length, which suits a fill (its opens take consecutive slots). Calls
 that come and go open one or a few a beat at scattered slots, and each run then costs its ~40
-launches while the device waits for the host. So on a GPU the same writes are captured once for each count in
-COUNTS, by an index tensor of slots: the resets of a beat then cost one replay.
+launches while the device waits for the host. So on a GPU the same writes are captured once for
+each count in COUNTS, by an index tensor of slots: the resets of a beat then cost one replay.
 
 A count larger than the beat's resets is padded by repeating its last slot (`indexed_graphs`):
 every write is a constant or the warm-up template, so a slot written twice holds what it holds
