@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from wave_actors.bench.capacity import executor_options
+from wave_actors.bench.backend import executor_options
 from wave_actors.bench.cli import parse_args
 from wave_actors.core.contract import ExecutorOptions
 

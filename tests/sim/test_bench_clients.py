@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from wave_actors.bench import capacity, cli
+from wave_actors.bench.backend import make_executor_for
 from wave_actors.bench.clients import Generators
 
 
@@ -75,7 +76,7 @@ def test_a_generator_whose_callers_were_all_refused_does_not_end_the_run(tmp_pat
     Four callers, one per generator, on a node with three slots: one is refused."""
     args = cli.parse_args(["--backend", "sim", "--sessions", "4", "--beats", "12",
                              "--client-procs", "4", "--warmup-max", "8", "--out", str(tmp_path)])
-    backend = capacity.make_executor_for(args, 3)
+    backend = make_executor_for(args, 3)
     try:
         (res,) = capacity.measure(args, 4, backend)
     finally:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 
 from wave_actors.bench.results import RESULTS, WARMUP_MAX, summarize, write
-from wave_actors.bench.capacity import (CLIENT_PROCS, find_max, held_context, make_executor_for,
-                                        measure, memory_ceiling, workload_context)
+from wave_actors.bench.backend import held_context, make_executor_for, memory_ceiling
+from wave_actors.bench.capacity import CLIENT_PROCS, find_max, measure, workload_context
 from wave_actors.bench.workload import FILL_HOLDS, WorkloadError
 from wave_actors.bench.workload import load as load_workload
 from wave_actors.core.sched.clock_policy import ClockPolicy
