@@ -76,7 +76,8 @@ class CpuExecutor:
         return self.runner.prompt_tokens(self.text_codec, spec)
 
     def reset(self) -> None:
-        """Slot state is reset per slot when a session opens (`plan.resets`): nothing to do."""
+        """Slot state is reset per slot after a session closes or when one opens (`plan.cleans`,
+        `plan.resets`): nothing to do."""
 
     # -- the beat --------------------------------------------------------------------------------
     def submit(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
@@ -110,6 +111,7 @@ class CpuExecutor:
                 runner.roll(plan)
                 runner.start_rows(plan)
                 runner.save(plan)
+                runner.clean(plan)
         finally:
             first()
         self.beat_cpu_s.append(time.thread_time() - c0)

@@ -290,8 +290,9 @@ class GraphExecutor:
         return measure_baseline(self.model, context)
 
     def reset(self) -> None:
-        """Slot rows are reset when their next session opens (`plan.resets`); a beat cut off by
-        a clock restart is waited for before the new clock's first beat (`wait`)."""
+        """Slot rows are reset behind a beat after their session closes (`plan.cleans`), or
+        when their next session opens (`plan.resets`); a beat cut off by a clock restart is
+        waited for before the new clock's first beat (`wait`)."""
 
     # -- host rings: pinned, so the clock packs straight into DMA-able memory -----------------------
     def _pin(self, shape: tuple, dtype: torch.dtype, fill=0) -> np.ndarray:
@@ -426,6 +427,7 @@ class GraphExecutor:
         with torch.no_grad():
             self.runner.save(plan)              # behind the rows that made them
             self.runner.roll(plan)          # behind the beat's work: outputs do not wait for it
+            self.runner.clean(plan)
         self.launch_s.append(time.perf_counter() - t0)
         if not self.poll:
             self._beat_done.synchronize()

@@ -30,8 +30,9 @@ class IndexedGraphs:
     def __init__(self, work: Callable[[torch.Tensor], None], indexed: bool = False):
         self.work = work
         self.counts: tuple[int, ...] = COUNTS if indexed else ()
-        # count → (graph, the device index it reads, its pinned host twin)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # count → (graph, the device index it reads, its pinned host twin, the event past the
+        # twin's last copy to the device)
+        self.graphs: dict[int, tuple] = {}
 
     def capture(self, pool, index_of: Callable[[int], np.ndarray], device: torch.device) -> None:
         """One graph per count, each warmed and captured on `index_of(count)` (rows no session
@@ -47,7 +48,7 @@ class IndexedGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.work(index)
-            self.graphs[n] = (graph, index, host)
+            self.graphs[n] = (graph, index, host, torch.cuda.Event())
         self.counts = COUNTS
 
     def count_for(self, n: int) -> int | None:
@@ -61,8 +62,11 @@ class IndexedGraphs:
         if entry is None:
             self.work(torch.as_tensor(index, dtype=torch.long, device=device))
             return
-        graph, dev, host = entry
-        # the beats run one after another: the last beat's copy from `host` is done by now
+        graph, dev, host, copied = entry
+        # the last copy from `host` may still be queued (work behind a beat's end runs while
+        # the host goes on): it must read the old index before the new one is written
+        copied.synchronize()
         host.numpy()[:] = index
         dev.copy_(host, non_blocking=True)
+        copied.record()
         graph.replay()

@@ -121,6 +121,12 @@ class ModelRunner:
         if plan.resets:
             self.resets.run(plan.resets, {slot for slot, _, _ in plan.copies})
 
+    def clean(self, plan: BookPlan) -> None:
+        """The plan's cleans: slots whose sessions closed, wholly reset behind the beat's work
+        (nothing of the beat reads them), so their next sessions start without a reset."""
+        if plan.cleans:
+            self.resets.clean(plan.cleans)
+
     def save(self, plan: BookPlan) -> None:
         """The plan's snapshot saves, after its start rows."""
         self.snapshots.save(plan.saves)

@@ -11,6 +11,10 @@ each count in COUNTS, by an index tensor of slots: the resets of a beat then cos
 A count larger than the beat's resets is padded by repeating its last slot (`indexed_graphs`):
 every write is a constant or the warm-up template, so a slot written twice holds what it holds
 written once.
+
+A slot whose session closed is cleaned behind a later beat's work (`clean`: the whole reset,
+the thinker's part too, as one more captured graph), so the next session there starts with no
+reset in its beat: a snapshot start is then its copy alone.
 """
 from __future__ import annotations
 
@@ -34,15 +38,33 @@ class SlotResets:
     def __init__(self, state: VoiceChatState, model: VoiceChat, indexed: bool = False):
         self.state, self.model = state, model
         self.graphs = IndexedGraphs(self.write, indexed)
+        self.cleans = IndexedGraphs(self.write_all, indexed)
 
     def write(self, slots: torch.Tensor | slice) -> None:
         """What a reset writes, but the thinker's part."""
         self.state.reset(slots, thinker=False)
         self.model.warm(self.state, slots)
 
+    def write_all(self, slots: torch.Tensor | slice) -> None:
+        """What a reset writes, the thinker's part too."""
+        self.state.reset(slots)
+        self.model.warm(self.state, slots)
+
     def capture(self, pool, slot: int) -> None:
-        """One graph per count, each warmed and captured on `slot` (a slot no session uses)."""
-        self.graphs.capture(pool, lambda n: np.full(n, slot), self.state.text_prev.device)
+        """One graph per count and way, each warmed and captured on `slot` (a slot no session
+        uses)."""
+        for graphs in (self.graphs, self.cleans):
+            graphs.capture(pool, lambda n: np.full(n, slot), self.state.text_prev.device)
+
+    def clean(self, slots: list[int]) -> None:
+        """`slots` (their sessions closed) wholly reset: one replay where a count holds them,
+        else by runs."""
+        count = self.cleans.count_for(len(slots))
+        if count is not None:
+            self.cleans.run(np.asarray(padded(slots, count)), self.state.text_prev.device)
+            return
+        for a, b, _ in slot_runs(slots):
+            self.write_all(slice(a, b))
 
     def count_for(self, n: int) -> int | None:
         """The smallest captured count that holds n resets (None: none does)."""

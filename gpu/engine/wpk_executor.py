@@ -287,6 +287,7 @@ class WpkExecutor(GraphExecutor):
         self._beat_done.record()
         with torch.no_grad():
             self.runner.roll(plan)
+            self.runner.clean(plan)
         if not self.failed:
             self._arm()
         self.launch_s.append(time.perf_counter() - t0)

@@ -8,7 +8,8 @@ a copy-start whose thinker part is left stale because the reset skipped it and t
 it; a reset that skips the thinker of a slot that does not copy in this plan (it would prefill
 onto the last session's SSM state); a run merged across two different snapshot entries; a
 padded index whose padding names a slot that no reset was asked for; a captured copy that
-replays the positions or entry it was captured with instead of the beat's.
+replays the positions or entry it was captured with instead of the beat's; a clean (a closed
+slot reset behind a beat) that leaves the thinker's part, or the talker's warm-up, stale.
 """
 import os
 
@@ -93,6 +94,22 @@ def test_resets_write_what_per_slot_resets_and_copies_write(resets, copy_entry, 
         assert torch.equal(w[name], g[name]), name
 
 
+@settings(max_examples=40, deadline=None)
+@given(cleans=st.integers(1, SLOTS).flatmap(
+           lambda n: st.permutations(range(SLOTS)).map(lambda p: sorted(p[:n]))),
+       indexed=st.booleans())
+def test_a_clean_writes_what_a_whole_per_slot_reset_writes(cleans, indexed):
+    want = noisy_state(1)
+    idx = torch.tensor(cleans)
+    want.reset(idx)
+    MODEL.warm(want, idx)
+    got = noisy_state(1)
+    SlotResets(got, MODEL, indexed=indexed).clean(cleans)
+    w, g = by_slot(want), by_slot(got)
+    for name in w:
+        assert torch.equal(w[name], g[name]), name
+
+
 def test_runs_split_where_the_key_changes():
     assert slot_runs([5, 1, 2, 3, 7]) == [(1, 4, None), (5, 6, None), (7, 8, None)]
     key = {1: "a", 2: "a", 3: "b", 4: "b"}.get
@@ -111,7 +128,7 @@ def test_padding_repeats_the_last_slot_asked_for():
 @pytest.mark.gpu
 def test_captured_resets_write_what_eager_ones_write():
     """The captured graphs (index writes into a slot named at replay) against the eager
-    resets, on the device, for scattered slots of every captured count."""
+    resets and cleans, on the device, for scattered slots of every captured count."""
     cuda = VoiceChat.random(VoiceChatConfig.named("tiny"), Profile.named("fp32"), "cuda", 0)
     n_slots = 2 * max(COUNTS) + 1
     trash = n_slots - 1
@@ -128,6 +145,7 @@ def test_captured_resets_write_what_eager_ones_write():
                 for _, t in state.tensors():    # the capture's warm-up wrote the trash slot
                     t.fill_(7)
             r.run(slots, set())
+            r.clean([s + 1 for s in slots])
             states.append(by_slot(state))
         for name in states[0]:
             assert torch.equal(states[0][name], states[1][name]), (n, name)

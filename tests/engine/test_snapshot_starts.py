@@ -8,7 +8,9 @@ On the graph executor (the serving profiles, CUDA graphs on) the same, the cache
 
 Bugs these catch: a copy that reads another slot's state (planted below: the check fails); a
 snapshot missing a part of the start state (the SSM, the conv columns, KV rows, the length); a
-save taken before the prompt's last chunk ran; a prefix resumed at the wrong position.
+save taken before the prompt's last chunk ran; a prefix resumed at the wrong position; a slot
+whose last session closed, started again from a clean (its reset behind an earlier beat) that
+left some of that session's state behind (planted below).
 """
 import asyncio
 
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from gpu.engine.slot_resets import SlotResets
 from gpu.engine.snapshot_rows import SnapshotRows
 from wave_actors.core.beat_driver import BeatDriver
 from wave_actors.core.contract import ExecutorOptions, SessionSpec
@@ -47,7 +50,7 @@ async def run_calls(ex, calls: list[tuple[int, int, SessionSpec]], beats: int = 
     """calls: (beat, slot, spec) opens (spec None: a close). Returns slot → {frame index:
     outputs of that frame, -1: the state its first frame read}."""
     d = BeatDriver(ex)
-    heard: dict[int, dict[int, tuple]] = {}
+    heard: dict = {"resets": [], "cleans": []}
     for k in range(beats):
         for beat, slot, spec in calls:
             if beat == k and spec is None:
@@ -56,6 +59,8 @@ async def run_calls(ex, calls: list[tuple[int, int, SessionSpec]], beats: int = 
                 d.open(slot, spec)
         waiting = [s for s in range(SLOTS) if not d.ready(s)]
         plan, out = await d.beat(frame_audio)
+        heard["resets"] += plan.resets
+        heard["cleans"] += plan.cleans
         for slot in waiting:
             if d.ready(slot):           # its start is done: the state its first frame reads
                 heard.setdefault(slot, {})[-1] = start_state(ex, slot)
@@ -174,6 +179,38 @@ def test_the_check_catches_a_copy_that_reads_another_slot(name, monkeypatch):
     spec = SessionSpec(instructions=INSTRUCTIONS)
     late = 5 if name == "cpu" else 14          # slot 0 is mid-call by then
     assert not compare(name, [(0, 0, spec), (late, 2, spec)], 2, beats=16)[2]
+
+
+def reused(name: str, spec, first: int) -> list:
+    """`first` opens at beat 0 and leaves once live; slot 0 opens two beats later (after the
+    clean of `first`'s slot): alone in its beats, as `alone_after`."""
+    gone = 7 if name == "cpu" else 14
+    return [(0, first, spec), (gone, first, None), (gone + 2, 0, spec)]
+
+
+def reused_start(name: str) -> tuple[dict, dict, bool]:
+    """A snapshot start into a slot cleaned after its last session against a prefill start
+    into a slot never used (snapshots off): the same session, frame by frame."""
+    spec = SessionSpec(instructions=INSTRUCTIONS)
+    again = asyncio.run(run_calls(build(name, True), reused(name, spec, 0),
+                                  18 if name == "cpu" else 36))
+    fresh = asyncio.run(run_calls(build(name, False), reused(name, spec, 1),
+                                  18 if name == "cpu" else 36))
+    return again, fresh, same(again[0], fresh[0])
+
+
+def test_a_start_in_a_cleaned_slot_is_a_start_in_a_new_one(name):
+    again, _, equal = reused_start(name)
+    assert again["book"].snapshots.describe()["hits"] == 1
+    assert again["cleans"] == [0] and again["resets"] == [0]    # its first session's reset only
+    assert equal
+
+
+def test_the_check_catches_a_clean_that_leaves_the_last_session_behind(name, monkeypatch):
+    """Planted: a clean that does nothing. The slot's next session then starts on what the
+    last one left (the talker's caches and position, perception, the RNNT's state)."""
+    monkeypatch.setattr(SlotResets, "clean", lambda self, slots: None)
+    assert not reused_start(name)[2]
 
 
 @pytest.mark.gpu

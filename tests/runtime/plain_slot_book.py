@@ -41,6 +41,9 @@ class PlainSlotBook:
         self.shape, self.policy = shape, policy
         self.frames_per_session, self.roll_frames = frames_per_session, roll_frames
         self.slots = [SlotState() for _ in range(slots)]
+        self.clean = [False] * slots        # reset since its last session closed, untouched
+        self.cleaning: list[int] = []       # closed, not cleaned yet: in close order
+        self.fresh: list[int] = []          # opened clean since the last plan
         self.starts = StartQueue()
         self._sessions = 0
         self._beat = 0
@@ -49,13 +52,23 @@ class PlainSlotBook:
     def open(self, slot: int, tokens: list[int], spec: Any = None) -> int:
         """The slot starts a new session with this prompt; returns its session number."""
         self._sessions += 1
-        self.slots[slot] = SlotState("starting", self._sessions, list(tokens), reset=True,
+        clean, self.clean[slot] = self.clean[slot], False
+        if slot in self.cleaning:
+            self.cleaning.remove(slot)
+        if clean:
+            self.fresh.append(slot)
+        self.slots[slot] = SlotState("starting", self._sessions, list(tokens), reset=not clean,
                                      spec=spec)
         self.starts.open(slot)
         return self._sessions
 
     def close(self, slot: int) -> None:
         self.slots[slot] = SlotState()
+        self.clean[slot] = False
+        if slot in self.fresh:
+            self.fresh.remove(slot)
+        if self.shape.cleans and slot not in self.cleaning:
+            self.cleaning.append(slot)
         self.starts.close(slot)
 
     def force(self, slot: int, ids: list[int]) -> None:
@@ -74,6 +87,9 @@ class PlainSlotBook:
         resets = [i for i, s in enumerate(self.slots) if s.reset]
         for i in resets:
             self.slots[i].reset = False
+        cleans, self.cleaning = self.cleaning[:self.shape.cleans], self.cleaning[self.shape.cleans:]
+        for i in cleans:
+            self.clean[i] = True
         live = [i for i, s in enumerate(self.slots) if s.phase == "live"]
         roll = [(i, len(self.slots[i].prompt)) for i in self._rolling(live)]
         rows = [self.slots[i] for i in live]
@@ -89,7 +105,9 @@ class PlainSlotBook:
             max((s.context for s in rows), default=0) + self.shape.warmup_positions
             + FRAMES_PER_BEAT,
             np.array([s.context for s in rows], np.int64), roll,
-            self.roll_frames if roll else 0, opened={i: self.slots[i].spec for i in resets})
+            self.roll_frames if roll else 0,
+            opened={i: self.slots[i].spec for i in resets + self.fresh}, cleans=cleans)
+        self.fresh = []
         self._beat += 1
         for s in rows:
             s.frames += FRAMES_PER_BEAT

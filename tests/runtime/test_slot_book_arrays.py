@@ -81,3 +81,27 @@ class BookLockstep(RuleBasedStateMachine):
 
 TestBookLockstep = BookLockstep.TestCase
 TestBookLockstep.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+
+
+def test_a_closed_slot_is_cleaned_behind_a_beat_and_reopens_without_a_reset():
+    """Bugs: a slot reopened before its clean ran taken as clean (the new session starts on
+    the last one's state); more closes than a beat cleans dropped instead of waiting."""
+    shape = StartShape(prefill_chunk=4, start_rows=2, warmup_positions=3, max_prompt=16,
+                       cleans=2)
+    book = SlotBook(SLOTS, shape, BudgetedStarts(max_hold=2), FRAMES, ROLL)
+    for slot in range(4):
+        book.open(slot, [1, 2, 3])
+    assert sorted(book.plan(1.0).resets) == [0, 1, 2, 3]
+    for slot in range(4):
+        book.close(slot)
+    book.open(3, [1, 2])                 # closed and reopened before any clean: a reset
+    first = book.plan(1.0)
+    assert first.cleans == [0, 1] and first.resets == [3]
+    assert book.plan(1.0).cleans == [2]  # the rest in the next beat
+    book.open(0, [4, 5], "spec")
+    book.open(2, [4, 5])
+    third = book.plan(1.0)
+    assert third.resets == [] and third.cleans == [] and set(third.opened) == {0, 2}
+    book.close(0)
+    book.open(0, [4, 5])                 # a clean slot opened and closed unplanned: dirty again
+    assert book.plan(1.0).resets == [0]

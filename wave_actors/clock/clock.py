@@ -370,7 +370,7 @@ class BeatClockActor(Actor):
                 # Waiters resume only once this coroutine yields, after the submit below.
                 self._handed = None
                 handed.set_result(None)
-        if not (plan.live or plan.rows or plan.resets or plan.copies):
+        if plan.idle():
             self.slots.table.complete(packed, late=False)
             self.turns.free()
             collect_between_beats(k)

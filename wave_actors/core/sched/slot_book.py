@@ -3,7 +3,8 @@
 Per slot: its phase (closed → starting → live), its session number (the noise key), its
 prompt and how much of it is prefilled, the frames it has run and any tool-result tokens still
 to force. Once a beat, `plan` turns that into a `BookPlan`: which slots reset (the talker's
-warm-up is copied in with the reset), which run their two frames (with forced tokens and noise
+warm-up is copied in with the reset; a slot cleaned behind an earlier beat, after its last
+session closed, needs none), which run their two frames (with forced tokens and noise
 keys), which start rows the beat carries (one chunk of prompt each for up to `start_rows`
 starting slots, cut by the executor's `StartShape`; the start policy says whether this beat
 carries them, `StartQueue` which slots take them), and which finished starts go live for the
@@ -21,6 +22,7 @@ Torch-free and clock-free: the clock owns one book per incarnation and feeds it 
 """
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +45,10 @@ SMALL_START_ROWS = 4
 PREFILL_CHUNK = 16
 TALKER_WARMUP = 37          # warm-up positions of the full talker (docs/MODEL.md §2.5)
 GRAPH_MAX_PROMPT = 512      # thinker positions the GPU reserves for the system prompt
+# Slots whose sessions closed, reset behind a beat's work (one captured graph on the GPU holds
+# 16): the next session in such a slot starts without a reset in its own beat. More closes in
+# one beat wait for later beats, or reset at their next open.
+CLEANS_PER_BEAT = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,9 +59,11 @@ class StartShape:
     small_rows: int = SMALL_START_ROWS          # the smaller capture (0 or ≥ start_rows: none)
     warmup_positions: int = TALKER_WARMUP       # the talker's warm-up positions (copied at reset)
     max_prompt: int = GRAPH_MAX_PROMPT          # thinker positions reserved for the prompt
+    cleans: int = CLEANS_PER_BEAT               # closed slots a beat resets behind its work
 
     def __post_init__(self) -> None:
-        if min(self.prefill_chunk, self.start_rows, self.max_prompt) < 1 or self.small_rows < 0:
+        if min(self.prefill_chunk, self.start_rows, self.max_prompt) < 1 \
+                or min(self.small_rows, self.cleans) < 0:
             raise ValueError(f"every size of a StartShape is positive: {self}")
 
     @property
@@ -108,6 +116,12 @@ class BookPlan:
     saves: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, snapshot entry,
                                         # positions): the slot's start state kept in the entry
                                         # after this beat's start rows
+    cleans: list[int] = field(default_factory=list)  # slots whose sessions closed: reset
+                                        # behind this beat's work, their next open needs none
+
+    def idle(self) -> bool:
+        """Nothing for an executor to run."""
+        return not (self.live or self.rows or self.resets or self.copies or self.cleans)
 
 
 def carry_start_rows(slots: list, starts: StartQueue, shape: StartShape, plan: BookPlan,
@@ -144,6 +158,11 @@ class SlotBook:
         self.slots = [SlotState() for _ in range(slots)]
         self._live = np.zeros(slots, bool)
         self._reset = np.zeros(slots, bool)
+        # reset since their last session closed, and nothing written since (an open needs no
+        # reset); closed, their clean still to plan (in close order); opened clean, not planned
+        self._clean = np.zeros(slots, bool)
+        self._cleaning: dict[int, None] = {}
+        self._fresh: list[int] = []
         self._session = np.zeros(slots, np.int64)
         self._frames = np.zeros(slots, np.int64)
         self._rolled = np.zeros(slots, np.int64)
@@ -158,7 +177,13 @@ class SlotBook:
         """The slot starts a new session with this prompt; returns its session number."""
         self._sessions += 1
         self.slots[slot] = SlotState("starting", list(tokens), spec=spec)
-        self._set(slot, live=False, reset=True, session=self._sessions, prompt_len=len(tokens))
+        clean = bool(self._clean[slot])
+        self._clean[slot] = False
+        self._cleaning.pop(slot, None)          # closed and reopened before its clean: a reset
+        if clean:
+            self._fresh.append(slot)
+        self._set(slot, live=False, reset=not clean, session=self._sessions,
+                  prompt_len=len(tokens))
         self._forcing.discard(slot)
         # after its reset: a copy, a wait for the same prompt's rows, or rows (at a plan)
         self._placing.pop(slot, None)           # a reopened slot starts after the others
@@ -172,6 +197,11 @@ class SlotBook:
             if self.snapshots.pending.get(key) == slot:   # a slot waiting on it prefills instead
                 del self.snapshots.pending[key]
         self.slots[slot] = SlotState()
+        if slot in self._fresh:
+            self._fresh.remove(slot)
+        self._clean[slot] = False
+        if self.shape.cleans:
+            self._cleaning[slot] = None
         self._set(slot, live=False, reset=False, session=0, prompt_len=0)
         self._forcing.discard(slot)
         self.starts.close(slot)
@@ -232,6 +262,10 @@ class SlotBook:
                 resets = resets[:fit]
                 room -= len(resets) * cost
             self._reset[resets] = False
+        cleans = list(itertools.islice(self._cleaning, self.shape.cleans))
+        for slot in cleans:
+            del self._cleaning[slot]
+        self._clean[cleans] = True
         live = idx.tolist()
         frame0 = self._frames[idx]
         context = frame0 - self._rolled[idx]
@@ -245,7 +279,8 @@ class SlotBook:
             (0 if empty else int(context.max())) + self.shape.warmup_positions
             + FRAMES_PER_BEAT,
             context, roll, self.roll_frames if roll else 0,
-            opened={i: self.slots[i].spec for i in resets})
+            opened={i: self.slots[i].spec for i in resets + self._fresh}, cleans=cleans)
+        self._fresh = []
         self._beat += 1
         self._frames[idx] += FRAMES_PER_BEAT
         self._rolled[rolling] += self.roll_frames
