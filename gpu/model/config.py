@@ -23,10 +23,10 @@ import torch
 
 from gpu.model.codec import CodecConfig
 from gpu.model.mel import MelConfig
-from gpu.model.perception import PerceptionConfig
+from gpu.model.perception_weights import PerceptionConfig
 from gpu.model.rnnt import RNNTConfig
 from gpu.model.talker import TalkerConfig
-from gpu.model.thinker import ThinkerConfig
+from gpu.model.thinker_weights import ThinkerConfig
 
 
 @dataclass(frozen=True)

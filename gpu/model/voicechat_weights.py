@@ -14,10 +14,10 @@ from torch import Tensor
 
 from gpu.model import codec as codec_mod
 from gpu.model import mel as mel_mod
-from gpu.model import perception as perception_mod
+from gpu.model import perception_weights
 from gpu.model import rnnt as rnnt_mod
 from gpu.model import talker_weights
-from gpu.model import thinker as thinker_mod
+from gpu.model import thinker_weights
 from gpu.model.config import Profile, VoiceChatConfig
 
 NETWORKS = ("mel", "perception", "rnnt", "thinker", "talker", "codec")
@@ -26,9 +26,9 @@ IGNORED_PREFIXES = ("tts_model.audio_codec.encoder.",)     # codec encoder: not 
 
 def _sources(cfg: VoiceChatConfig) -> dict[str, dict[str, tuple]]:
     return {"mel": mel_mod.param_shapes(cfg.mel),
-            "perception": perception_mod.param_shapes(cfg.perception),
+            "perception": perception_weights.param_shapes(cfg.perception),
             "rnnt": rnnt_mod.param_shapes(cfg.rnnt),
-            "thinker": thinker_mod.param_shapes(cfg.thinker),
+            "thinker": thinker_weights.param_shapes(cfg.thinker),
             "talker": talker_weights.param_shapes(cfg.talker),
             "codec": codec_mod.param_shapes(cfg.codec)}
 
@@ -82,8 +82,8 @@ def random_weights_on(cfg: VoiceChatConfig, device: torch.device | str = "cpu", 
     draws from its own generator seeded from (seed, network), so a network's weights do not
     depend on the others' sizes. The draws depend on the device's generator: the CPU gives the
     reference weights (`random_weights`), a GPU its own."""
-    inits = {"mel": mel_mod.init_random, "perception": perception_mod.init_random,
-             "rnnt": rnnt_mod.init_random, "thinker": thinker_mod.init_random,
+    inits = {"mel": mel_mod.init_random, "perception": perception_weights.init_random,
+             "rnnt": rnnt_mod.init_random, "thinker": thinker_weights.init_random,
              "talker": talker_weights.init_random, "codec": codec_mod.init_random}
     configs = {"mel": cfg.mel, "perception": cfg.perception, "rnnt": cfg.rnnt,
                "thinker": cfg.thinker, "talker": cfg.talker, "codec": cfg.codec}

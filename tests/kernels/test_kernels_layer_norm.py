@@ -11,6 +11,7 @@ import torch
 from gpu.engine.decode_ops import TritonDecodeOps
 from gpu.kernels.layer_norm import add_layer_norm, add_layer_norm_ref
 from gpu.model import perception as P
+from gpu.model import perception_weights as PW
 from tests.tensorkit import exact_fp32, rel
 from tests.kernels.test_kernels_relpos import CHUNKS, stream
 
@@ -98,9 +99,9 @@ def test_add_layer_norm_empty_rows():
 def _model(seed, dtype, use_bias):
     """Tiny perception with nonzero pos_bias_u/v, LayerNorm affines and (use_bias) linear biases:
     init_random leaves them 1 and 0, which would hide a swapped or dropped term."""
-    cfg = dataclasses.replace(P.PerceptionConfig.tiny(), use_bias=use_bias)
+    cfg = dataclasses.replace(PW.PerceptionConfig.tiny(), use_bias=use_bias)
     g = torch.Generator().manual_seed(seed)
-    sd = P.init_random(cfg, g)
+    sd = PW.init_random(cfg, g)
     for name, t in sd.items():
         if "pos_bias" in name or name.endswith("bias"):
             sd[name] = 0.3 * torch.randn(t.shape, generator=g)

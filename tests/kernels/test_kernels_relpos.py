@@ -10,6 +10,7 @@ from gpu.engine.decode_ops import TritonDecodeOps, install_perception
 from gpu.kernels.layer_norm import add_layer_norm_ref
 from gpu.kernels.relpos_attention import relpos_attention, relpos_attention_ref
 from gpu.model import perception as P
+from gpu.model import perception_weights as PW
 from tests.tensorkit import counting, exact_fp32, rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -94,9 +95,9 @@ def test_relpos_attention_rejects_bad_args():
 def perception_model(seed: int, dtype=torch.float32) -> P.Perception:
     """Tiny perception whose pos_bias_u/v are nonzero (init_random leaves them 0), so the
     kernel's two bias terms are seen."""
-    cfg = P.PerceptionConfig.tiny()
+    cfg = PW.PerceptionConfig.tiny()
     g = torch.Generator().manual_seed(seed)
-    sd = P.init_random(cfg, g)
+    sd = PW.init_random(cfg, g)
     for name, t in sd.items():
         if "pos_bias" in name:
             sd[name] = 0.5 * torch.randn(t.shape, generator=g)

@@ -8,12 +8,14 @@ import torch
 
 from gpu.model import mel as M
 from gpu.model import perception as P
+from gpu.model import perception_weights as PW
 from gpu.model import rnnt as R
 from gpu.model import thinker as TH
+from gpu.model import thinker_weights as THW
 from wave_actors.core.text import PAD
 
-MODULES = [(M, M.MelConfig, M.MelFrontEnd), (P, P.PerceptionConfig, P.Perception),
-           (R, R.RNNTConfig, R.RNNT), (TH, TH.ThinkerConfig, TH.Thinker)]
+MODULES = [(M, M.MelConfig, M.MelFrontEnd), (PW, PW.PerceptionConfig, P.Perception),
+           (R, R.RNNTConfig, R.RNNT), (THW, THW.ThinkerConfig, TH.Thinker)]
 
 
 def module_names(mod, model):
@@ -44,7 +46,7 @@ def count(mod, Model, cfg, keep=lambda name: True):
 
 def test_full_parameter_counts_match_model_md():
     """§2.4: 7.71 B in layers + 3 × 0.587 B tables = 9.475 B; §4: perception 0.614 B, RNNT 8.94 M."""
-    th = TH.ThinkerConfig.full()
+    th = THW.ThinkerConfig.full()
     model = TH.Thinker(th, device="meta")
     total = sum(p.numel() for p in model.parameters())
     assert total == count(TH, TH.Thinker, th)
@@ -53,21 +55,21 @@ def test_full_parameter_counts_match_model_md():
     assert th.vocab * th.hidden == 587_202_560                     # each of embed / lm_head / function_head
     assert (th.pattern.count("M"), th.pattern.count("-"), th.pattern.count("*")) == (27, 25, 4)
     assert [i for i, k in enumerate(th.pattern) if k == "*"] == [14, 21, 30, 39]
-    pe = sum(p.numel() for p in P.Perception(P.PerceptionConfig.full(), device="meta").parameters())
+    pe = sum(p.numel() for p in P.Perception(PW.PerceptionConfig.full(), device="meta").parameters())
     assert round(pe / 1e9, 3) == 0.614
     rn = sum(p.numel() for p in R.RNNT(R.RNNTConfig.full(), device="meta").parameters())
     assert round(rn / 1e6, 2) == 8.94
 
 
 def test_full_shapes_spot_checks_from_model_md_section_7():
-    th = TH.param_shapes(TH.ThinkerConfig.full())
+    th = THW.param_shapes(THW.ThinkerConfig.full())
     L = "stt_model.llm.layers."
     assert th[L + "0.mixer.in_proj.weight"] == (22656, 4480) and th[L + "0.mixer.conv1d.weight"] == (12288, 1, 4)
     assert th[L + "0.mixer.norm.weight"] == (10240,) and th[L + "0.mixer.out_proj.weight"] == (4480, 10240)
     assert th[L + "1.mixer.up_proj.weight"] == (15680, 4480) and th[L + "14.mixer.q_proj.weight"] == (5120, 4480)
     assert th[L + "14.mixer.k_proj.weight"] == (1024, 4480) and th[L + "14.mixer.o_proj.weight"] == (4480, 5120)
     assert th["stt_model.lm_head.weight"] == th["stt_model.function_head.weight"] == (131072, 4480)
-    pe = P.param_shapes(P.PerceptionConfig.full())
+    pe = PW.param_shapes(PW.PerceptionConfig.full())
     assert pe["stt_model.perception.encoder.pre_encode.out.weight"] == (1024, 256 * 17)
     assert pe["stt_model.perception.encoder.layers.23.self_attn.pos_bias_u"] == (8, 128)
     assert pe["stt_model.perception.encoder.layers.0.conv.depthwise_conv.weight"] == (1024, 1, 9)
@@ -82,19 +84,19 @@ def test_full_shapes_spot_checks_from_model_md_section_7():
 
 @pytest.mark.parametrize("size", ["full", "tiny"])
 def test_configs_fit_together(size):
-    mc, pc = getattr(M.MelConfig, size)(), getattr(P.PerceptionConfig, size)()
-    rc, tc = getattr(R.RNNTConfig, size)(), getattr(TH.ThinkerConfig, size)()
+    mc, pc = getattr(M.MelConfig, size)(), getattr(PW.PerceptionConfig, size)()
+    rc, tc = getattr(R.RNNTConfig, size)(), getattr(THW.ThinkerConfig, size)()
     assert mc.n_mels == pc.mel_bins and mc.window_cols == pc.window_cols and mc.cols_per_frame == pc.new_cols
     assert pc.out_dim == tc.hidden and pc.d_model == rc.enc_dim
-    assert P.subsampled_len(pc.window_cols) - pc.drop_frames == 1
+    assert PW.subsampled_len(pc.window_cols) - pc.drop_frames == 1
 
 
 @torch.no_grad()
 def test_tiny_chain_frame_by_frame_is_finite():
     g = torch.Generator().manual_seed(1)
-    mc, pc, rc, tc = M.MelConfig.tiny(), P.PerceptionConfig.tiny(), R.RNNTConfig.tiny(), TH.ThinkerConfig.tiny()
+    mc, pc, rc, tc = M.MelConfig.tiny(), PW.PerceptionConfig.tiny(), R.RNNTConfig.tiny(), THW.ThinkerConfig.tiny()
     models = []
-    for mod, Model, cfg in ((M, M.MelFrontEnd, mc), (P, P.Perception, pc), (R, R.RNNT, rc), (TH, TH.Thinker, tc)):
+    for mod, Model, cfg in ((M, M.MelFrontEnd, mc), (PW, P.Perception, pc), (R, R.RNNT, rc), (THW, TH.Thinker, tc)):
         models.append(Model(cfg))
         models[-1].load_named(mod.init_random(cfg, g))
     mel, per, rnnt, thk = models

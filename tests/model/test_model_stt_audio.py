@@ -7,6 +7,7 @@ import torch
 
 from gpu.model import mel as M
 from gpu.model import perception as P
+from gpu.model import perception_weights as PW
 from tests.tensorkit import _no_grad, rel  # noqa: F401 (the fixture registers by import)
 
 SAMPLES = 1280
@@ -24,9 +25,9 @@ def mel_model(pad_mode="constant"):
 def perception_model(seed=0, sub_bias=0.0, cfg=None):
     """Tiny perception with every norm, bias and pos_bias perturbed away from 1/0 so the test sees
     them; subsampling biases scaled by `sub_bias` (0 = docs/MODEL.md §8's zeros)."""
-    cfg = cfg or P.PerceptionConfig.tiny()
+    cfg = cfg or PW.PerceptionConfig.tiny()
     g = torch.Generator().manual_seed(seed)
-    sd = P.init_random(cfg, g)
+    sd = PW.init_random(cfg, g)
     for k, v in sd.items():
         if "pre_encode.conv" in k and k.endswith("bias"):
             sd[k] = sub_bias * torch.randn(v.shape, generator=g)
@@ -61,7 +62,7 @@ def test_mel_streamed_equals_utterance(pad_mode):
     assert rel(streamed[:, 7:], offline[:, :8 * K - 7]) < 1e-5
     torch.testing.assert_close(streamed[:, 7:], offline[:, :8 * K - 7], rtol=1e-5, atol=1e-5)
     # each window is the 9 previous + 8 new columns that perception's chunking asks for
-    for k, (o, w) in enumerate(zip(outs, windows_from_columns(offline[:, :8 * K - 7], P.PerceptionConfig.tiny()))):
+    for k, (o, w) in enumerate(zip(outs, windows_from_columns(offline[:, :8 * K - 7], PW.PerceptionConfig.tiny()))):
         torch.testing.assert_close(o.window, w, rtol=1e-5, atol=1e-5)
     assert torch.isfinite(offline).all() and offline.std() > 0.5
 
@@ -227,7 +228,7 @@ def test_perception_bf16_profile_is_close_and_finite():
     model = perception_model(seed=11)
     cfg, K = model.cfg, 6
     bf = P.Perception(cfg, dtype=torch.bfloat16)
-    bf.load_named({P.PREFIX + k: v for k, v in model.state_dict().items()})
+    bf.load_named({PW.PREFIX + k: v for k, v in model.state_dict().items()})
     g = torch.Generator().manual_seed(12)
     windows = windows_from_columns(torch.randn(2, 8 * (K - 1) + 1, cfg.mel_bins, generator=g), cfg)
     ref, _ = run_stream(model, windows, P.PerceptionState.alloc(cfg, 2), torch.arange(2))
@@ -241,7 +242,7 @@ def test_perception_bf16_profile_is_close_and_finite():
 def test_subsampling_receptive_field_is_causal_2_before_1_after():
     """Output (t, f) of the conv stack depends on exactly inputs [8t − 14, 8t] × [8f − 14, 8f]:
     NeMo's CausalConv2D pads 2 before and 1 after in both time and frequency at each stage."""
-    cfg = dataclasses.replace(P.PerceptionConfig.tiny(), sub_channels=8)
+    cfg = dataclasses.replace(PW.PerceptionConfig.tiny(), sub_channels=8)
     model = perception_model(seed=13, cfg=cfg)
     for conv in model.encoder.pre_encode.conv:
         if isinstance(conv, torch.nn.Conv2d):

@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from gpu.model import thinker as TH
+from gpu.model import thinker_weights as THW
 from wave_actors.core.text import BOS, EOS, PAD
 from tests.tensorkit import _no_grad, rel  # noqa: F401 (the fixture registers by import)
 
-CFG = TH.ThinkerConfig.tiny()
+CFG = THW.ThinkerConfig.tiny()
 
 
 
@@ -16,7 +17,7 @@ CFG = TH.ThinkerConfig.tiny()
 def model(seed=0, dtype=None):
     """Tiny thinker, §8 init with norms, D and conv biases perturbed so the tests see them."""
     g = torch.Generator().manual_seed(seed)
-    sd = TH.init_random(CFG, g)
+    sd = THW.init_random(CFG, g)
     for k, v in sd.items():
         if k.endswith(("norm.weight", "norm_f.weight", ".D")):
             sd[k] = 1.0 + 0.3 * torch.randn(v.shape, generator=g)
@@ -30,7 +31,7 @@ def model(seed=0, dtype=None):
 def test_tiny_config_has_every_layer_kind_and_special_tokens():
     assert set(CFG.pattern) == set("M-*") and CFG.pattern.count("*") >= 2
     assert max(BOS, EOS, PAD, 11, 20, 21, 22, 1000 + 255) < CFG.vocab
-    dt = torch.nn.functional.softplus(TH.init_random(CFG)[f"{TH.PREFIX}llm.layers.0.mixer.dt_bias"])
+    dt = torch.nn.functional.softplus(THW.init_random(CFG)[f"{THW.PREFIX}llm.layers.0.mixer.dt_bias"])
     assert dt.max() > 30 and dt.min() < 0.1                       # huge-Δ heads and ordinary ones
 
 
@@ -198,7 +199,7 @@ def test_thinker_batch_invariance_resets_and_prefills():
 def test_bf16_profile_keeps_fp32_ssm_state():
     m32 = model(seed=21)
     m16 = TH.Thinker(CFG, dtype=torch.bfloat16)
-    m16.load_named({TH.PREFIX + k: v for k, v in m32.state_dict().items()})
+    m16.load_named({THW.PREFIX + k: v for k, v in m32.state_dict().items()})
     text, audio, func = fused_inputs(m32, 2, 5, seed=22)
     s32 = TH.ThinkerState.alloc(CFG, 2, 8)
     s16 = TH.ThinkerState.alloc(CFG, 2, 8, dtype=torch.bfloat16)
