@@ -1,39 +1,37 @@
 """One Realtime WebSocket connection and its node session (see `server.py` for the bridge).
 
-Per connection four tasks: the reader parses client events, queues audio in the input feed
-(`feed.py`: bounded, a refused append told and counted) and forwards function results; the
-feeder sends the feed's audio to the node at the model's pace, and silence while the client
-sends none (a connected client is a live call: no idle close); the pump turns node events into
-server events (`Conversation`) and queues them in a bounded `Outbox`; the writer sends from
-the outbox. A client that stops reading fills the outbox: audio deltas are then dropped and
-counted, and after `stall_grace_s` of dropping (or once the non-droppable events overflow) the
-connection is aborted.
+Per connection four tasks: the reader parses client events and runs each one's handler
+(`client_events.py`): audio is queued in the input feed (`feed.py`: bounded, a refused append
+told and counted), function results are forwarded to the node; the feeder sends the feed's
+audio to the node at the model's pace, and silence while the client sends none (a connected
+client is a live call: no idle close); the pump turns node events into server events
+(`Conversation`) and queues them in a bounded `Outbox`; the writer sends from the outbox. A
+client that stops reading fills the outbox: audio deltas are then dropped and counted, and
+after `stall_grace_s` of dropping (or once the non-droppable events overflow) the connection
+is aborted.
 """
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import logging
 import os
 import socket
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from transports import client as C
+from transports.realtime.client_events import HANDLERS
 from transports.realtime.codec import MAX_AUDIO_MESSAGE_BYTES, Converter
 from transports.realtime.conversation import AUDIO_DELTA_TYPES, Conversation, Ids
 from transports.realtime.dialect import Dialect, DialectError, dialect_of
 from transports.realtime.feed import InputFeed
 from transports.realtime.outbox import Outbox, Overflow
-from transports.realtime.session import (FORMAT_NAMES, NAMED, NATIVE_INPUT, NATIVE_OUTPUT,
+from transports.realtime.session import (FORMAT_NAMES, NATIVE_INPUT, NATIVE_OUTPUT,
                                          VLLM_OMNI_CAPABILITIES, AudioSpec, EventError,
-                                         SessionConfig, apply_update, parse_audio_format,
-                                         parse_event, session_object)
+                                         SessionConfig, parse_event, session_object)
 from wave_actors.core.frames import OUT_RATE
 from wave_actors.core.tasks import stop_tasks, within
 
@@ -255,96 +253,6 @@ class Connection:
             self.emit(self.conv.error("internal", "the bridge failed on this event; it was "
                                       "logged", event_id, kind="server_error"))
 
-    async def on_session_update(self, event: dict) -> None:
-        new = apply_update(self.session, event.get("session"), opened=self.node is not None)
-        if self.dialect.vllm_omni and new.output == NAMED["pcm16"]:
-            new = replace(new, output=NATIVE_OUTPUT)     # its "pcm16" is the model's rate
-        old, self.session = self.session, new
-        if self.node is None:
-            await self._open()
-        else:                            # formats may change mid-session: the bridge converts
-            self._set_converters(new.input != old.input, new.output != old.output)
-        self.emit(self.conv.event("session.updated", session=self._session_obj()))
-
-    async def on_append(self, event: dict) -> None:
-        audio = event.get("audio")
-        if not isinstance(audio, str) or not audio:
-            raise EventError("missing_required_parameter", "input_audio_buffer.append needs "
-                             "`audio`: base64 of audio in the session's input format", "audio")
-        try:
-            data = base64.b64decode(audio, validate=True)
-        except (binascii.Error, ValueError):
-            raise EventError("invalid_value", "`audio` is not valid base64", "audio")
-        if "format" in event:          # vllm-omni style: the format travels with each chunk
-            spec = parse_audio_format(event["format"], "format")
-            rate = event.get("sample_rate_hz", spec.rate)
-            spec = parse_audio_format({"type": spec.ga()["type"], "rate": rate}, "sample_rate_hz")
-            if spec != self.session.input:
-                self.session = replace(self.session, input=spec)
-                if self.node is not None:
-                    self._set_converters(input=True, output=False)
-        await self._open()
-        pieces = self.to_node.pieces(data)         # validated now; converted as each is sent
-        self.conv.note_input()
-        await self._send_input(pieces)
-
-    async def on_commit(self, event: dict) -> None:
-        if event.get("final") and self.node is not None:
-            tail = self.to_node.pieces(b"", last=True)  # flush the resampler: end of input
-            self._set_converters(input=True, output=False)
-            await self._send_input(tail)
-        events = self.conv.commit()
-        if events is None:
-            raise EventError("input_audio_buffer_commit_empty", "no input audio since the last "
-                             "commit")
-        self.conv.resume()
-        self.emit(events)
-
-    async def on_clear(self, event: dict) -> None:
-        # What is still queued is dropped (the client asked); audio the model has heard
-        # cannot be un-heard.
-        self.bridge.totals["input_cleared_bytes"] += self.feed.clear()
-        self.emit(self.conv.event("input_audio_buffer.cleared"))
-
-    async def on_item_create(self, event: dict) -> None:
-        item = event.get("item")
-        if not isinstance(item, dict) or item.get("type") != "function_call_output":
-            raise EventError("unsupported_item_type", "a full-duplex voice model takes only "
-                             "`function_call_output` items; speak to it through "
-                             "input_audio_buffer.append", "item.type")
-        call_id, output = item.get("call_id"), item.get("output")
-        if not isinstance(call_id, str) or not call_id or not isinstance(output, str):
-            raise EventError("missing_required_parameter", "function_call_output needs string "
-                             "`call_id` and `output`", "item")
-        if self.node is None:
-            raise EventError("session_not_started", "no session is open yet, so no function "
-                             "call can be pending")
-        await self._to_node(self.node.function_result(call_id, output))
-        done = {"id": item.get("id") or self.ids("item"), "object": "realtime.item",
-                "type": "function_call_output", "status": "completed", "call_id": call_id,
-                "output": output}
-        events = self.conv.event("conversation.item.added", previous_item_id=self.conv.last_item,
-                                 item=done)
-        self.conv.last_item = done["id"]
-        self.emit(events + self.conv.event("conversation.item.done", item=done))
-
-    async def on_response_create(self, event: dict) -> None:
-        params = event.get("response") if isinstance(event.get("response"), dict) else {}
-        fixed = {k: params[k] for k in ("instructions", "tools") if params.get(k) is not None}
-        if fixed and apply_update(self.session, fixed, opened=False) != self.session:
-            raise EventError("unsupported_parameter", "response.create cannot change "
-                             "instructions or tools: the model speaks on its own clock with the "
-                             "session's", "response")
-        self.conv.resume()       # the model is always responding; this only lifts a mute
-
-    async def on_response_cancel(self, event: dict) -> None:
-        self.emit(self.conv.cancel())
-
-    async def on_unsupported(self, event: dict) -> None:
-        raise EventError("unsupported_in_duplex", f"{event['type']} is not supported: the model "
-                         "keeps its own context, which the client cannot edit or replay",
-                         "type")
-
     # ---- the node -------------------------------------------------------------------------
 
     async def _open(self) -> None:
@@ -481,38 +389,3 @@ class Connection:
                                  self.node_id, reason=reason, stats=stats or {}) \
             if self.dialect.vllm_omni else []
         self.emit(self.conv.closed() + closed)
-
-    async def on_session_close(self, event: dict) -> None:
-        """vllm-omni's `session.close`: the node session ends, `session.closed` with its stats,
-        then the WebSocket closes (1000)."""
-        if not self.dialect.vllm_omni:
-            raise EventError("unknown_event_type", "unknown event type 'session.close'; close "
-                             "the WebSocket to end the session", "type")
-        self._stop_feed()
-        stats = None
-        if self.node is not None and self.node.closed is None:
-            try:
-                stats = (await within(self.node.close(timeout=5.0), 5.0)).stats
-            except (asyncio.TimeoutError, OSError, C.NodeUnavailable):
-                log.warning("%s: node did not confirm close", self.node_id)
-        elif self.node is not None:
-            stats = self.node.closed.stats
-        self.node_stats = stats
-        self._tell_closed(stats, "closed by the client")
-        await self._close(1000, "session closed")
-
-
-HANDLERS = {
-    "session.update": Connection.on_session_update,
-    "input_audio_buffer.append": Connection.on_append,
-    "input_audio_buffer.commit": Connection.on_commit,
-    "input_audio_buffer.clear": Connection.on_clear,
-    "conversation.item.create": Connection.on_item_create,
-    "response.create": Connection.on_response_create,
-    "response.cancel": Connection.on_response_cancel,
-    "session.close": Connection.on_session_close,
-    "conversation.item.truncate": Connection.on_unsupported,
-    "conversation.item.delete": Connection.on_unsupported,
-    "conversation.item.retrieve": Connection.on_unsupported,
-    "output_audio_buffer.clear": Connection.on_unsupported,
-}
