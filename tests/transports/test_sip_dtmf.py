@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.transports.sipkit import CFG, establish, run
-from tests.transports.test_sip_e2e import ACK, BYE, HEAD
+from tests.transports.sipp_stack import ACK, BYE, HEAD
 from tests.transports.test_sip_refusals import run_sipp
 from tests.transports.test_sip_strict_rtp import Media, call_end, hang_up, rtp_dest, until
 from transports.sip import dtmf, pcap, rtp, sdp

@@ -11,7 +11,7 @@ import pytest
 
 from chaos import sip_fuzz
 from tests.transports.sipkit import UA, establish
-from tests.transports.test_sip_e2e import PY, Proc, _free_port
+from tests.transports.sipp_stack import PY, Proc, _free_port
 from tests.transports.test_sip_strict_rtp import QUIET, Media, rtp_dest, sdp_offer, until
 from transports.sip import rtp
 from transports.sip.config import BridgeConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.transports.sipkit import CFG, M, establish, offer, run
-from tests.transports.test_sip_e2e import ACK, HEAD, SDP, _free_port, _sipp
+from tests.transports.sipp_stack import ACK, HEAD, SDP, _free_port, _sipp
 from transports.sip import sockbuf
 from transports.sip.__main__ import parse_args
 from transports.sip.config import BridgeConfig

@@ -1,12 +1,9 @@
 """The SIP side of the bridge: a UDP user agent server that turns each call into a node session.
 
-Every datagram is parsed and answered synchronously where it can be (OPTIONS, BYE, CANCEL,
-errors); an INVITE starts a task that binds an RTP port, opens the node session and answers
-200 OK with SDP. Checks on a request, in RFC 3261 §8.2 order: parse -> version (505) -> mandatory
-headers (400) -> method (405/501) -> Require (420) -> body (415; 400 for broken SDP; 488 when no
-codec matches). Garbage that cannot be addressed is counted, never answered; nothing a datagram
-holds can raise out of `on_datagram`. Retransmissions and timers live in
-`transaction.Transactions`.
+Each datagram goes through `intake.Intake`, which answers what it can (OPTIONS, retransmissions,
+errors) and hands each remaining request to its method's handler here; an INVITE starts a task
+that binds an RTP port, opens the node session and answers 200 OK with SDP. BYE and CANCEL are
+answered synchronously. Retransmissions and timers live in `transaction.Transactions`.
 
 Refused calls. A new call refused for capacity (`max_calls`, or the node's `refused capacity`)
 gets `cfg.capacity_status` (503 by default, 486 by choice) with Retry-After `cfg.retry_after`.
@@ -22,9 +19,7 @@ INVITE (400 before it could be read as one, 505) is answered statelessly: one li
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
-from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from transports import client as C
@@ -34,57 +29,13 @@ from transports.sip.call import NODE_ERRORS, Call
 from transports.sip.config import BridgeConfig
 from transports.sip.dialog import Dialog, hostport, new_tag
 from transports.sip.dtmf import Key
+from transports.sip.intake import ALLOW, Intake, SipProtocol
 from transports.sip.pacer import Clock, MonotonicClock
-from transports.sip.refusals import Refusals, new_invite, warning
+from transports.sip.refusals import Refusals, warning
+from transports.sip.stats import BridgeStats, print_event
 from transports.sip.transaction import InviteTx, Transactions, tx_key
 from wave_actors.core.heap import Trimmer
 from wave_actors.core.tasks import stop_tasks
-
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
-KNOWN_METHODS = ("REGISTER", "INFO", "UPDATE", "PRACK", "SUBSCRIBE", "NOTIFY", "REFER",
-                 "MESSAGE", "PUBLISH")
-
-
-@dataclass
-class BridgeStats:
-    datagrams: int = 0
-    requests: int = 0
-    responses: int = 0
-    keepalives: int = 0
-    garbage: int = 0                 # unparseable and unanswerable: dropped
-    bad_requests: int = 0            # answered 400
-    retransmits_in: int = 0          # retransmitted requests answered again
-    retransmits_out: int = 0         # our responses/requests resent on the T1 schedule
-    stray: int = 0                   # ACKs and responses matching nothing
-    calls_offered: int = 0
-    calls_answered: int = 0
-    calls_refused: int = 0           # new calls answered with an error (CANCEL's 487 aside)
-    calls_cancelled: int = 0
-    calls_ended: int = 0
-    ack_timeouts: int = 0
-    internal_errors: int = 0
-    dtmf_keys: int = 0               # RFC 4733 key presses, each once
-    finals: dict = field(default_factory=dict)    # final status sent -> count
-    refusals: dict = field(default_factory=dict)  # refused calls by reason -> count
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def print_event(event: str, **fields) -> None:
-    print(json.dumps({"event": event, **fields}, default=str), flush=True)
-
-
-class _SipProtocol(asyncio.DatagramProtocol):
-    def __init__(self, bridge: "Bridge"):
-        self.bridge = bridge
-
-    def datagram_received(self, data: bytes, addr) -> None:
-        self.bridge.on_datagram(data, addr)
-
-    def error_received(self, exc: Exception) -> None:
-        pass
-
 
 class Bridge:
     def __init__(self, cfg: BridgeConfig, client: C.NodeClient | None = None,
@@ -97,6 +48,9 @@ class Bridge:
         self.transport: asyncio.DatagramTransport | None = None
         self.tx = Transactions(cfg, self.clock, self._send, self._spawn, self.stats)
         self.refusals = Refusals(cfg, self.tx, self.stats, emit)
+        self.intake = Intake(self.tx, self.refusals, self.stats, self._send, emit, self._on_ack,
+                             {"INVITE": self._on_invite, "BYE": self._on_bye,
+                              "CANCEL": self._on_cancel})
         self.dialogs: dict[tuple[str, str, str], Dialog] = {}
         self.calls: set[Call] = set()             # every call from INVITE to teardown
         self._tasks: set[asyncio.Task] = set()
@@ -111,7 +65,7 @@ class Bridge:
         if self._own_client:
             self.client.connect()
         self.transport, _ = await loop.create_datagram_endpoint(
-            lambda: _SipProtocol(self), local_addr=(self.cfg.host, self.cfg.port))
+            lambda: SipProtocol(self.intake), local_addr=(self.cfg.host, self.cfg.port))
         buffers = self._size_buffers()
         self._housekeeper = loop.create_task(self._housekeeping())
         self.emit("listening", sip=self.address, node=self.cfg.node,
@@ -177,94 +131,7 @@ class Bridge:
     def _send(self, data: bytes, addr: tuple[str, int]) -> None:
         self.transport.sendto(data, addr)
 
-    # ------------------------------------------------------------------------- datagrams
-
-    def on_datagram(self, data: bytes, addr: tuple) -> None:
-        self.stats.datagrams += 1
-        try:
-            self._on_datagram(data, addr[:2])
-        except Exception as exc:                      # a bug must not take the bridge down
-            self.stats.internal_errors += 1
-            self.emit("internal_error", error=repr(exc))
-
-    def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
-        if not data.strip(b"\r\n\t "):
-            self.stats.keepalives += 1
-            return
-        try:
-            msg = M.parse(data)
-        except M.SipParseError as exc:
-            self._bad_request(exc.partial, exc.reason, addr)
-            return
-        if not msg.is_request:
-            self.stats.responses += 1
-            if not self.tx.on_response(msg):
-                self.stats.stray += 1
-            return
-        self.stats.requests += 1
-        if msg.version != M.SIP_VERSION:
-            if msg.get("Via") and msg.method != "ACK":
-                self.tx.respond(msg, addr, 505)
-                if new_invite(msg):
-                    self.refusals.log(msg, addr, 505, "bad_version", msg.version)
-            else:
-                self.stats.garbage += 1
-            return
-        reason = M.check_request(msg)
-        if reason is not None:
-            self._bad_request(msg, reason, addr)
-            return
-        self._on_request(msg, addr)
-
-    def _bad_request(self, partial: M.SipMessage | None, reason: str, addr) -> None:
-        """400 where a response can be addressed (a request with a Via), else count it."""
-        if partial is None or not partial.is_request or partial.method == "ACK" \
-                or not partial.get("Via"):
-            self.stats.garbage += 1
-            return
-        self.stats.bad_requests += 1
-        self.tx.respond(partial, addr, 400, cache=False, headers=[warning(399, reason)])
-        if new_invite(partial):
-            self.refusals.log(partial, addr, 400, "bad_request", reason)
-
     # ------------------------------------------------------------------------- requests
-
-    def _on_request(self, req: M.SipMessage, addr) -> None:
-        method = req.method
-        if method == "ACK":
-            self._on_ack(req)
-            return
-        if method == "INVITE" and self._invite_retransmitted(req):
-            return
-        if method != "INVITE" and (cached := self.tx.cached(req)) is not None:
-            self.stats.retransmits_in += 1
-            self._send(cached, addr)
-            return
-        handler = {"INVITE": self._on_invite, "BYE": self._on_bye, "CANCEL": self._on_cancel,
-                   "OPTIONS": self._on_options}.get(method)
-        if handler is None:
-            status = 405 if method in KNOWN_METHODS else 501
-            self.tx.respond(req, addr, status, headers=[("Allow", ALLOW)])
-            return
-        if method != "CANCEL" and (require := req.get("Require")):
-            self.refusals.reject(req, addr, 420, "unsupported_extension",
-                                 [("Unsupported", require)], require)
-            return
-        handler(req, addr)
-
-    def _invite_retransmitted(self, req: M.SipMessage) -> bool:
-        """A retransmitted INVITE gets our last response again, and nothing else happens."""
-        tx = self.tx.invites.get(tx_key(req))
-        if tx is None:
-            return False
-        self.stats.retransmits_in += 1
-        if tx.last is not None:
-            self._send(tx.last, tx.addr)
-        return True
-
-    def _on_options(self, req: M.SipMessage, addr) -> None:
-        self.tx.respond(req, addr, 200, to_tag=new_tag(), headers=[
-            ("Allow", ALLOW), ("Accept", "application/sdp"), ("Accept-Language", "en")])
 
     def _on_invite(self, req: M.SipMessage, addr) -> None:
         if M.parse_name_addr(req.get("To")).tag is not None:
