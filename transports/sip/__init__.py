@@ -9,6 +9,10 @@
     call      one call's media: RTP socket, node session, tick/uplink/downlink tasks
     dialog    dialog state, in-dialog requests (BYE)
     transaction  retransmissions and timers (RFC 3261 §17)
+    intake    a datagram's parse and checks (RFC 3261 §8.2 order), stateless answers
+    offers    the INVITE's SDP offer checked, the codec negotiated, our answer
+    refusals  refused calls: status, Retry-After, one log line each
+    stats     the bridge's counters and event lines
     server    the UDP user agent server (`Bridge`)
     pcap      writes RTP captures (sipp's play_pcap_audio input, debugging)
 """
