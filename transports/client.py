@@ -90,8 +90,9 @@ class NodeClient:
         self._resume_queued = False             # a redial queued its sessions' `resume`s
         self._monitor: asyncio.Task | None = None
         self._monitor_sock: zmq.Socket | None = None
-        self._send_lock = asyncio.Lock()
-        self._sends = 0                         # sends begun and not done: later ones queue
+        # every send begun and not done, in the order begun: each waits for those before it,
+        # so messages leave in the order they were asked, whatever waits for room
+        self._line: collections.deque[asyncio.Future] = collections.deque()
         self.auth_failed = False
         self._curve = curve is not None
 
@@ -125,26 +126,13 @@ class NodeClient:
     async def send(self, frames: list[bytes], timeout: float | None = SEND_TIMEOUT_S) -> None:
         """Send one message. A DEALER with no connected node blocks; past `timeout` this raises
         `NodeUnavailable` (with `unauthorized` when the node refused our CURVE key)."""
-        self._sends += 1
-        try:
-            async with self._send_lock:
-                try:                               # the usual case: the queue has room now
-                    self._tx.send(frames)
-                    return
-                except zmq.Again:
-                    pass
-                try:
-                    await within(self.sock.send_multipart(frames), timeout)
-                except asyncio.TimeoutError:
-                    raise NodeUnavailable(self._why_unavailable()) from None
-        finally:
-            self._sends -= 1
+        await self._sent_in_turn(self._take_turn(), frames, timeout)
 
     def send_soon(self, frames: list[bytes]) -> None:
         """A send from a callback: now if the socket has room and no send waits for it, else
-        from a task behind the sends begun before (never ahead of them: a `resume` or `close`
-        must not pass the audio it follows)."""
-        if not self._sends:
+        from a task, its place in line taken now (never ahead of a send begun before it: a
+        `resume` or `close` must not pass the audio it follows; never behind one begun after)."""
+        if not self._line:
             try:
                 self._tx.send(frames)
                 return
@@ -152,16 +140,45 @@ class NodeClient:
                 pass
             except zmq.ZMQError:
                 return                            # closed: nothing more to say
-        self._sends += 1                          # counted now: what is sent next queues behind
-        task = asyncio.get_running_loop().create_task(self._send_quietly(frames))
+        task = asyncio.get_running_loop().create_task(self._send_quietly(self._take_turn(),
+                                                                          frames))
         task.add_done_callback(lambda t: t.exception())
 
-    async def _send_quietly(self, frames: list[bytes]) -> None:
-        self._sends -= 1                          # `send` counts it again, in the lock's queue
+    async def _send_quietly(self, turn: asyncio.Future, frames: list[bytes]) -> None:
         try:
-            await self.send(frames)
+            await self._sent_in_turn(turn, frames, SEND_TIMEOUT_S)
         except (NodeUnavailable, zmq.ZMQError):
             pass
+
+    def _take_turn(self) -> asyncio.Future:
+        """A place at the end of the line: done once every send before it is."""
+        turn = asyncio.get_running_loop().create_future()
+        self._line.append(turn)
+        if len(self._line) == 1:
+            turn.set_result(None)
+        return turn
+
+    def _leave(self, turn: asyncio.Future) -> None:
+        first = self._line[0] is turn
+        self._line.remove(turn)
+        if first and self._line and not self._line[0].done():
+            self._line[0].set_result(None)
+
+    async def _sent_in_turn(self, turn: asyncio.Future, frames: list[bytes],
+                            timeout: float | None) -> None:
+        try:
+            await turn
+            try:                                   # the usual case: the queue has room now
+                self._tx.send(frames)
+                return
+            except zmq.Again:
+                pass
+            try:
+                await within(self.sock.send_multipart(frames), timeout)
+            except asyncio.TimeoutError:
+                raise NodeUnavailable(self._why_unavailable()) from None
+        finally:
+            self._leave(turn)
 
     async def _heartbeats(self) -> None:
         """Paranoid Pirate, client side: something reaches the node every heartbeat while we

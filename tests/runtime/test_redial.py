@@ -1,6 +1,7 @@
 """A client whose connection went quiet redials under a fresh routing identity and resumes its
 sessions by token. Real ZMQ sockets: a ROUTER standing in for a node that stops answering."""
 import asyncio
+import threading
 import time
 
 import zmq
@@ -85,6 +86,47 @@ def test_a_message_sent_from_a_callback_never_passes_a_send_that_waits_for_room(
                 else:
                     await asyncio.sleep(0.01)    # the client's loop sends what waits
             assert order == [f"a{i}" for i in range(sent + 1)] + ["marker"], order
+        finally:
+            await client.aclose()
+            node.close(0)
+    asyncio.run(body())
+
+
+def test_a_send_asked_after_a_callbacks_message_never_passes_it():
+    """Bug: `send_soon` behind a waiting send queued its message from a task that took its
+    place in line only when it first ran, so a send the same coroutine asked right after (in
+    the same turn of the loop) got ahead of it: a `close` could pass the `resume` before it."""
+    async def body():
+        ctx = zmq.asyncio.Context.instance()
+        node = zmq.Context.shadow(ctx.underlying).socket(zmq.ROUTER)
+        node.setsockopt(zmq.LINGER, 0)
+        node.setsockopt(zmq.RCVHWM, 1)
+        endpoint = "inproc://slow-reader-2"
+        node.bind(endpoint)
+        client = NodeClient(endpoint, identity=b"slow2")
+        client.sock.setsockopt(zmq.SNDHWM, 1)
+        client.connect()
+        order: list[str] = []
+
+        def read():                              # the node, in its own thread: room comes
+            end = time.monotonic() + 5
+            while "after" not in order and time.monotonic() < end:
+                if node.poll(50):
+                    order.append(P.parse(node.recv_multipart()[1:]).session)
+        try:
+            sent = 0
+            while True:                          # until a send waits for room
+                waiting = asyncio.ensure_future(client.send(P.pack("ping", f"a{sent}")))
+                await asyncio.sleep(0.05)
+                if not waiting.done():
+                    break
+                sent += 1
+            client.send_soon(P.pack("ping", "marker"))
+            reader = threading.Thread(target=read)
+            reader.start()
+            await client.send(P.pack("ping", "after"))
+            await asyncio.get_running_loop().run_in_executor(None, reader.join)
+            assert order == [f"a{i}" for i in range(sent + 1)] + ["marker", "after"], order
         finally:
             await client.aclose()
             node.close(0)
