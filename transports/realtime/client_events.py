@@ -2,8 +2,8 @@
 
 `Connection._on_message` parses an event and calls `HANDLERS[type](connection, event)`; a
 handler answers a bad event by raising `EventError` (told to the client, the connection goes on).
-The handlers act through the connection: its session config, its node leg (`_open`,
-`_send_input`, `_to_node`) and its outbox (`emit`).
+The handlers act through the connection's public face: its session config, its node leg
+(`open_node`, `send_input`, `send_to_node`) and its outbox (`emit`).
 """
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ async def on_session_update(conn: Connection, event: dict) -> None:
         new = replace(new, output=NATIVE_OUTPUT)     # its "pcm16" is the model's rate
     old, conn.session = conn.session, new
     if conn.node is None:
-        await conn._open()
+        await conn.open_node()
     else:                            # formats may change mid-session: the bridge converts
-        conn._set_converters(new.input != old.input, new.output != old.output)
-    conn.emit(conn.conv.event("session.updated", session=conn._session_obj()))
+        conn.set_converters(new.input != old.input, new.output != old.output)
+    conn.emit(conn.conv.event("session.updated", session=conn.session_obj()))
 
 
 async def on_append(conn: Connection, event: dict) -> None:
@@ -53,18 +53,18 @@ async def on_append(conn: Connection, event: dict) -> None:
         if spec != conn.session.input:
             conn.session = replace(conn.session, input=spec)
             if conn.node is not None:
-                conn._set_converters(input=True, output=False)
-    await conn._open()
+                conn.set_converters(input=True, output=False)
+    await conn.open_node()
     pieces = conn.to_node.pieces(data)         # validated now; converted as each is sent
     conn.conv.note_input()
-    await conn._send_input(pieces)
+    await conn.send_input(pieces)
 
 
 async def on_commit(conn: Connection, event: dict) -> None:
     if event.get("final") and conn.node is not None:
         tail = conn.to_node.pieces(b"", last=True)  # flush the resampler: end of input
-        conn._set_converters(input=True, output=False)
-        await conn._send_input(tail)
+        conn.set_converters(input=True, output=False)
+        await conn.send_input(tail)
     events = conn.conv.commit()
     if events is None:
         raise EventError("input_audio_buffer_commit_empty", "no input audio since the last "
@@ -93,7 +93,7 @@ async def on_item_create(conn: Connection, event: dict) -> None:
     if conn.node is None:
         raise EventError("session_not_started", "no session is open yet, so no function "
                          "call can be pending")
-    await conn._to_node(conn.node.function_result(call_id, output))
+    await conn.send_to_node(conn.node.function_result(call_id, output))
     done = {"id": item.get("id") or conn.ids("item"), "object": "realtime.item",
             "type": "function_call_output", "status": "completed", "call_id": call_id,
             "output": output}
@@ -129,7 +129,7 @@ async def on_session_close(conn: Connection, event: dict) -> None:
     if not conn.dialect.vllm_omni:
         raise EventError("unknown_event_type", "unknown event type 'session.close'; close "
                          "the WebSocket to end the session", "type")
-    conn._stop_feed()
+    conn.stop_feed()
     stats = None
     if conn.node is not None and conn.node.closed is None:
         try:
@@ -139,8 +139,8 @@ async def on_session_close(conn: Connection, event: dict) -> None:
     elif conn.node is not None:
         stats = conn.node.closed.stats
     conn.node_stats = stats
-    conn._tell_closed(stats, "closed by the client")
-    await conn._close(1000, "session closed")
+    conn.tell_closed(stats, "closed by the client")
+    await conn.close(1000, "session closed")
 
 
 HANDLERS = {

@@ -89,18 +89,18 @@ class Connection:
         try:
             if self.dialect_error:
                 self.emit(self.conv.error("invalid_dialect", self.dialect_error))
-                await self._close(1008, "invalid dialect")
+                await self.close(1008, "invalid dialect")
             sid = self.dialect.session_id if self.dialect.vllm_omni else None
             if sid is not None and not resuming:
                 if sid in self.bridge.named:
                     self.emit(self.conv.error("session_id_in_use", f"session {sid!r} is live "
                                               "on another connection"))
-                    await self._close(1008, "session_id in use")
+                    await self.close(1008, "session_id in use")
                 self.bridge.named[sid] = self
-            self.emit(self.conv.event("session.created", session=self._session_obj(),
+            self.emit(self.conv.event("session.created", session=self.session_obj(),
                                       **({"resumed": True} if resuming else {})))
             if self.dialect.vllm_omni and self.dialect.autostart:
-                await self._open()          # its default session, before any event
+                await self.open_node()          # its default session, before any event
             async for message in self.ws:
                 await self._on_message(message)
         except (ConnectionClosed, _Stop):
@@ -174,7 +174,7 @@ class Connection:
                  ob.dropped_bytes, ob.high_water, self.conv.muted_frames,
                  f", aborted: {self.abort_reason}" if self.abort_reason else "", self.node_stats)
 
-    async def _close(self, code: int, reason: str) -> None:
+    async def close(self, code: int, reason: str) -> None:
         """Close from the reader: flush, close, and stop reading."""
         self._closing = True
         await self._flush_and_close(code, reason)
@@ -226,7 +226,7 @@ class Connection:
         except ConnectionClosed:
             pass
 
-    def _session_obj(self) -> dict:
+    def session_obj(self) -> dict:
         if self.dialect.vllm_omni:
             return session_object(self.session, self.dialect.session_id or self.node_id, True,
                                   VLLM_OMNI_CAPABILITIES)
@@ -255,7 +255,7 @@ class Connection:
 
     # ---- the node -------------------------------------------------------------------------
 
-    async def _open(self) -> None:
+    async def open_node(self) -> None:
         if self.node is not None:
             return
         cfg, out = self.session, NATIVE_OUTPUT if self.session.output == NATIVE_OUTPUT else \
@@ -276,18 +276,18 @@ class Connection:
                                       f"session ({exc.reason}): {exc.message}",
                                       kind="server_error"))
             retryable = exc.reason in ("capacity", "admission", "draining")
-            await self._close(1013 if retryable else 1008, exc.reason)
+            await self.close(1013 if retryable else 1008, exc.reason)
         except asyncio.TimeoutError:
             self.emit(self.conv.error("node_unavailable", "the model node did not answer in "
                                       f"{self.cfg.open_timeout_s:g} s", kind="server_error"))
-            await self._close(1011, "node unavailable")
+            await self.close(1011, "node unavailable")
         self.node_out = out
-        self._set_converters()
+        self.set_converters()
         self._tasks.append(asyncio.create_task(self._pump()))
         self._feeder = asyncio.create_task(self._feed_loop())
         self._tasks.append(self._feeder)
 
-    def _set_converters(self, input: bool = True, output: bool = True) -> None:
+    def set_converters(self, input: bool = True, output: bool = True) -> None:
         if input:
             self.to_node = Converter(self.session.input, NATIVE_INPUT)
         if output:
@@ -297,7 +297,7 @@ class Connection:
                 self.conv.audio_fields = {"format": FORMAT_NAMES[out.fmt],
                                           "sample_rate_hz": out.rate}
 
-    async def _send_input(self, pieces) -> None:
+    async def send_input(self, pieces) -> None:
         """Converted input into the feed's queue (`_feed_loop` sends it at the model's pace);
         an append that does not fit is refused, told and counted."""
         pieces = list(pieces)
@@ -312,7 +312,7 @@ class Connection:
                 f"{f.seconds(f.queued):.1f} s of input are queued, not yet heard (at most "
                 f"{self.cfg.feed.capacity_s:g} s); the model hears input in real time"))
 
-    def _stop_feed(self) -> None:
+    def stop_feed(self) -> None:
         if self._feeder is not None:
             self._feeder.cancel()
 
@@ -326,7 +326,7 @@ class Connection:
             try:
                 while due:
                     pcm = due[0][0]
-                    await self._to_node(self.node.send_audio(pcm))
+                    await self.send_to_node(self.node.send_audio(pcm))
                     due.pop(0)
                     self.audio_bytes_to_node += len(pcm)
                     totals["audio_messages"] += 1
@@ -339,13 +339,13 @@ class Connection:
             silence = self.feed.silence_bytes
             await asyncio.sleep(self.cfg.feed.tick_s)
 
-    async def _to_node(self, send) -> None:
+    async def send_to_node(self, send) -> None:
         try:
             await within(send, self.cfg.node_send_timeout_s)
         except asyncio.TimeoutError:
             self.emit(self.conv.error("node_unavailable", "the model node stopped taking input",
                                       kind="server_error"))
-            await self._close(1011, "node unavailable")
+            await self.close(1011, "node unavailable")
 
     async def _pump(self) -> None:
         """Node events -> server events, until the node closes the session."""
@@ -357,7 +357,7 @@ class Connection:
                             within(node.next_event(), CLOSED_AFTER_UNKNOWN_S))
             except asyncio.TimeoutError:
                 self.emit(conv.error(lost.code, f"node: {lost.message}", kind="server_error"))
-                self._tell_closed(None, "lost by the node")
+                self.tell_closed(None, "lost by the node")
                 return await self._flush_and_close(1011, "the node lost the session")
             if isinstance(ev, C.Audio):
                 self.emit(conv.audio(ev.frame, self.from_node(ev.payload)))
@@ -372,14 +372,14 @@ class Connection:
                 # The node ending the session (a drain) answers input sent meanwhile with this
                 # before its `closed`; a node that lost it (a restart) sends no `closed`.
                 lost = lost or ev
-                self._stop_feed()
+                self.stop_feed()
             elif isinstance(ev, C.Error):
                 self.emit(conv.error(ev.code, f"node: {ev.message}", kind="server_error"))
             elif isinstance(ev, C.Closed):
-                self._tell_closed(ev.stats, "closed by the node")
+                self.tell_closed(ev.stats, "closed by the node")
                 return await self._flush_and_close(1000, "session closed by the node")
 
-    def _tell_closed(self, stats: dict | None, reason: str) -> None:
+    def tell_closed(self, stats: dict | None, reason: str) -> None:
         """The session's end, told once: what is open finished, and (a dialect that has it:
         not an OpenAI event) `session.closed`."""
         if self.closed_sent:
