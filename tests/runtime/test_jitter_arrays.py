@@ -148,8 +148,8 @@ class LockstepSheddingDefault(Lockstep):
 for machine in (Lockstep, LockstepShedding, LockstepSheddingDefault):
     machine.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 
-TestLockstep = Lockstep.TestCase
-TestLockstepShedding = LockstepShedding.TestCase
+TestLockstep = pytest.mark.slow(Lockstep.TestCase)
+TestLockstepShedding = pytest.mark.slow(LockstepShedding.TestCase)
 # slow: the edit loop (make test-fast) runs the other two
 TestLockstepSheddingDefault = pytest.mark.slow(LockstepSheddingDefault.TestCase)
 

@@ -206,5 +206,5 @@ class NodeMachine(RuleBasedStateMachine):
         assert clock.stats.late_beats == late
 
 
-TestNode = NodeMachine.TestCase
+TestNode = pytest.mark.slow(NodeMachine.TestCase)
 TestNode.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)

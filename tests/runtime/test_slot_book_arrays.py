@@ -9,6 +9,7 @@ first, the higher slot among equals), forced tokens spent on a slot that is not 
 kept after its close, a slot going live a beat early.
 """
 import numpy as np
+import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -79,7 +80,7 @@ class BookLockstep(RuleBasedStateMachine):
                 assert self.ref.slots[slot].context == self.arr.context(slot)
 
 
-TestBookLockstep = BookLockstep.TestCase
+TestBookLockstep = pytest.mark.slow(BookLockstep.TestCase)
 TestBookLockstep.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 
 

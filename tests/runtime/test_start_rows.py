@@ -81,6 +81,7 @@ def test_eager_rows_ride_every_beat_and_a_bad_budget_is_refused():
         BudgetedStarts(max_hold=-1)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(rows=st.integers(1, 4), chunk=st.integers(1, 5), budgeted=st.booleans(),
        events=st.lists(st.tuples(st.sampled_from(["open", "close", "beat"]), st.integers(0, 7),

@@ -10,6 +10,7 @@ SPEC = "poisson:rate=0.2,duration=200,call=20"
 SLO = {"blocking": 0.05, "p99_ms": 150.0}
 
 
+@pytest.mark.slow
 def test_the_capacity_found_meets_the_slo_and_a_quarter_more_load_does_not():
     """Catches a search that reports a load it never checked, or a bracket kept on the wrong
     side (the capacity then fails its own SLO, or sits far below the boundary)."""
