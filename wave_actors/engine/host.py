@@ -21,7 +21,8 @@ import time
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from wave_actors.clock.clock import Admit, BeatRecord, ClockStats, FunctionTokens, Release
+from wave_actors.clock.beat_stats import BeatRecord, ClockStats
+from wave_actors.clock.clock import Admit, FunctionTokens, Release
 from wave_actors.core.contract import Handle
 from wave_actors.core.tasks import within
 from wave_actors.engine.process import EngineFacts, ExecutorSpec, engine_main

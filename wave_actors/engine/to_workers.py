@@ -13,7 +13,8 @@ from typing import Callable
 import numpy as np
 import zmq
 
-from wave_actors.clock.clock import BeatClockActor, BeatRecord
+from wave_actors.clock.beat_stats import BeatRecord
+from wave_actors.clock.clock import BeatClockActor
 from wave_actors.clock.shared_frames import SharedFrames
 from wave_actors.clock.shared_outputs import SharedOutputs
 from wave_actors.core.contract import Handle

@@ -36,7 +36,8 @@ import zmq.auth
 from transports import protocol as P
 from transports import zsock
 from wave_actors.node.bindings import Bindings, Route
-from wave_actors.clock.clock import BeatClockActor, BeatRecord, FunctionTokens, Release
+from wave_actors.clock.beat_stats import BeatRecord
+from wave_actors.clock.clock import BeatClockActor, FunctionTokens, Release
 from wave_actors.clock.routes import ToSessions
 from wave_actors.core.contract import Executor, Handle
 from wave_actors.core.sched.start_policy import GuardedStarts
