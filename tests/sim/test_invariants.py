@@ -27,7 +27,8 @@ from tests.sim.invariant_kit import EPS, NODE, instructions, open_one, tmp_dir
 from transports.client import Refused
 from wave_actors.core.contract import SessionSpec
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.sched.start_policy import EagerStarts, HeadroomAdmission
+from wave_actors.core.sched.admission_policies import HeadroomAdmission
+from wave_actors.core.sched.start_policy import EagerStarts
 from wave_actors.node.flood import FloodPolicy
 from wave_actors.sessions.session import SessionActor
 

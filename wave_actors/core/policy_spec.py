@@ -16,12 +16,16 @@ import json
 BUILT_IN = {"budgeted": "wave_actors.core.sched.start_policy:BudgetedStarts",
             "eager": "wave_actors.core.sched.start_policy:EagerStarts",
             "guarded": "wave_actors.core.sched.start_policy:GuardedStarts",
-            "headroom": "wave_actors.core.sched.start_policy:HeadroomAdmission",
-            "forecast": "wave_actors.core.sched.start_policy:ForecastAdmission"}
+            "headroom": "wave_actors.core.sched.admission_policies:HeadroomAdmission",
+            "forecast": "wave_actors.core.sched.admission_policies:ForecastAdmission"}
 
 # Modules that moved: runs recorded before the move name their policies here.
 MOVED = {f"wave_actors.core.{m}": f"wave_actors.core.sched.{m}"
          for m in ("start_policy", "clock_policy")}
+# Classes that moved between modules, by their module's newest name.
+MOVED_CLASSES = {f"wave_actors.core.sched.start_policy:{c}":
+                 f"wave_actors.core.sched.admission_policies:{c}"
+                 for c in ("HeadroomAdmission", "ForecastAdmission")}
 
 
 class PolicyError(ValueError):
@@ -31,7 +35,8 @@ class PolicyError(ValueError):
 def load_class(target: str) -> type:
     """`module:Class` → the class, imported now."""
     module, _, name = target.partition(":")
-    module = MOVED.get(module, module)
+    module, _, name = MOVED_CLASSES.get(f"{MOVED.get(module, module)}:{name}",
+                                        f"{MOVED.get(module, module)}:{name}").partition(":")
     if not module or not name:
         raise PolicyError(f"{target!r}: name a policy as module:Class (or one of {sorted(BUILT_IN)})")
     try:

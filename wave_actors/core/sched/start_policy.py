@@ -16,11 +16,9 @@ others are kept for scheduling research:
   - `BudgetedStarts` ("budgeted"): rows only when the beat with them, as measured at this
     live count, still ends before the deadline less a margin; never held more than `max_hold`
     beats in a row.
-  - `HeadroomAdmission` ("headroom"): rows as eager; an open is admitted only while the latest
-    measured beat left at least `headroom_s` of the beat spare (a fixed reserve).
-  - `ForecastAdmission` ("forecast"): rows as budgeted; an open is admitted only when a line
-    fitted to the measured beats forecasts that the beat with every live and starting session
-    and this one still ends `margin_s` before the deadline.
+  - `HeadroomAdmission` ("headroom") and `ForecastAdmission` ("forecast"), in
+    `admission_policies`: rows as eager or budgeted, and opens refused by a fixed reserve or a
+    forecast beat.
 A policy with an `admit` method is asked before an open takes a free slot; the node refuses
 with reason `admission` when it says no.
 
@@ -51,10 +49,10 @@ class StartPolicy(Protocol):
     def describe(self) -> dict: ...
 
 
-def _describe(policy) -> dict:
+def describe_policy(policy) -> dict:
     """A dataclass policy for results: its name, class, constructor parameters (its `init`
     fields, not its measurements) and what it counted."""
-    return {"name": policy.name, "class": f"{__name__}:{type(policy).__name__}",
+    return {"name": policy.name, "class": f"{type(policy).__module__}:{type(policy).__name__}",
             "params": {f.name: getattr(policy, f.name) for f in fields(policy) if f.init and f.repr},
             "held_back": policy.held_back}
 
@@ -72,7 +70,7 @@ class EagerStarts:
         return True
 
     def describe(self) -> dict:
-        return _describe(self)
+        return describe_policy(self)
 
 
 @dataclass
@@ -122,7 +120,7 @@ class BudgetedStarts:
         return False
 
     def describe(self) -> dict:
-        return _describe(self) | {"beat_with_rows_ms": {
+        return describe_policy(self) | {"beat_with_rows_ms": {
             n: round(1e3 * s, 2) for (n, rows), s in sorted(self.beat_s.items()) if rows}}
 
 
@@ -132,102 +130,6 @@ def admission(policy, n_live: int, n_starting: int, slots: int) -> str | None:
     an `admit` method admits every open that finds a slot."""
     admit = getattr(policy, "admit", None)
     return None if admit is None else admit(n_live, n_starting, slots)
-
-
-@dataclass
-class HeadroomAdmission:
-    """Eager start rows, and opens only while the latest beat left `headroom_s` spare."""
-    headroom_s: float = 0.02
-    name: str = field(default="headroom", init=False)
-    refused: int = field(default=0, init=False)
-    last_s: float | None = field(default=None, init=False, repr=False)
-    starts: EagerStarts = field(default_factory=EagerStarts, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.headroom_s < BEAT_S:
-            raise ValueError(f"HeadroomAdmission: 0 <= headroom_s < {BEAT_S}")
-
-    @property
-    def held_back(self) -> int:
-        return self.starts.held_back
-
-    def observe(self, n_live: int, with_rows: bool, seconds: float) -> None:
-        self.starts.observe(n_live, with_rows, seconds)
-        if not with_rows:             # a start's extra cost passes; the live load stays
-            self.last_s = seconds
-
-    def carry_rows(self, n_live: int, time_left_s: float) -> bool:
-        return self.starts.carry_rows(n_live, time_left_s)
-
-    def admit(self, n_live: int, n_starting: int, slots: int) -> str | None:
-        # An idle node runs no beat to measure: the last one's time is of a load that left,
-        # and holding it would refuse every open from then on.
-        if (self.last_s is None or self.last_s + self.headroom_s <= BEAT_S
-                or n_live + n_starting == 0):
-            return None
-        self.refused += 1
-        return (f"the last beat took {1e3 * self.last_s:.1f} ms, within the "
-                f"{1e3 * self.headroom_s:.0f} ms headroom of the {1e3 * BEAT_S:.0f} ms beat")
-
-    def describe(self) -> dict:
-        return _describe(self) | {"refused": self.refused}
-
-
-@dataclass
-class ForecastAdmission:
-    """Budgeted start rows, and opens only when the forecast beat still meets the deadline."""
-    margin_s: float = 0.008         # the budget's margin, and the forecast's
-    max_hold: int = 6
-    smoothing: float = 0.3
-    name: str = field(default="forecast", init=False)
-    refused: int = field(default=0, init=False)
-    starts: BudgetedStarts = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.starts = BudgetedStarts(self.margin_s, self.max_hold, self.smoothing)
-
-    @property
-    def held_back(self) -> int:
-        return self.starts.held_back
-
-    @property
-    def beat_s(self) -> dict[tuple[int, bool], float]:
-        return self.starts.beat_s
-
-    def observe(self, n_live: int, with_rows: bool, seconds: float) -> None:
-        self.starts.observe(n_live, with_rows, seconds)
-
-    def carry_rows(self, n_live: int, time_left_s: float) -> bool:
-        return self.starts.carry_rows(n_live, time_left_s)
-
-    def forecast(self, n: int) -> float | None:
-        """A beat of n live sessions: the measured beats without start rows fitted by a line
-        in the live count, never falling with it; one count seen: its time (a slope needs two,
-        and an engine that pads its batch to a captured size takes the same time at every
-        count); None before any beat was measured. Start rows are the budget's to place:
-        admission weighs the load a session adds for its whole call, not its start's beat."""
-        plain = {k: s for (k, rows), s in self.beat_s.items() if not rows and k > 0}
-        if not plain:
-            return None
-        ks = sorted(plain)
-        if len(ks) == 1:
-            return plain[ks[0]]
-        mk = sum(ks) / len(ks)
-        ms = sum(plain[k] for k in ks) / len(ks)
-        slope = sum((k - mk) * (plain[k] - ms) for k in ks) / sum((k - mk) ** 2 for k in ks)
-        return ms + max(0.0, slope) * (n - mk)
-
-    def admit(self, n_live: int, n_starting: int, slots: int) -> str | None:
-        expected = self.forecast(n_live + n_starting + 1)
-        if expected is None or expected + self.margin_s <= BEAT_S:
-            return None
-        self.refused += 1
-        return (f"a beat of {n_live + n_starting + 1} sessions is forecast at "
-                f"{1e3 * expected:.1f} ms, past the {1e3 * BEAT_S:.0f} ms beat less a "
-                f"{1e3 * self.margin_s:.0f} ms margin")
-
-    def describe(self) -> dict:
-        return self.starts.describe() | _describe(self) | {"refused": self.refused}
 
 
 OVERLOADED_START_S = 0.1 * BEAT_S   # start work a beat carries where beats are late anyway
@@ -424,7 +326,7 @@ class GuardedStarts:
                 "ms of margin and host time")
 
     def describe(self) -> dict:
-        return _describe(self) | {"copies_held": self.copies_held, "refused": self.refused,
+        return describe_policy(self) | {"copies_held": self.copies_held, "refused": self.refused,
                                   "beats_observed": self.observed,
                                   "beats_overloaded": self.overloaded,
                                   "resets_held": self.resets_held,
