@@ -167,7 +167,14 @@ class _Run:
             return "capacity"
         if admission(self.policy, *self.book.occupancy(), len(self.book.slots)):
             return "admission"
-        slot = caller.slot = heapq.heappop(self.free)
+        free = set(self.free)
+        clean = [s for s in self.book.clean_slots().tolist() if s in free]
+        if clean:                                 # as the node's table: a cleaned slot first
+            slot = caller.slot = min(clean)
+            self.free.remove(slot)
+            heapq.heapify(self.free)
+        else:
+            slot = caller.slot = heapq.heappop(self.free)
         self.frames.admit(slot)
         self.held[slot] = self.waiting[slot] = caller
         self.ops.append(("open", slot, tokens))

@@ -160,3 +160,14 @@ def test_a_batch_larger_than_the_buffer_keeps_the_last_frames():
     arr.push_batch(np.full(8, slot), np.arange(8), np.stack([frame(0, n) for n in range(8)]))
     assert arr.queued(slot) == [3, 4, 5, 6, 7]
     assert arr.slot_stats(slot).dropped == 3 == arr.totals.dropped
+
+
+def test_an_open_takes_the_lowest_preferred_free_slot_else_the_lowest_free():
+    arr = ArrayScheduler(6, prebuffer=3, max_queue=5, shedding=None)
+    for key in "abcdef":
+        arr.admit(key)
+    for slot in (1, 3, 4):
+        arr.release(slot)
+    assert arr.admit("g", prefer=np.array([5, 4, 2])) == 4     # 5 and 2 are held
+    assert arr.admit("h", prefer=np.array([0, 2])) == 1        # none free: the lowest free
+    assert arr.admit("i") == 3

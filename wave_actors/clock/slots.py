@@ -46,7 +46,8 @@ class Slots:
             why = admission(self.book.policy, *self.book.occupancy(), len(self.book.slots))
             if why:
                 raise AdmissionRefused(why)
-        handle = self.table.admit(key, owner)
+        # a slot cleaned since its last session (behind a beat) starts with no reset in its beat
+        handle = self.table.admit(key, owner, prefer=self.book.clean_slots())
         self._ops.append(("open", handle, (tokens, spec)))
         self._ready[handle] = asyncio.get_running_loop().create_future()
         return handle

@@ -102,10 +102,20 @@ class ArrayScheduler:
     def __len__(self) -> int:
         return self.max_sessions - len(self._free)
 
-    def admit(self, key: object) -> int:
+    def admit(self, key: object, prefer: np.ndarray | None = None) -> int:
+        """The lowest free slot of `prefer` where one is free, else the lowest free slot."""
         if not self._free:
             raise CapacityError(f"all {self.max_sessions} slots are busy")
-        slot = self._free.pop()
+        slot = None
+        if prefer is not None and len(prefer):
+            free = np.zeros(self.max_sessions, bool)
+            free[self._free] = True
+            fits = prefer[free[prefer]]
+            if len(fits):
+                slot = int(fits.min())
+                self._free.remove(slot)
+        if slot is None:
+            slot = self._free.pop()
         for a in (self.head, self.count, self.out_frame, self.window_beats, self.shed_total):
             a[slot] = 0
         self.stats[slot] = 0

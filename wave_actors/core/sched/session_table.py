@@ -78,9 +78,10 @@ class SessionTable:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def admit(self, key: Any, owner: Any) -> Handle:
-        """A free slot (the lowest) under a new generation; CapacityError when none is free."""
-        slot = self.jitter.admit(key)
+    def admit(self, key: Any, owner: Any, prefer=None) -> Handle:
+        """A free slot (the lowest of `prefer` where one is free, else the lowest) under a new
+        generation; CapacityError when none is free."""
+        slot = self.jitter.admit(key, prefer)
         self._next_generation += 1
         handle = Handle(slot, self._next_generation)
         self.entries[slot] = Entry(handle, key, owner)

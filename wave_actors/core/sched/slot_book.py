@@ -225,6 +225,11 @@ class SlotBook:
         live = int(self._live.sum())
         return live, sum(s.phase != "closed" for s in self.slots) - live
 
+    def clean_slots(self) -> np.ndarray:
+        """Slots reset since their last session closed, and not reopened: an open there needs
+        no reset (the slot's owner prefers them)."""
+        return np.flatnonzero(self._clean)
+
     def ready(self, slot: int) -> bool:
         return bool(self._live[slot])
 
