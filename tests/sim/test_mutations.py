@@ -92,10 +92,10 @@ def test_jitter_accounting_catches(monkeypatch, method, plant):
 def test_refusals_catch_capacity_refused_with_a_slot_free(monkeypatch):
     admit = SessionTable.admit
 
-    def refuses_the_last_slot(self, key, owner):
+    def refuses_the_last_slot(self, key, owner, prefer=None):
         if self.free_slots == 1:
             raise CapacityError("all slots are busy")
-        return admit(self, key, owner)
+        return admit(self, key, owner, prefer)
     monkeypatch.setattr(SessionTable, "admit", refuses_the_last_slot)
     with pytest.raises(AssertionError, match="capacity with 1 slots free"):
         inv.check_refusals("eager", [("open", 0)] * inv.SLOTS_2)
