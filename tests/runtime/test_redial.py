@@ -52,29 +52,41 @@ def test_a_client_the_node_stopped_hearing_redials_under_a_fresh_identity():
     asyncio.run(body())
 
 
+def slow_reader(name: str) -> tuple[zmq.Socket, NodeClient]:
+    """A node's ROUTER that holds one message, read by the test itself (room comes only when it
+    reads), and a client whose send queue holds one: inproc, so no kernel buffers hide room."""
+    ctx = zmq.asyncio.Context.instance()
+    node = zmq.Context.shadow(ctx.underlying).socket(zmq.ROUTER)
+    node.setsockopt(zmq.LINGER, 0)
+    node.setsockopt(zmq.RCVHWM, 1)
+    endpoint = f"inproc://slow-reader-{name}"
+    node.bind(endpoint)
+    client = NodeClient(endpoint, identity=name.encode())
+    client.sock.setsockopt(zmq.SNDHWM, 1)
+    client.connect()
+    return node, client
+
+
+async def fill_until_a_send_waits(client: NodeClient) -> int:
+    """Pings a0, a1, ... until one waits for room; returns how many went out before it."""
+    sent = 0
+    while True:
+        waiting = asyncio.ensure_future(client.send(P.pack("ping", f"a{sent}")))
+        await asyncio.sleep(0.05)
+        if not waiting.done():
+            return sent
+        sent += 1
+
+
 def test_a_message_sent_from_a_callback_never_passes_a_send_that_waits_for_room():
     """Bug: `send_soon` (a `resume`, a `close`, a ping, sent from a callback) tried the socket
     at once whenever it had room, so where a session's audio waited for room and room came, the
     callback's message went out ahead of that audio. It now queues behind every send begun."""
     async def body():
-        ctx = zmq.asyncio.Context.instance()
-        # the node's side read synchronously: room comes while the client's loop stands still
-        node = zmq.Context.shadow(ctx.underlying).socket(zmq.ROUTER)
-        node.setsockopt(zmq.LINGER, 0)
-        node.setsockopt(zmq.RCVHWM, 1)
-        endpoint = "inproc://slow-reader"       # no kernel buffers: the queues are the HWMs
-        node.bind(endpoint)
-        client = NodeClient(endpoint, identity=b"slow")
-        client.sock.setsockopt(zmq.SNDHWM, 1)
-        client.connect()
+        node, client = slow_reader("one")
         try:
-            sent = 0
-            while True:                          # until a send waits for room
-                waiting = asyncio.ensure_future(client.send(P.pack("ping", f"a{sent}")))
-                await asyncio.sleep(0.05)
-                if not waiting.done():
-                    break
-                sent += 1
+            sent = await fill_until_a_send_waits(client)
+            # the node's side read synchronously: room comes while the client's loop stands still
             order = [P.parse(node.recv_multipart()[1:]).session]     # room for one
             time.sleep(0.05)
             client.send_soon(P.pack("ping", "marker"))
@@ -97,15 +109,7 @@ def test_a_send_asked_after_a_callbacks_message_never_passes_it():
     place in line only when it first ran, so a send the same coroutine asked right after (in
     the same turn of the loop) got ahead of it: a `close` could pass the `resume` before it."""
     async def body():
-        ctx = zmq.asyncio.Context.instance()
-        node = zmq.Context.shadow(ctx.underlying).socket(zmq.ROUTER)
-        node.setsockopt(zmq.LINGER, 0)
-        node.setsockopt(zmq.RCVHWM, 1)
-        endpoint = "inproc://slow-reader-2"
-        node.bind(endpoint)
-        client = NodeClient(endpoint, identity=b"slow2")
-        client.sock.setsockopt(zmq.SNDHWM, 1)
-        client.connect()
+        node, client = slow_reader("two")
         order: list[str] = []
 
         def read():                              # the node, in its own thread: room comes
@@ -114,13 +118,7 @@ def test_a_send_asked_after_a_callbacks_message_never_passes_it():
                 if node.poll(50):
                     order.append(P.parse(node.recv_multipart()[1:]).session)
         try:
-            sent = 0
-            while True:                          # until a send waits for room
-                waiting = asyncio.ensure_future(client.send(P.pack("ping", f"a{sent}")))
-                await asyncio.sleep(0.05)
-                if not waiting.done():
-                    break
-                sent += 1
+            sent = await fill_until_a_send_waits(client)
             client.send_soon(P.pack("ping", "marker"))
             reader = threading.Thread(target=read)
             reader.start()
