@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wave_actors.core.sched.buckets import bucket_for
-from wave_actors.core.sched.slot_book import GRAPH_MAX_PROMPT
+from wave_actors.core.sched.start_shape import GRAPH_MAX_PROMPT
 
 DEFAULT_PATH = Path(__file__).with_name("costmodel.json")
 

@@ -42,7 +42,8 @@ from wave_actors.core.frames import (ALL_FRAMES, FIRST_FRAME, FRAMES_PER_BEAT, L
                                      SAMPLES_IN, SAMPLES_OUT)
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.registry import REGISTRY
-from wave_actors.core.sched.slot_book import BookPlan, StartShape
+from wave_actors.core.sched.slot_book import BookPlan
+from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.sched.snapshots import SnapshotSpace
 from wave_actors.core.text import (CALL_END, CALL_START, PAD, ByteFallbackCodec,
                                    UserByteFallbackCodec)

@@ -54,7 +54,8 @@ from wave_actors.bench.clients import REDIAL_S, call_fields
 from wave_actors.clock.clock import LATE_AFTER_S
 from wave_actors.core.frames import BEAT_S, FRAME_S
 from wave_actors.core.prompt import fitted_prompt_tokens
-from wave_actors.core.sched.slot_book import SlotBook, StartShape
+from wave_actors.core.sched.slot_book import SlotBook
+from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.sched.snapshots import snapshot_index
 from wave_actors.core.sched.start_policy import GuardedStarts, admission
 from wave_actors.core.text import ByteFallbackCodec

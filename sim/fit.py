@@ -59,7 +59,7 @@ import numpy as np
 from sim import stages as sim_stages
 from sim.costmodel import DEFAULT_PATH, CostModel
 from sim.measured import FitError, Measured, first_rolls, read
-from wave_actors.core.sched.slot_book import StartShape
+from wave_actors.core.sched.start_shape import StartShape
 
 MIN_BEATS = 10          # beats of one bucket that make a point
 TRIM_MADS = 6.0         # a beat this far off the first least-squares fit is left out of the second

@@ -19,7 +19,8 @@ from gpu.model.config import Profile
 from wave_actors.core.contract import (BeatInput, BeatOutput, ExecutorOptions, SessionSpec,
                                        need_slots)
 from wave_actors.core.registry import REGISTRY
-from wave_actors.core.sched.slot_book import BookPlan, StartShape
+from wave_actors.core.sched.slot_book import BookPlan
+from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.timebase import Clock
 
 THREADS = 1                 # torch intra-op threads: tiny ops lose more to threading than they gain

@@ -55,7 +55,8 @@ from wave_actors.core.contract import (MAX_USER_TOKENS, NO_TOKEN, BeatInput, Bea
                                        ExecutorOptions, SessionSpec)
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 from wave_actors.core.registry import REGISTRY
-from wave_actors.core.sched.slot_book import BookPlan, StartShape
+from wave_actors.core.sched.slot_book import BookPlan
+from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.sched.spread import spread_ms
 from wave_actors.core.timebase import Clock
 

@@ -12,7 +12,7 @@ import torch
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat_state import session_state_bytes
 from gpu.model.voicechat_weights import load_dtype, param_shapes
-from wave_actors.core.sched.slot_book import GRAPH_MAX_PROMPT
+from wave_actors.core.sched.start_shape import GRAPH_MAX_PROMPT
 
 # Activations, graph pools, logits, CUDA context. docs/MODEL.md §4 budgets a flat 4 GB, but the beat
 # graph's activations grow with the batch (bench/results/graph-*.json record what was used), so:

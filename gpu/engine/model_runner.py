@@ -25,7 +25,8 @@ from gpu.model.voicechat_state import session_state_bytes
 from gpu.model.voicechat_weights import param_shapes
 from wave_actors.core.contract import BeatOutput, ExecutorOptions, SessionSpec
 from wave_actors.core.prompt import fitted_prompt_tokens
-from wave_actors.core.sched.slot_book import BookPlan, StartShape
+from wave_actors.core.sched.slot_book import BookPlan
+from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.text import PAD, TextCodec, UserByteFallbackCodec, load_text_codec
 
 log = logging.getLogger("wave.model_runner")

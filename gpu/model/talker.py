@@ -28,7 +28,7 @@ from gpu.model.talker_mog import MogHead, codebook_sqnorms, unmasking_schedule
 from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding, add_normed,
                                    apply_rope_tables, rope_cos_sin, rope_tables)
 from wave_actors.core.text import EOS, PAD, VOCAB
-from wave_actors.core.sched.slot_book import TALKER_WARMUP
+from wave_actors.core.sched.start_shape import TALKER_WARMUP
 from gpu.model.talker_state import TalkerInputs, TalkerOutput, TalkerState
 
 PREFIX = "tts_model."                   # the talker module's names = checkpoint names minus this

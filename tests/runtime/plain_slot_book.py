@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from wave_actors.core.frames import FRAMES_PER_BEAT
-from wave_actors.core.sched.slot_book import BookPlan, StartShape, carry_start_rows
+from wave_actors.core.sched.slot_book import BookPlan, carry_start_rows
+from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.sched.start_policy import StartPolicy
 from wave_actors.core.sched.start_queue import StartQueue
 

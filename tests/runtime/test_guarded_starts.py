@@ -8,7 +8,8 @@ learn from); a cost that falls at once after one fast beat.
 """
 import pytest
 
-from wave_actors.core.sched.slot_book import SlotBook, StartShape
+from wave_actors.core.sched.slot_book import SlotBook
+from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.sched.snapshots import SnapshotIndex
 from wave_actors.core.sched.start_policy import GuardedStarts
 

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from wave_actors.core.sched.slot_book import BookPlan, SlotBook, StartShape
+from wave_actors.core.sched.slot_book import BookPlan, SlotBook
+from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.sched.start_policy import BudgetedStarts
 
 from tests.runtime.plain_slot_book import PlainSlotBook

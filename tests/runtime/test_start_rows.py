@@ -14,7 +14,8 @@ from transports.client import Refused
 from wave_actors.clock.clock import LATE_AFTER_S
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.frames import BEAT_S
-from wave_actors.core.sched.slot_book import SMALL_START_ROWS, START_ROWS, SlotBook, StartShape
+from wave_actors.core.sched.slot_book import SlotBook
+from wave_actors.core.sched.start_shape import SMALL_START_ROWS, START_ROWS, StartShape
 from wave_actors.core.sched.start_policy import BudgetedStarts, EagerStarts
 
 

@@ -16,7 +16,7 @@ from wave_actors.core.contract import NO_TOKEN, BeatInput, BeatOutput, SessionSp
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.registry import REGISTRY
-from wave_actors.core.sched.slot_book import StartShape
+from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.text import PAD, ByteFallbackCodec, UserByteFallbackCodec
 
 NODE = settings(max_examples=12, deadline=None, database=None,

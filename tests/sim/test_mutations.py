@@ -26,7 +26,7 @@ from wave_actors.core.sched.jitter_arrays import ArrayScheduler
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.reorder import SkipLedger
 from wave_actors.core.sched.session_table import SessionTable
-from wave_actors.core.sched.slot_book import StartShape
+from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.sched.start_policy import EagerStarts
 from wave_actors.core.sched.start_queue import StartQueue
 from wave_actors.sessions.session import SessionActor

@@ -18,7 +18,7 @@ from sim.executor import SimExecutor, snapshot_space
 from sim.fast import FastConfig, _Run, run_one
 from wave_actors.core.beat_driver import BeatDriver
 from wave_actors.core.contract import ExecutorOptions, SessionSpec
-from wave_actors.core.sched.slot_book import StartShape
+from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.timebase import Clock, VirtualTimeLoop
 
 PROMPT = "x" * 300               # 302 tokens: 19 start rows of 16 positions

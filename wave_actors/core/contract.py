@@ -20,7 +20,8 @@ from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES
 
 if TYPE_CHECKING:
     from wave_actors.core.sched.jitter_arrays import FramesToRead
-    from wave_actors.core.sched.slot_book import BookPlan, StartShape
+    from wave_actors.core.sched.slot_book import BookPlan
+    from wave_actors.core.sched.start_shape import StartShape
 
 MAX_USER_TOKENS = 10        # RNNT emits at most 10 symbols per frame (docs/MODEL.md §2.3)
 NO_TOKEN = -1               # fill value of the user-transcript token slots
