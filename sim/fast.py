@@ -22,8 +22,8 @@ per-slot frame counters:
     all slots at once with numpy, by the rules of `jitter_arrays.ArrayScheduler`; frames are
     sent every 80 ms from `opened`, late by up to a call's `jitter_ms`, some lost (`loss`).
 
-Closed loop (`lines`, `churn_s`) measures `beats` beats after every line's first open was
-answered and the beats were steady, polling as the bench's `_wait_live` / `_wait_steady` /
+The two drivers are in `fast_modes`. Closed loop (`lines`, `churn_s`) measures `beats` beats
+after every line's first open was answered and the beats were steady, polling as the bench's `_wait_live` / `_wait_steady` /
 `_wait_beats` do, then stops the lines as the bench does (each closes at its next frame, no
 line dials again) and runs until the last session closed, so its results compare to
 `python -m sim.run`'s. A workload runs from the first arrival until the last call ends (or
@@ -46,10 +46,11 @@ from wave_actors.bench import deadlines
 from sim.costmodel import CostModel
 from sim.executor import measured_at_build, snapshot_space
 from sim.fast_config import FastConfig, FastError
+from sim.fast_modes import CALLER, OBSERVE, PLAN, Caller, closed_loop, open_workload
 from sim.fast_result import deadline_beats, run_result
 from sim.frame_counters import TICK_EPS, Frames
 from wave_actors.bench.workload import Call
-from wave_actors.bench.results import WARMUP_BEATS, RunResult
+from wave_actors.bench.results import RunResult
 from wave_actors.bench.clients import REDIAL_S, call_fields
 from wave_actors.clock.clock import LATE_AFTER_S
 from wave_actors.core.frames import BEAT_S, FRAME_S
@@ -61,22 +62,7 @@ from wave_actors.core.sched.start_policy import GuardedStarts, admission
 from wave_actors.core.text import ByteFallbackCodec
 
 HOST_BEATS = 16             # the clock's `_host_s` window
-MAX_BEATS = 2_000_000       # a run that never gets going stops here with an error
-STUCK_S = 600.0             # ... or once sessions waited this long with no beat carrying any
-OBSERVE, PLAN, CALLER = 0, 1, 2     # order of events at one instant
-
-
-@dataclass
-class _Caller:
-    """One call: a workload's, or a closed-loop line's current one."""
-    record: deadlines.CallRecord
-    call: Call | None = None
-    line: int = -1                  # closed loop: its line
-    life_s: float = math.inf
-    pause_s: float = 0.0            # workload: the wait before its next redial
-    slot: int = -1
-    dialed_s: float = 0.0           # its latest dial
-    ends_s: float = math.inf        # when its last frame is out (its close; a stop moves it)
+STUCK_S = 600.0             # sessions waited this long with no beat carrying any: stuck
 
 
 @dataclass(frozen=True)
@@ -116,8 +102,8 @@ class _Run:
         self.codec, self._tokens = ByteFallbackCodec(), {}
         self.coin = random.Random(seed + 0xC01)  # who wins a close's race with a frame read
         self.free = list(range(cfg.slots))        # a heap: the lowest free slot first
-        self.held: dict[int, _Caller] = {}
-        self.waiting: dict[int, _Caller] = {}     # admitted, not yet opened
+        self.held: dict[int, Caller] = {}
+        self.waiting: dict[int, Caller] = {}     # admitted, not yet opened
         self.ops: list[tuple] = []                # slot changes for the next plan
         self.events: list = []                    # (time, order, seq, fn, args)
         self._seq = 0
@@ -158,7 +144,7 @@ class _Run:
                                                      self.shape.max_prompt)
         return self._tokens[key]
 
-    def _admit(self, caller: _Caller) -> str | None:
+    def _admit(self, caller: Caller) -> str | None:
         """The clock's `Admit`: the reason it refuses, or None with the slot taken."""
         try:
             tokens = self.tokens(caller.call)
@@ -181,7 +167,7 @@ class _Run:
         self.ops.append(("open", slot, tokens))
         return None
 
-    def _dial(self, t: float, caller: _Caller) -> None:
+    def dial(self, t: float, caller: Caller) -> None:
         rec = caller.record
         rec.tries += 1
         caller.dialed_s = t
@@ -193,14 +179,14 @@ class _Run:
         self.refused_at.append(t)
         if caller.call is None:                   # a closed-loop line: the call dials again
             if self.cfg.churn_s > 0 and not self.stopped:
-                self.at(t + REDIAL_S, CALLER, self._line_call, caller.line, rec)
+                self.at(t + REDIAL_S, CALLER, self.line_call, caller.line, rec)
         elif rec.tries > caller.call.redials:
             self.unfinished -= 1                  # blocked
         else:
-            self.at(t + caller.pause_s, CALLER, self._dial, caller)
+            self.at(t + caller.pause_s, CALLER, self.dial, caller)
             caller.pause_s *= caller.call.redial_backoff
 
-    def _line_call(self, t: float, line: int,
+    def line_call(self, t: float, line: int,
                    rec: deadlines.CallRecord | None = None) -> None:
         """`drive_line`'s next dial on `line`: a new call, or `rec`'s again after a refusal
         (one call, as `drive_line` records it); its length drawn as it dials."""
@@ -211,9 +197,9 @@ class _Run:
         if rec is None:
             rec = deadlines.CallRecord(line, t)           # `drive_line` numbers by line
             self.calls.append(rec)
-        self._dial(t, _Caller(rec, line=line, life_s=life))
+        self.dial(t, Caller(rec, line=line, life_s=life))
 
-    def _opened(self, t: float, caller: _Caller) -> None:
+    def _opened(self, t: float, caller: Caller) -> None:
         rec = caller.record
         rec.opened_s = t
         if caller.call is None:         # a line's call waited from the dial that opened it
@@ -229,7 +215,7 @@ class _Run:
             caller.ends_s = t + n * FRAME_S
             self.at(caller.ends_s, CALLER, self._close, caller)
 
-    def _stop(self, t: float) -> None:
+    def stop_lines(self, t: float) -> None:
         """The bench's `stop` (its measured beats are in): every line's caller stops at its
         next frame (`_stream` checks the stop as it wakes for it; frames due before `t` were
         sent) and closes; a line waiting to dial again, or whose call ends, dials no more."""
@@ -246,7 +232,7 @@ class _Run:
                 caller.ends_s = ends
                 self.at(ends, CALLER, self._close, caller)
 
-    def _close(self, t: float, caller: _Caller) -> None:
+    def _close(self, t: float, caller: Caller) -> None:
         """The caller's last frame is out: its session ends once the clock reads its end of
         stream, at the clock's next frame read (every `frames_every_s`). A read due at that
         very instant races the close in the node's loop: either wins, as a coin says. (A close
@@ -261,7 +247,7 @@ class _Run:
             tick += every
         self.at(max(t, tick), CALLER, self._release, caller)
 
-    def _release(self, t: float, caller: _Caller) -> None:
+    def _release(self, t: float, caller: Caller) -> None:
         slot = caller.slot
         self.frames.release(slot)
         del self.held[slot]
@@ -269,7 +255,7 @@ class _Run:
         self.ops.append(("close", slot, None))
         caller.record.ended_s = t
         if caller.call is None:
-            self._line_call(t, caller.line)
+            self.line_call(t, caller.line)
         else:
             self.unfinished -= 1
 
@@ -336,71 +322,6 @@ class _Run:
     def idle(self) -> bool:
         return not (self.held or self.ops or self.prev_end > self.prev_submit)
 
-    # -- the two modes ----------------------------------------------------------------------
-    def closed_loop(self) -> slice:
-        """`lines` callers from time 0; the measured beats as the bench picks them: polls every
-        beat from 0 until each line's first open was answered (`_wait_live`), then until 8
-        beats in a row were on time or `warmup_max` beats passed (`_wait_steady`), then until
-        `beats` more had ended (`_wait_beats`); then the lines stop (`_stop`) and the run goes
-        on until the last session closed (the drain)."""
-        cfg = self.cfg
-        self.lines = [np.random.default_rng([self.seed, line]) for line in range(cfg.lines)]
-        for line in range(cfg.lines):
-            self.at(0.0, CALLER, self._line_call, line)
-        poll, steady_from, first, stop = 0, None, None, None
-        for k in range(MAX_BEATS):
-            plan_t = self.beat(k)
-            if stop is not None:
-                if self.idle() and not self.waiting:
-                    return slice(int(first), int(first) + cfg.beats)
-                continue
-            while stop is None and poll * BEAT_S <= plan_t:
-                p = poll * BEAT_S
-                n = np.searchsorted(self.rec["end"], p)            # beats ended before p
-                lat = self.rec["latency"][max(0, n - WARMUP_BEATS):n]
-                if first is not None:
-                    if n - first >= cfg.beats:
-                        stop = p
-                        self.at(p, CALLER, self._stop)
-                elif steady_from is None:
-                    answered = (np.searchsorted(self.opened_at, p)
-                                + np.searchsorted(self.refused_at, p))
-                    if n and answered >= cfg.lines:
-                        steady_from = n
-                elif n - steady_from >= cfg.warmup_max or (
-                        n - steady_from >= WARMUP_BEATS and max(lat) <= BEAT_S):
-                    first = n
-                poll += 1
-        raise FastError(f"the closed loop never measured {cfg.beats} beats in {MAX_BEATS}")
-
-    def open_workload(self) -> slice:
-        """Every call from its arrival until the last one ends (or `beats` beats ran); the
-        measured beats: those released in the workload's `window_s` (after the occupancy
-        form's fill), else every one (`bench_records._workload_window`)."""
-        wl, cap = self.cfg.workload, self.cfg.beats or MAX_BEATS
-        for i, call in enumerate(wl.calls):
-            rec = deadlines.CallRecord(i, call.at_s)
-            self.calls.append(rec)
-            self.at(call.at_s, CALLER, self._dial,
-                    _Caller(rec, call, life_s=call.duration_s, pause_s=call.redial_after_s))
-        self.unfinished = len(wl.calls)
-        k = 0
-        while self.unfinished and k < cap:
-            if self.idle() and self.events:       # nothing runs till the next call: skip there
-                k = max(k, int(self.events[0][0] / BEAT_S) + 1)
-                if k >= cap:
-                    break
-            self.beat(k)
-            k += 1
-        if k >= MAX_BEATS:
-            raise FastError(f"the workload did not end in {MAX_BEATS} beats")
-        span = wl.window_s
-        if span is None:
-            return slice(0, len(self.rec["end"]))
-        rel = np.asarray(self.rec["release"])
-        lo, hi = np.searchsorted(rel, span[0] - TICK_EPS), np.searchsorted(rel, span[1] - TICK_EPS)
-        return slice(int(lo), int(hi))
-
     def virtual_s(self) -> float:
         return max(self.rec["end"], default=0.0)
 
@@ -409,7 +330,7 @@ def run_one(cfg: FastConfig, seed: int) -> tuple[RunResult, dict, _Run]:
     """One run of `cfg` drawn from `seed`: its result, its deadline metrics, and the run (for
     tests: the counters, the book, the call records)."""
     run = _Run(cfg, seed)
-    measured = run.closed_loop() if cfg.workload is None else run.open_workload()
+    measured = closed_loop(run) if cfg.workload is None else open_workload(run)
     if not len(run.rec["latency"]):
         raise FastError("no beat carried a session: nothing to measure")
     res = run_result(run, measured)
