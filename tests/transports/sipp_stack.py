@@ -111,6 +111,10 @@ def node_and_bridge(tmp_path_factory):
 
 def run_sipp(stack, scenario: str, calls: int, extra=(), timeout=30) -> subprocess.CompletedProcess:
     d = stack["dir"]
+    for part in ("node", "bridge"):
+        if stack[part].p.poll() is not None:
+            pytest.fail(f"the {part} exited before sipp ran; its last lines:\n"
+                        + "\n".join(stack[part].lines[-20:]))
     name = f"sc{len(list(d.glob('*.xml')))}"
     (d / f"{name}.xml").write_text(scenario)
     args = [stack["sipp"], f"127.0.0.1:{stack['port']}", "-sf", f"{name}.xml",
