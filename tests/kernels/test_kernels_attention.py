@@ -131,8 +131,8 @@ class _Spy:
     (torch.bfloat16, 16, True, "lanes"),
 ])
 def test_lanes_default_on_split_d_shapes(monkeypatch, kv_dtype, head_dim, lanes, expect):
-    names = dict(lanes="_attn_mha_lanes_kernel", split="_attn_mha_split_kernel",
-                 padded="_attn_mha_kernel", dot="_attn_gqa_kernel")
+    names = dict(lanes="attn_mha_lanes_kernel", split="attn_mha_split_kernel",
+                 padded="attn_mha_kernel", dot="_attn_gqa_kernel")
     log = []
     for short, name in names.items():
         monkeypatch.setattr(attn, name, _Spy(short, getattr(attn, name), log))
