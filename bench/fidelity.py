@@ -1,5 +1,5 @@
 """Teacher-forced fidelity of a serving precision profile against the fp32 reference, per stage
-(gpu/engine/fidelity.py says how it forces and what it measures). Builds both models with the
+(gpu/engine/fidelity.py says what it measures, fidelity_forcing.py how it forces). Builds both models with the
 same random weights of the config's real shapes on the device, installs the engine's Triton
 decode ops in the tested one, prints a per-quantity table and writes JSON.
 

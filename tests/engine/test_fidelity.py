@@ -10,7 +10,7 @@ codec compute in fp32 on the reference's inputs: exactly 0. The bounds below lea
 import pytest
 import torch
 
-from gpu.engine import fidelity
+from gpu.engine import fidelity, fidelity_forcing
 from gpu.model.config import Profile, VoiceChatConfig
 
 CFG = VoiceChatConfig.tiny()
@@ -70,8 +70,8 @@ def test_the_harness_reference_side_is_the_model_step():
     what `VoiceChat.step` gives, free running on the same prompts, audio and noise."""
     ref, _ = fidelity.build_pair(CFG, Profile.named("fp32"), "cpu", seed=2, kernels=False)
     frames = 6
-    forced = [f["ref"] for f in fidelity.forced_frames(ref, ref, SESSIONS, frames, seed=2)]
-    prompts, audio = fidelity.inputs(CFG, SESSIONS, frames, seed=2)
+    forced = [f["ref"] for f in fidelity_forcing.forced_frames(ref, ref, SESSIONS, frames, seed=2)]
+    prompts, audio = fidelity_forcing.inputs(CFG, SESSIONS, frames, seed=2)
     state = ref.alloc_state(SESSIONS, frames, prompts.shape[1])
     slots = torch.arange(SESSIONS)
     state.reset(slots)
