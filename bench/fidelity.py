@@ -1,7 +1,7 @@
 """Teacher-forced fidelity of a serving precision profile against the fp32 reference, per stage
-(gpu/engine/fidelity.py says what it measures, fidelity_forcing.py how it forces). Builds both models with the
-same random weights of the config's real shapes on the device, installs the engine's Triton
-decode ops in the tested one, prints a per-quantity table and writes JSON.
+(gpu/engine/fidelity.py says what it measures, fidelity_forcing.py how it forces). Builds both
+models with the same random weights of the config's real shapes on the device, installs the
+engine's Triton decode ops in the tested one, prints a per-quantity table and writes JSON.
 
     python3 bench/fidelity.py --config full --profile dense --sessions 8 --frames 32 \\
         --out bench/results/fidelity-dense-h200.json
