@@ -4,8 +4,8 @@ Inbound: reorder `audio` by `seq`, waiting a short time at most for a missing on
 (`ReorderBuffer`), decode the wire format, resample once to 16 kHz (a streaming soxr
 resampler), cut 80 ms frames and send each, numbered and naming the session's handle, to the
 clock over ZMQ (inproc). Outbound: the clock puts each beat's outputs in this actor's mailbox;
-its two frames are resampled to the session's rate, encoded and sent as `audio`; text and
-user-transcript tokens are decoded incrementally into `text` deltas; function-channel tokens are parsed into `function_call`s.
+`SessionOutput` turns each of its two frames into `audio`, `text` and `function_call`
+messages.
 
 Every input is accounted for: frames reach the clock, or are counted. Drops of every kind
 (duplicate or stale seq, seq gap, bad payload, mailbox overflow, flood limit, audio unheard at
@@ -27,11 +27,10 @@ import numpy as np
 
 from transports import audio as A
 from transports import protocol as P
-from wave_actors.core.contract import NO_TOKEN, TextCodec
-from wave_actors.core.frames import FRAME_S, IN_RATE, OUT_RATE, SAMPLES_IN
-from wave_actors.core.function_calls import FunctionCallParser, result_tokens
+from wave_actors.core.contract import TextCodec
+from wave_actors.core.frames import FRAME_S, IN_RATE, SAMPLES_IN
+from wave_actors.core.function_calls import result_tokens
 from wave_actors.core.reorder import Reach, Released, ReorderBuffer, SkipLedger
-from wave_actors.core.text import TextStream
 from wave_actors.core.timebase import Clock
 from wave_actors.runtime.actors import Actor, ActorStopped
 from wave_actors.clock.frame_batch import FrameBatcher
@@ -39,6 +38,7 @@ from wave_actors.clock.shared_outputs import BeatOut
 from wave_actors.runtime.turns import Turn
 from wave_actors.sessions.messages import (AudioIn, Close, FunctionResult, GapDue,
                                            SessionConfig, SessionCounters)
+from wave_actors.sessions.session_output import SessionOutput
 
 # In the reorder buffer, the place of an audio message dropped before it (`_mark_lost`).
 LOST = object()
@@ -71,9 +71,6 @@ class SessionActor(Actor):
         # frames of a session whose clock went away are counted here, not sent to the next one.
         self._frames = frames
         self._send, self._on_close = send, on_close
-        # A session worker's send can take an `audio` message's samples unencoded: it encodes
-        # those of all its sessions of one format in one array operation a flush.
-        self._send_pcm = getattr(send, "pcm", None)
         self._on_function_tokens = on_function_tokens
         self._handle = (cfg.handle.slot, cfg.handle.generation)
         # The clock's OutputTurns.run: a beat's output work runs in its turn, not across a
@@ -90,18 +87,12 @@ class SessionActor(Actor):
         self._skips = SkipLedger()
         self._gap_timer: asyncio.Task | None = None
         self._in_resampler = A.StreamResampler(cfg.sample_rate, IN_RATE)
-        self._out_resampler = A.StreamResampler(OUT_RATE, cfg.output_sample_rate)
         self._pending = np.zeros(0, np.float32)
         self._frame_no = 0
         self._held: collections.deque[np.ndarray] = collections.deque()
         self._t0: float | None = None   # when the first frame was cut: the input's real time
         self._overflowing = False       # an overflow was told; told again after it ends
-        self._out_seq = 0
-        self._out_pending = np.zeros(0, np.float32)
-        self._out_frame_len = cfg.output_sample_rate * 80 // 1000
-        self._agent_text = TextStream(text_codec)
-        self._user_text = TextStream(user_codec)
-        self._calls = FunctionCallParser(text_codec, cfg.session)
+        self._output = SessionOutput(cfg, send, text_codec, user_codec, self.counters)
         self._bps = P.BYTES_PER_SAMPLE[cfg.format]
         self.closing = False
 
@@ -142,7 +133,7 @@ class SessionActor(Actor):
     @property
     def out_seq(self) -> int:
         """The `seq` of the next output audio message."""
-        return self._out_seq
+        return self._output.seq
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def on_stop(self) -> None:
@@ -309,43 +300,7 @@ class SessionActor(Actor):
         pcm = msg.pcm
         self._out_frame = max(self._out_frame, h["frame"] + pcm.shape[0])
         for f in range(pcm.shape[0]):
-            frame = h["frame"] + f
-            self._send_audio(frame, self._out_resampler(pcm[f]))
-            self._emit_text(frame, h["text"][f], h["user"][f])
-            for call in self._calls.push(h["func"][f]):
-                self._send(P.pack(
-                    "function_call", self.cfg.session, call_id=call.call_id, name=call.name,
-                    arguments=call.arguments))
-            for problem in self._calls.take_errors():
-                self._error("bad_function_call", problem)
-
-    def _send_audio(self, frame: int, x: np.ndarray) -> None:
-        """Exactly one 80 ms frame per `audio` message at the output rate: a resampler's chunks
-        vary in length, so its output is re-cut (the first frame waits out its latency)."""
-        self._out_pending = np.concatenate([self._out_pending, x]) if len(self._out_pending) else x
-        while len(self._out_pending) >= self._out_frame_len:
-            chunk = self._out_pending[:self._out_frame_len]
-            self._out_pending = self._out_pending[self._out_frame_len:]
-            header = P.pack("audio", self.cfg.session, seq=self._out_seq, frame=frame)
-            if self._send_pcm is not None:        # a worker's: encoded with its others
-                ok = self._send_pcm(header, chunk, self.cfg.output_format)
-            else:
-                ok = self._send([*header, A.encode(chunk, self.cfg.output_format)], True)
-            self._out_seq += 1
-            if ok:
-                self.counters.frames_sent += 1
-            else:
-                self.counters.dropped_out += 1
-
-    def _emit_text(self, frame: int, text_token: int, user_tokens: list[int]) -> None:
-        agent = self._agent_text.push([text_token])
-        if agent:
-            self._send(P.pack(
-                "text", self.cfg.session, channel="agent", frame=frame, text=agent))
-        user = self._user_text.push([t for t in user_tokens if t != NO_TOKEN])
-        if user:
-            self._send(P.pack(
-                "text", self.cfg.session, channel="user", frame=frame, text=user))
+            self._output.frame(h["frame"] + f, pcm[f], h["text"][f], h["user"][f], h["func"][f])
 
     def _tool_result(self, ids: list[int]) -> None:
         """Tool-result tokens to the model (one a frame), unless that would leave more than
