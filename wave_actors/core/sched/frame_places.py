@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wave_actors.core.frames import SAMPLES_IN
+from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.sched.jitter import SILENCE
 
 
@@ -77,6 +77,19 @@ class FramesToRead:
         self.ring, self.places = ring.ring, places
         self.generations, self.nums = generations, nums        # [S], [S, 2]: per slot
         self.torn: list[tuple[np.ndarray, np.ndarray]] = []    # (slots, frame indexes)
+
+    @classmethod
+    def packed(cls, ring: RingPlaces, slots: np.ndarray, nums: np.ndarray, span: np.ndarray,
+               lo: int) -> "FramesToRead":
+        """What a pack chose: `nums` [k, 2] of the packed `slots`, `span` the places of slots
+        lo, lo + 1, ... (silent where not packed). Every other slot reads silence. The
+        generations are taken as packed: a slot released and taken again mid-beat is another's."""
+        n = len(ring.generations)
+        places = np.full((n, FRAMES_PER_BEAT), FrameStore.SILENT, np.int64)
+        places[lo:lo + len(span)] = span
+        every = np.full((n, FRAMES_PER_BEAT), SILENCE, np.int64)
+        every[slots] = nums
+        return cls(ring, places, ring.generations.copy(), every)
 
     def rows(self, slots: np.ndarray) -> np.ndarray:
         places = self.places[slots]

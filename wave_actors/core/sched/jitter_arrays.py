@@ -6,12 +6,11 @@ The clock packs every live session each beat; at a few hundred sessions a Python
 the device can start. Here each slot's jitter buffer is a ring of places (`place`, `nums`:
 where each queued frame's samples are and its number, `head`/`count` per slot), the counters are
 columns of one table, and the shedding window's spares are a ring per slot whose minimum is one
-reduction. A batch of frames from a session worker is queued with one scatter.
+reduction (`LowWaters`). A batch of frames from a session worker is queued with one scatter.
 
-The samples live in one `FrameStore` whose free places are reused last-freed first: the frames a
-beat packs free the places the next batch fills, so the memory a beat touches is about the
-frames queued, not every slot's whole buffer. Or they live where the session workers wrote them
-(`RingPlaces`: a place fixed by slot and frame number in a shared ring, `shared_frames`): a
+The samples live in one `FrameStore` whose free places are reused last-freed first (the memory
+a beat touches is about the frames queued, not every slot's whole buffer), or where the session
+workers wrote them (`RingPlaces`: a place fixed by slot and frame number in a shared ring): a
 batch then brings only headers, and a frame whose place was written again before its beat is
 heard as silence and counted as dropped.
 
@@ -30,6 +29,7 @@ from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import FRAMES_PER_BEAT
 from wave_actors.core.sched.frame_places import FramesToRead, FrameStore, RingPlaces
 from wave_actors.core.sched.jitter import SILENCE, CapacityError, Shedding, SlotStats
+from wave_actors.core.sched.low_waters import LowWaters
 
 assert FRAMES_PER_BEAT == 2, "pack() takes a beat's two frames as two array steps"
 
@@ -81,12 +81,7 @@ class ArrayScheduler:
         self.out_frame = np.zeros(n, np.int64)
         self.stats = np.zeros((n, len(_STAT)), np.int64)
         self.keys: list[object] = [None] * n
-        # The shedding window: each started slot's last `window` spares (plus the frames shed
-        # before each, so shedding never rewrites the window), and how many it has recorded.
-        w = shedding.window_beats if shedding else 1
-        self.window = np.zeros((n, w), np.int64)
-        self.window_beats = np.zeros(n, np.int64)
-        self.shed_total = np.zeros(n, np.int64)
+        self.low = LowWaters(n, shedding) if shedding else None    # the shedding windows
         self._free = list(range(n - 1, -1, -1))      # pop() gives the lowest slot
         self._ready = np.zeros(n, bool)
         self._mark = np.zeros(n, np.int64)           # scratch: is a batch a row a slot?
@@ -116,8 +111,9 @@ class ArrayScheduler:
                 self._free.remove(slot)
         if slot is None:
             slot = self._free.pop()
-        for a in (self.head, self.count, self.out_frame, self.window_beats, self.shed_total):
-            a[slot] = 0
+        self.head[slot] = self.count[slot] = self.out_frame[slot] = 0
+        if self.low:
+            self.low.clear(slot)
         self.stats[slot] = 0
         self.started[slot] = False
         self.held[slot] = True
@@ -160,18 +156,7 @@ class ArrayScheduler:
     # -- frames in ------------------------------------------------------------------------------
     def push(self, slot: int, frame_no: int, pcm: np.ndarray) -> None:
         self._check(slot)
-        q = self.max_queue
-        if self.count[slot] >= q:             # full: the oldest frame makes room
-            self.store.give(self.place[slot, self.head[slot]:self.head[slot] + 1])
-            self.head[slot] = (self.head[slot] + 1) % q
-            self.count[slot] -= 1
-            self.stats[slot, _DROP] += 1
-            self.totals.dropped += 1
-        pos = (self.head[slot] + self.count[slot]) % q
-        place = self._places(np.array([slot]), np.array([frame_no]), pcm[None])[0]
-        self.place[slot, pos] = place
-        self.nums[slot, pos] = frame_no
-        self.count[slot] += 1
+        self.push_batch(np.array([slot]), np.array([frame_no]), pcm[None])
 
     def push_batch(self, slots: np.ndarray, frame_nos: np.ndarray,
                    pcm: np.ndarray | list[np.ndarray] | None) -> None:
@@ -201,12 +186,7 @@ class ArrayScheduler:
         # its last `q` rows are queued, and the slot's queued frames make room oldest first.
         drop = np.maximum(0, self.count[mine] + sizes - q)
         drop_batch = np.maximum(0, sizes - q)
-        for slot, n in zip(mine.tolist(), (drop - drop_batch).tolist()):
-            if n:                                        # rare: a backlog overflows a buffer
-                h = self.head[slot]
-                self.store.give(self.place[slot, (h + np.arange(n)) % q])
-                self.head[slot] = (h + n) % q
-                self.count[slot] -= n
+        self._drop_oldest(mine, drop - drop_batch)      # rare: a backlog overflows a buffer
         rank = np.arange(k) - np.repeat(starts, sizes) - np.repeat(drop_batch, sizes)
         keep = rank >= 0
         s, rank, rows = s[keep], rank[keep], order[keep]
@@ -232,9 +212,7 @@ class ArrayScheduler:
         count = self.count[slots]
         if count.max() >= q:                  # the oldest frame of each full one makes room
             full = slots[count >= q]
-            self.store.give(self.place[full, self.head[full]])
-            self.head[full] = (self.head[full] + 1) % q
-            self.count[full] -= 1
+            self._drop_oldest(full, np.ones(len(full), np.int64))
             self.stats[full, _DROP] += 1
             self.totals.dropped += len(full)
             count = self.count[slots]
@@ -249,6 +227,16 @@ class ArrayScheduler:
         self.place[slots, pos] = places
         self.nums[slots, pos] = frame_nos
         self.count[slots] = count + 1
+
+    def _drop_oldest(self, slots: np.ndarray, n: np.ndarray) -> None:
+        """The oldest n[i] frames of each of `slots` (distinct) leave its queue and give back
+        their places; the caller counts them."""
+        head, q = self.head[slots], self.max_queue
+        for f in range(int(n.max(initial=0))):
+            some = n > f
+            self.store.give(self.place[slots[some], (head[some] + f) % q])
+        self.head[slots] = (head + n) % q
+        self.count[slots] -= n
 
     def _places(self, slots: np.ndarray, frame_nos: np.ndarray, pcm: np.ndarray | None
                 ) -> np.ndarray:
@@ -283,9 +271,9 @@ class ArrayScheduler:
         """The queue length, in frames, the slot's shedding is heading for (None: not yet known,
         or no shedding)."""
         self._check(slot)
-        if not self.shedding or self.window_beats[slot] < self.window.shape[1]:
+        lowest = self.low.lowest(slot) if self.low else None
+        if lowest is None:
             return None
-        lowest = int(self.window[slot].min() - self.shed_total[slot])
         return int(self.count[slot]) - max(0, lowest - self.shedding.keep)
 
     # -- one beat -------------------------------------------------------------------------------
@@ -328,7 +316,7 @@ class ArrayScheduler:
             if self._ring is not None:
                 self._check_ring(inp, slots, nums, span, lo)
         else:
-            inp.frames = self._to_read(slots, nums, span, lo)
+            inp.frames = FramesToRead.packed(self._ring, slots, nums, span, lo)
         self.store.give(span[span != FrameStore.SILENT])
         self.head[slots] = (head + taken) % q
         left = count - taken
@@ -353,16 +341,6 @@ class ArrayScheduler:
         n = int(frames.sum())
         self.totals.dropped += n
         self.overwritten += n
-
-    def _to_read(self, slots: np.ndarray, nums: np.ndarray, span: np.ndarray, lo: int
-                 ) -> FramesToRead:
-        n = self.max_sessions
-        places = np.full((n, FRAMES_PER_BEAT), FrameStore.SILENT, np.int64)
-        places[lo:lo + len(span)] = span
-        every = np.full((n, FRAMES_PER_BEAT), SILENCE, np.int64)
-        every[slots] = nums
-        # The generations as packed: a slot released and taken again mid-beat is another's.
-        return FramesToRead(self._ring, places, self._ring.generations.copy(), every)
 
     def count_torn(self, frames: FramesToRead) -> int:
         """The frames an executor found written again when it read them: counted as dropped."""
@@ -392,28 +370,10 @@ class ArrayScheduler:
     def _shed(self, slots: np.ndarray, spare: np.ndarray) -> None:
         """Record this beat's spare of each started slot; drop the oldest frames its window shows
         were never needed."""
-        w = self.window.shape[1]
-        beats = self.window_beats[slots]
-        self.window[slots, beats % w] = spare + self.shed_total[slots]
-        self.window_beats[slots] = beats + 1
-        full = beats + 1 >= w
-        slots = slots[full]
-        if not len(slots):
-            return
-        keep = self.shedding.keep
-        lowest = self.window[slots].min(axis=1) - self.shed_total[slots]
-        n = np.where(lowest > keep,
-                     np.minimum(np.minimum(lowest - keep, self.shedding.per_beat),
-                                self.count[slots]), 0)
+        slots, n = self.low.record(slots, spare, self.count[slots])
         if not n.any():
             return
-        head, q = self.head[slots], self.max_queue
-        for f in range(int(n.max())):
-            shed = n > f
-            self.store.give(self.place[slots[shed], (head[shed] + f) % q])
-        self.head[slots] = (head + n) % q
-        self.count[slots] -= n
-        self.shed_total[slots] += n
+        self._drop_oldest(slots, n)
         self.stats[slots, _SHED] += n
         self.stats[slots, _DROP] += n
         shed = int(n.sum())
