@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu.engine.beat_streams import StreamedBeat                      # noqa: E402
+from gpu.engine.graph.beat_streams import StreamedBeat                # noqa: E402
 from gpu.engine.decode_ops import TritonDecodeOps, install            # noqa: E402
 from gpu.model.config import Profile, VoiceChatConfig                 # noqa: E402
-from gpu.model.talker_state import TalkerInputs                       # noqa: E402
+from gpu.model.talker.state import TalkerInputs                       # noqa: E402
 from wave_actors.core.text import BOS                                   # noqa: E402
 from gpu.model.voicechat import VoiceChat                             # noqa: E402
 from gpu.model.voicechat_weights import load_dtype, random_weights_on  # noqa: E402
@@ -75,7 +75,7 @@ def stage_fns(model, state, slots, audio, frame):
 
 def beat_fns(model, state, slots, audio2, frame) -> dict:
     """A whole beat (two frames, as the graph backend runs it): stages in order on one stream,
-    and spread over streams (gpu/engine/beat_streams.py)."""
+    and spread over streams (gpu/engine/graph/beat_streams.py)."""
     streamed = StreamedBeat(model, slots.device)
     forced = torch.full((len(slots), 2), -1, device=slots.device)
     noise_of = lambda f: model.noise(0, slots, frame + f)       # noqa: E731

@@ -3,7 +3,7 @@ fitted from measured GPU bench results of one profile, with its held-out error.
 
 What it fits, from every measured beat (`per_run[i].trace`) of the files:
   - the executor's beat (compute_ms) by batch size. The engine pads a beat's batch to a captured
-    bucket (gpu/engine/graph_executor.py `_graph_for`: the smallest captured bucket that holds
+    bucket (gpu/engine/graph/beat_graphs.py `graph_for`: the smallest captured bucket that holds
     the live sessions; `extra.engine.buckets_captured` says which were captured), so a beat's
     time depends on its bucket, not its live count: beats are grouped by bucket and each group's
     median is a point (`CostModel.beat_points`);

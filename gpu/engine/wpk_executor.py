@@ -27,7 +27,6 @@ for), with the reason in `describe()["wpk"]`.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -37,14 +36,16 @@ import time
 import numpy as np
 import torch
 
-from gpu.engine.graph_executor import OUTPUTS, POLL_LEAD_S, POLL_UNKNOWN_S, GraphExecutor
+from gpu.engine.graph.first_frame import poll_until
+from gpu.engine.graph_executor import GraphExecutor
 from gpu.wpk import mailbox as M
 from gpu.wpk.beat_kernels import Descriptor, frames_done, gate, gather_frames
 from gpu.wpk.controller import ControllerFailed, ResidentController
-from wave_actors.core.contract import BeatInput, BeatOutput, ExecutorOptions
+from wave_actors.core.contract import BeatInput, BeatOutput, ExecutorOptions, SessionSpec
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.sched.slot_book import BookPlan
+from wave_actors.core.timebase import Clock
 
 log = logging.getLogger("wave.wpk_executor")
 
@@ -55,7 +56,9 @@ FRAME_TIMEOUT_NS = 1_000_000_000
 GATHER_BLOCK = 2048                     # SAMPLES_IN rounded up to a power of two
 
 
-class WpkExecutor(GraphExecutor):
+class WpkExecutor:
+    """The graph executor's machinery (its graphs, rings, model runner and beat runner: one
+    `GraphExecutor`, composed), with beats started by the doorbell."""
     name = "wpk"
     caps = REGISTRY["wpk"].caps
     resident = False                    # the controller started (not during the graph build)
@@ -69,7 +72,15 @@ class WpkExecutor(GraphExecutor):
             os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
         # Starts prefill here: a snapshot copy is an eager op that would run behind the
         # resident controller, and this executor warms only what its beats launch.
-        super().__init__(dataclasses.replace(options, snapshot_mb=0), capture, streams)
+        g = self.graph = GraphExecutor(dataclasses.replace(options, snapshot_mb=0), capture,
+                                       streams)
+        # what the node and the clock read of an executor, and the machinery the beats share
+        self.options, self.device, self.max_sessions = g.options, g.device, g.max_sessions
+        self.text_codec, self.user_codec, self.start_shape = \
+            g.text_codec, g.user_codec, g.start_shape
+        self.snapshot_space, self.start_row_s, self.beat_at_context_s = \
+            g.snapshot_space, g.start_row_s, g.beat_at_context_s
+        self.runner, self.graphs, self.rings, self.beats = g.runner, g.graphs, g.rings, g.beats
         self.module_loading = os.environ.get("CUDA_MODULE_LOADING", "LAZY")
         dev, rows = self.device, self.max_sessions
         self._desc_h = torch.zeros(Descriptor.words(rows), dtype=torch.int64, pin_memory=True)
@@ -107,6 +118,34 @@ class WpkExecutor(GraphExecutor):
         self.resident = True
         self._arm()
 
+    @classmethod
+    def build(cls, options: ExecutorOptions, clock: Clock | None = None) -> "WpkExecutor":
+        return cls(options)
+
+    @property
+    def model(self):
+        return self.runner.model
+
+    @property
+    def state(self):
+        return self.runner.state
+
+    @property
+    def on_launched(self):
+        return self.beats.on_launched
+
+    @on_launched.setter
+    def on_launched(self, fn) -> None:
+        self.beats.on_launched = fn
+
+    def prompt_tokens(self, spec: SessionSpec) -> list[int]:
+        return self.graph.prompt_tokens(spec)
+
+    memory_ceiling = staticmethod(GraphExecutor.memory_ceiling)
+
+    def reset(self) -> None:
+        self.graph.reset()
+
     # -- the resident controller ------------------------------------------------------------
     def _launch_controller(self, first_seq: int, runs: int) -> None:
         with torch.cuda.stream(self._ctl_stream):
@@ -122,12 +161,12 @@ class WpkExecutor(GraphExecutor):
             frames_done[(1,)](ctr, IS_INTERP=False, num_warps=1)
             self._gather()
             ctr[:1].copy_(self._stop_h, non_blocking=True)
-            t = self.trash
+            t = self.graphs.trash
             idx = torch.tensor([t], device=self.device)
             self.state.reset(idx)
             self.model.warm(self.state, idx)
             if self.options.context_offset:
-                self._prefill_context([t])
+                self.graph.prefill_context([t])
             self.model.roll(self.state, t, 1, self.options.roll_frames)
             self.state.reset(idx)
             self.model.warm(self.state, idx)
@@ -136,7 +175,8 @@ class WpkExecutor(GraphExecutor):
     def _gather(self, desc: torch.Tensor | None = None) -> None:
         number, generation, pcm = self._ring_args
         gather_frames[(self.max_sessions, FRAMES_PER_BEAT)](
-            self._desc_d if desc is None else desc, number, generation, pcm, self.d_audio, self._torn_d,
+            self._desc_d if desc is None else desc, number, generation, pcm, self.graphs.d_audio,
+            self._torn_d,
             MAX_ROWS=self.max_sessions, SAMPLES=SAMPLES_IN, BLOCK=GATHER_BLOCK,
             IS_INTERP=False, num_warps=4)
 
@@ -213,19 +253,19 @@ class WpkExecutor(GraphExecutor):
     # -- maintenance the graph executor does between beats ---------------------------------------
     def prepare(self, sessions: int, optional: bool = False) -> bool:
         with self._maintenance():
-            return super().prepare(sessions, optional)
+            return self.graph.prepare(sessions, optional)
 
     def baseline(self, context: int) -> dict:
         with self._maintenance():
-            return super().baseline(context)
+            return self.graph.baseline(context)
 
     def alloc_input(self) -> BeatInput:
         with self._maintenance():           # page-locking may wait for the device
-            return super().alloc_input()
+            return self.graph.alloc_input()
 
     def alloc_output(self, into: BeatOutput | None = None) -> BeatOutput:
         with self._maintenance():
-            return super().alloc_output(into)
+            return self.graph.alloc_output(into)
 
     def _register_ring(self, ring) -> None:
         """The clients' ring registered and mapped for the device (its three arrays lie in one
@@ -247,15 +287,20 @@ class WpkExecutor(GraphExecutor):
 
     # -- the beat --------------------------------------------------------------------------------
     def submit(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
-        self._done_s = None
         t0 = time.perf_counter()
-        self._expect_first(plan, out)
+        self.graph.first.expect(plan, out)
         frames = self._frames = inp.frames
         self._ring = None
         if self._armed and not self.failed and (frames is None or frames.ring is self._ring_src):
             self.descriptor.write(np.asarray(plan.live, np.int64), frames)
             self._ring = self._ring_beat(inp.beat, len(plan.live))
-        self._inflight = (self._worker.submit(self._launch, plan, inp, out), t0, plan)
+        self.beats.submit(self._launch, plan, inp, out, t0)
+
+    async def wait_first(self) -> None:
+        await self.graph.wait_first()
+
+    async def wait(self) -> None:
+        await self.beats.wait(self.device_done)
 
     def _launch(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> bool:
         """Worker thread: what only the plan decides, behind the prefix (see the module's
@@ -276,68 +321,51 @@ class WpkExecutor(GraphExecutor):
             self.doorbell_beats += 1
         else:
             self.fallback_beats += 1
-        self._beat_start.record()
+        self.beats.start.record()
         with torch.no_grad():
             self.runner.reset(plan)
             if plan.live or plan.rows:
                 self._enqueue(plan, inp, out)
             if plan.started and self.options.context_offset:
-                self._prefill_context(plan.started)
+                self.graph.prefill_context(plan.started)
             frames_done[(1,)](self._frame_ctr, IS_INTERP=False, num_warps=1)
-        self._beat_done.record()
+        self.beats.done.record()
         with torch.no_grad():
             self.runner.roll(plan)
             self.runner.clean(plan)
         if not self.failed:
             self._arm()
-        self.launch_s.append(time.perf_counter() - t0)
-        if not self.poll:
-            self._beat_done.synchronize()
-        return not self.poll
+        return self.beats.launched(t0)
 
     def _enqueue(self, plan: BookPlan, inp: BeatInput, out: BeatOutput) -> None:
         """As the graph executor's, but the audio rows come from the prefix (read from the ring)
         unless the clock packed them (no ring: copied as the graph executor copies them)."""
-        n, hi = len(plan.live), max(plan.live, default=-1) + 1
-        g = self._graph_for(n, len(plan.rows))
-        self._fill_rows(g, plan)
-        for k, t in g.d_in.items():
-            t.copy_(g.h_in[k], non_blocking=True)
-        stream = torch.cuda.current_stream()
-        stream.wait_event(self._prefix_done)
+        hi = max(plan.live, default=-1) + 1
+        g = self.graphs.rows_in(plan)
+        torch.cuda.current_stream().wait_event(self._prefix_done)
         if hi and inp.frames is None:
-            self.d_audio[:hi].copy_(self._tensor(inp.audio)[:hi], non_blocking=True)
-        if g.graph is not None:
-            g.graph.replay()
-        else:
-            self._beat_body(g)
+            self.graphs.d_audio[:hi].copy_(self.rings.tensor(inp.audio)[:hi], non_blocking=True)
+        self.graphs.replay(g)
         self._replayed.record()
-        for name in OUTPUTS:
-            if hi:
-                self._tensor(getattr(out, name))[:hi].copy_(self.d_out[name][:hi],
-                                                            non_blocking=True)
+        if hi:
+            self.rings.outputs_from(self.graphs.d_out, out, hi)
         if hi and inp.frames is not None:
             self._torn_h[:hi].copy_(self._torn_d[:hi], non_blocking=True)
 
-    async def _device_done(self, t0: float, fastest: float | None) -> None:
+    async def device_done(self, t0: float, fastest: float | None) -> None:
         """As the graph executor's, but the beat's end is read from the mailbox (a load from
         pinned memory) while the controller serves; from its event after a fail-over."""
         ring = self._ring
-        if ring is None or self.failed:
-            return await super()._device_done(t0, fastest)
-        if fastest is not None:
-            delay = t0 + fastest - POLL_LEAD_S - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        while not self.box.beat_done(ring):
-            if self.failed:
-                return await super()._device_done(t0, fastest)
-            await asyncio.sleep(0 if fastest is not None else POLL_UNKNOWN_S)
+        if ring is not None and not self.failed:
+            await poll_until(lambda: self.box.beat_done(ring) or bool(self.failed), t0, fastest)
+            if self.box.beat_done(ring):
+                return
+        await self.graph.device_done(t0, fastest)      # failed over (before or meanwhile)
 
     def collect(self, plan: BookPlan, out: BeatOutput) -> float:
         """The beat's outputs are in `out` already; frames the device found written again are
         recorded for the clock to count (`FramesToRead.torn`)."""
-        done = super().collect(plan, out)
+        done = self.beats.collect()
         frames, self._frames = self._frames, None
         if frames is not None and plan.live:
             slots = np.asarray(plan.live, np.int64)
@@ -347,7 +375,7 @@ class WpkExecutor(GraphExecutor):
         return done
 
     def describe(self) -> dict:
-        return super().describe() | {"wpk": {
+        return self.graph.describe() | {"wpk": {
             "controller": "failed over to graph beats" if self.failed else "resident",
             "module_loading": self.module_loading,
             "failed": self.failed, "doorbell_beats": self.doorbell_beats,
@@ -355,14 +383,14 @@ class WpkExecutor(GraphExecutor):
             is not None, "heartbeat": self.box.heartbeat(), "state": self.box.state}}
 
     def close(self) -> None:
-        if self._inflight is not None:
-            self._inflight[0].result()
+        if self.beats.inflight is not None:
+            self.beats.inflight[0].result()
         if not self.failed:
             self._let_through()
             self.controller.stop()
-        self._worker.shutdown(wait=True)
+        self.beats.close()
         torch.cuda.synchronize()
         for ptr in self._ring_registered:
             torch.cuda.cudart().cudaHostUnregister(ptr)
         self._ring_registered.clear()
-        super().close()
+        self.graph.close()

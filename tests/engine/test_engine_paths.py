@@ -109,7 +109,7 @@ def test_graph_replay_equals_the_same_executor_variant_in_bf16(variant, wait):
         b = GraphExecutor(ExecutorOptions(max_sessions=5, profile="reference", config="tiny",
                                           max_context=128, beat_wait=beat_wait), **kw)
         runs.append(engine_run(b, SPECS, audio, [4, 0, 2])[0])
-        assert (b.polled_beats > 0) == (beat_wait == "poll"), b.polled_beats
+        assert (b.beats.polled_beats > 0) == (beat_wait == "poll"), b.beats.polled_beats
         b.close()
     res = compare(runs[0], runs[1])
     assert res["text_equal"] == res["func_equal"] == res["user_equal"] == 1.0, res
@@ -138,5 +138,5 @@ def test_graph_executor_sizes_its_slots_from_memory_and_its_measured_beat():
     probes = slots["beat_ms_at_context"]
     assert probes and (probes[n] <= slots["budget_ms"] or n == 1), slots
     assert all(t > slots["budget_ms"] for m, t in probes.items() if m > n), slots
-    assert b.describe()["max_sessions"] == n and max(k for k, _ in b._graphs) == n
+    assert b.describe()["max_sessions"] == n and max(k for k, _ in b.graphs.captured) == n
     assert parity(b, 8)["pcm_rel"] < 1e-3

@@ -124,7 +124,7 @@ def test_captures_between_beats_drain_the_controller_and_beats_go_on(graph_run):
     try:
         got, _ = drive(w, between=lambda k: w.prepare(1) if k == BEATS // 2 else None)
         facts = w.describe()["wpk"]
-        assert (1, 0) in w._graphs
+        assert (1, 0) in w.graphs.captured
     finally:
         w.close()
     equal(got, graph_run)

@@ -1,7 +1,7 @@
 """The graph executor's ladder of batch buckets, torch-free (the simulator prices beats by it).
 
 A GPU executor captures one beat graph per bucket up to its slot count at build
-(gpu/engine/graph_executor.py); a beat of n live sessions replays the smallest captured bucket
+(gpu/engine/graph/beat_graphs.py); a beat of n live sessions replays the smallest captured bucket
 that holds them, its other rows padding. `bucket_for` is that bucket when every bucket up to the
 slots was captured (a device short of memory stops the ladder early: its smaller beats pad to
 the smallest bucket it captured).
