@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.graph_stages import PER_BEAT, stage_fns                    # noqa: E402
 from gpu.engine import decode_ops                                      # noqa: E402
-from gpu.model import talker_text                                     # noqa: E402
 from gpu.model.config import Profile, VoiceChatConfig                 # noqa: E402
+from gpu.model.talker import text as talker_text                      # noqa: E402
 from gpu.model.voicechat import VoiceChat                             # noqa: E402
 from gpu.model.voicechat_weights import load_dtype, param_shapes       # noqa: E402
 

@@ -47,8 +47,9 @@ from gpu.kernels.mog_sample import mog_sample
 from gpu.kernels.qk_norm_rope import qk_norm_rope
 from gpu.kernels.relpos_attention import relpos_attention
 from gpu.kernels.rms_norm import residual_rms_norm, rms_norm
-from gpu.model import talker_text, thinker
+from gpu.model import thinker
 from gpu.model.codec import Codec, CodecState, ConvNeXtBlock, Upsample
+from gpu.model.talker import text as talker_text
 
 
 class TritonDecodeOps:

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from gpu.model.config import VoiceChatConfig
-from gpu.model.talker_mog import GUMBEL_EPS, top_p_filter
+from gpu.model.talker.mog import GUMBEL_EPS, top_p_filter
 from gpu.model.voicechat import VoiceChat
 from wave_actors.core.text import BOS, EOS, PAD
 

@@ -19,7 +19,7 @@ from gpu.engine.slot_resets import SlotResets
 from gpu.engine.snapshot_rows import SnapshotRows, model_salt, space_for
 from gpu.model.checkpoint import available_host_memory, load_checkpoint
 from gpu.model.config import Profile, VoiceChatConfig
-from gpu.model.talker_text import CharTable
+from gpu.model.talker.text import CharTable
 from gpu.model.voicechat import VoiceChat
 from gpu.model.voicechat_state import session_state_bytes
 from gpu.model.voicechat_weights import param_shapes

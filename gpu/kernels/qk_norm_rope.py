@@ -1,9 +1,9 @@
 """The talker's per-frame q/k head norms, RoPE and KV-cache write, in one launch.
 
 For batch row b (slot s = slots[b], position p = pos[b]), CFG row r and head h, in fp32:
-    n(x, w)  = x · rsqrt(Σx²/D + eps) · (1 + w)                    talker_text.RMSNorm
+    n(x, w)  = x · rsqrt(Σx²/D + eps) · (1 + w)                    talker.text.RMSNorm
     rope(y)  = [y1·cos − y2·sin | y2·cos + y1·sin]                 y = [y1 | y2], halves of D
-               cos/sin = cos/sin(p · inv_freq) [D/2]               talker_text.rope_cos_sin
+               cos/sin = cos/sin(p · inv_freq) [D/2]               talker.text.rope_cos_sin
     q_out[b, r, h]          = rope(n(q[b, r, h], w_q))             returned, fp32
     k_layer[s, r, h, p, :]  = rope(n(k[b, r, h], w_k))             in the cache dtype
     v_layer[s, r, h, p, :]  = v[b, r, h]
@@ -29,7 +29,7 @@ import triton.language as tl
 
 from gpu.kernels._check import INDEX, check, check_index_slots, next_pow2
 from gpu.kernels.rms_norm import _round_bf16
-from gpu.model.talker_text import RMSNorm, apply_rope_tables, rope_tables
+from gpu.model.talker.text import RMSNorm, apply_rope_tables, rope_tables
 
 CACHE_DTYPES = (torch.float32, torch.bfloat16)
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)

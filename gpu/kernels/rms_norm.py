@@ -1,7 +1,7 @@
 """RMSNorm over the last dim, one launch, both conventions the models use.
 
 Per row x[0:N], all in fp32 (r = rsqrt(Σx²/N + eps), y = x·r):
-    plus_one=True,  round_first=False (Gemma talker, talker_text.RMSNorm):
+    plus_one=True,  round_first=False (Gemma talker, talker.text.RMSNorm):
         out = (y·(1 + w)).to(x.dtype)
     plus_one=False, round_first=True  (thinker, thinker.rms_norm):
         out = (y.to(x.dtype)·w).to(x.dtype)

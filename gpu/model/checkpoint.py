@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from gpu.model.config import Profile, VoiceChatConfig
-from gpu.model.talker_text import CharTable
+from gpu.model.talker.text import CharTable
 from gpu.model.voicechat_weights import (IGNORED_PREFIXES, integer_names, load_dtype, param_shapes,
                                          random_weights)
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gpu.model.talker_weights import load_named
+from gpu.model.talker.weights import load_named
 from wave_actors.core.frames import OUT_RATE, SAMPLES_OUT
 from gpu.model.slots import fill_slots
 

@@ -35,10 +35,10 @@ from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.mel import MelFrontEnd
 from gpu.model.perception import Perception, PerceptionOutput
 from gpu.model.rnnt import RNNT, RNNTOutput
-from gpu.model.talker import Talker
-from gpu.model.talker_state import TalkerInputs, TalkerOutput, TalkerState, roll_turn
-from gpu.model.talker_text import CharTable
-from gpu.model.talker_weights import load_talker
+from gpu.model.talker.state import TalkerInputs, TalkerOutput, TalkerState, roll_turn
+from gpu.model.talker.talker import Talker
+from gpu.model.talker.text import CharTable
+from gpu.model.talker.weights import load_talker
 from gpu.model.thinker import Thinker
 from wave_actors.core.text import BOS, EOS, PAD
 from gpu.model.voicechat_noise import FrameNoise

@@ -21,7 +21,7 @@ from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.mel import MelState
 from gpu.model.perception import PerceptionState
 from gpu.model.rnnt import RNNTState
-from gpu.model.talker_state import TalkerState
+from gpu.model.talker.state import TalkerState
 from gpu.model.thinker import ThinkerState
 from wave_actors.core.text import PAD
 from gpu.model.slots import fill_slots

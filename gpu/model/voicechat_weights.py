@@ -16,9 +16,9 @@ from gpu.model import codec as codec_mod
 from gpu.model import mel as mel_mod
 from gpu.model import perception_weights
 from gpu.model import rnnt as rnnt_mod
-from gpu.model import talker_weights
 from gpu.model import thinker_weights
 from gpu.model.config import Profile, VoiceChatConfig
+from gpu.model.talker import weights as talker_weights
 
 NETWORKS = ("mel", "perception", "rnnt", "thinker", "talker", "codec")
 IGNORED_PREFIXES = ("tts_model.audio_codec.encoder.",)     # codec encoder: not used (§7)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from gpu.engine.decode_ops import TritonDecodeOps, fused_gate_up_weight, fused_qkv_weight, install_talker
-from gpu.model.talker_state import TalkerState
-from gpu.model.talker_weights import load_talker
+from gpu.model.talker.state import TalkerState
+from gpu.model.talker.weights import load_talker
 from tests.model.test_model_tts import CFG, inputs, make_talker, tiny_weights
 from tests.tensorkit import counting, rel
 

@@ -7,7 +7,7 @@ import torch
 
 from gpu.kernels.gelu_mul import gelu_mul, gelu_mul_ref
 from gpu.kernels.rms_norm import residual_rms_norm, residual_rms_norm_ref
-from gpu.model.talker_text import GatedMLP, RMSNorm, add_normed
+from gpu.model.talker.text import GatedMLP, RMSNorm, add_normed
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 EPS = 1e-6

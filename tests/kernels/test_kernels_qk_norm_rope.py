@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpu.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_ref
-from gpu.model.talker_text import rope_cos_sin
+from gpu.model.talker.text import rope_cos_sin
 from tests.tensorkit import rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

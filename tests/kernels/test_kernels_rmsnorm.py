@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gpu.kernels.rms_norm import rms_norm, rms_norm_ref
-from gpu.model.talker_text import RMSNorm as TalkerRMSNorm
+from gpu.model.talker.text import RMSNorm as TalkerRMSNorm
 from gpu.model.thinker import rms_norm as thinker_rms_norm
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from gpu.model import slots as roll
-from gpu.model.talker import TalkerConfig
-from gpu.model.talker_state import TalkerState, roll_turn
-from gpu.model.talker_text import apply_rope_tables, rope_cos_sin, rope_tables
+from gpu.model.talker.state import TalkerState, roll_turn
+from gpu.model.talker.talker import TalkerConfig
+from gpu.model.talker.text import apply_rope_tables, rope_cos_sin, rope_tables
 from gpu.model.thinker import ThinkerState
 from tests.model.test_model_voicechat_kit import CFG
 

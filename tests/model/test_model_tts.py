@@ -1,4 +1,4 @@
-"""Reference talker (gpu/model/talker*.py) on the tiny config: caching, warm-up, CFG, batching."""
+"""Reference talker (gpu/model/talker/) on the tiny config: caching, warm-up, CFG, batching."""
 import dataclasses
 
 import pytest
@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from gpu.model.codec import Codec, CodecConfig, CodecState, init_random as codec_random, load_codec
-from gpu.model.talker import PREFIX, Talker, TalkerConfig
-from gpu.model.talker_state import TalkerInputs, TalkerState
-from gpu.model.talker_weights import init_random, integer_buffers, load_talker, param_shapes
+from gpu.model.talker.state import TalkerInputs, TalkerState
+from gpu.model.talker.talker import PREFIX, Talker, TalkerConfig
+from gpu.model.talker.weights import init_random, integer_buffers, load_talker, param_shapes
 from wave_actors.core.text import EOS, PAD
 
 CFG = TalkerConfig.tiny()

@@ -3,7 +3,7 @@ Gemma RMSNorm and MLP, gated fusion with the CFG null row, the T5Gemma char enco
 import pytest
 import torch
 
-from gpu.model.talker_text import CharTable
+from gpu.model.talker.text import CharTable
 from wave_actors.core.text import PAD, ByteFallbackCodec
 from tests.model.test_model_tts import ATOL, CFG, RTOL, make_talker
 
@@ -118,7 +118,7 @@ def test_char_encoder_sees_only_the_real_characters(talker):
 
 def test_rope_tables_are_bit_identical_to_rope():
     """The backbone's per-frame RoPE tables give exactly `apply_rope` (fewer kernels a layer)."""
-    from gpu.model.talker_text import apply_rope, apply_rope_tables, rope_cos_sin, rope_tables
+    from gpu.model.talker.text import apply_rope, apply_rope_tables, rope_cos_sin, rope_tables
     g = torch.Generator().manual_seed(5)
     x = torch.randn(3, 2, 4, 16, 72, generator=g) * 3                  # [B, R, T, heads, D]
     pos = torch.randint(0, 7000, (3, 4), generator=g)

@@ -1,12 +1,12 @@
-"""MoG head sampling pieces (gpu/model/talker_mog.py): schedule, top-p, Gumbel choice, RVQ, z."""
+"""MoG head sampling pieces (gpu/model/talker/mog.py): schedule, top-p, Gumbel choice, RVQ, z."""
 import math
 
 import pytest
 import torch
 
-from gpu.model.talker import Talker, TalkerConfig
-from gpu.model.talker_mog import gumbel_choice, rvq_search, top_p_filter, unmasking_schedule
-from gpu.model.talker_weights import init_random, load_talker
+from gpu.model.talker.mog import gumbel_choice, rvq_search, top_p_filter, unmasking_schedule
+from gpu.model.talker.talker import Talker, TalkerConfig
+from gpu.model.talker.weights import init_random, load_talker
 from tests.model.test_model_tts import CFG, inputs, make_talker
 
 RTOL, ATOL = 1e-5, 1e-5

@@ -1,6 +1,6 @@
 """The talker's per-slot state (KV caches, positions, the codes fed back) and what a frame
 takes and gives (`TalkerInputs`, `TalkerOutput`): slot resets, context rolls, the CFG rows and
-KV dtype of each precision profile. The model itself is `talker.py`."""
+KV dtype of each precision profile. The model itself is `talker/talker.py`."""
 from __future__ import annotations
 
 import math
@@ -11,10 +11,10 @@ import torch
 from torch import Tensor
 
 from gpu.model.slots import fill_slots, roll_blocks
-from gpu.model.talker_text import rope_cos_sin
+from gpu.model.talker.text import rope_cos_sin
 
 if TYPE_CHECKING:
-    from gpu.model.talker import TalkerConfig
+    from gpu.model.talker.talker import TalkerConfig
 
 Profile = Literal["reference", "dense"]
 PROFILES: dict[str, tuple[int, torch.dtype]] = {      # CFG rows, KV dtype (docs/MODEL.md §4)

@@ -13,7 +13,7 @@ from typing import Mapping
 import torch
 from torch import Tensor, nn
 
-from gpu.model.talker import PREFIX, Talker, TalkerConfig
+from gpu.model.talker.talker import PREFIX, Talker, TalkerConfig
 
 NET = PREFIX + "tts_model."                 # the EAR-TTS network's checkpoint prefix
 

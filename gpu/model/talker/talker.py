@@ -1,20 +1,20 @@
 """EAR-TTS talker (docs/MODEL.md §2.5): thinker token y_t + previous codes → 31 RVQ codes per frame.
 
 Algorithm, per frame, for every session in the batch (slot-indexed state, positions per slot):
-  text  = SubwordEmbedding(y_t)                      (talker_text.py)
+  text  = SubwordEmbedding(y_t)                      (talker/text.py)
   audio = embed_code(Σ_q rvq_embs[q][prev_q])        PAD (code ≥ codebook_size) → zero vector
   rows  = [F(audio, text), F(audio, null_emb)]       CFG rows c, u ("reference"); only c ("dense")
           F(a, t) = final_norm(σ(rs)·(σ(g)⊙audio_proj(a/Q) + (1−σ(g))⊙text_proj(t)))
   h     = Gemma3 backbone(rows) at position p, each row with its own slot-indexed KV cache;
           layers (i+1) % 6 == 0 attend to everything (RoPE θ 1e6), the others to a sliding window
           of 7500 (θ 1e4); scores scaled by 1/√256
-  codes = MoG head with iterative unmasking (talker_mog.py)
+  codes = MoG head with iterative unmasking (talker/mog.py)
   prev  ← codes, or codec_silence_tokens on EOS / PAD-while-idle; the codec gets silence codes on
           PAD-while-idle or when a code is a control code (≥ codebook_size).
 Warm-up: positions 0..36 run the backbone only (K/V kept): rows 0..35 take the Aria latent as the
 audio input, row 36 the silence codes + bos_emb; text [PAD]*36 + [EOS], mask [0]*35 + [1, 1].
 It runs in chunks of any size; live generation starts at p = 37 with prev = [PAD]*31.
-Checkpoint names, random init and loading: talker_weights.py (docs/MODEL.md §7, §8).
+Checkpoint names, random init and loading: talker/weights.py (docs/MODEL.md §7, §8).
 """
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from gpu.model.talker_mog import MogHead, codebook_sqnorms, unmasking_schedule
-from gpu.model.talker_text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding, add_normed,
+from gpu.model.talker.mog import MogHead, codebook_sqnorms, unmasking_schedule
+from gpu.model.talker.text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding, add_normed,
                                    apply_rope_tables, rope_cos_sin, rope_tables)
 from wave_actors.core.text import EOS, PAD, VOCAB
 from wave_actors.core.sched.start_shape import TALKER_WARMUP
-from gpu.model.talker_state import TalkerInputs, TalkerOutput, TalkerState
+from gpu.model.talker.state import TalkerInputs, TalkerOutput, TalkerState
 
 PREFIX = "tts_model."                   # the talker module's names = checkpoint names minus this
 
@@ -316,7 +316,7 @@ class Talker(nn.Module):
     """`tts_model.*` minus the codec: EAR-TTS plus silence codes, control codes, Aria prompt.
 
     Build on any device (`with torch.device("meta"): Talker(cfg)`), then `load_talker`
-    (talker_weights.py) with the checkpoint names. `step` and `warmup` mutate `state` only by
+    (talker/weights.py) with the checkpoint names. `step` and `warmup` mutate `state` only by
     index writes at `slots`; they never synchronise with the host.
     """
 

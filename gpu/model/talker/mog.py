@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from gpu.model.talker_text import GatedMLP, RMSNorm, add_normed
+from gpu.model.talker.text import GatedMLP, RMSNorm, add_normed
 
 if TYPE_CHECKING:
-    from gpu.model.talker import TalkerConfig
+    from gpu.model.talker.talker import TalkerConfig
 
 FILTERED_LOGIT = -1e9       # what top-p writes over the dropped mixtures
 GUMBEL_EPS = 1e-8
