@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from transports.sip import rtp, sockbuf
+from transports.sip import sockbuf
+from transports.sip.media import rtp
 from tests.transports.sipkit import CFG, M, establish, offer, run
 
 def test_call_flow_and_node_close_sends_bye():

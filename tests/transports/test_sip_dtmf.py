@@ -18,7 +18,8 @@ from tests.transports.sipkit import CFG, establish, run
 from tests.transports.sipp_stack import ACK, BYE, HEAD
 from tests.transports.test_sip_refusals import run_sipp
 from tests.transports.test_sip_strict_rtp import Media, call_end, hang_up, rtp_dest, until
-from transports.sip import dtmf, pcap, rtp, sdp
+from transports.sip import sdp
+from transports.sip.media import dtmf, pcap, rtp
 
 VOICE = b"\x42" * 160                  # PCMU: a byte no event payload below contains
 CAPTURES = Path("/usr/share/sip-tester")   # sipp's RFC 2833 captures (package sip-tester)

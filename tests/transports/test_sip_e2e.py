@@ -21,7 +21,7 @@ import pytest
 
 from tests.transports.sipp_stack import ACK, BYE, HEAD, SDP, WAIT_BYE, node_and_bridge, run_sipp
 from transports import audio
-from transports.sip import pcap, rtp
+from transports.sip.media import pcap, rtp
 
 PCAP_PACKETS = 100                      # 2 s of caller audio
 SWAP, LOST, DUP = (10, 11), 30, 50      # the impairments written into the pcap

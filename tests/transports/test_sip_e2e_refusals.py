@@ -17,7 +17,7 @@ import pytest
 
 from tests.transports.sipp_stack import ACK, HEAD, SDP, Proc, node_and_bridge, run_sipp
 from transports.sip import message as M
-from transports.sip import rtp
+from transports.sip.media import rtp
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from chaos import sip_fuzz
 from tests.transports.sipkit import UA, establish
 from tests.transports.sipp_stack import PY, Proc, _free_port
 from tests.transports.test_sip_strict_rtp import QUIET, Media, rtp_dest, sdp_offer, until
-from transports.sip import rtp
 from transports.sip.config import BridgeConfig
+from transports.sip.media import rtp
 from transports.sip.server import Bridge
 
 COUNT, SEED = 200, 7

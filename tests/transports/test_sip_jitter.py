@@ -1,4 +1,4 @@
-"""The SIP bridge's adaptive jitter buffer (transports/sip/jitter.py): in-order release, loss
+"""The SIP bridge's adaptive jitter buffer (transports/sip/media/jitter.py): in-order release, loss
 concealment, duplicates, wraparound, resyncs, the RFC 3550 jitter estimate, and the wait it
 learns from the path's reordering (packets shuffled in real time are all heard; the wait decays
 once the path is in order)."""
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transports.sip import rtp
-from transports.sip.jitter import JitterBuffer, JitterConfig
+from transports.sip.media import rtp
+from transports.sip.media.jitter import JitterBuffer, JitterConfig
 
 CFG = JitterConfig(start_wait=0.0)      # the classic buffer: the wait learnt from losses alone
 

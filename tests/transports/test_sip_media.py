@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transports.sip import pcap, rtp
-from transports.sip.pacer import Playout, PlayoutConfig, ticks
+from transports.sip.media import pcap, rtp
+from transports.sip.media.pacer import Playout, PlayoutConfig, ticks
 
 # --------------------------------------------------------------------------- RTP header
 

@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import replace
 
 from tests.transports.sipkit import CFG, M, establish, run
-from transports.sip import rtp
+from transports.sip.media import rtp
 
 QUIET = b"\xfe" * 160                    # PCMU near silence: the caller
 LOUD = b"\x80\x00" * 80                  # PCMU full scale, both signs: what an injector plays
@@ -194,7 +194,7 @@ def test_a_stranger_sending_rtp_cannot_keep_a_call_alive_after_the_caller_stops(
 
 
 def test_sdp_addresses_are_trusted_unless_unspecified_or_private_behind_a_nat():
-    from transports.sip.latch import SourceLatch, usable
+    from transports.sip.media.latch import SourceLatch, usable
     public, home = "81.2.69.142", "192.168.1.10"
     assert usable((public, 4000), "93.184.216.34")
     assert usable((home, 4000), "192.168.1.20")              # a LAN: private both ways

@@ -36,11 +36,12 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 from transports import client as C
-from transports.sip import dtmf, rtp, sockbuf
+from transports.sip import sockbuf
 from transports.sip.config import BridgeConfig
-from transports.sip.jitter import JitterBuffer
-from transports.sip.latch import SourceLatch
-from transports.sip.pacer import Clock, MonotonicClock, Playout, ticks
+from transports.sip.media import dtmf, rtp
+from transports.sip.media.jitter import JitterBuffer
+from transports.sip.media.latch import SourceLatch
+from transports.sip.media.pacer import Clock, MonotonicClock, Playout, ticks
 from transports.sip.sdp import Answer, Codec
 from wave_actors.core.tasks import stop_tasks, within
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from transports.sip.jitter import JitterConfig
-from transports.sip.pacer import PlayoutConfig
+from transports.sip.media.jitter import JitterConfig
+from transports.sip.media.pacer import PlayoutConfig
 
 CAPACITY_STATUSES = (503, 486)
 MAX_RETRY_AFTER = 86400                    # a day; RFC 3261 allows more, no caller needs it

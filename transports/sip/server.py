@@ -28,9 +28,9 @@ from transports.sip import offers, sdp, sockbuf
 from transports.sip.call import NODE_ERRORS, Call
 from transports.sip.config import BridgeConfig
 from transports.sip.dialog import Dialog, hostport, new_tag
-from transports.sip.dtmf import Key
 from transports.sip.intake import ALLOW, Intake, SipProtocol
-from transports.sip.pacer import Clock, MonotonicClock
+from transports.sip.media.dtmf import Key
+from transports.sip.media.pacer import Clock, MonotonicClock
 from transports.sip.refusals import Refusals, warning
 from transports.sip.stats import BridgeStats, print_event
 from transports.sip.transaction import InviteTx, Transactions, tx_key

@@ -20,7 +20,7 @@ from typing import Awaitable, Callable
 from transports.sip import message as M
 from transports.sip.config import BridgeConfig
 from transports.sip.dialog import new_tag
-from transports.sip.pacer import Clock
+from transports.sip.media.pacer import Clock
 from wave_actors.core.tasks import within
 
 MAX_TRANSACTIONS = 4096

@@ -34,7 +34,7 @@ from __future__ import annotations
 import collections
 from dataclasses import asdict, dataclass
 
-from transports.sip.rtp import RtpPacket
+from transports.sip.media.rtp import RtpPacket
 
 DIGITS = "0123456789*#ABCD"           # events 0-15: the keys we announce in fmtp (0-15)
 MAX_DURATION = 0xFFFF                 # a longer event continues in a new segment

@@ -39,7 +39,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass, replace
 
-from transports.sip.rtp import RtpPacket
+from transports.sip.media.rtp import RtpPacket
 from wave_actors.core.reorder import Reach
 
 
