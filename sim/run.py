@@ -14,7 +14,7 @@ the profile, the context, and the number of sessions.
 `--workload` replaces the steady callers with calls from a file or a seeded generator
 (`wave_actors/bench/workload.py`); `--sessions` is then the node's slots, the run lasts until the
 last call ends, and the result has every call's record and the deadline metrics. `--fast` runs the
-beat-level mode (`sim/fast.py`: the same slot book, policies and cost model, frames as
+beat-level mode (`sim/fast/fast.py`: the same slot book, policies and cost model, frames as
 counters) instead of the full node: far faster, checked against the full node by its tests.
 
 `--policy` names the start policy (a built-in's short name, or module:Class of one's own,
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
                     help="calls from a .csv/.jsonl file or a generator: poisson | diurnal | "
                          "bursty | flash | retry, e.g. poisson:rate=2,duration=600,call=90")
     ap.add_argument("--fast", action="store_true",
-                    help="the beat-level mode (sim/fast.py) instead of the full node")
+                    help="the beat-level mode (sim/fast/fast.py) instead of the full node")
     ap.add_argument("--snapshot-mb", type=float, default=-1.0,
                     help="prompt snapshots' memory, MB (-1: the graph executor's 500, 0: none: "
                          "every start prefills its prompt)")
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     if args.fast:
         if args.find_max:
             ap.error("--fast has no --find-max: `python -m sim.slo` searches capacity")
-        from sim import fast_run
+        from sim.fast import run as fast_run
         fwd = ["--slots", str(args.sessions), "--beats", str(0 if args.workload else args.beats),
                "--runs", str(args.runs), "--context", str(args.context), "--profile",
                args.profile, "--cost-model", cost, "--out", args.out, "--seed", str(args.seed)]

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from sim.costmodel import DEFAULT_PATH
-from sim.fast import FastConfig, FastError, run_one
+from sim.fast.fast import FastConfig, FastError, run_one
 from wave_actors.bench.workload import Workload, WorkloadError, generate, load, parse_spec
 from wave_actors.bench.results import RESULTS, git_commit
 from wave_actors.core.policy_spec import PolicyError, make_policy

@@ -28,7 +28,7 @@ One GPU run is one draw of its beats' jitter; so is one sim run. A rare event (o
 open in 500 under an admission policy at its threshold) comes or not by chance on either
 side. `--seeds K` runs the sim K times (the GPU run's seed, then seeds past its runs' draws):
 the sim's numbers are their mean (each seed's shown too). `--draws M` (default 100) replays
-the workload M more times in the fast mode (`sim.fast`: the same node's book, policy and
+the workload M more times in the fast mode (`sim.fast.fast`: the same node's book, policy and
 cost model, frames as counters; a run in well under a second), for the rates alone: a few
 runs cannot tell a 30 % event from none. A rate agrees when the GPU's lies in the central
 1 − ALPHA (95 %) of the sim runs' rates, seeds and draws together (with fewer than FEW_RUNS
@@ -56,8 +56,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.fast import FastConfig, FastError
-from sim.fast_run import run_fast
+from sim.fast.fast import FastConfig, FastError
+from sim.fast.run import run_fast
 from sim.measured import FitError, gpu_result
 from sim.verdicts import (ALPHA, TOLERANCE, VERDICTS, ValidateError, compare, held_apart,
                           metrics)
@@ -142,7 +142,7 @@ def default_model(raw: dict) -> Path:
 
 def run_sim(argv: list[str], out_dir: Path) -> dict:
     """The bench on the sim backend, in this process; its chatter is kept unless it fails."""
-    from wave_actors.bench import cli, results
+    from wave_actors.bench import cli
     chatter = io.StringIO()
     try:
         with contextlib.redirect_stdout(chatter):

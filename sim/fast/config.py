@@ -1,4 +1,4 @@
-"""The fast mode's configuration (`sim.fast`): what one run serves, on what node, under which
+"""The fast mode's configuration (`sim.fast.fast`): what one run serves, on what node, under which
 policy, and its checks."""
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ per-slot frame counters:
     all slots at once with numpy, by the rules of `jitter_arrays.ArrayScheduler`; frames are
     sent every 80 ms from `opened`, late by up to a call's `jitter_ms`, some lost (`loss`).
 
-The two drivers are in `fast_modes`. Closed loop (`lines`, `churn_s`) measures `beats` beats
+The two drivers are in `sim.fast.modes`. Closed loop (`lines`, `churn_s`) measures `beats` beats
 after every line's first open was answered and the beats were steady, polling as the bench's `_wait_live` / `_wait_steady` /
 `_wait_beats` do, then stops the lines as the bench does (each closes at its next frame, no
 line dials again) and runs until the last session closed, so its results compare to
@@ -45,9 +45,9 @@ import numpy as np
 from wave_actors.bench import deadlines
 from sim.costmodel import CostModel
 from sim.executor import measured_at_build, snapshot_space
-from sim.fast_config import FastConfig, FastError
-from sim.fast_modes import CALLER, OBSERVE, PLAN, Caller, closed_loop, open_workload
-from sim.fast_result import deadline_beats, run_result
+from sim.fast.config import FastConfig, FastError
+from sim.fast.modes import CALLER, OBSERVE, PLAN, Caller, closed_loop, open_workload
+from sim.fast.result import deadline_beats, run_result
 from sim.frame_counters import TICK_EPS, Frames
 from wave_actors.bench.workload import Call
 from wave_actors.bench.results import RunResult
@@ -342,5 +342,5 @@ def run_one(cfg: FastConfig, seed: int) -> tuple[RunResult, dict, _Run]:
 
 
 if __name__ == "__main__":
-    from sim.fast_run import main
+    from sim.fast.run import main
     sys.exit(main())

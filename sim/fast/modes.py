@@ -1,4 +1,4 @@
-"""The fast mode's two ways to drive a run (`sim.fast`): the bench's closed loop of lines, and
+"""The fast mode's two ways to drive a run (`sim.fast.fast`): the bench's closed loop of lines, and
 a workload's calls from their arrivals; the call each caller is, and the order of events at one
 instant."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.fast_config import FastError
+from sim.fast.config import FastError
 from sim.frame_counters import TICK_EPS
 from wave_actors.bench import deadlines
 from wave_actors.bench.results import WARMUP_BEATS

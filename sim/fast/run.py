@@ -1,5 +1,5 @@
-"""`python -m sim.fast`, the fast mode's runs and command line: `cfg.runs` runs of `sim.fast` as
-one bench result (backend `sim-fast`), printed with its speed and written."""
+"""`python -m sim.fast`, the fast mode's runs and command line: `cfg.runs` runs of
+`sim.fast.fast` as one bench result (backend `sim-fast`), printed with its speed and written."""
 from __future__ import annotations
 
 import argparse
@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-import sim.fast
-from sim.fast import FastConfig, FastError, run_one
+import sim.fast.fast
+from sim.fast.fast import FastConfig, FastError, run_one
 from wave_actors.bench import deadlines
 from wave_actors.bench.results import RESULTS, BenchResult, WINDOW_OF, git_commit, write
 from wave_actors.bench.workload import WorkloadError, load
@@ -42,7 +42,7 @@ def run_fast(cfg: FastConfig) -> BenchResult:
         sum(r.late_beats for r in runs), max(r.p50_ms for r in runs),
         max(r.p99_ms for r in runs), True, "none (modelled)", git_commit(),
         dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        cfg.command or "sim.fast.run_fast", {"start": {k: start[k] for k in
+        cfg.command or "sim.fast.run.run_fast", {"start": {k: start[k] for k in
                                                         ("name", "class", "params")}},
         [dataclasses.asdict(r) for r in runs], extra, beats_all=sum(r.beats for r in runs),
         measured={"beats": sum(m["beats"] for m in measured),
@@ -56,7 +56,7 @@ def run_fast(cfg: FastConfig) -> BenchResult:
 def main(argv=None, command: str | None = None) -> int:
     """`python -m sim.fast`: one fast-mode run, printed (speed included) and written.
     `command`: the command line to record, when another tool (sim.run) called this one."""
-    ap = argparse.ArgumentParser(prog="python -m sim.fast", description=sim.fast.__doc__,
+    ap = argparse.ArgumentParser(prog="python -m sim.fast", description=sim.fast.fast.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lines", type=int, default=0, help="closed loop: caller lines")
     ap.add_argument("--slots", type=int, default=0, help="the node's slots (default: --lines)")

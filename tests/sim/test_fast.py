@@ -1,4 +1,4 @@
-"""The fast mode (`sim.fast`) against full emulation, and its own bookkeeping: admission by
+"""The fast mode (`sim.fast.fast`) against full emulation, and its own bookkeeping: admission by
 reason, refusals only when full, frames conserved, one seed one result."""
 import dataclasses
 import json
@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim import fast, fast_modes
-from sim.fast import FastConfig, run_one
-from sim.fast_run import run_fast
+from sim.fast import fast, modes
+from sim.fast.fast import FastConfig, run_one
+from sim.fast.run import run_fast
 from wave_actors.bench.workload import load
 from wave_actors.bench import cli
 from wave_actors.core.frames import FRAMES_PER_BEAT
@@ -229,7 +229,7 @@ def test_a_closed_loop_line_redials_one_call_and_headroom_never_locks_it_out(mon
     that redials: blocking read 0.2 % in the fast mode and 0 on the node), and the policy
     refusing every open for good once all calls had ended after a slow beat (the loop then
     never measured its beats)."""
-    monkeypatch.setattr(fast_modes, "MAX_BEATS", 5000)
+    monkeypatch.setattr(modes, "MAX_BEATS", 5000)
     from sim.costmodel import CostModel
     from wave_actors.core.policy_spec import make_policy
     # the threshold at the 16-session beat (its bucket's, jitter aside): about half refuse
@@ -273,7 +273,7 @@ def test_a_run_whose_starts_never_end_stops_with_the_reason(monkeypatch):
         def start_room(self, n_live, time_left_s):
             return -1.0
     monkeypatch.setattr(fast, "STUCK_S", 30.0)
-    monkeypatch.setattr(fast_modes, "MAX_BEATS", 5000)        # without the check: "never measured"
+    monkeypatch.setattr(modes, "MAX_BEATS", 5000)        # without the check: "never measured"
     with pytest.raises(fast.FastError, match="stuck"):
         run_one(FastConfig(slots=4, lines=4, beats=10, policy=NoRoom()), 0)
 

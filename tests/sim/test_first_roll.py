@@ -11,8 +11,8 @@ import pytest
 
 from sim import fit
 from sim.costmodel import CostModel
-from sim.fast import FastConfig
-from sim.fast_run import run_fast
+from sim.fast.fast import FastConfig
+from sim.fast.run import run_fast
 from tests.sim.test_fit_validate import ROLL_S, carried_json
 from wave_actors.bench import cli
 

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from sim import slo
-from sim.fast import FastConfig
+from sim.fast.fast import FastConfig
 
 SPEC = "poisson:rate=0.2,duration=200,call=20"
 SLO = {"blocking": 0.05, "p99_ms": 150.0}

@@ -1,7 +1,7 @@
 """What a bench run's beat records say, in the forms its result keeps: windows (every beat,
 the ramp, the measured beats, the drain), the ramp's slowest beats, the host's share of a beat,
 the trace of the measured beats and the calls' times from the run's start. Pure functions of
-the clock's records (no sockets, no clock); the fast mode (`sim/fast.py`) computes the same
+the clock's records (no sockets, no clock); the fast mode (`sim/fast/fast.py`) computes the same
 forms its own way.
 """
 from __future__ import annotations
