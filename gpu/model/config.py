@@ -25,7 +25,7 @@ from gpu.model.codec import CodecConfig
 from gpu.model.mel import MelConfig
 from gpu.model.perception_weights import PerceptionConfig
 from gpu.model.rnnt import RNNTConfig
-from gpu.model.talker.talker import TalkerConfig
+from gpu.model.talker.config import TalkerConfig
 from gpu.model.thinker_weights import ThinkerConfig
 
 

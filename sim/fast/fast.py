@@ -37,7 +37,6 @@ import copy
 import heapq
 import math
 import random
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -339,8 +338,3 @@ def run_one(cfg: FastConfig, seed: int) -> tuple[RunResult, dict, _Run]:
     end = max([c.ended_s or 0.0 for c in run.calls] + [b[0] + BEAT_S for b in beats])
     metrics = deadlines.summarize(run.calls, beats, offered, run_end_s=end)
     return res, metrics, run
-
-
-if __name__ == "__main__":
-    from sim.fast.run import main
-    sys.exit(main())

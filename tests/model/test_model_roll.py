@@ -6,7 +6,7 @@ import torch
 
 from gpu.model import slots as roll
 from gpu.model.talker.state import TalkerState, roll_turn
-from gpu.model.talker.talker import TalkerConfig
+from gpu.model.talker.config import TalkerConfig
 from gpu.model.talker.text import apply_rope_tables, rope_cos_sin, rope_tables
 from gpu.model.thinker import ThinkerState
 from tests.model.test_model_voicechat_kit import CFG

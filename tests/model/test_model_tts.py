@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from gpu.model.codec import Codec, CodecConfig, CodecState, init_random as codec_random, load_codec
 from gpu.model.talker.state import TalkerInputs, TalkerState
-from gpu.model.talker.talker import PREFIX, Talker, TalkerConfig
+from gpu.model.talker.config import TalkerConfig
+from gpu.model.talker.talker import PREFIX, Talker
 from gpu.model.talker.weights import init_random, integer_buffers, load_talker, param_shapes
 from wave_actors.core.text import EOS, PAD
 

@@ -4,8 +4,9 @@ import math
 import pytest
 import torch
 
-from gpu.model.talker.mog import gumbel_choice, rvq_search, top_p_filter, unmasking_schedule
-from gpu.model.talker.talker import Talker, TalkerConfig
+from gpu.model.talker.config import TalkerConfig, unmasking_schedule
+from gpu.model.talker.mog import gumbel_choice, rvq_search, top_p_filter
+from gpu.model.talker.talker import Talker
 from gpu.model.talker.weights import init_random, load_talker
 from tests.model.test_model_tts import CFG, inputs, make_talker
 

@@ -19,7 +19,7 @@ import numpy as np
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
 
 if TYPE_CHECKING:
-    from wave_actors.core.sched.jitter_arrays import FramesToRead
+    from wave_actors.core.sched.frame_places import FramesToRead
     from wave_actors.core.sched.slot_book import BookPlan
     from wave_actors.core.sched.start_shape import StartShape
 

@@ -15,5 +15,6 @@ IN_RATE = 16_000                                # the model hears 16 kHz
 OUT_RATE = 22_050                               # the codec speaks 22.05 kHz
 SAMPLES_IN = IN_RATE * FRAME_MS // 1000         # 1280 per frame
 SAMPLES_OUT = OUT_RATE * FRAME_MS // 1000       # 1764 per frame
+SILENCE = -1                                    # the frame number of a frame heard as silence
 
 assert SAMPLES_IN == 1280 and SAMPLES_OUT == 1764

@@ -14,7 +14,6 @@ passes, always a full K-way sort for top-p, whatever the values (docs/MODEL.md �
 """
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,17 +22,10 @@ from torch import Tensor, nn
 from gpu.model.talker.text import GatedMLP, RMSNorm, add_normed
 
 if TYPE_CHECKING:
-    from gpu.model.talker.talker import TalkerConfig
+    from gpu.model.talker.config import TalkerConfig
 
 FILTERED_LOGIT = -1e9       # what top-p writes over the dropped mixtures
 GUMBEL_EPS = 1e-8
-
-
-def unmasking_schedule(n_codebooks: int, n_steps: int, exponent: float) -> tuple[int, ...]:
-    """Codebooks emitted per step: w_s = n_s − n_{s+1}, n_s = ⌈Q·(1 − (s/S)^e)^{1/e}⌉, n_S = 0."""
-    n = [math.ceil(n_codebooks * (1.0 - (s / n_steps) ** exponent) ** (1.0 / exponent))
-         for s in range(n_steps)] + [0]
-    return tuple(n[s] - n[s + 1] for s in range(n_steps))
 
 
 def top_p_filter(logits: Tensor, top_p: float) -> Tensor:

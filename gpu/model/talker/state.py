@@ -14,7 +14,7 @@ from gpu.model.slots import fill_slots, roll_blocks
 from gpu.model.talker.text import rope_cos_sin
 
 if TYPE_CHECKING:
-    from gpu.model.talker.talker import TalkerConfig
+    from gpu.model.talker.config import TalkerConfig
 
 Profile = Literal["reference", "dense"]
 PROFILES: dict[str, tuple[int, torch.dtype]] = {      # CFG rows, KV dtype (docs/MODEL.md §4)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from gpu.model.talker.talker import TalkerConfig
+    from gpu.model.talker.config import TalkerConfig
 
 
 class RMSNorm(nn.Module):

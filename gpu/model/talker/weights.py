@@ -13,7 +13,8 @@ from typing import Mapping
 import torch
 from torch import Tensor, nn
 
-from gpu.model.talker.talker import PREFIX, Talker, TalkerConfig
+from gpu.model.talker.config import TalkerConfig
+from gpu.model.talker.talker import PREFIX, Talker
 
 NET = PREFIX + "tts_model."                 # the EAR-TTS network's checkpoint prefix
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
-from wave_actors.core.sched.jitter import SILENCE
+from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN, SILENCE
 
 
 class FrameStore:

@@ -33,9 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from wave_actors.core.contract import BeatInput
-from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN
-
-SILENCE = -1        # frame number recorded for a silence frame
+from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SILENCE
 
 
 class CapacityError(Exception):
