@@ -26,6 +26,7 @@ from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.sched.jitter import SILENCE, CapacityError, Shedding, SlotStats
 from wave_actors.core.sched.jitter_arrays import ArrayScheduler
+from wave_actors.core.sched.session_table import SessionTable
 
 SLOTS, PREBUFFER, QUEUE = 4, 3, 6
 SHEDDINGS = [None, Shedding(window_s=2 * BEAT_S, keep=0, per_beat=2)]
@@ -50,7 +51,9 @@ def _pcm(n: int) -> np.ndarray:
 
 
 def check_jitter_accounting(shedding_index: int, steps: list) -> None:
-    a = ArrayScheduler(SLOTS, PREBUFFER, QUEUE, SHEDDINGS[shedding_index])
+    table = SessionTable(SLOTS, prebuffer=PREBUFFER, max_queue=QUEUE,
+                         shedding=SHEDDINGS[shedding_index])
+    a, handles = table.jitter, {}                   # the scheduler as the clock holds it
     inp = BeatInput.alloc(SLOTS)
     due = SlotStats()           # what the totals must be: each step's due counts added up
     sent = {}                                       # slot -> next frame number
@@ -60,7 +63,8 @@ def check_jitter_accounting(shedding_index: int, steps: list) -> None:
         count = a.count.copy()
         if step[0] == "admit":
             try:
-                sent[a.admit(len(sent))] = 0
+                handle = table.admit(len(sent), None)
+                handles[handle.slot], sent[handle.slot] = handle, 0
             except CapacityError:
                 assert len(held) == SLOTS, "capacity refused with a slot free"
             continue
@@ -92,7 +96,7 @@ def check_jitter_accounting(shedding_index: int, steps: list) -> None:
         elif step[0] == "release":
             slot = held[step[1] % len(held)]
             queued = int(a.count[slot])
-            stats = a.release(slot)
+            stats = table.release(handles.pop(slot))
             del sent[slot]
             assert stats.dropped == before[slot, _col("dropped")] + queued, \
                 "a release did not count exactly its queued frames as dropped"

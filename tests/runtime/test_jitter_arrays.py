@@ -19,7 +19,7 @@ from wave_actors.core.contract import BeatInput
 from wave_actors.core.frames import SAMPLES_IN
 from wave_actors.core.sched.jitter import BeatScheduler, CapacityError, Shedding
 from wave_actors.core.sched.frame_places import FrameStore
-from wave_actors.core.sched.jitter_arrays import ArrayScheduler
+from wave_actors.core.sched.session_table import SessionTable
 
 SLOTS = 4
 
@@ -34,7 +34,9 @@ class Lockstep(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         args = dict(prebuffer=3, max_queue=6, shedding=self.SHEDDING)
-        self.ref, self.arr = BeatScheduler(SLOTS, **args), ArrayScheduler(SLOTS, **args)
+        # the array scheduler as the clock holds it: inside the session table, which admits
+        self.ref, self.table = BeatScheduler(SLOTS, **args), SessionTable(SLOTS, **args)
+        self.arr, self.handles = self.table.jitter, {}
         self.inp_ref, self.inp_arr = BeatInput.alloc(SLOTS), BeatInput.alloc(SLOTS)
         self.next_key = 0
         self.sent = {}            # slot -> frames pushed so far (the next frame's number)
@@ -46,9 +48,11 @@ class Lockstep(RuleBasedStateMachine):
             slot = self.ref.admit(self.next_key)
         except CapacityError:
             with pytest.raises(CapacityError):
-                self.arr.admit(self.next_key)
+                self.table.admit(self.next_key, None)
             return
-        assert self.arr.admit(self.next_key) == slot
+        handle = self.table.admit(self.next_key, None)
+        assert handle.slot == slot
+        self.handles[slot] = handle
         self.sent[slot] = 0
         self.next_key += 1
 
@@ -104,13 +108,13 @@ class Lockstep(RuleBasedStateMachine):
         slots, firsts = self.arr.complete(p_arr, late)
         assert dict(zip(slots.tolist(), firsts.tolist())) == {
             s: first for s, (_key, first) in routed.items()}
-        assert all(self.arr.keys[s] == routed[s][0] for s in slots.tolist())
+        assert all(self.table.entries[s].key == routed[s][0] for s in slots.tolist())
 
     @precondition(lambda self: self.sent)
     @rule(data=st.data())
     def release(self, data):
         slot = data.draw(st.sampled_from(sorted(self.sent)))
-        assert self.arr.release(slot) == self.ref.release(slot)
+        assert self.table.release(self.handles.pop(slot)) == self.ref.release(slot)
         del self.sent[slot]
         with pytest.raises(KeyError):
             self.arr.push(slot, 0, frame(0, 0))
@@ -118,7 +122,7 @@ class Lockstep(RuleBasedStateMachine):
     @invariant()
     def same_state(self):
         assert self.arr.totals == self.ref.totals
-        assert self.arr.free_slots == self.ref.free_slots
+        assert self.table.free_slots == self.ref.free_slots
         for slot, s in self.ref.slots.items():
             assert self.arr.queued(slot) == [f for f, _ in s.jitter]
             assert self.arr.slot_stats(slot) == s.stats
@@ -155,19 +159,20 @@ TestLockstepSheddingDefault = pytest.mark.slow(LockstepSheddingDefault.TestCase)
 
 
 def test_a_batch_larger_than_the_buffer_keeps_the_last_frames():
-    arr = ArrayScheduler(2, prebuffer=3, max_queue=5, shedding=None)
-    slot = arr.admit("a")
+    table = SessionTable(2, prebuffer=3, max_queue=5, shedding=None)
+    arr, slot = table.jitter, table.admit("a", None).slot
     arr.push_batch(np.full(8, slot), np.arange(8), np.stack([frame(0, n) for n in range(8)]))
     assert arr.queued(slot) == [3, 4, 5, 6, 7]
     assert arr.slot_stats(slot).dropped == 3 == arr.totals.dropped
 
 
 def test_an_open_takes_the_lowest_preferred_free_slot_else_the_lowest_free():
-    arr = ArrayScheduler(6, prebuffer=3, max_queue=5, shedding=None)
-    for key in "abcdef":
-        arr.admit(key)
+    table = SessionTable(6, prebuffer=3, max_queue=5, shedding=None)
+    handles = [table.admit(key, None) for key in "abcdef"]
     for slot in (1, 3, 4):
-        arr.release(slot)
-    assert arr.admit("g", prefer=np.array([5, 4, 2])) == 4     # 5 and 2 are held
-    assert arr.admit("h", prefer=np.array([0, 2])) == 1        # none free: the lowest free
-    assert arr.admit("i") == 3
+        table.release(handles[slot])
+    assert table.admit("g", None, prefer=np.array([5, 4, 2])).slot == 4     # 5 and 2 are held
+    assert table.admit("h", None, prefer=np.array([0, 2])).slot == 1    # none free: the lowest
+    assert table.admit("i", None).slot == 3
+    with pytest.raises(CapacityError):
+        table.admit("j", None)

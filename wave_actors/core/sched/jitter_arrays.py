@@ -26,9 +26,9 @@ from typing import Iterable
 import numpy as np
 
 from wave_actors.core.contract import BeatInput
-from wave_actors.core.frames import FRAMES_PER_BEAT
+from wave_actors.core.frames import FRAMES_PER_BEAT, SILENCE
 from wave_actors.core.sched.frame_places import FramesToRead, FrameStore, RingPlaces
-from wave_actors.core.sched.jitter import SILENCE, CapacityError, Shedding, SlotStats
+from wave_actors.core.sched.jitter import Shedding, SlotStats
 from wave_actors.core.sched.low_waters import LowWaters
 
 assert FRAMES_PER_BEAT == 2, "pack() takes a beat's two frames as two array steps"
@@ -42,12 +42,12 @@ _IN, _OUT, _UNDER, _IDLE, _DROP, _SHED, _LATE = (
 @dataclass
 class ArrayPlan:
     """What one `pack` put where: the slots packed (ascending), each one's two frame numbers
-    (SILENCE for silence) and its admission count, so `complete` can tell whether the session
+    (SILENCE for silence) and its generation, so `complete` can tell whether the session
     packed still holds the slot."""
     beat: int
     slot_idx: np.ndarray        # [k] int
     nums: np.ndarray            # [k, 2] int
-    admissions: np.ndarray      # [k] int
+    generations: np.ndarray     # [k] int
 
     @property
     def slots(self) -> list[int]:
@@ -59,12 +59,15 @@ class ArrayPlan:
 
 
 class ArrayScheduler:
-    def __init__(self, max_sessions: int, prebuffer: int = 3, max_queue: int = 50,
+    def __init__(self, generations: np.ndarray, prebuffer: int = 3, max_queue: int = 50,
                  shedding: Shedding | None = Shedding(), ring: RingPlaces | None = None):
-        """`shedding=None` keeps the delay a slot grows to for the rest of its call; `ring`:
-        the samples are in a shared ring of frames, not in a store of the scheduler's."""
+        """`generations`: each slot's current generation, -1 while it is free: the session
+        table's, which alone admits and releases (`open` and `release` here follow it).
+        `shedding=None` keeps the delay a slot grows to for the rest of its call; `ring`: the
+        samples are in a shared ring of frames, not in a store of the scheduler's."""
         assert prebuffer >= 1 and max_queue >= prebuffer + FRAMES_PER_BEAT
-        n, q = max_sessions, max_queue
+        n, q = len(generations), max_queue
+        self.generations = generations
         self.max_sessions, self.prebuffer, self.max_queue = n, prebuffer, q
         self.shedding = shedding
         # Room to start with for every slot's prebuffer and a beat; grows to what is queued.
@@ -75,67 +78,43 @@ class ArrayScheduler:
         self.nums = np.zeros((n, q), np.int64)
         self.head = np.zeros(n, np.int64)            # ring index of a slot's oldest frame
         self.count = np.zeros(n, np.int64)           # frames queued
-        self.held = np.zeros(n, bool)
         self.started = np.zeros(n, bool)
-        self.admissions = np.zeros(n, np.int64)      # bumped at every admit of the slot
         self.out_frame = np.zeros(n, np.int64)
         self.stats = np.zeros((n, len(_STAT)), np.int64)
-        self.keys: list[object] = [None] * n
         self.low = LowWaters(n, shedding) if shedding else None    # the shedding windows
-        self._free = list(range(n - 1, -1, -1))      # pop() gives the lowest slot
         self._ready = np.zeros(n, bool)
         self._mark = np.zeros(n, np.int64)           # scratch: is a batch a row a slot?
         self._rows = np.arange(n, dtype=np.int64)
         self.beat = 0
         self.totals = SlotStats()       # over every session ever admitted, closed ones included
 
-    # -- admission ------------------------------------------------------------------------------
+    # -- a slot's sessions ---------------------------------------------------------------------
     @property
-    def free_slots(self) -> int:
-        return len(self._free)
+    def held(self) -> np.ndarray:
+        """Which slots a session holds: bool [slots]."""
+        return self.generations >= 0
 
-    def __len__(self) -> int:
-        return self.max_sessions - len(self._free)
-
-    def admit(self, key: object, prefer: np.ndarray | None = None) -> int:
-        """The lowest free slot of `prefer` where one is free, else the lowest free slot."""
-        if not self._free:
-            raise CapacityError(f"all {self.max_sessions} slots are busy")
-        slot = None
-        if prefer is not None and len(prefer):
-            free = np.zeros(self.max_sessions, bool)
-            free[self._free] = True
-            fits = prefer[free[prefer]]
-            if len(fits):
-                slot = int(fits.min())
-                self._free.remove(slot)
-        if slot is None:
-            slot = self._free.pop()
+    def open(self, slot: int) -> None:
+        """The table admitted a session to `slot`: its buffer and counts start empty."""
+        self._check(slot)
         self.head[slot] = self.count[slot] = self.out_frame[slot] = 0
         if self.low:
             self.low.clear(slot)
         self.stats[slot] = 0
         self.started[slot] = False
-        self.held[slot] = True
-        self.admissions[slot] += 1
-        self.keys[slot] = key
-        return slot
 
     def release(self, slot: int) -> SlotStats:
+        """The table is releasing `slot` (still held): what it queued is counted as dropped."""
         self._check(slot)
         queue = self._queue(slot)
         self.store.give(self.place[slot, queue])
         self.stats[slot, _DROP] += len(queue)     # queued but never heard: counted, not lost
         self.totals.dropped += len(queue)
-        self.held[slot] = False
         self.count[slot] = 0
-        self.keys[slot] = None
-        self._free.append(slot)
-        self._free.sort(reverse=True)
         return self.slot_stats(slot)
 
     def _check(self, slot: int) -> None:
-        if not (0 <= slot < self.max_sessions and self.held[slot]):
+        if not (0 <= slot < self.max_sessions and self.generations[slot] >= 0):
             raise KeyError(slot)
 
     def slot_stats(self, slot: int) -> SlotStats:
@@ -167,8 +146,9 @@ class ArrayScheduler:
         k = len(slots)
         if not k:
             return
-        if not self.held[slots].all():
-            raise KeyError(slots[~self.held[slots]][0])
+        free = self.generations[slots] < 0
+        if free.any():
+            raise KeyError(slots[free][0])
         q = self.max_queue
         if k <= self.max_sessions:
             rows = self._rows[:k]
@@ -330,7 +310,7 @@ class ArrayScheduler:
         self.totals.idle_frames += FRAMES_PER_BEAT * int((~started).sum())
         if self.shedding:
             self._shed(slots[started], left[started] - missing[started])
-        plan = ArrayPlan(self.beat, slots, nums, self.admissions[slots])
+        plan = ArrayPlan(self.beat, slots, nums, self.generations[slots].copy())
         inp.beat = self.beat
         self.beat += 1
         return plan
@@ -384,7 +364,7 @@ class ArrayScheduler:
         """(slots, first output frame of each) of the plan's slots still held by the session
         packed; nothing changes."""
         s = plan.slot_idx
-        s = s[self.held[s] & (self.admissions[s] == plan.admissions)]
+        s = s[self.generations[s] == plan.generations]
         return s, self.out_frame[s].copy()
 
     def complete(self, plan: ArrayPlan, late: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -61,8 +61,9 @@ class SessionTable:
         session workers, or here for frames that come with theirs)."""
         # Each slot's current generation (-1: free), for checking a batch of frames at once.
         self.generations = np.full(slots, -1, np.int64)
+        self._free = list(range(slots - 1, -1, -1))      # pop() gives the lowest slot
         places = RingPlaces(ring, self.generations) if ring is not None else None
-        self.jitter = ArrayScheduler(slots, prebuffer, max_queue, shedding, places)
+        self.jitter = ArrayScheduler(self.generations, prebuffer, max_queue, shedding, places)
         self.ring = ring
         # With a ring: each slot's next frame number to look for in it (a session numbers its
         # frames from 0, one after another).
@@ -73,7 +74,7 @@ class SessionTable:
 
     @property
     def free_slots(self) -> int:
-        return self.jitter.free_slots
+        return len(self._free)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -81,13 +82,25 @@ class SessionTable:
     def admit(self, key: Any, owner: Any, prefer=None) -> Handle:
         """A free slot (the lowest of `prefer` where one is free, else the lowest) under a new
         generation; CapacityError when none is free."""
-        slot = self.jitter.admit(key, prefer)
+        slot = self._take_slot(prefer)
         self._next_generation += 1
         handle = Handle(slot, self._next_generation)
         self.entries[slot] = Entry(handle, key, owner)
         self.generations[slot] = handle.generation
         self.next_in[slot] = 0
+        self.jitter.open(slot)
         return handle
+
+    def _take_slot(self, prefer) -> int:
+        if not self._free:
+            raise CapacityError(f"all {len(self.generations)} slots are busy")
+        if prefer is not None and len(prefer):
+            fits = prefer[self.generations[prefer] < 0]
+            if len(fits):
+                slot = int(fits.min())
+                self._free.remove(slot)
+                return slot
+        return self._free.pop()
 
     def current(self, handle: Handle) -> Entry | None:
         """The handle's entry while it is current; None (and counted) when it is stale."""
@@ -104,9 +117,12 @@ class SessionTable:
             return None
         if self.ring is not None:               # what it wrote is counted like what it sent
             self.pull_ring(np.array([handle.slot]))
+        stats = self.jitter.release(handle.slot)
         del self.entries[handle.slot]
         self.generations[handle.slot] = -1
-        return self.jitter.release(handle.slot)
+        self._free.append(handle.slot)
+        self._free.sort(reverse=True)
+        return stats
 
     def push(self, handle: Handle, frame_no: int, pcm: np.ndarray) -> bool:
         if self.current(handle) is None:
