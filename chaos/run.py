@@ -3,7 +3,7 @@
     python -m chaos.run --short          # well under a minute; what tests/chaos runs
     python -m chaos.run --long           # a few minutes, progress every 10 s (`make chaos`)
     python -m chaos.run --soak 30        # 30 minutes at capacity: memory and files sampled
-    python -m chaos.run --soak 30 --no-steal   # the same, no peer under a victim's identity
+    python -m chaos.run --soak 30 --steal      # and peers under the victims' identities
 
 Starts a node (`--backend sim`, TCP) and the Realtime bridge as subprocesses (a crash is a dead
 process, not a swallowed exception), and the SIP bridge too where `chaos.sip_fuzz` exists. A few
@@ -72,8 +72,9 @@ class Plan:
     churn_lines: int = 0      # lines of calls coming and going (the node held at capacity)
     churn_mean_s: float = 20.0      # a churning call's mean length
     # fuzzers connect under victims' routing identities: a hostile peer's duplicate identity,
-    # which libzmq keeps ~23 KB of for good (docs/FINDINGS.md); off, a soak's memory figure
-    # is the node's own
+    # which libzmq keeps ~23 KB of for good (docs/FINDINGS.md): on in the short and long runs
+    # (nothing may crash or lose a session), off in a soak unless asked (its memory figure is
+    # then the node's own)
     steal: bool = True
 
 
@@ -345,9 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--soak", type=float, metavar="MINUTES",
                       help="run this long, sampling memory and open files")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--no-steal", action="store_true",
-                    help="no fuzzer connects under a victim's routing identity (what libzmq "
-                         "leaks for: a soak's memory growth without it is the node's own)")
+    ap.add_argument("--steal", action=argparse.BooleanOptionalAction, default=None,
+                    help="fuzzers connect under the victims' routing identities (default: in "
+                         "the short and long runs, not in a soak: libzmq keeps ~23 KB of each "
+                         "such connection, so a soak's memory growth would not be the node's)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"),
                     help="folder for chaos-<short|long|soak>.json")
     args = ap.parse_args(argv)
@@ -355,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = soak_plan(Plan, args.soak) if args.soak else PLANS[args.plan or "short"]
     except ValueError as exc:
         ap.error(str(exc))
-    plan = replace(plan, steal=not args.no_steal)
+    if args.steal is not None:
+        plan = replace(plan, steal=args.steal)
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp:
         figs, ch, procs = asyncio.run(main_async(plan, args.seed, Path(tmp)))
     grew = figs.get("rss_growth_mb")

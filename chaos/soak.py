@@ -26,12 +26,14 @@ CHURN_MEAN_S = 20.0
 
 def soak_plan(plan_type, minutes: float):
     """A soak of `minutes`: the long plan's fuzzers and relay, more victims, one of them a
-    reader that pauses, memory and files sampled every 10 s."""
+    reader that pauses, memory and files sampled every 10 s. No fuzzer takes a victim's
+    identity unless asked (`--steal`): the memory a soak measures is then the node's own, not
+    what libzmq keeps of each duplicate-identity connection (docs/PROTOCOL.md)."""
     if minutes <= 0:
         raise ValueError("--soak needs a positive number of minutes")
     return plan_type("soak", 60.0 * minutes, 6, 2, 4000, 800, 60, 15.0, 30.0,
                      slow_readers=1, sample_s=10.0, churn_lines=CHURN_LINES,
-                     churn_mean_s=CHURN_MEAN_S)
+                     churn_mean_s=CHURN_MEAN_S, steal=False)
 
 
 class Churn:
