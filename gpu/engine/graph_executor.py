@@ -76,16 +76,7 @@ class GraphExecutor:
         sizing = options.max_sessions == 0
         snapshot_bytes = (SNAPSHOT_BYTES if options.snapshot_mb < 0
                           else options.snapshot_mb * 1e6)
-        ceiling = MemoryPlan(self.cfg, self.profile, 1, options.max_context,
-                             self.start_shape.max_prompt, snapshot_bytes
-                             ).ceiling(torch.cuda.mem_get_info()[0]
-                                       - (LADDER_BYTES if sizing else 0))
-        if sizing:      # state for every slot memory holds; the measured beat picks how many serve
-            if ceiling < 1:
-                raise MemoryError(f"not one session at {options.max_context} frames of context "
-                                  "fits in the device's free memory")
-            # past the largest bucket the host, not the device, is what runs out
-            options = dataclasses.replace(options, max_sessions=min(ceiling, BUCKETS[-1]))
+        options, ceiling = self._state_rows(options, snapshot_bytes)
         self.options, self.capture = options, capture
         self.max_sessions = options.max_sessions
         self.plan_memory = MemoryPlan(self.cfg, self.profile, options.max_sessions,
@@ -115,21 +106,42 @@ class GraphExecutor:
         top = bucket_for(self.max_sessions, self.max_sessions)
         self.graphs.warm_eager()
         self.graphs.capture_ladder(top)
-        self.start_rows_cost = self.graphs.time_start_rows(top)
-        # what each row capture adds to a beat, and beats at full context (s), for a start
-        # policy that budgets start work by them until it has measured its own
-        self.start_row_s = {c: ms / 1e3 for c, ms in
-                            self.start_rows_cost["added_ms_by_rows"].items()}
-        if not sizing:
-            self.slots["beat_ms_at_context"][top] = round(1e3 * self.graphs.beat_at_context(top),
-                                                          2)
-        self.beat_at_context_s = ({1: self.graphs.beat_at_context(1)}
-                                  if (1, 0) in self.graphs.captured
-                                  else {}) | {int(n): ms / 1e3 for n, ms in
-                                              self.slots["beat_ms_at_context"].items()}
+        self._measure_starts(top, timed_top=not sizing)
         log.info("slots: %d (%s); memory holds %d; beat at full context: %s ms "
                  "(budget %.0f ms)", self.max_sessions, self.slots["decided_by"], ceiling,
                  self.slots["beat_ms_at_context"], self.slots["budget_ms"])
+
+    def _measure_starts(self, top: int, timed_top: bool) -> None:
+        """What each row capture adds to a beat, and beats at full context (s), for a start
+        policy that budgets start work by them until it has measured its own (`timed_top`:
+        the top bucket's beat is timed here; a sizing timed it already)."""
+        self.start_rows_cost = self.graphs.time_start_rows(top)
+        self.start_row_s = {c: ms / 1e3 for c, ms in
+                            self.start_rows_cost["added_ms_by_rows"].items()}
+        at_context = self.slots["beat_ms_at_context"]
+        if timed_top:
+            at_context[top] = round(1e3 * self.graphs.beat_at_context(top), 2)
+        self.beat_at_context_s = ({1: self.graphs.beat_at_context(1)}
+                                  if (1, 0) in self.graphs.captured else {}) | {
+            int(n): ms / 1e3 for n, ms in at_context.items()}
+
+    def _state_rows(self, options: ExecutorOptions, snapshot_bytes: float
+                    ) -> tuple[ExecutorOptions, int]:
+        """(options with the slots to allocate state for, the memory ceiling in sessions). A
+        node that sizes itself (max_sessions 0) gets state for every slot memory holds (its
+        measured beat then picks how many serve), at most the largest bucket: past it the
+        host, not the device, is what runs out."""
+        sizing = options.max_sessions == 0
+        ceiling = MemoryPlan(self.cfg, self.profile, 1, options.max_context,
+                             self.start_shape.max_prompt, snapshot_bytes
+                             ).ceiling(torch.cuda.mem_get_info()[0]
+                                       - (LADDER_BYTES if sizing else 0))
+        if not sizing:
+            return options, ceiling
+        if ceiling < 1:
+            raise MemoryError(f"not one session at {options.max_context} frames of context "
+                              "fits in the device's free memory")
+        return dataclasses.replace(options, max_sessions=min(ceiling, BUCKETS[-1])), ceiling
 
     @classmethod
     def build(cls, options: ExecutorOptions, clock: Clock | None = None) -> "GraphExecutor":
