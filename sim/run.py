@@ -32,7 +32,7 @@ from sim.costmodel import DEFAULT_PATH
 from wave_actors.bench import cli, results
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sim.run", description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sessions", type=int, default=64)
@@ -60,6 +60,11 @@ def main(argv=None) -> int:
                     help="every random choice: the workload, callers, the cost model's jitter")
     ap.add_argument("--find-max", action="store_true")
     ap.add_argument("--out", default=str(results.RESULTS))
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     cost = args.cost_model or str(DEFAULT_PATH)
     if args.jitter is not None:
