@@ -139,15 +139,16 @@ def decode_attention(q, k_cache, v_cache, slots, lengths, *, scale: float, windo
     return out
 
 
-def _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, max_len, out,
-                           num_splits, block_l, num_warps, mha_dot, split_d, length_bias, lanes):
+def _checked(q, k_cache, v_cache, slots, lengths, window, max_len, out, length_bias):
+    """The arguments' shapes, dtypes, devices and ranges checked; (max_len, out) settled."""
     batch, rows, hq, head_dim = q.shape
     max_slots, _, hkv, cap, _ = k_cache.shape
     dev = q.device
     check("q", q, (batch, rows, hq, head_dim), FLOATS, device=dev)
-    check("k_cache", k_cache, (max_slots, rows, hkv, cap, head_dim), FLOATS, contiguous=False, device=dev)
-    check("v_cache", v_cache, (max_slots, rows, hkv, cap, head_dim), k_cache.dtype, contiguous=False,
+    check("k_cache", k_cache, (max_slots, rows, hkv, cap, head_dim), FLOATS, contiguous=False,
           device=dev)
+    check("v_cache", v_cache, (max_slots, rows, hkv, cap, head_dim), k_cache.dtype,
+          contiguous=False, device=dev)
     assert k_cache.stride(4) == 1 and v_cache.stride(4) == 1, "head_dim must be contiguous"
     assert hq % hkv == 0, (hq, hkv)
     check_index_slots(slots, batch, max_slots, dev)
@@ -161,6 +162,16 @@ def _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, m
         out = torch.empty_like(q)
     check("out", out, (batch, rows, hq, head_dim), q.dtype, contiguous=False, device=dev)
     assert out.stride(3) == 1, "out: head_dim must be contiguous"
+    return max_len, out
+
+
+def _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, max_len, out,
+                           num_splits, block_l, num_warps, mha_dot, split_d, length_bias, lanes):
+    batch, rows, hq, head_dim = q.shape
+    max_slots, _, hkv, cap, _ = k_cache.shape
+    dev = q.device
+    max_len, out = _checked(q, k_cache, v_cache, slots, lengths, window, max_len, out,
+                            length_bias)
     n_splits = num_splits or _splits(batch * rows, hkv, max_len, dev)
     group, block_d = hq // hkv, next_pow2(head_dim)
     mpart = torch.empty(batch * rows, hq, n_splits, device=dev, dtype=torch.float32)
