@@ -11,15 +11,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from sim.executor import SimExecutor
 from transports import protocol as P
-from transports.client import Audio, Closed, Error, FunctionCall, NodeClient, Refused, Text
-from wave_actors.core.contract import ExecutorOptions
+from transports.client import Audio, Error, FunctionCall, NodeClient, Refused, Text
 from wave_actors.core.sched.session_table import Routed
-from wave_actors.core.timebase import Clock
 from wave_actors.node.flood import FloodPolicy
-from wave_actors.node.config import NodeConfig
-from wave_actors.node.node import Node
 from tests.tcpkit import client_of, events_until, node_on_tcp, raw_dealer, reply
 
 FRAME_F32 = np.zeros(1280, np.float32).tobytes()

@@ -13,7 +13,6 @@ from hypothesis import given, settings, strategies as st
 from tests.nodekit import VirtualNode
 from transports.client import Audio, Closed, Refused
 from wave_actors.clock.clock import _Crash
-from wave_actors.core.contract import Handle
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.sched.session_table import CapacityError, SessionTable
 
