@@ -84,9 +84,9 @@ def main(argv=None) -> int:
     replay = beat_graphs.BeatGraphs._fastest_replay                     # one probe replay each
     beat_graphs.BeatGraphs._fastest_replay = lambda self, g, n, before=None: replay(
         self, g, 1, before)
-    graph_executor.torch = types.SimpleNamespace(
+    graph_executor.torch = types.SimpleNamespace(**{
         **{k: getattr(torch, k) for k in dir(torch) if not k.startswith("__")},
-        device=lambda *a: torch.device("cpu"))
+        "device": lambda *a: torch.device("cpu")})
     from tests.engine.test_engine_paths import parity
     from wave_actors.core.contract import ExecutorOptions
 
