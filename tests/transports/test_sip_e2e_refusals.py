@@ -15,7 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.transports.sipp_stack import ACK, HEAD, SDP, Proc, node_and_bridge, run_sipp
+from tests.transports.sipp_stack import (ACK, HEAD, PY, SDP, Proc, _free_port, node_and_bridge,
+                                         run_sipp)
 from transports.sip import message as M
 from transports.sip.media import rtp
 
@@ -26,11 +27,19 @@ def stack(tmp_path_factory):
 
 
 @pytest.fixture
-def own_stack(tmp_path_factory):
-    """A node and bridge for one test that stops its bridge to read the stats: stopping the
-    module's would leave the tests a worker runs after it (worksteal runs them in any order)
-    talking to nobody."""
-    yield from node_and_bridge(tmp_path_factory)
+def own_bridge():
+    """A bridge for one test that stops it to read its stats: stopping the module's would leave
+    the tests a worker runs after it (worksteal runs them in any order) talking to nobody. Its
+    node is never started: nothing the test sends reaches the node."""
+    port = _free_port()
+    bridge = Proc([PY, "-m", "transports.sip", "--node",
+                   f"tcp://127.0.0.1:{_free_port(socket.SOCK_STREAM)}",
+                   "--listen", f"127.0.0.1:{port}"], "bridge")
+    try:
+        bridge.wait_for(lambda: bridge.events("listening"), 30, "listening event")
+        yield port, bridge
+    finally:
+        bridge.stop()
 
 
 def capture(sock: socket.socket, until: float) -> list[tuple[float, rtp.RtpPacket]]:
@@ -144,8 +153,8 @@ def _refusal(bridge: Proc, call_id: str) -> dict | None:
     return next((e for e in bridge.events("call_refused") if e["call_id"] == call_id), None)
 
 
-def test_malformed_requests_and_garbage_never_hurt(own_stack):
-    port, bridge = own_stack["port"], own_stack["bridge"]
+def test_malformed_requests_and_garbage_never_hurt(own_bridge):
+    port, bridge = own_bridge
     sock, _ = raw_request(port, "INVITE", None, _python_offer(9))       # no Call-ID
     (resp,) = responses(sock, 3)
     assert resp.status == 400 and "Call-ID" in resp.get("Warning")
