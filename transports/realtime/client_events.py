@@ -12,20 +12,18 @@ import base64
 import binascii
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from transports import client as C
 from transports.realtime.session import (NAMED, NATIVE_OUTPUT, EventError, apply_update,
                                          parse_audio_format)
+from transports.realtime.views import ConnectionView
 from wave_actors.core.tasks import within
 
-if TYPE_CHECKING:
-    from transports.realtime.connection import Connection
 
 log = logging.getLogger("wave.realtime")
 
 
-async def on_session_update(conn: Connection, event: dict) -> None:
+async def on_session_update(conn: ConnectionView, event: dict) -> None:
     new = apply_update(conn.session, event.get("session"), opened=conn.node is not None)
     if conn.dialect.vllm_omni and new.output == NAMED["pcm16"]:
         new = replace(new, output=NATIVE_OUTPUT)     # its "pcm16" is the model's rate
@@ -37,7 +35,7 @@ async def on_session_update(conn: Connection, event: dict) -> None:
     conn.emit(conn.conv.event("session.updated", session=conn.session_obj()))
 
 
-async def on_append(conn: Connection, event: dict) -> None:
+async def on_append(conn: ConnectionView, event: dict) -> None:
     audio = event.get("audio")
     if not isinstance(audio, str) or not audio:
         raise EventError("missing_required_parameter", "input_audio_buffer.append needs "
@@ -60,7 +58,7 @@ async def on_append(conn: Connection, event: dict) -> None:
     await conn.send_input(pieces)
 
 
-async def on_commit(conn: Connection, event: dict) -> None:
+async def on_commit(conn: ConnectionView, event: dict) -> None:
     if event.get("final") and conn.node is not None:
         tail = conn.to_node.pieces(b"", last=True)  # flush the resampler: end of input
         conn.set_converters(input=True, output=False)
@@ -73,14 +71,14 @@ async def on_commit(conn: Connection, event: dict) -> None:
     conn.emit(events)
 
 
-async def on_clear(conn: Connection, event: dict) -> None:
+async def on_clear(conn: ConnectionView, event: dict) -> None:
     # What is still queued is dropped (the client asked); audio the model has heard
     # cannot be un-heard.
     conn.bridge.totals["input_cleared_bytes"] += conn.feed.clear()
     conn.emit(conn.conv.event("input_audio_buffer.cleared"))
 
 
-async def on_item_create(conn: Connection, event: dict) -> None:
+async def on_item_create(conn: ConnectionView, event: dict) -> None:
     item = event.get("item")
     if not isinstance(item, dict) or item.get("type") != "function_call_output":
         raise EventError("unsupported_item_type", "a full-duplex voice model takes only "
@@ -103,7 +101,7 @@ async def on_item_create(conn: Connection, event: dict) -> None:
     conn.emit(events + conn.conv.event("conversation.item.done", item=done))
 
 
-async def on_response_create(conn: Connection, event: dict) -> None:
+async def on_response_create(conn: ConnectionView, event: dict) -> None:
     params = event.get("response") if isinstance(event.get("response"), dict) else {}
     fixed = {k: params[k] for k in ("instructions", "tools") if params.get(k) is not None}
     if fixed and apply_update(conn.session, fixed, opened=False) != conn.session:
@@ -113,17 +111,17 @@ async def on_response_create(conn: Connection, event: dict) -> None:
     conn.conv.resume()       # the model is always responding; this only lifts a mute
 
 
-async def on_response_cancel(conn: Connection, event: dict) -> None:
+async def on_response_cancel(conn: ConnectionView, event: dict) -> None:
     conn.emit(conn.conv.cancel())
 
 
-async def on_unsupported(conn: Connection, event: dict) -> None:
+async def on_unsupported(conn: ConnectionView, event: dict) -> None:
     raise EventError("unsupported_in_duplex", f"{event['type']} is not supported: the model "
                      "keeps its own context, which the client cannot edit or replay",
                      "type")
 
 
-async def on_session_close(conn: Connection, event: dict) -> None:
+async def on_session_close(conn: ConnectionView, event: dict) -> None:
     """vllm-omni's `session.close`: the node session ends, `session.closed` with its stats,
     then the WebSocket closes (1000)."""
     if not conn.dialect.vllm_omni:

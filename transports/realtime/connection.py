@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
@@ -32,11 +31,10 @@ from transports.realtime.outbox import Outbox, Overflow
 from transports.realtime.session import (FORMAT_NAMES, NATIVE_INPUT, NATIVE_OUTPUT,
                                          VLLM_OMNI_CAPABILITIES, AudioSpec, EventError,
                                          SessionConfig, parse_event, session_object)
+from transports.realtime.views import BridgeView
 from wave_actors.core.frames import OUT_RATE
 from wave_actors.core.tasks import stop_tasks, within
 
-if TYPE_CHECKING:
-    from transports.realtime.server import Bridge
 
 log = logging.getLogger("wave.realtime")
 CLOSED_AFTER_UNKNOWN_S = 2.0    # after `unknown_session`, how long a `closed` may still come
@@ -47,7 +45,7 @@ class _Stop(Exception):
 
 
 class Connection:
-    def __init__(self, bridge: "Bridge", ws: ServerConnection):
+    def __init__(self, bridge: BridgeView, ws: ServerConnection):
         self.bridge, self.ws, self.cfg = bridge, ws, bridge.cfg
         self.ids = Ids()
         self.node_id = f"rt-{self.ids.prefix}-{os.urandom(4).hex()}"

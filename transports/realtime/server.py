@@ -10,7 +10,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection, serve
@@ -21,30 +20,9 @@ from transports import client as C
 from wave_actors.core.heap import Trimmer
 from transports.realtime.connection import Connection
 from transports.realtime import webpage
-from transports.realtime.feed import FeedPolicy
+from transports.realtime.config import BridgeConfig
 
 log = logging.getLogger("wave.realtime")
-
-
-@dataclass(frozen=True)
-class BridgeConfig:
-    node: str = "tcp://127.0.0.1:5555"
-    host: str = "127.0.0.1"
-    port: int = 8125                      # 0: any free port (tests)
-    path: str = "/v1/realtime"
-    api_key: str | None = None            # None: no authentication (only if asked for explicitly)
-    curve: C.CurveKeys | None = None      # CURVE keys towards the node
-    max_event_bytes: int = 1 << 20        # larger events get an `error`; the connection stays
-    max_frame_bytes: int = 4 << 20        # larger WebSocket messages close it (1009), unread
-    outbox_bytes: int = 512 << 10         # ~6 s of 24 kHz audio deltas; audio dropped past it
-    outbox_hard_bytes: int = 2 << 20      # other events past it: the connection is aborted
-    stall_grace_s: float = 10.0           # a reader stalled this long is disconnected
-    sndbuf_bytes: int = 128 << 10         # kernel send buffer per connection (~1.5 s of audio)
-    turn_gap_frames: int = 10             # agent/user transcript quiet that ends a turn (800 ms)
-    open_timeout_s: float = 10.0
-    node_send_timeout_s: float = 5.0      # the node's DEALER queue full this long: node is gone
-    feed: FeedPolicy = FeedPolicy()       # input queued and fed at the model's pace (feed.py)
-    resume_grace_s: float = 30.0          # vllm-omni: a dropped socket's session waits this long
 
 
 def _offered_key(conn: ServerConnection, request) -> str | None:

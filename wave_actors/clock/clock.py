@@ -107,7 +107,7 @@ class BeatClockActor(Actor):
         self._on_record = on_record
         self.frames_in = FramesIn(self, frames_ring)
         # The executor reads the beat's frames out of the ring itself, while the beat runs.
-        self._executor_reads = frames_ring is not None and executor.caps.reads_frames
+        self.executor_reads = frames_ring is not None and executor.caps.reads_frames
         self.executor, self.ctx, self.endpoint, self.clock = executor, ctx, endpoint, clock
         self.policy = policy
         self.slots = Slots(executor, epoch, policy, start_policy, frames_ring)
@@ -118,7 +118,7 @@ class BeatClockActor(Actor):
         self._watching = False
         self._inputs = [executor.alloc_input(), executor.alloc_input()]     # ring of two slots
         route.attach(self)
-        self._outputs = route.outputs(executor)
+        self.outputs = route.outputs(executor)
         self._inflight: asyncio.Task | None = None               # the beat the executor runs
         # Pending from a beat's pack until its submit (only apart while the previous beat
         # overran), with the slots it packed: a release of one of them waits for it, so frames
@@ -127,7 +127,7 @@ class BeatClockActor(Actor):
         self._handed: asyncio.Future | None = None
         self._handed_slots: frozenset[int] = frozenset()
         self._closing: set[int] = set()
-        self._sock: zmq.asyncio.Socket | None = None
+        self.sock: zmq.asyncio.Socket | None = None
         self._frames_sock: zmq.asyncio.Socket | None = None
         self.frames: FrameBatcher | None = None      # the sessions' way in, once started
         self._tasks: list[asyncio.Task] = []
@@ -149,13 +149,13 @@ class BeatClockActor(Actor):
         if self.frames_in.reads_every:
             # Read on a timer only: a plain socket, which the loop does not watch. An asyncio
             # one would wake the loop for every batch that arrives, read or not.
-            self._sock = zmq.Socket(self.ctx, zmq.ROUTER)
+            self.sock = zmq.Socket(self.ctx, zmq.ROUTER)
         else:
-            self._sock = self.ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(self.endpoint)
-        self._tx = zsock.Tx(self._sock)
+            self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(self.endpoint)
+        self.tx = zsock.Tx(self.sock)
         self._frames_sock = self.ctx.socket(zmq.DEALER)
         self._frames_sock.setsockopt(zmq.LINGER, 0)
         self._frames_sock.connect(self.endpoint)
@@ -189,7 +189,7 @@ class BeatClockActor(Actor):
         self.slots.forget_waiters()
         self.frames_in.stop()
         self.frames = None
-        for sock in (self._frames_sock, self._sock):
+        for sock in (self._frames_sock, self.sock):
             if sock is not None:
                 sock.close(0)
 
@@ -295,7 +295,7 @@ class BeatClockActor(Actor):
         # output work of the previous beat among them) before the executor is called.
         self.frames_in.drain()
         frames_read = self.frames_in.took()
-        inp, out = self._inputs[k % 2], self._outputs[k % 2]
+        inp, out = self._inputs[k % 2], self.outputs[k % 2]
         behind = self._inflight is not None and not self._inflight.done()
         begin = self.clock.now() - release
         inp.time_left_s = 0.0 if behind else (LATE_AFTER_S - begin - max(self._host_s, default=0.0))
@@ -305,7 +305,7 @@ class BeatClockActor(Actor):
             for slot in self._closing.intersection(in_beat):
                 inp.audio[slot] = 0.0                  # its session is leaving: it hears nothing
             in_beat = [s for s in in_beat if s not in self._closing]
-        packed = self.slots.table.pack(inp, in_beat, gather=not self._executor_reads)
+        packed = self.slots.table.pack(inp, in_beat, gather=not self.executor_reads)
         pack_s = self.clock.now() - release - begin
         if behind:
             self._handed_slots = frozenset(in_beat)

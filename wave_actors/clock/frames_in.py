@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import zmq
 
 from transports import zsock
 from wave_actors.clock import frame_batch
+from wave_actors.clock.view import ClockView
 from wave_actors.core.contract import Handle
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.sched.session_table import END_OF_STREAM
-
-if TYPE_CHECKING:
-    from wave_actors.clock.clock import BeatClockActor
 
 # The frame reads' last before a hold ends this long before it: a read due at the hold's very
 # start could run inside it.
@@ -27,7 +24,7 @@ READ_BEFORE_HOLD_S = 0.5e-3
 
 
 class FramesIn:
-    def __init__(self, actor: "BeatClockActor", ring=None):
+    def __init__(self, actor: ClockView, ring=None):
         self.actor, self.ring = actor, ring
         self.count = 0                  # frames read since the last release
         self._stream_ends: dict[Handle, asyncio.Future] = {}   # END_OF_STREAM seen (closing)
@@ -62,13 +59,13 @@ class FramesIn:
                     # stand between the loop and the release.
                     await self.actor.turns.turn()
                 self.take(self._recv_all())
-        async for batch in zsock.batches(self.actor._sock, self.actor._tx.sync):    # on arrival
+        async for batch in zsock.batches(self.actor.sock, self.actor.tx.sync):    # on arrival
             self.take(batch)
             if self.actor.reads_wait_out_hold and self.actor.turns.held:
                 await self.actor.turns.turn()
 
     def _recv_all(self) -> list[list]:
-        sync, messages = self.actor._tx.sync, []
+        sync, messages = self.actor.tx.sync, []
         while True:
             try:
                 messages.append(zsock.recv_now(sync))
@@ -93,7 +90,7 @@ class FramesIn:
             self.actor.frames.flush()
         self.take(self._recv_all())
         self.pull_ring()
-        zsock.kick(self.actor._sock)      # the reads consumed the socket's edge: re-arm its reader
+        zsock.kick(self.actor.sock)      # the reads consumed the socket's edge: re-arm its reader
 
     def take(self, messages: list[list]) -> None:
         """Frame batches read off the socket together, queued as one (a batch's queueing costs

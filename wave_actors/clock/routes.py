@@ -8,16 +8,14 @@ one message a beat. The clock is the same either way; only its route differs.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from wave_actors.core.frames import ALL_FRAMES
 from wave_actors.core.sched.session_table import Routed
 from wave_actors.clock.shared_outputs import BeatOut
-
-if TYPE_CHECKING:
-    from wave_actors.clock.clock import BeatClockActor
+from wave_actors.clock.view import ClockView
 
 # Hands a session's beat outputs to its owner (what the node gave at admission); False when
 # the owner cannot take them (not started yet, or gone).
@@ -72,7 +70,7 @@ class RowPool:
 
 
 class BeatRoute(Protocol):
-    def attach(self, clock: "BeatClockActor") -> None:
+    def attach(self, clock: ClockView) -> None:
         """The clock it routes for (its table, stats and socket), once, as the clock is made."""
 
     def outputs(self, executor) -> list:
@@ -103,10 +101,10 @@ class ToSessions:
 
     def __init__(self, deliver: Deliver):
         self.deliver = deliver
-        self.clock: "BeatClockActor | None" = None
+        self.clock: ClockView | None = None
         self._pcm_rows = RowPool()
 
-    def attach(self, clock: "BeatClockActor") -> None:
+    def attach(self, clock: ClockView) -> None:
         self.clock = clock
 
     def outputs(self, executor) -> list:

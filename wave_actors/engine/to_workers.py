@@ -17,6 +17,7 @@ from wave_actors.clock.beat_stats import BeatRecord
 from wave_actors.clock.clock import BeatClockActor
 from wave_actors.clock.shared_frames import SharedFrames
 from wave_actors.clock.shared_outputs import SharedOutputs
+from wave_actors.clock.view import ClockView
 from wave_actors.core.contract import Handle
 from wave_actors.core.frames import ALL_FRAMES, FIRST_FRAME
 from wave_actors.core.sched.session_table import Routed
@@ -33,7 +34,7 @@ class ToWorkers:
         self._shared_name = shared.name.encode() if shared is not None else b""
         if frames is not None:
             frames.clear()
-        self.clock: BeatClockActor | None = None
+        self.clock: ClockView | None = None
         self._told: set[bytes] = set()         # senders told where the frames' ring lies
         self._owner_worker = np.full(max_sessions, -1, np.int32)
         self._owner_rid = np.zeros(max_sessions, np.int64)
@@ -41,7 +42,7 @@ class ToWorkers:
         self._worker_index: dict[bytes, int] = {}
         self._fills: list[int] = []
 
-    def attach(self, clock: BeatClockActor) -> None:
+    def attach(self, clock: ClockView) -> None:
         self.clock = clock
 
     def outputs(self, executor) -> list:
@@ -69,7 +70,7 @@ class ToWorkers:
         ring = self._frames
         where = (ring.slots, ring.ring, ring.name.encode()) if ring is not None else (0, 0, b"")
         try:
-            self.clock._tx.send([sender, *W.frames_at(*where)])
+            self.clock.tx.send([sender, *W.frames_at(*where)])
         except zmq.ZMQError:                   # the sender is gone
             pass
 
@@ -114,7 +115,7 @@ class ToWorkers:
         for name in ("text", "func", "user"):
             head[name] = getattr(out, name)[rows]
         if self._shared is not None and frames != FIRST_FRAME:
-            index = next(i for i, o in enumerate(clock._outputs) if o is out)
+            index = next(i for i, o in enumerate(clock.outputs) if o is out)
             where = np.array([(self._shared.slots, self._shared.depth, index,
                                self._fills[index])], W.SHARED_AT)
             slots = rows.astype(np.int32)
@@ -127,7 +128,7 @@ class ToWorkers:
         for a, b, index in zip(starts, ends, workers[starts].tolist()):
             try:
                 # Slices of fresh arrays nothing writes again: ZMQ takes them uncopied.
-                clock._tx.send([self._workers[index], *message(a, b)], copy=False)
+                clock.tx.send([self._workers[index], *message(a, b)], copy=False)
             except zmq.ZMQError:               # the worker died: its sessions are ending
                 clock.stats.unroutable += b - a
 
@@ -148,7 +149,7 @@ class ToWorkers:
                      "unroutable": clock.stats.unroutable, "free_slots": clock.free_slots,
                      "outputs_shared": self._shared is not None,
                      "frames_shared": self._frames is not None,
-                     "frames_read_by_executor": clock._executor_reads,
+                     "frames_read_by_executor": clock.executor_reads,
                      "frames_overwritten": clock.slots.table.jitter.overwritten},
                     new))
         return record

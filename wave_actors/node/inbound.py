@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
@@ -21,12 +21,10 @@ from wave_actors.core.prompt import PromptRejected
 from wave_actors.core.sched.jitter import AdmissionRefused, CapacityError
 from wave_actors.node.bindings import Route
 from wave_actors.node.gatekeeper import CONN_PROPERTY
+from wave_actors.node.view import NodeView
 from wave_actors.runtime.actors import ActorStopped, MailboxFull, MsgClass
 from wave_actors.sessions.hosts import HostedSession
 from wave_actors.sessions.messages import AudioIn, Close, FunctionResult, SessionConfig
-
-if TYPE_CHECKING:
-    from wave_actors.node.node import Node
 
 log = logging.getLogger("wave.node")
 
@@ -44,7 +42,7 @@ def _older(conn: str, than: str) -> bool:
 class Inbound:
     """The node's message handlers, one `_on_<type>` a message type."""
 
-    def __init__(self, node: "Node"):
+    def __init__(self, node: NodeView):
         self.node = node
 
     async def run(self) -> None:

@@ -19,15 +19,12 @@ import asyncio
 import collections
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import zmq
 
 from transports import protocol as P
 from wave_actors.node.bindings import Route
-
-if TYPE_CHECKING:
-    from wave_actors.node.node import Node
+from wave_actors.node.view import NodeView
 
 log = logging.getLogger("wave.node")
 HELD_MAX = 256              # messages other than audio kept for a detached session
@@ -44,7 +41,7 @@ class _Queue:
 
 
 class Outbound:
-    def __init__(self, node: "Node"):
+    def __init__(self, node: NodeView):
         self.node = node
         self._queues: dict[bytes, _Queue] = {}
 
