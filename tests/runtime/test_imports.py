@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("wave_actors", "gpu", "sim", "transports")
 # A part is the unit a cycle is judged at: these sub-packages stand on their own.
 PARTS = ("wave_actors.core", "wave_actors.runtime", "wave_actors.clock", "wave_actors.sessions",
-         "wave_actors.engine", "wave_actors.node", "wave_actors.bench",
+         "wave_actors.engine", "wave_actors.node", "wave_actors.fleet", "wave_actors.bench",
          "gpu.model", "gpu.engine", "gpu.kernels", "gpu.wpk", "transports.sip", "transports.realtime")
 # The serving side's floors, lowest first: a part imports only parts on floors below its own.
 LAYERS = (("wave_actors.core",),
@@ -25,6 +25,7 @@ LAYERS = (("wave_actors.core",),
           ("wave_actors.sessions",),
           ("wave_actors.engine",),
           ("wave_actors.node",),
+          ("wave_actors.fleet",),
           ("wave_actors.bench",),
           ("sim",))
 

@@ -186,7 +186,7 @@ def load_file(path: str | Path) -> Workload:
 
 
 # -- generators -------------------------------------------------------------------------------
-def _lengths(rng: np.random.Generator, n: int, mean_s: float) -> np.ndarray:
+def lengths(rng: np.random.Generator, n: int, mean_s: float) -> np.ndarray:
     """Call lengths: exponential of the mean, at least one beat's worth of a second."""
     return np.maximum(0.5, rng.exponential(mean_s, n))
 
@@ -333,9 +333,9 @@ def generate(spec: str, seed: int, *, slots: int | None = None,
         at = GENERATORS[name](rng, **params)
     except TypeError as exc:
         raise WorkloadError(f"{spec!r}: {exc}") from None
-    lengths = _lengths(rng, len(at), mean_call)
+    durations = lengths(rng, len(at), mean_call)
     calls = tuple(Call(at_s=round(float(a), 6), duration_s=round(float(d), 6), **caller)
-                  for a, d in zip(at, lengths))
+                  for a, d in zip(at, durations))
     if not calls:
         raise WorkloadError(f"{spec!r}: drew no calls (raise the rate or the duration)")
     source = {"kind": name, "spec": spec, "params": {**params, **caller}, "seed": seed}

@@ -1,0 +1,160 @@
+"""The fleet's directory and placement: slots counted at placement, drains and lost nodes, and
+a property test over random sequences of fleet events."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from wave_actors.fleet.directory import Directory, FleetFull, UnknownNode
+from wave_actors.fleet.placement import POLICIES, NodeLoad, policy
+
+
+def fleet(slots=(2, 2, 2), placement="most_free") -> Directory:
+    d = Directory(placement, seed=1)
+    for i, n in enumerate(slots):
+        d.join(f"n{i}", f"tcp://n{i}:5555", n)
+    return d
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_burst_between_reports_fills_every_slot_and_no_more(name):
+    """Bug it catches: a slot counted only at the node's next load report (a burst then lands
+    on whichever node last reported room, past its slots)."""
+    d = fleet((3, 3, 3), name)
+    placed = [d.place() for _ in range(9)]
+    per_node = {n: sum(p.node == n for p in placed) for n in ("n0", "n1", "n2")}
+    assert per_node == {"n0": 3, "n1": 3, "n2": 3}
+    with pytest.raises(FleetFull) as full:
+        d.place()
+    assert full.value.reason == "capacity" and d.counters.refusals == {"capacity": 1}
+
+
+def test_most_free_spreads_a_burst_evenly():
+    d = fleet((10, 10, 10, 10))
+    nodes = [d.place().node for _ in range(8)]
+    assert sorted(nodes.count(n) for n in set(nodes)) == [2, 2, 2, 2]
+
+
+def test_a_call_stays_on_its_node_and_a_retried_placement_is_not_a_second_call():
+    d = fleet()
+    p = d.place("call-1")
+    assert d.place("call-1") == p and d.counters.placements == 1
+    assert d.locate("call-1") == p
+    assert d.closed("call-1") and not d.closed("call-1")       # closed once
+    assert d.locate("call-1") is None
+
+
+def test_a_draining_node_takes_no_call_and_keeps_its_live_ones():
+    d = fleet((2, 2))
+    a = d.place("a")
+    assert d.drain(a.node) == 1
+    others = {d.place(f"x{i}").node for i in range(2)}
+    assert others == {"n1" if a.node == "n0" else "n0"}
+    with pytest.raises(FleetFull):
+        d.place("y")
+    assert d.locate("a") == a
+    d.closed("a")
+    assert d.leave(a.node) == []
+
+
+def test_only_draining_nodes_is_no_nodes_not_capacity():
+    d = fleet((1,))
+    d.drain("n0")
+    with pytest.raises(FleetFull) as full:
+        d.place()
+    assert full.value.reason == "no_nodes"
+
+
+def test_a_lost_node_hands_back_its_sessions_and_a_restart_starts_empty():
+    d = fleet((2, 2), "random")
+    placed = [d.place(f"c{i}") for i in range(4)]
+    on_n0 = sorted(p.session for p in placed if p.node == "n0")
+    assert d.lost("n0") == on_n0
+    assert all(d.locate(s) is None for s in on_n0)
+    assert d.join("n0", "tcp://n0-again:5555", 2) == 1              # a new incarnation
+    assert d.stats()["nodes"]["n0"]["used"] == 0
+    assert all(not d.closed(s) for s in on_n0)                     # their late closes: no-ops
+
+
+def test_a_refused_placement_is_given_back():
+    d = fleet((1,))
+    p = d.place("a")
+    assert d.give_back(p.session) and d.counters.given_back == 1
+    assert d.place("b").node == "n0"
+
+
+def test_bad_input_is_refused_clearly():
+    d = fleet()
+    with pytest.raises(ValueError):
+        d.join("n9", "tcp://x:1", 0)
+    with pytest.raises(UnknownNode):
+        d.drain("nope")
+    with pytest.raises(ValueError, match="unknown placement"):
+        policy("nearest")
+
+
+def test_two_choices_picks_the_freer_of_two():
+    nodes = [NodeLoad("a", 10, 9), NodeLoad("b", 10, 1)]
+    assert all(policy("two_choices").pick(nodes, random.Random(s)).name == "b" for s in range(20))
+
+
+EVENTS = st.lists(st.tuples(st.sampled_from(["place", "close", "drain", "lost", "join",
+                                             "give_back", "undrain"]),
+                            st.integers(0, 40)), max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(EVENTS, st.sampled_from(sorted(POLICIES)))
+def test_no_call_on_a_full_or_draining_node_and_every_call_ends_once(events, name):
+    """Bugs it catches: a placement on a full or draining node, a slot freed twice (a close
+    after the node was lost), a session placed on two nodes, a call that never ends."""
+    d = fleet((2, 3, 1), name)
+    live: set[str] = set()
+    ended: list[str] = []
+    seq = placed = 0
+    for kind, k in events:
+        names = sorted(d.nodes)
+        if kind == "place":
+            seq += 1
+            open_before = {n: not x.draining and len(x.sessions) < x.load.slots
+                           for n, x in d.nodes.items()}
+            try:
+                p = d.place(f"c{seq}")
+            except FleetFull:
+                assert not any(open_before.values())
+                continue
+            assert open_before[p.node]
+            live.add(p.session)
+            placed += 1
+        elif kind in ("close", "give_back") and live:
+            s = sorted(live)[k % len(live)]
+            assert (d.closed if kind == "close" else d.give_back)(s)
+            live.discard(s)
+            ended.append(s)
+        elif kind == "drain" and names:
+            d.drain(names[k % len(names)])
+        elif kind == "undrain" and names:
+            d.nodes[names[k % len(names)]].draining = False
+        elif kind == "lost" and names:
+            gone = d.lost(names[k % len(names)])
+            assert set(gone) <= live
+            live -= set(gone)
+            ended.extend(gone)
+        elif kind == "join":                # new, or a restart: its sessions are gone
+            old = d.nodes.get(f"n{k % 5}")
+            gone = set(old.sessions) if old else set()
+            d.join(f"n{k % 5}", "tcp://x:1", 1 + k % 3)
+            live -= gone
+            ended.extend(gone)
+        for node in d.nodes.values():
+            assert 0 <= node.load.used <= node.load.slots
+            assert node.load.used == len(node.sessions)
+        assert set(d.where) == live
+        assert sum(len(n.sessions) for n in d.nodes.values()) == len(live)
+    for s in sorted(live):
+        assert d.closed(s)
+        ended.append(s)
+    assert len(ended) == len(set(ended)) == placed
+    assert not d.where and all(n.load.used == 0 for n in d.nodes.values())

@@ -1,0 +1,191 @@
+"""The fleet's directory: which node holds each session, what each node has free, which nodes
+are draining. One owner of that state (in the fleet, a named Ray actor holds one `Directory`);
+the nodes and entry points ask it, and keep no copy.
+
+A call's slot is counted the moment it is placed, not at the node's next load report, so a
+burst spreads over the nodes instead of landing where the last report said there was room. A
+placement is held against its node until the call closes, the placement is given back (the
+node refused it) or the node is lost. A draining node takes no new call; its live calls stay
+where they are. A lost node's sessions are forgotten and handed back to be ended: their state
+was on its GPU, so no other node can carry them on.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+from wave_actors.fleet.placement import DEFAULT, NodeLoad, Placement, policy
+
+
+class FleetFull(Exception):
+    """No node can take a call now: `reason` is `capacity` (every node is full) or `no_nodes`
+    (none alive and taking calls)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class UnknownNode(KeyError):
+    pass
+
+
+@dataclass
+class Node:
+    load: NodeLoad
+    endpoint: str
+    incarnation: int = 0
+    draining: bool = False
+    sessions: set[str] = field(default_factory=set)
+
+    @property
+    def takes_calls(self) -> bool:
+        return not self.draining and self.load.free > 0
+
+
+@dataclass(frozen=True)
+class Placed:
+    session: str
+    node: str
+    endpoint: str
+    incarnation: int
+
+
+@dataclass
+class Counters:
+    placements: int = 0
+    closes: int = 0
+    given_back: int = 0
+    lost_sessions: int = 0
+    refusals: dict[str, int] = field(default_factory=dict)     # by reason
+
+
+class Directory:
+    def __init__(self, placement: str | Placement = DEFAULT, seed: int = 0):
+        self.placement = policy(placement) if isinstance(placement, str) else placement
+        self.rng = random.Random(seed)
+        self.nodes: dict[str, Node] = {}
+        self.where: dict[str, str] = {}        # session → node name
+        self.counters = Counters()
+        self._seq = 0
+
+    # -- nodes ------------------------------------------------------------------------------
+    def join(self, name: str, endpoint: str, slots: int) -> int:
+        """A node (new, or restarted under its name) takes calls; its incarnation. A restarted
+        node's earlier sessions are gone with its GPU state: they are forgotten."""
+        if slots < 1:
+            raise ValueError(f"node {name}: slots >= 1, not {slots}")
+        old = self.nodes.get(name)
+        if old is not None:
+            self.lost(name)
+        incarnation = 0 if old is None else old.incarnation + 1
+        self.nodes[name] = Node(NodeLoad(name, slots), endpoint, incarnation)
+        return incarnation
+
+    def report(self, name: str, headroom_ms: float) -> None:
+        """A node's load report: its beat headroom (its slots are counted here)."""
+        self._node(name).load.headroom_ms = float(headroom_ms)
+
+    def drain(self, name: str) -> int:
+        """No new calls to `name`; its live calls stay. Returns how many are live there."""
+        node = self._node(name)
+        node.draining = True
+        return len(node.sessions)
+
+    def leave(self, name: str) -> list[str]:
+        """A node stops (drained, or told to go): out of the directory. The sessions it still
+        held are returned (a drained node holds none)."""
+        gone = self.lost(name)
+        del self.nodes[name]
+        return gone
+
+    def lost(self, name: str) -> list[str]:
+        """`name` died: its sessions are forgotten and returned, to be ended at their callers;
+        its slots are free again (for the node's next incarnation)."""
+        node = self._node(name)
+        gone = sorted(node.sessions)
+        for session in gone:
+            del self.where[session]
+        node.sessions.clear()
+        node.load.used = 0
+        self.counters.lost_sessions += len(gone)
+        return gone
+
+    # -- calls ------------------------------------------------------------------------------
+    def place(self, session: str | None = None) -> Placed:
+        """A node for a new call, its slot counted now. Raises FleetFull where none can take
+        it; a session already placed keeps its node (a retried placement is not a second
+        call)."""
+        if session is not None and session in self.where:
+            node = self.nodes[self.where[session]]
+            return Placed(session, node.load.name, node.endpoint, node.incarnation)
+        open_nodes = [n.load for n in self.nodes.values() if n.takes_calls]
+        if not open_nodes:
+            reason = ("capacity" if any(not n.draining for n in self.nodes.values())
+                      else "no_nodes")
+            self.counters.refusals[reason] = self.counters.refusals.get(reason, 0) + 1
+            raise FleetFull(reason, f"{len(self.nodes)} node(s), none with a free slot "
+                                    "and taking calls")
+        load = self.placement.pick(open_nodes, self.rng)
+        node = self.nodes[load.name]
+        if session is None:
+            self._seq += 1
+            session = f"s{self._seq}"
+        node.load.used += 1
+        node.sessions.add(session)
+        self.where[session] = load.name
+        self.counters.placements += 1
+        return Placed(session, load.name, node.endpoint, node.incarnation)
+
+    def locate(self, session: str) -> Placed | None:
+        """Where a session lives (a resume's node), None if it is not placed."""
+        name = self.where.get(session)
+        if name is None:
+            return None
+        node = self.nodes[name]
+        return Placed(session, name, node.endpoint, node.incarnation)
+
+    def closed(self, session: str) -> bool:
+        """The call ended: its slot is free. False if the directory did not hold it (already
+        closed, or its node was lost)."""
+        return self._release(session, given_back=False)
+
+    def give_back(self, session: str) -> bool:
+        """The node refused a call placed on it: its slot is free again."""
+        return self._release(session, given_back=True)
+
+    def _release(self, session: str, given_back: bool) -> bool:
+        name = self.where.pop(session, None)
+        if name is None:
+            return False
+        node = self.nodes[name]
+        node.sessions.discard(session)
+        node.load.used -= 1
+        if given_back:
+            self.counters.given_back += 1
+        else:
+            self.counters.closes += 1
+        return True
+
+    # -- reading ----------------------------------------------------------------------------
+    def _node(self, name: str) -> Node:
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise UnknownNode(name) from None
+
+    def stats(self) -> dict:
+        nodes = {n.load.name: {"slots": n.load.slots, "used": n.load.used,
+                               "free": n.load.free, "headroom_ms": n.load.headroom_ms,
+                               "draining": n.draining, "incarnation": n.incarnation,
+                               "endpoint": n.endpoint}
+                 for n in self.nodes.values()}
+        c = self.counters
+        return {"placement": self.placement.name, "nodes": nodes,
+                "sessions": len(self.where),
+                "free_slots": sum(n.load.free for n in self.nodes.values()
+                                  if not n.draining),
+                "placements": c.placements, "closes": c.closes, "given_back": c.given_back,
+                "lost_sessions": c.lost_sessions, "refusals": dict(c.refusals),
+                "at": time.time()}
