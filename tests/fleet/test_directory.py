@@ -73,6 +73,8 @@ def test_a_lost_node_hands_back_its_sessions_and_a_restart_starts_empty():
     on_n0 = sorted(p.session for p in placed if p.node == "n0")
     assert d.lost("n0") == on_n0
     assert all(d.locate(s) is None for s in on_n0)
+    with pytest.raises(FleetFull):                   # n1 is full, and a lost node takes none
+        d.place("d")
     assert d.join("n0", "tcp://n0-again:5555", 2) == 1              # a new incarnation
     assert d.stats()["nodes"]["n0"]["used"] == 0
     assert all(not d.closed(s) for s in on_n0)                     # their late closes: no-ops
@@ -118,7 +120,7 @@ def test_no_call_on_a_full_or_draining_node_and_every_call_ends_once(events, nam
         names = sorted(d.nodes)
         if kind == "place":
             seq += 1
-            open_before = {n: not x.draining and len(x.sessions) < x.load.slots
+            open_before = {n: x.alive and not x.draining and len(x.sessions) < x.load.slots
                            for n, x in d.nodes.items()}
             try:
                 p = d.place(f"c{seq}")

@@ -37,11 +37,12 @@ class Node:
     endpoint: str
     incarnation: int = 0
     draining: bool = False
+    alive: bool = True              # False from its loss until it joins again
     sessions: set[str] = field(default_factory=set)
 
     @property
     def takes_calls(self) -> bool:
-        return not self.draining and self.load.free > 0
+        return self.alive and not self.draining and self.load.free > 0
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,9 @@ class Directory:
 
     def lost(self, name: str) -> list[str]:
         """`name` died: its sessions are forgotten and returned, to be ended at their callers;
-        its slots are free again (for the node's next incarnation)."""
+        it takes no call until it joins again (its next incarnation), with every slot free."""
         node = self._node(name)
+        node.alive = False
         gone = sorted(node.sessions)
         for session in gone:
             del self.where[session]
@@ -122,8 +124,8 @@ class Directory:
             return Placed(session, node.load.name, node.endpoint, node.incarnation)
         open_nodes = [n.load for n in self.nodes.values() if n.takes_calls]
         if not open_nodes:
-            reason = ("capacity" if any(not n.draining for n in self.nodes.values())
-                      else "no_nodes")
+            reason = ("capacity" if any(n.alive and not n.draining
+                                        for n in self.nodes.values()) else "no_nodes")
             self.counters.refusals[reason] = self.counters.refusals.get(reason, 0) + 1
             raise FleetFull(reason, f"{len(self.nodes)} node(s), none with a free slot "
                                     "and taking calls")
@@ -178,14 +180,15 @@ class Directory:
     def stats(self) -> dict:
         nodes = {n.load.name: {"slots": n.load.slots, "used": n.load.used,
                                "free": n.load.free, "headroom_ms": n.load.headroom_ms,
-                               "draining": n.draining, "incarnation": n.incarnation,
+                               "draining": n.draining, "alive": n.alive,
+                               "incarnation": n.incarnation,
                                "endpoint": n.endpoint}
                  for n in self.nodes.values()}
         c = self.counters
         return {"placement": self.placement.name, "nodes": nodes,
                 "sessions": len(self.where),
                 "free_slots": sum(n.load.free for n in self.nodes.values()
-                                  if not n.draining),
+                                  if n.alive and not n.draining),
                 "placements": c.placements, "closes": c.closes, "given_back": c.given_back,
                 "lost_sessions": c.lost_sessions, "refusals": dict(c.refusals),
                 "at": time.time()}

@@ -1,0 +1,91 @@
+"""The fleet on a local Ray cluster (GPUs are Ray resource labels here): sim nodes as real
+node processes, each behind a node actor, one directory actor, calls opened through it."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from wave_actors.fleet.client import FleetCalls              # noqa: E402
+from wave_actors.fleet.directory import FleetFull             # noqa: E402
+from wave_actors.fleet.ray_fleet import Fleet                 # noqa: E402
+
+SLOTS = 3
+NODE_ARGS = ["--backend", "sim", "--max-sessions", str(SLOTS), "--workers", "0"]
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    ray.init(num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    f = Fleet(3, NODE_ARGS)
+    try:
+        facts = f.ready()
+        assert [x["slots"] for x in facts] == [SLOTS] * 3
+        f.watch()
+        yield f
+    finally:
+        f.close()
+        ray.shutdown()
+
+
+def stats(f) -> dict:
+    return ray.get(f.directory.stats.remote())
+
+
+def test_the_fleet_takes_every_nodes_slots_then_refuses_and_drains_dropping_none(fleet):
+    async def main():
+        calls = FleetCalls(fleet.directory)
+        opened = [await calls.open(f"call-{i}") for i in range(3 * SLOTS)]
+        per_node = {n: list(calls.node_of.values()).count(n) for n in fleet.names}
+        assert per_node == {n: SLOTS for n in fleet.names}            # 3 × one node's slots
+        with pytest.raises(FleetFull) as full:
+            await calls.open("one-too-many")
+        assert full.value.reason == "capacity"
+        # drain node1 while its calls are live: it takes no new call; they end as they will
+        drained = [c for c in opened if calls.node_of[c.id] == "node1"]
+        drain = asyncio.get_running_loop().run_in_executor(None, fleet.drain, "node1", 30.0)
+        await asyncio.sleep(0.5)
+        for c in drained:
+            await calls.close(c)
+        assert await drain == 0                                     # no call dropped
+        assert "node1" not in stats(fleet)["nodes"]
+        for c in opened:
+            if c not in drained:
+                await calls.close(c)
+        await calls.aclose()
+        s = stats(fleet)
+        assert s["sessions"] == 0 and s["refusals"] == {"capacity": 1}
+    asyncio.run(main())
+
+
+def test_a_killed_node_leaves_placement_at_once_and_comes_back_empty(fleet):
+    async def main():
+        calls = FleetCalls(fleet.directory)
+        on_node0 = []
+        for i in range(2 * SLOTS):
+            c = await calls.open(f"k-{i}")
+            if calls.node_of[c.id] == "node0":
+                on_node0.append(c.id)
+        assert on_node0
+        before = ray.get(fleet.nodes["node0"].info.remote())
+        t0 = time.time()
+        ray.kill(fleet.nodes["node0"], no_restart=False)
+        while not any(n == "node0" and at >= t0 for n, at in fleet.lost_events):
+            await asyncio.sleep(0.05)
+        assert time.time() - t0 < 2.0
+        s = stats(fleet)
+        assert all(ray.get(fleet.directory.locate.remote(x)) is None for x in on_node0)
+        assert s["nodes"]["node0"]["used"] == 0
+        # Ray restarts the actor: a fresh node joins again under its name
+        for _ in range(200):
+            info = stats(fleet)["nodes"]["node0"]
+            if info["incarnation"] > before["incarnation"] and info["alive"]:
+                break
+            await asyncio.sleep(0.1)
+        assert info["incarnation"] == before["incarnation"] + 1 and info["alive"]
+        await calls.aclose()
+    asyncio.run(main())

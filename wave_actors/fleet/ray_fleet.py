@@ -1,0 +1,204 @@
+"""The fleet on Ray: Ray holds the control plane only. One named directory actor owns the
+`Directory`; one node actor a GPU (`num_gpus=1`) runs today's node as a child process with its
+own ZeroMQ endpoint, so audio never passes through Ray. Ray restarts a node actor that dies
+(`max_restarts`); the restarted actor starts a fresh node and joins the directory again under
+its name, which forgets the sessions of the dead incarnation (their state was on its GPU).
+
+`Fleet` is the driver's handle: it starts the directory and the nodes, watches the nodes (a
+node that stops answering is reported lost at once, so its slots leave placement within a
+watch period) and drains them: out of placement, wait until its calls have ended, then stop.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import ray
+
+from wave_actors.fleet.directory import Directory, FleetFull
+
+DIRECTORY = "wave-directory"
+WATCH_S = 0.5               # how often the driver checks that each node answers
+START_TIMEOUT_S = 120.0     # a node's model and graphs are built before it listens
+
+
+@ray.remote(num_cpus=0)
+class DirectoryActor:
+    """The directory's one owner. Calls run one at a time, so a placement and a close never
+    interleave."""
+
+    def __init__(self, placement: str = "most_free", seed: int = 0):
+        self.d = Directory(placement, seed)
+
+    def join(self, name: str, endpoint: str, slots: int) -> int:
+        return self.d.join(name, endpoint, slots)
+
+    def place(self, session: str | None = None) -> dict:
+        """The node for a new call, or {"refused": reason} when no node can take it."""
+        try:
+            p = self.d.place(session)
+        except FleetFull as exc:
+            return {"refused": exc.reason, "message": str(exc)}
+        return {"session": p.session, "node": p.node, "endpoint": p.endpoint,
+                "incarnation": p.incarnation}
+
+    def locate(self, session: str) -> dict | None:
+        p = self.d.locate(session)
+        return None if p is None else {"node": p.node, "endpoint": p.endpoint,
+                                       "incarnation": p.incarnation}
+
+    def closed(self, session: str) -> bool:
+        return self.d.closed(session)
+
+    def give_back(self, session: str) -> bool:
+        return self.d.give_back(session)
+
+    def report(self, name: str, headroom_ms: float) -> None:
+        self.d.report(name, headroom_ms)
+
+    def drain(self, name: str) -> int:
+        return self.d.drain(name)
+
+    def live_on(self, name: str) -> int:
+        return len(self.d.nodes[name].sessions) if name in self.d.nodes else 0
+
+    def lost(self, name: str) -> list[str]:
+        return self.d.lost(name) if name in self.d.nodes else []
+
+    def leave(self, name: str) -> list[str]:
+        return self.d.leave(name) if name in self.d.nodes else []
+
+    def stats(self) -> dict:
+        return self.d.stats()
+
+
+def _die_with_parent() -> None:
+    """The node process ends with its actor's process (Linux: PR_SET_PDEATHSIG), so a killed
+    actor leaves no node serving calls that no directory knows of."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+@ray.remote(num_gpus=1, num_cpus=0, max_restarts=-1, max_task_retries=0)
+class NodeActor:
+    """One GPU's node: `python -m wave_actors.node NODE_ARGS --bind tcp://IP:PORT` in a child
+    process, joined to the directory once it listens."""
+
+    def __init__(self, name: str, port: int | str, node_args: list[str]):
+        self.name = name
+        host = ray.util.get_node_ip_address()
+        bind = f"tcp://{host}:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "wave_actors.node", *node_args, "--bind", bind],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        facts = self._listening()
+        self.endpoint, self.slots = facts["listening"], int(facts["max_sessions"])
+        directory = ray.get_actor(DIRECTORY)
+        self.incarnation = ray.get(directory.join.remote(name, self.endpoint, self.slots))
+
+    def _listening(self) -> dict:
+        box: dict = {}
+
+        def read() -> None:
+            for line in self.proc.stdout:
+                if line.startswith("{") and '"listening"' in line:
+                    box.update(json.loads(line))
+                    break
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(START_TIMEOUT_S)
+        if not box:
+            self.proc.kill()
+            raise RuntimeError(f"node {self.name}: not listening after {START_TIMEOUT_S:.0f} s "
+                               f"(exit code {self.proc.poll()})")
+        # the rest of its output is drained, so a full pipe never blocks the node
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+        return box
+
+    def info(self) -> dict:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"node {self.name}: its process exited ({self.proc.returncode})")
+        return {"name": self.name, "endpoint": self.endpoint, "slots": self.slots,
+                "incarnation": self.incarnation, "pid": os.getpid(), "node_pid": self.proc.pid}
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM: the node refuses new opens, closes what is left, and exits."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+class Fleet:
+    def __init__(self, nodes: int, node_args: list[str], placement: str = "most_free",
+                 base_port: int | None = None, seed: int = 0):
+        """`base_port`: node i binds base_port + i; None: each a free port (the directory
+        hands out the endpoints)."""
+        self.directory = DirectoryActor.options(name=DIRECTORY).remote(placement, seed)
+        self.names = [f"node{i}" for i in range(nodes)]
+        self.nodes = {name: NodeActor.options(name=f"wave-{name}").remote(
+            name, "*" if base_port is None else base_port + i, node_args)
+            for i, name in enumerate(self.names)}
+        self.lost_events: list[tuple[str, float]] = []
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def ready(self) -> list[dict]:
+        """Every node's facts, once each listens (raises if one could not start)."""
+        return ray.get([a.info.remote() for a in self.nodes.values()])
+
+    def watch(self) -> None:
+        """Check every WATCH_S that each node answers; one that does not is lost (its slots
+        leave placement now; Ray restarts it and it joins again)."""
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        down: set[str] = set()
+        while not self._stop.wait(WATCH_S):
+            for name, actor in list(self.nodes.items()):
+                try:
+                    ray.get(actor.info.remote(), timeout=WATCH_S)
+                    down.discard(name)
+                except (ray.exceptions.RayError, RuntimeError):
+                    if name not in down:
+                        down.add(name)
+                        ray.get(self.directory.lost.remote(name))
+                        self.lost_events.append((name, time.time()))
+
+    def drain(self, name: str, timeout_s: float = 600.0) -> int:
+        """Out of placement, wait for its calls to end (closes told to the directory), stop.
+        Returns the calls still live at the timeout (0: a clean drain)."""
+        ray.get(self.directory.drain.remote(name))
+        deadline = time.monotonic() + timeout_s
+        while (live := ray.get(self.directory.live_on.remote(name))) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        actor = self.nodes.pop(name)        # out of the watch: its stop is not a loss
+        ray.get(actor.stop.remote())
+        ray.get(self.directory.leave.remote(name))
+        ray.kill(actor, no_restart=True)
+        return live
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        for actor in self.nodes.values():
+            try:
+                ray.get(actor.stop.remote(), timeout=15)
+            except ray.exceptions.RayError:
+                pass
+            ray.kill(actor, no_restart=True)
+        ray.kill(self.directory)
