@@ -117,6 +117,16 @@ class NodeClient:
         self._reader = loop.create_task(self._read_loop())
         self._pinger = loop.create_task(self._heartbeats())
 
+    def lose(self, sid: str, code: str, message: str) -> bool:
+        """End a session here without its node (the node is gone): its application reads an
+        `error` of `code`, then `closed` with that reason. False: no such live session."""
+        session = self.sessions.pop(sid, None)
+        if session is None or session.closed is not None:
+            return False
+        session.deliver(Error(code, message))
+        session.deliver(Closed({"reason": code}))
+        return True
+
     async def aclose(self) -> None:
         await stop_tasks([self._reader, self._monitor, self._pinger])
         if self._monitor_sock is not None:     # a watcher cancelled before it ran never closed it

@@ -50,6 +50,9 @@ OVERLOADED = "overloaded"
 INTERNAL = "internal"
 INPUT_OVERFLOW = "input_overflow"    # a session's input is past its backlog's bound
 DETACHED = "detached"                # the session is bound to another connection: resume it
+# Never sent by a node: a fleet client's word for a session whose node died (its state was on
+# that node's GPU; the caller redials), given with a `closed` of the same reason.
+NODE_LOST = "node_lost"
 
 
 class ProtocolError(Exception):

@@ -9,6 +9,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from transports.client_events import Closed, Error          # noqa: E402
 from wave_actors.fleet.client import FleetCalls              # noqa: E402
 from wave_actors.fleet.directory import FleetFull             # noqa: E402
 from wave_actors.fleet.ray_fleet import Fleet                 # noqa: E402
@@ -65,9 +66,10 @@ def test_the_fleet_takes_every_nodes_slots_then_refuses_and_drains_dropping_none
 def test_a_killed_node_leaves_placement_at_once_and_comes_back_empty(fleet):
     async def main():
         calls = FleetCalls(fleet.directory)
-        on_node0 = []
+        on_node0, opened = [], []
         for i in range(2 * SLOTS):
             c = await calls.open(f"k-{i}")
+            opened.append(c)
             if calls.node_of[c.id] == "node0":
                 on_node0.append(c.id)
         assert on_node0
@@ -80,6 +82,19 @@ def test_a_killed_node_leaves_placement_at_once_and_comes_back_empty(fleet):
         s = stats(fleet)
         assert all(ray.get(fleet.directory.locate.remote(x)) is None for x in on_node0)
         assert s["nodes"]["node0"]["used"] == 0
+        # its callers hear `error node_lost`, then `closed`, within 2 s of the kill
+        lost = [c for c in opened if c.id in on_node0]
+        for c in lost:
+            first = await c.next_event(timeout=max(0.1, t0 + 2.0 - time.time()))
+            while not isinstance(first, Error):
+                first = await c.next_event(timeout=max(0.1, t0 + 2.0 - time.time()))
+            assert first.code == "node_lost"
+            assert isinstance(await c.next_event(timeout=1.0), Closed)
+        assert time.time() - t0 < 2.0 and calls.lost == len(on_node0)
+        others = [c for c in opened if c.id not in on_node0]
+        assert others and all(c.closed is None for c in others)      # only its calls ended
+        for c in others:
+            assert (await calls.close(c)).stats.get("reason") != "node_lost"
         # Ray restarts the actor: a fresh node joins again under its name
         for _ in range(200):
             info = stats(fleet)["nodes"]["node0"]

@@ -73,6 +73,11 @@ class DirectoryActor:
     def leave(self, name: str) -> list[str]:
         return self.d.leave(name) if name in self.d.nodes else []
 
+    def health(self) -> dict[str, tuple[int, bool]]:
+        """Each node's incarnation and whether it is alive: a client's calls on a node that is
+        not, or on an earlier incarnation, are lost."""
+        return {name: (n.incarnation, n.alive) for name, n in self.d.nodes.items()}
+
     def stats(self) -> dict:
         return self.d.stats()
 
