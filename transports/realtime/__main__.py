@@ -37,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> BridgeConfig:
     p.add_argument("--node", default="tcp://127.0.0.1:5555", help="the node's ROUTER endpoint")
     p.add_argument("--listen", default="127.0.0.1:8125", help="HOST:PORT to serve on")
     p.add_argument("--path", default="/v1/realtime")
+    p.add_argument("--fleet", metavar="ADDRESS",
+                   help="a fleet's Ray address (e.g. auto): each call goes to the node its "
+                        "directory picks, instead of --node")
     p.add_argument("--api-key", default=os.environ.get("WAVE_API_KEY"),
                    help="key clients must present (default: $WAVE_API_KEY)")
     p.add_argument("--no-auth", action="store_true",
@@ -71,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> BridgeConfig:
     host, _, port = a.listen.rpartition(":")
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return BridgeConfig(node=a.node, host=host or "127.0.0.1", port=int(port), path=a.path,
+    return BridgeConfig(node=a.node, fleet=a.fleet, host=host or "127.0.0.1", port=int(port),
+                        path=a.path,
                         api_key=None if a.no_auth else a.api_key, curve=curve,
                         max_event_bytes=a.max_event_bytes,
                         max_frame_bytes=max(4 << 20, 2 * a.max_event_bytes),

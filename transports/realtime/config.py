@@ -10,6 +10,7 @@ from transports.realtime.feed import FeedPolicy
 @dataclass(frozen=True)
 class BridgeConfig:
     node: str = "tcp://127.0.0.1:5555"
+    fleet: str | None = None              # a fleet's Ray address: calls placed by its directory
     host: str = "127.0.0.1"
     port: int = 8125                      # 0: any free port (tests)
     path: str = "/v1/realtime"

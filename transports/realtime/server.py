@@ -66,7 +66,7 @@ class Bridge:
                        "input_unheard_bytes": 0, "resumed": 0, "parked_events_dropped": 0}
 
     async def start(self) -> "Bridge":
-        self.client = C.NodeClient(self.cfg.node, curve=self.cfg.curve)
+        self.client = C.connect_to(self.cfg.node, self.cfg.fleet, self.cfg.curve)
         self.client.connect()
         self.server = await serve(
             self._handle, self.cfg.host, self.cfg.port, process_request=self._authorize,

@@ -29,6 +29,9 @@ def parse_args(argv=None) -> BridgeConfig:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     d = BridgeConfig()
     ap.add_argument("--node", default=d.node, help="the node's ZMQ endpoint")
+    ap.add_argument("--fleet", metavar="ADDRESS",
+                    help="a fleet's Ray address (e.g. auto): each call goes to the node its "
+                         "directory picks, instead of --node")
     ap.add_argument("--listen", default=f"{d.host}:{d.port}", help="SIP UDP host:port")
     ap.add_argument("--media-ip", default="", help="RTP address for SDP (default: listen host)")
     ap.add_argument("--rtp-ports", default="0-0", help="even RTP ports LO-HI (0-0: ephemeral)")
@@ -57,7 +60,8 @@ def parse_args(argv=None) -> BridgeConfig:
     if ipaddress.ip_address(host).is_unspecified and not a.media_ip:
         ap.error("listening on a wildcard address needs --media-ip (the address put in SDP)")
     lo, _, hi = a.rtp_ports.partition("-")
-    return BridgeConfig(node=a.node, host=host, port=5060 if port is None else port,
+    return BridgeConfig(node=a.node, fleet=a.fleet, host=host,
+                        port=5060 if port is None else port,
                         media_ip=a.media_ip, rtp_ports=(int(lo), int(hi or lo)),
                         max_calls=a.max_calls, capacity_status=a.capacity_status,
                         retry_after=a.retry_after, telephone_event=not a.no_telephone_event,

@@ -13,6 +13,7 @@ MAX_RETRY_AFTER = 86400                    # a day; RFC 3261 allows more, no cal
 @dataclass(frozen=True)
 class BridgeConfig:
     node: str = "tcp://127.0.0.1:5555"     # the node's ROUTER endpoint
+    fleet: str | None = None               # a fleet's Ray address: calls placed by its directory
     host: str = "127.0.0.1"                # SIP listen address (UDP)
     port: int = 5060
     media_ip: str = ""                     # address put in SDP and bound for RTP; "" = host

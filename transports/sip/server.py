@@ -43,7 +43,7 @@ class Bridge:
         self.cfg, self.emit = cfg, emit
         self.clock = clock or MonotonicClock()
         self._own_client = client is None
-        self.client = client or C.NodeClient(cfg.node)
+        self.client = client or C.connect_to(cfg.node, cfg.fleet)
         self.stats = BridgeStats()
         self.transport: asyncio.DatagramTransport | None = None
         self.tx = Transactions(cfg, self.clock, self._send, self._spawn, self.stats)

@@ -20,9 +20,8 @@ import time
 
 import ray
 
+from transports.fleet_client import DIRECTORY
 from wave_actors.fleet.directory import Directory, FleetFull
-
-DIRECTORY = "wave-directory"
 WATCH_S = 0.5               # how often the driver checks that each node answers
 START_TIMEOUT_S = 120.0     # a node's model and graphs are built before it listens
 

@@ -1,0 +1,104 @@
+"""Calls through the fleet (`wave_actors/fleet`), for a bridge or an agent: a drop-in for
+`NodeClient` whose `open` asks the fleet's directory actor for a node, then opens the session
+on that node over its own ZeroMQ endpoint (the directory hands out the endpoint; audio never
+passes through Ray). The directory hears when a call ends (by any side: a watch reads each
+call's `closed`) or that its node refused it, so the slot is free again at once. A call whose
+node died ends here with `error node_lost` and `closed` within a watch period of the
+directory hearing of the loss.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import ray
+
+from transports import protocol as P
+from transports.client import NodeClient
+from transports.client_events import Refused
+from transports.client_session import ClientSession
+from wave_actors.core.tasks import stop_tasks
+
+DIRECTORY = "wave-directory"        # the directory actor's name (`wave_actors/fleet`)
+WATCH_S = 0.25              # how often calls are checked: ended, or their node lost
+
+
+class FleetClient:
+    """One `NodeClient` per node endpoint, shared by the calls placed there."""
+
+    def __init__(self, directory, curve=None):
+        self.directory, self.curve = directory, curve
+        self.clients: dict[str, NodeClient] = {}
+        self.node_of: dict[str, str] = {}
+        self._placed: dict[str, tuple[str, int, str]] = {}    # call → node, incarnation, endpoint
+        self.lost = 0
+        self._watch: asyncio.Task | None = None
+
+    @classmethod
+    def join(cls, address: str | None = None, curve=None) -> "FleetClient":
+        """The running fleet's client, from a process that joins its Ray cluster."""
+        if not ray.is_initialized():
+            ray.init(address=address or "auto", log_to_driver=False)
+        return cls(ray.get_actor(DIRECTORY), curve)
+
+    def connect(self) -> None:
+        """Nothing to do: a node's client connects when a call is first placed there."""
+
+    async def _watch_calls(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_S)
+            if not self._placed:
+                continue
+            health = await self.directory.health.remote()
+            for call, (node, incarnation, endpoint) in list(self._placed.items()):
+                client = self.clients[endpoint]
+                session = client.sessions.get(call)
+                if session is None or session.closed is not None:     # ended, by either side
+                    self._forget(call)
+                    await self.directory.closed.remote(call)
+                elif health.get(node) != (incarnation, True):
+                    self._forget(call)
+                    self.lost += client.lose(call, P.NODE_LOST,
+                                             f"node {node} was lost; its calls cannot go on")
+
+    def _forget(self, call: str) -> None:
+        self._placed.pop(call, None)
+        self.node_of.pop(call, None)
+
+    def _client(self, endpoint: str) -> NodeClient:
+        client = self.clients.get(endpoint)
+        if client is None:
+            client = self.clients[endpoint] = NodeClient(endpoint, curve=self.curve)
+            client.connect()
+        return client
+
+    async def open(self, session: str, **fields) -> ClientSession:
+        """`NodeClient.open` through the fleet: raises `Refused` (`capacity` when no node can
+        take the call) as a node would, its placement given back first."""
+        placed = await self.directory.place.remote(session)
+        if "refused" in placed:
+            raise Refused("capacity" if placed["refused"] == "capacity" else "draining",
+                          placed["message"])
+        try:
+            opened = await self._client(placed["endpoint"]).open(session, **fields)
+        except Exception:                       # refused, or the node did not answer
+            await self.directory.give_back.remote(session)
+            raise
+        self.node_of[session] = placed["node"]
+        self._placed[session] = (placed["node"], placed["incarnation"], placed["endpoint"])
+        if self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self._watch_calls())
+        return opened
+
+    async def close(self, call: ClientSession):
+        """The node's `closed` for the call (its stats); the directory told at once."""
+        try:
+            return await call.close()
+        finally:
+            self._forget(call.id)
+            await self.directory.closed.remote(call.id)
+
+    async def aclose(self) -> None:
+        await stop_tasks([self._watch])
+        for client in self.clients.values():
+            await client.aclose()
+        self.clients.clear()
