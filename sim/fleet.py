@@ -84,6 +84,7 @@ class FleetRun:
         self.directory_calls = 0
         self.peak_calls_per_s = 0.0
         self.spread: list[float] = []
+        self.series: list[list[float]] = []   # each minute: time s, live calls, blocked so far
 
     def _ask(self, fn, *args):
         t = time.perf_counter()
@@ -111,9 +112,11 @@ class FleetRun:
                                             window_calls / (window_beats * BEAT_S))
                 window_calls = 0
             self._beat(k)
-            if k % every == 0 and self.live.sum():
-                occ = self.live / self.beat_s.size
-                self.spread.append(float(occ.max() - occ.min()))
+            if k % every == 0:
+                self.series.append([round(k * BEAT_S, 1), int(self.live.sum()), self.blocked])
+                if self.live.sum():
+                    occ = self.live / (self.beat_s.size - 1)
+                    self.spread.append(float(occ.max() - occ.min()))
             k += 1
         return self._result(k)
 
@@ -173,7 +176,7 @@ class FleetRun:
                               "us_per_call": 1e6 * self.directory_s / max(1,
                                                                           self.directory_calls),
                               "peak_calls_per_s": self.peak_calls_per_s},
-                "refusals": dict(d.counters.refusals)}
+                "refusals": dict(d.counters.refusals), "series": self.series}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -219,10 +222,33 @@ def main(argv=None) -> int:
            "workload": args.workload, "seed": args.seed, "profile": args.profile,
            "cost_model": args.cost_model, "context": args.context, "runs": runs}
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(doc, indent=1))
-        print(f"written: {args.out}")
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc))
+        plot(doc, out.with_suffix(".png"))
+        print(f"written: {out} and {out.with_suffix('.png')}")
     return 0
+
+
+def plot(doc: dict, path: Path) -> None:
+    """Live calls and blocking over the run, a line per placement (the same calls each)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for r in doc["runs"]:
+        t, live, blocked = (np.array(c) for c in zip(*r["series"])) if r["series"] else ([],) * 3
+        slots = r["nodes"] * r["slots_per_node"]
+        top.plot(np.asarray(t) / 3600, 100 * np.asarray(live) / slots, label=r["placement"])
+        bottom.plot(np.asarray(t) / 3600, blocked, label=r["placement"])
+    top.set_ylabel("occupancy %")
+    bottom.set_ylabel("calls blocked (total)")
+    bottom.set_xlabel("hours")
+    top.set_title(f"{doc['runs'][0]['nodes']} nodes: {doc['workload']}")
+    top.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -52,3 +52,4 @@ def test_the_command_writes_every_policy(tmp_path):
     doc = json.loads(out.read_text())
     assert sorted(r["placement"] for r in doc["runs"]) == ["most_free", "random", "two_choices"]
     assert all(r["nodes"] == 3 and r["slots_per_node"] == 20 for r in doc["runs"])
+    assert out.with_suffix(".png").stat().st_size > 0 and doc["runs"][0]["series"]
