@@ -1,7 +1,7 @@
 """`python -m wave_actors.fleet`: a node per GPU on a Ray cluster behind one directory.
 
     python -m wave_actors.fleet --nodes 2 -- --backend sim --max-sessions 32
-    python -m wave_actors.fleet --address auto --nodes 8 -- --backend graph --profile dense
+    python -m wave_actors.fleet --address auto --nodes all -- --backend graph --profile dense
 
 Everything after `--` is each node's own command line (`python -m wave_actors.node`; the fleet
 sets `--bind`). Without `--address` a local Ray instance is started with the GPUs this machine
@@ -26,7 +26,8 @@ from wave_actors.fleet.ray_fleet import Fleet
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m wave_actors.fleet",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nodes", type=int, default=1, help="node actors, one GPU each")
+    ap.add_argument("--nodes", default="1",
+                    help="node actors, one GPU each; all: one for every GPU of the cluster")
     ap.add_argument("--address", help="a Ray cluster to join (e.g. auto); default: start one")
     ap.add_argument("--fake-gpus", type=int, help="a local Ray instance with this many GPUs")
     ap.add_argument("--placement", choices=sorted(POLICIES), default=DEFAULT)
@@ -43,20 +44,21 @@ def main(argv=None) -> int:
         else (argv, [])
     ap = _parser()
     args = ap.parse_args(ours)
-    if args.nodes < 1:
-        ap.error("--nodes >= 1")
+    if args.nodes != "all" and not (args.nodes.isdigit() and int(args.nodes) >= 1):
+        ap.error(f"--nodes is a count >= 1 or all, not {args.nodes!r}")
     if "--bind" in node_args:
         ap.error("the fleet sets each node's --bind (see --base-port)")
     if args.address:
         ray.init(address=args.address, log_to_driver=False)
     else:
         ray.init(num_gpus=args.fake_gpus, include_dashboard=False, log_to_driver=False)
-    gpus = ray.cluster_resources().get("GPU", 0)
-    if gpus < args.nodes:
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    nodes = gpus if args.nodes == "all" else int(args.nodes)
+    if not 1 <= nodes <= gpus:
         ray.shutdown()
-        ap.error(f"{args.nodes} node(s) need as many GPUs; the cluster has {gpus:g} "
+        ap.error(f"{nodes} node(s) need as many GPUs; the cluster has {gpus} "
                  "(--fake-gpus N for a CPU trial)")
-    fleet = Fleet(args.nodes, node_args, args.placement, args.base_port)
+    fleet = Fleet(nodes, node_args, args.placement, args.base_port)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
