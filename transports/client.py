@@ -369,12 +369,3 @@ class NodeClient:
         session.deliver(event_of(msg))
         if msg.type == "closed":
             self.sessions.pop(sid, None)
-
-
-def connect_to(node: str, fleet: str | None = None, curve: CurveKeys | None = None):
-    """A bridge's way to the model: one node's client, or with `fleet` (a Ray address, e.g.
-    `auto`) a `FleetClient` that places each call on a node of the fleet."""
-    if fleet:
-        from transports.fleet_client import FleetClient    # Ray is needed only for a fleet
-        return FleetClient.join(fleet, curve)
-    return NodeClient(node, curve=curve)

@@ -17,6 +17,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Response
 
 from transports import client as C
+from transports.connect import connect_to
 from wave_actors.core.heap import Trimmer
 from transports.realtime.connection import Connection
 from transports.realtime import webpage
@@ -66,7 +67,7 @@ class Bridge:
                        "input_unheard_bytes": 0, "resumed": 0, "parked_events_dropped": 0}
 
     async def start(self) -> "Bridge":
-        self.client = C.connect_to(self.cfg.node, self.cfg.fleet, self.cfg.curve)
+        self.client = connect_to(self.cfg.node, self.cfg.fleet, self.cfg.curve)
         self.client.connect()
         self.server = await serve(
             self._handle, self.cfg.host, self.cfg.port, process_request=self._authorize,

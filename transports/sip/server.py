@@ -23,6 +23,7 @@ import sys
 from typing import Callable
 
 from transports import client as C
+from transports.connect import connect_to
 from transports.sip import message as M
 from transports.sip import offers, sdp, sockbuf
 from transports.sip.call import NODE_ERRORS, Call
@@ -43,7 +44,7 @@ class Bridge:
         self.cfg, self.emit = cfg, emit
         self.clock = clock or MonotonicClock()
         self._own_client = client is None
-        self.client = client or C.connect_to(cfg.node, cfg.fleet)
+        self.client = client or connect_to(cfg.node, cfg.fleet)
         self.stats = BridgeStats()
         self.transport: asyncio.DatagramTransport | None = None
         self.tx = Transactions(cfg, self.clock, self._send, self._spawn, self.stats)
