@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.costmodel import CostModel
+from wave_actors.bench.provenance import stamp
 from wave_actors.bench.workload import GENERATORS, WorkloadError, lengths, parse_spec
 from wave_actors.core.frames import BEAT_S
 from wave_actors.fleet.directory import Directory, FleetFull
@@ -219,7 +220,7 @@ def main(argv=None) -> int:
               f" {result['directory']['peak_calls_per_s']:.0f}/s at peak"
               f"  ({result['wall_s']} s)", flush=True)
     doc = {"command": "python -m sim.fleet " + " ".join(sys.argv[1:] if argv is None else argv),
-           "workload": args.workload, "seed": args.seed, "profile": args.profile,
+           **stamp(), "workload": args.workload, "seed": args.seed, "profile": args.profile,
            "cost_model": args.cost_model, "context": args.context, "runs": runs}
     if args.out:
         out = Path(args.out)
