@@ -35,7 +35,9 @@ async def fill(calls: FleetClient, n: int, tag: str) -> tuple[list, int]:
     return opened, refused
 
 
-async def ended_at(call) -> tuple[float, str]:
+async def ended_at(call) -> tuple[float, str | None]:
+    """When the call read `closed`, and the code of the `error` before it (None: none)."""
+    code = None
     while True:
         event = await call.next_event(timeout=30.0)
         if isinstance(event, Error):

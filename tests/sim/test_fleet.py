@@ -31,6 +31,13 @@ def test_below_capacity_nothing_is_blocked_or_late_and_every_call_is_accounted()
     assert r["open_wait_s"]["p99"] <= fleet.BEAT_S
 
 
+def test_one_call_on_one_node_counts_each_of_its_beats_once():
+    """Bug it catches: a beat that carried a start counted again as a plain beat."""
+    at, length = np.array([0.0]), np.array([1.6])                  # ten beats long
+    r = fleet.FleetRun(1, 4, "most_free", COST, 1500, 1).run(at, length)
+    assert r["calls"] == 1 and r["node_beats"] == 11               # its start's beat + 10
+
+
 def test_past_capacity_calls_are_blocked_not_late():
     """Bug it catches: a fleet that places past its slots (late beats) instead of refusing."""
     r = run(2, 20, "poisson:rate=2,duration=300,call=60", "most_free")       # ~120 of 40 slots

@@ -125,7 +125,7 @@ class NodeActor:
             raise RuntimeError(f"node {self.name}: not listening after {START_TIMEOUT_S:.0f} s "
                                f"(exit code {self.proc.poll()})")
         # the rest of its output is drained, so a full pipe never blocks the node
-        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
         return box
 
     def info(self) -> dict:
