@@ -103,8 +103,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     ray.init(num_cpus=2, num_gpus=args.nodes, include_dashboard=False, log_to_driver=False)
-    fleet = Fleet(args.nodes, ["--backend", "sim", "--max-sessions", str(args.slots),
-                               "--workers", "0"])
+    fleet = Fleet.start(args.nodes, ["--backend", "sim", "--max-sessions", str(args.slots),
+                                     "--workers", "0"])
     try:
         fleet.ready()
         fleet.watch()

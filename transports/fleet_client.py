@@ -19,6 +19,9 @@ from transports.client_session import ClientSession
 from wave_actors.core.tasks import stop_tasks
 
 DIRECTORY = "wave-directory"        # the directory actor's name (`wave_actors/fleet`)
+# Named actors are seen only within their Ray namespace: the fleet and every process that joins
+# it (bridges, `drain`, a restarted entry point) name the same one.
+NAMESPACE = "wave"
 WATCH_S = 0.25              # how often calls are checked: ended, or their node lost
 
 
@@ -38,7 +41,7 @@ class FleetClient:
         """The running fleet's client, from a process that joins its Ray cluster."""
         if not ray.is_initialized():
             ray.init(address=address or "auto", log_to_driver=False)
-        return cls(ray.get_actor(DIRECTORY), curve)
+        return cls(ray.get_actor(DIRECTORY, namespace=NAMESPACE), curve)
 
     def connect(self) -> None:
         """Nothing to do: a node's client connects when a call is first placed there."""

@@ -28,7 +28,7 @@ NODE_ARGS = ["--backend", "sim", "--max-sessions", str(SLOTS), "--workers", "0"]
 def fleet():
     ray.init(num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
-    f = Fleet(3, NODE_ARGS)
+    f = Fleet.start(3, NODE_ARGS)
     try:
         facts = f.ready()
         assert [x["slots"] for x in facts] == [SLOTS] * 3
@@ -134,5 +134,52 @@ def test_a_killed_node_leaves_placement_at_once_and_comes_back_empty(fleet):
                 break
             await asyncio.sleep(0.1)
         assert info["incarnation"] == before["incarnation"] + 1 and info["alive"]
+        await calls.aclose()
+    asyncio.run(main())
+
+
+def test_the_watch_reads_every_node_and_reports_its_headroom(fleet):
+    """Each watch reads the nodes' own registries (beats run, late beats) and hands the
+    directory each node's beat headroom, which placement weighs after free slots."""
+    async def main():
+        calls = FleetClient(fleet.directory)
+        opened = [await calls.open(f"h-{i}") for i in range(len(fleet.nodes))]
+        assert sorted(calls.node_of.values()) == sorted(fleet.nodes)    # a beat on each
+        for _ in range(150):
+            nodes = stats(fleet)["nodes"]
+            if all(fleet.readings.get(n) and fleet.readings[n].beats > 0 and
+                   nodes[n]["headroom_ms"] > 0 for n in fleet.nodes):
+                break
+            await asyncio.sleep(0.2)
+        for name in fleet.nodes:
+            assert fleet.readings[name].beats > 0
+            assert 0 < stats(fleet)["nodes"][name]["headroom_ms"] <= 160
+        assert fleet.totals.beats >= sum(r.beats for r in fleet.readings.values())
+        for c in opened:
+            await calls.close(c)
+        await calls.aclose()
+    asyncio.run(main())
+
+
+def test_a_drain_asked_of_the_directory_is_finished_by_the_watch(fleet):
+    """`python -m wave_actors.fleet drain NODE` only tells the directory: the entry point's
+    watch stops the node once its last call has ended, not before."""
+    async def main():
+        calls = FleetClient(fleet.directory)
+        name, opened = fleet.names[-1], []
+        while not any(calls.node_of[c.id] == name for c in opened):
+            opened.append(await calls.open(f"d-{len(opened)}"))
+        held = opened[-1]
+        ray.get(fleet.directory.drain.remote(name))
+        await asyncio.sleep(1.5)                                    # three watch periods
+        assert name in fleet.nodes and held.closed is None          # a live call holds it
+        await calls.close(held)
+        for _ in range(100):
+            if name not in fleet.nodes and name not in stats(fleet)["nodes"]:
+                break
+            await asyncio.sleep(0.1)
+        assert name not in fleet.nodes and name not in stats(fleet)["nodes"]
+        for c in opened[:-1]:
+            await calls.close(c)
         await calls.aclose()
     asyncio.run(main())

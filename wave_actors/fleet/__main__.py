@@ -2,12 +2,17 @@
 
     python -m wave_actors.fleet --nodes 2 -- --backend sim --max-sessions 32
     python -m wave_actors.fleet --address auto --nodes all -- --backend graph --profile dense
+    python -m wave_actors.fleet drain node1 --address auto
 
 Everything after `--` is each node's own command line (`python -m wave_actors.node`; the fleet
-sets `--bind`). Without `--address` a local Ray instance is started with the GPUs this machine
-has (`--fake-gpus N` declares N for a CPU trial: Ray's resources are labels). It prints each
-node's endpoint and the directory's counts every `--every` seconds; SIGINT or SIGTERM drains
-every node (no new calls; live calls end; then the nodes stop).
+sets `--bind` and `--metrics-port`). Without `--address` a local Ray instance is started with
+the GPUs this machine has (`--fake-gpus N` declares N for a CPU trial: Ray's resources are
+labels). It prints each node's endpoint and the directory's counts every `--every` seconds;
+`--metrics-port` serves Prometheus metrics per node and fleet-wide. SIGINT or SIGTERM drains
+every node (no new calls; live calls end; then the nodes stop); `drain NODE` drains one.
+
+On a Ray cluster (`--address`) the directory and the nodes outlive the entry point: started
+again after a crash, it attaches to them and no live call is lost.
 """
 from __future__ import annotations
 
@@ -16,11 +21,16 @@ import json
 import signal
 import sys
 import threading
+import time
 
 import ray
 
+from transports.fleet_client import DIRECTORY, NAMESPACE
+from wave_actors.fleet.metrics import FleetCollector, serve
 from wave_actors.fleet.placement import DEFAULT, POLICIES
 from wave_actors.fleet.ray_fleet import Fleet
+
+FLEET_SETS = ("--bind", "--metrics-port")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,35 +40,94 @@ def _parser() -> argparse.ArgumentParser:
                     help="node actors, one GPU each; all: one for every GPU of the cluster")
     ap.add_argument("--address", help="a Ray cluster to join (e.g. auto); default: start one")
     ap.add_argument("--fake-gpus", type=int, help="a local Ray instance with this many GPUs")
+    ap.add_argument("--namespace", default=NAMESPACE,
+                    help="the Ray namespace of the fleet's actors (two fleets, two names)")
     ap.add_argument("--placement", choices=sorted(POLICIES), default=DEFAULT)
     ap.add_argument("--base-port", type=int,
                     help="node i binds base-port + i (default: each a free port)")
+    ap.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     ap.add_argument("--every", type=float, default=5.0, help="seconds between status lines")
     ap.add_argument("--drain-timeout", type=float, default=600.0)
     return ap
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ours, node_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
-        else (argv, [])
-    ap = _parser()
-    args = ap.parse_args(ours)
-    if args.nodes != "all" and not (args.nodes.isdigit() and int(args.nodes) >= 1):
-        ap.error(f"--nodes is a count >= 1 or all, not {args.nodes!r}")
-    if "--bind" in node_args:
-        ap.error("the fleet sets each node's --bind (see --base-port)")
-    if args.address:
-        ray.init(address=args.address, log_to_driver=False)
-    else:
-        ray.init(num_gpus=args.fake_gpus, include_dashboard=False, log_to_driver=False)
+def _drain_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m wave_actors.fleet drain",
+                                 description="Take a node of a running fleet out of "
+                                             "placement; the fleet stops it once its calls end.")
+    ap.add_argument("node", help="the node's name (node0, node1, ...)")
+    ap.add_argument("--address", default="auto", help="the fleet's Ray cluster")
+    ap.add_argument("--namespace", default=NAMESPACE)
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds to wait for its calls to end (they are not cut)")
+    return ap
+
+
+def drain_main(argv: list[str]) -> int:
+    args = _drain_parser().parse_args(argv)
+    ray.init(address=args.address, log_to_driver=False, configure_logging=False)
+    try:
+        try:
+            directory = ray.get_actor(DIRECTORY, namespace=args.namespace)
+        except ValueError:
+            print(f"no fleet runs in namespace {args.namespace!r} at {args.address}",
+                  file=sys.stderr)
+            return 1
+        nodes = ray.get(directory.stats.remote())["nodes"]
+        if args.node not in nodes:
+            print(f"no node {args.node!r}; the fleet has {sorted(nodes)}", file=sys.stderr)
+            return 1
+        live = ray.get(directory.drain.remote(args.node))
+        print(f"{args.node}: draining, {live} call(s) live", flush=True)
+        deadline, last = time.monotonic() + args.timeout, live
+        while args.node in ray.get(directory.stats.remote())["nodes"]:
+            if time.monotonic() > deadline:
+                print(f"{args.node}: {last} call(s) still live after {args.timeout:.0f} s; "
+                      "it stays draining", file=sys.stderr)
+                return 3
+            if (left := ray.get(directory.live_on.remote(args.node))) != last:
+                print(f"{args.node}: {left} call(s) live", flush=True)
+                last = left
+            time.sleep(0.5)
+        print(f"{args.node}: drained and stopped", flush=True)
+        return 0
+    finally:
+        ray.shutdown()
+
+
+def _start(args, ap, node_args: list[str]) -> Fleet:
+    running = Fleet.attach(args.namespace) if args.address else None
+    if running is not None:
+        print(f"attached to the running fleet: {', '.join(running.names)}", flush=True)
+        return running
     gpus = int(ray.cluster_resources().get("GPU", 0))
     nodes = gpus if args.nodes == "all" else int(args.nodes)
     if not 1 <= nodes <= gpus:
         ray.shutdown()
         ap.error(f"{nodes} node(s) need as many GPUs; the cluster has {gpus} "
                  "(--fake-gpus N for a CPU trial)")
-    fleet = Fleet(nodes, node_args, args.placement, args.base_port)
+    return Fleet.start(nodes, node_args, args.placement, args.base_port,
+                       namespace=args.namespace, detached=bool(args.address))
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["drain"]:
+        return drain_main(argv[1:])
+    ours, node_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, [])
+    ap = _parser()
+    args = ap.parse_args(ours)
+    if args.nodes != "all" and not (args.nodes.isdigit() and int(args.nodes) >= 1):
+        ap.error(f"--nodes is a count >= 1 or all, not {args.nodes!r}")
+    for flag in FLEET_SETS:
+        if flag in node_args:
+            ap.error(f"the fleet sets each node's {flag}")
+    if args.address:
+        ray.init(address=args.address, log_to_driver=False)
+    else:
+        ray.init(num_gpus=args.fake_gpus, include_dashboard=False, log_to_driver=False)
+    fleet = _start(args, ap, node_args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -67,6 +136,9 @@ def main(argv=None) -> int:
             print(json.dumps({"node": facts["name"], "endpoint": facts["endpoint"],
                               "slots": facts["slots"]}), flush=True)
         fleet.watch()
+        if args.metrics_port:
+            serve(FleetCollector(lambda: fleet.last_stats, lambda: dict(fleet.readings),
+                                 fleet.totals), args.metrics_port)
         while not stop.wait(args.every):
             s = ray.get(fleet.directory.stats.remote())
             print(f"sessions {s['sessions']} | free {s['free_slots']} | placed "

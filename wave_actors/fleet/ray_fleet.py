@@ -4,15 +4,21 @@ own ZeroMQ endpoint, so audio never passes through Ray. Ray restarts a node acto
 (`max_restarts`); the restarted actor starts a fresh node and joins the directory again under
 its name, which forgets the sessions of the dead incarnation (their state was on its GPU).
 
-`Fleet` is the driver's handle: it starts the directory and the nodes, watches the nodes (a
-node that stops answering is reported lost at once, so its slots leave placement within a
-watch period) and drains them: out of placement, wait until its calls have ended, then stop.
+`Fleet` is the driver's handle (the entry point): it starts the directory and the nodes, or
+attaches to those a previous entry point started (`detached` actors outlive their driver, so an
+entry point that dies and starts again loses no call: the calls' state is in the directory and
+on the nodes). It watches the nodes (a node that stops answering is reported lost at once, so
+its slots leave placement within a watch period; each answer carries the node's metrics, and
+its beat headroom goes to the directory) and drains them: out of placement, wait until its
+calls have ended, then stop. A drain asked of the directory by another process (`python -m
+wave_actors.fleet drain NODE`) is finished by the watch.
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,8 +26,9 @@ import time
 
 import ray
 
-from transports.fleet_client import DIRECTORY
+from transports.fleet_client import DIRECTORY, NAMESPACE
 from wave_actors.fleet.directory import Directory, FleetFull
+from wave_actors.fleet.metrics import NodeReading, Totals, read_node
 WATCH_S = 0.5               # how often the driver checks that each node answers
 START_TIMEOUT_S = 120.0     # a node's model and graphs are built before it listens
 
@@ -81,6 +88,12 @@ class DirectoryActor:
         return self.d.stats()
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _die_with_parent() -> None:
     """The node process ends with its actor's process (Linux: PR_SET_PDEATHSIG), so a killed
     actor leaves no node serving calls that no directory knows of."""
@@ -96,17 +109,19 @@ class NodeActor:
     """One GPU's node: `python -m wave_actors.node NODE_ARGS --bind tcp://IP:PORT` in a child
     process, joined to the directory once it listens."""
 
-    def __init__(self, name: str, port: int | str, node_args: list[str]):
+    def __init__(self, name: str, port: int | str, node_args: list[str], namespace: str):
         self.name = name
         host = ray.util.get_node_ip_address()
         bind = f"tcp://{host}:{port}"
+        self.metrics_port = _free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "wave_actors.node", *node_args, "--bind", bind],
+            [sys.executable, "-m", "wave_actors.node", *node_args, "--bind", bind,
+             "--metrics-port", str(self.metrics_port)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         facts = self._listening()
         self.endpoint, self.slots = facts["listening"], int(facts["max_sessions"])
-        directory = ray.get_actor(DIRECTORY)
+        directory = ray.get_actor(DIRECTORY, namespace=namespace)
         self.incarnation = ray.get(directory.join.remote(name, self.endpoint, self.slots))
 
     def _listening(self) -> dict:
@@ -134,6 +149,11 @@ class NodeActor:
         return {"name": self.name, "endpoint": self.endpoint, "slots": self.slots,
                 "incarnation": self.incarnation, "pid": os.getpid(), "node_pid": self.proc.pid}
 
+    def load(self) -> NodeReading:
+        """The node's metrics, read on this host (raises if the node is gone)."""
+        self.info()
+        return read_node(self.metrics_port)
+
     def stop(self, timeout_s: float = 10.0) -> int:
         """SIGTERM: the node refuses new opens, closes what is left, and exits."""
         self.proc.send_signal(signal.SIGTERM)
@@ -145,26 +165,55 @@ class NodeActor:
 
 
 class Fleet:
-    def __init__(self, nodes: int, node_args: list[str], placement: str = "most_free",
-                 base_port: int | None = None, seed: int = 0):
-        """`base_port`: node i binds base_port + i; None: each a free port (the directory
-        hands out the endpoints)."""
-        self.directory = DirectoryActor.options(name=DIRECTORY).remote(placement, seed)
-        self.names = [f"node{i}" for i in range(nodes)]
-        self.nodes = {name: NodeActor.options(name=f"wave-{name}").remote(
-            name, "*" if base_port is None else base_port + i, node_args)
-            for i, name in enumerate(self.names)}
+    """Use `Fleet.start` (new actors) or `Fleet.attach` (a running fleet's)."""
+
+    def __init__(self, directory, nodes: dict, namespace: str = NAMESPACE):
+        self.directory, self.nodes, self.namespace = directory, nodes, namespace
+        self.names = list(nodes)
         self.lost_events: list[tuple[str, float]] = []
+        self.readings: dict[str, NodeReading] = {}
+        self.totals = Totals()
+        self.last_stats: dict = {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, nodes: int, node_args: list[str], placement: str = "most_free",
+              base_port: int | None = None, seed: int = 0, namespace: str = NAMESPACE,
+              detached: bool = False) -> "Fleet":
+        """`base_port`: node i binds base_port + i; None: each a free port (the directory
+        hands out the endpoints). `detached`: the actors outlive this driver (on a Ray cluster
+        that does too), so a restarted entry point can attach to them."""
+        life = {"lifetime": "detached"} if detached else {}
+        directory = DirectoryActor.options(name=DIRECTORY, namespace=namespace,
+                                           **life).remote(placement, seed)
+        names = [f"node{i}" for i in range(nodes)]
+        actors = {name: NodeActor.options(name=f"wave-{name}", namespace=namespace,
+                                          **life).remote(
+            name, "*" if base_port is None else base_port + i, node_args, namespace)
+            for i, name in enumerate(names)}
+        return cls(directory, actors, namespace)
+
+    @classmethod
+    def attach(cls, namespace: str = NAMESPACE) -> "Fleet | None":
+        """The fleet already running in `namespace` (None if there is none)."""
+        try:
+            directory = ray.get_actor(DIRECTORY, namespace=namespace)
+        except ValueError:
+            return None
+        names = sorted(ray.get(directory.stats.remote())["nodes"])
+        return cls(directory, {n: ray.get_actor(f"wave-{n}", namespace=namespace)
+                               for n in names}, namespace)
 
     def ready(self) -> list[dict]:
         """Every node's facts, once each listens (raises if one could not start)."""
         return ray.get([a.info.remote() for a in self.nodes.values()])
 
     def watch(self) -> None:
-        """Check every WATCH_S that each node answers; one that does not is lost (its slots
-        leave placement now; Ray restarts it and it joins again)."""
+        """Every WATCH_S: read each node (one that does not answer is lost: its slots leave
+        placement now; Ray restarts it and it joins again), report its headroom, and finish
+        the drains asked of the directory."""
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
 
@@ -173,13 +222,23 @@ class Fleet:
         while not self._stop.wait(WATCH_S):
             for name, actor in list(self.nodes.items()):
                 try:
-                    ray.get(actor.info.remote(), timeout=WATCH_S)
-                    down.discard(name)
-                except (ray.exceptions.RayError, RuntimeError):
-                    if name not in down:
+                    reading = ray.get(actor.load.remote(), timeout=WATCH_S)
+                except (ray.exceptions.RayError, RuntimeError, OSError):
+                    if name not in down and name in self.nodes:
                         down.add(name)
                         ray.get(self.directory.lost.remote(name))
                         self.lost_events.append((name, time.time()))
+                    continue
+                down.discard(name)
+                headroom = reading.headroom_ms(self.readings.get(name))
+                if headroom is not None:
+                    self.directory.report.remote(name, headroom)
+                self.totals.add(name, reading)
+                self.readings[name] = reading
+            self.last_stats = ray.get(self.directory.stats.remote())
+            for name, n in self.last_stats["nodes"].items():
+                if n["draining"] and n["used"] == 0 and name in self.nodes:
+                    self._retire(name)
 
     def drain(self, name: str, timeout_s: float = 600.0) -> int:
         """Out of placement, wait for its calls to end (closes told to the directory), stop.
@@ -189,11 +248,19 @@ class Fleet:
         while (live := ray.get(self.directory.live_on.remote(name))) and \
                 time.monotonic() < deadline:
             time.sleep(0.1)
-        actor = self.nodes.pop(name)        # out of the watch: its stop is not a loss
-        ray.get(actor.stop.remote())
-        ray.get(self.directory.leave.remote(name))
-        ray.kill(actor, no_restart=True)
+        self._retire(name)
         return live
+
+    def _retire(self, name: str) -> None:
+        """Stop a node and take it out of the directory (a drain's last step)."""
+        with self._lock:
+            actor = self.nodes.pop(name, None)   # out of the watch: its stop is not a loss
+            if actor is None:
+                return
+            self.readings.pop(name, None)
+            ray.get(actor.stop.remote())
+            ray.get(self.directory.leave.remote(name))
+            ray.kill(actor, no_restart=True)
 
     def close(self) -> None:
         self._stop.set()
