@@ -1,0 +1,122 @@
+"""What the fleet's directory costs as fleets grow: its own CPU a call in process, and a
+directory actor on a local Ray cluster driven by concurrent clients (placements and closes a
+second, and each call's round trip), at several fleet sizes. The fleet a directory can carry
+follows: each node of S slots at occupancy u with calls of mean length h asks it 2·S·u/h times a
+second (a placement and a close a call), and each bridge polls `health` 4 times a second.
+
+    python bench/fleet_directory.py --nodes 4 64 1000 --out bench/results/fleet-directory.json
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from wave_actors.bench.provenance import stamp                   # noqa: E402
+from wave_actors.fleet.directory import Directory                # noqa: E402
+from wave_actors.fleet.placement import POLICIES                 # noqa: E402
+from wave_actors.fleet.ray_fleet import DirectoryActor           # noqa: E402
+
+SLOTS = 300
+
+
+def in_process(nodes: int, policy: str, calls: int, occupancy: float) -> float:
+    """µs of the directory's own CPU a call (a placement or a close), the fleet held at
+    `occupancy` so placement scans a realistic set of open nodes."""
+    d = Directory(policy, seed=1)
+    for i in range(nodes):
+        d.join(f"n{i}", f"tcp://n{i}:1", SLOTS)
+    live = [d.place().session for _ in range(int(nodes * SLOTS * occupancy))]
+    rng = random.Random(2)
+    t = time.perf_counter()
+    for _ in range(calls):
+        j = rng.randrange(len(live))
+        d.closed(live[j])
+        live[j] = d.place().session
+    return 1e6 * (time.perf_counter() - t) / (2 * calls)
+
+
+async def actor_load(actor, clients: int, seconds: float) -> dict:
+    """`clients` loops of place → closed against one directory actor for `seconds`."""
+    lat: list[float] = []
+    stop = time.perf_counter() + seconds
+
+    async def client() -> None:
+        while time.perf_counter() < stop:
+            t = time.perf_counter()
+            placed = await actor.place.remote(None)
+            t1 = time.perf_counter()
+            await actor.closed.remote(placed["session"])
+            lat.extend((t1 - t, time.perf_counter() - t1))
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    wall = time.perf_counter() - t0
+    ms = np.array(lat) * 1e3
+    return {"calls_per_s": len(lat) / wall, "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99))}
+
+
+def on_ray(nodes: int, clients: int, seconds: float, occupancy: float) -> dict:
+    actor = DirectoryActor.remote("most_free", 1)
+    ray.get([actor.join.remote(f"n{i}", f"tcp://n{i}:1", SLOTS) for i in range(nodes)])
+    fill = int(nodes * SLOTS * occupancy)
+    for k in range(0, fill, 5000):
+        ray.get([actor.place.remote(None) for _ in range(min(5000, fill - k))])
+    load = asyncio.run(actor_load(actor, clients, seconds))
+    t = time.perf_counter()
+    for _ in range(50):
+        ray.get(actor.health.remote())
+    load["health_ms"] = 1e3 * (time.perf_counter() - t) / 50
+    ray.kill(actor)
+    return load
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[4, 64, 1000])
+    ap.add_argument("--clients", type=int, default=8, help="concurrent callers of the actor")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--occupancy", type=float, default=0.9)
+    ap.add_argument("--hold", type=float, default=120.0, help="mean call length, seconds")
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    per_node = 2 * SLOTS * args.occupancy / args.hold         # directory calls a second a node
+    rows = []
+    try:
+        for n in args.nodes:
+            row = {"nodes": n, "needed_calls_per_s": n * per_node,
+                   "in_process_us": {p: in_process(n, p, 20000, args.occupancy)
+                                     for p in sorted(POLICIES)}}
+            row["actor"] = on_ray(n, args.clients, args.seconds, args.occupancy)
+            row["nodes_one_actor_carries"] = int(row["actor"]["calls_per_s"] / per_node)
+            rows.append(row)
+            print(f"{n:5d} nodes | needs {row['needed_calls_per_s']:8.0f}/s | in process "
+                  + " ".join(f"{p} {us:6.1f} µs" for p, us in row["in_process_us"].items())
+                  + f" | actor {row['actor']['calls_per_s']:6.0f}/s p99 "
+                  f"{row['actor']['p99_ms']:.2f} ms, health {row['actor']['health_ms']:.2f} ms"
+                  f" | carries {row['nodes_one_actor_carries']} nodes", flush=True)
+    finally:
+        ray.shutdown()
+    s = stamp()
+    doc = {"command": "python bench/fleet_directory.py " + " ".join(
+        sys.argv[1:] if argv is None else argv), "commit": s["commit"],
+        "dirty": s["provenance"].get("dirty"), "slots_per_node": SLOTS,
+        "occupancy": args.occupancy, "hold_s": args.hold, "clients": args.clients,
+        "cpus": 2, "rows": rows}
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
