@@ -15,7 +15,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from wave_actors.fleet.placement import DEFAULT, NodeLoad, Placement, policy
+from wave_actors.fleet.placement import DEFAULT, NodeLoad, OpenNodes, Placement, policy
 
 
 class FleetFull(Exception):
@@ -68,6 +68,7 @@ class Directory:
         self.rng = random.Random(seed)
         self.nodes: dict[str, Node] = {}
         self.where: dict[str, str] = {}        # session → node name
+        self.open = OpenNodes()                 # the nodes placement may pick, kept current
         self.counters = Counters()
         self._seq = 0
 
@@ -81,18 +82,28 @@ class Directory:
         if old is not None:
             self.lost(name)
         incarnation = 0 if old is None else old.incarnation + 1
-        self.nodes[name] = Node(NodeLoad(name, slots), endpoint, incarnation)
+        self.nodes[name] = node = Node(NodeLoad(name, slots), endpoint, incarnation)
+        self._changed(node)
         return incarnation
 
     def report(self, name: str, headroom_ms: float) -> None:
         """A node's load report: its beat headroom (its slots are counted here)."""
-        self._node(name).load.headroom_ms = float(headroom_ms)
+        node = self._node(name)
+        node.load.headroom_ms = float(headroom_ms)
+        self._changed(node)
 
     def drain(self, name: str) -> int:
         """No new calls to `name`; its live calls stay. Returns how many are live there."""
         node = self._node(name)
         node.draining = True
+        self._changed(node)
         return len(node.sessions)
+
+    def undrain(self, name: str) -> None:
+        """A drain called off: the node takes calls again."""
+        node = self._node(name)
+        node.draining = False
+        self._changed(node)
 
     def leave(self, name: str) -> list[str]:
         """A node stops (drained, or told to go): out of the directory. The sessions it still
@@ -111,6 +122,7 @@ class Directory:
             del self.where[session]
         node.sessions.clear()
         node.load.used = 0
+        self._changed(node)
         self.counters.lost_sessions += len(gone)
         return gone
 
@@ -122,20 +134,20 @@ class Directory:
         if session is not None and session in self.where:
             node = self.nodes[self.where[session]]
             return Placed(session, node.load.name, node.endpoint, node.incarnation)
-        open_nodes = [n.load for n in self.nodes.values() if n.takes_calls]
-        if not open_nodes:
+        if not self.open:
             reason = ("capacity" if any(n.alive and not n.draining
                                         for n in self.nodes.values()) else "no_nodes")
             self.counters.refusals[reason] = self.counters.refusals.get(reason, 0) + 1
             raise FleetFull(reason, f"{len(self.nodes)} node(s), none with a free slot "
                                     "and taking calls")
-        load = self.placement.pick(open_nodes, self.rng)
+        load = self.placement.pick(self.open, self.rng)
         node = self.nodes[load.name]
         if session is None:
             self._seq += 1
             session = f"s{self._seq}"
         node.load.used += 1
         node.sessions.add(session)
+        self._changed(node)
         self.where[session] = load.name
         self.counters.placements += 1
         return Placed(session, load.name, node.endpoint, node.incarnation)
@@ -164,6 +176,7 @@ class Directory:
         node = self.nodes[name]
         node.sessions.discard(session)
         node.load.used -= 1
+        self._changed(node)
         if given_back:
             self.counters.given_back += 1
         else:
@@ -171,6 +184,9 @@ class Directory:
         return True
 
     # -- reading ----------------------------------------------------------------------------
+    def _changed(self, node: Node) -> None:
+        self.open.update(node.load, node.takes_calls)
+
     def _node(self, name: str) -> Node:
         try:
             return self.nodes[name]

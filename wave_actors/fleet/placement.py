@@ -6,7 +6,7 @@ so every policy reads exact free-slot counts; a node's beat headroom (the millis
 has left at its live count) comes from its last load report and may be a few seconds old.
 
 - `most_free`: the node with the most free slots, ties by headroom then name. Exact balance,
-  O(nodes) a placement.
+  O(log nodes) a placement (the open nodes are kept in a heap).
 - `two_choices`: two nodes drawn at random, the one with more free slots (the power of two
   choices): near `most_free`'s balance for O(1) a placement, and two entry points placing at
   once rarely pick the same node.
@@ -14,9 +14,10 @@ has left at its live count) comes from its last load report and may be a few sec
 """
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Iterator, Protocol
 
 
 @dataclass
@@ -32,39 +33,91 @@ class NodeLoad:
         return self.slots - self.used
 
 
+def _key(node: NodeLoad) -> tuple:
+    """Better first: more free slots, then more headroom, then the first name."""
+    return (-node.free, -node.headroom_ms, node.name)
+
+
+class OpenNodes:
+    """The nodes that take calls (alive, not draining, a slot free), kept for placement as the
+    directory changes them: one drawn at random in O(1), the best by `_key` in O(log n) (a heap
+    whose entries a later change made stale are dropped when they reach the top)."""
+
+    def __init__(self):
+        self._nodes: list[NodeLoad] = []
+        self._at: dict[str, int] = {}
+        self._version: dict[str, int] = {}
+        self._heap: list[tuple] = []
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __iter__(self) -> Iterator[NodeLoad]:
+        return iter(self._nodes)
+
+    def update(self, node: NodeLoad, takes_calls: bool) -> None:
+        """`node` changed (a call placed or closed, a report, a drain, a loss, a join)."""
+        version = self._version[node.name] = self._version.get(node.name, 0) + 1
+        if not takes_calls:
+            self._remove(node.name)
+            return
+        if node.name not in self._at:
+            self._at[node.name] = len(self._nodes)
+            self._nodes.append(node)
+        self._nodes[self._at[node.name]] = node
+        heapq.heappush(self._heap, (*_key(node), version))
+        if len(self._heap) > 4 * len(self._nodes) + 64:        # stale entries bounded
+            self._heap = [(*_key(n), self._version[n.name]) for n in self._nodes]
+            heapq.heapify(self._heap)
+
+    def _remove(self, name: str) -> None:
+        i = self._at.pop(name, None)
+        if i is None:
+            return
+        last = self._nodes.pop()
+        if i < len(self._nodes):
+            self._nodes[i] = last
+            self._at[last.name] = i
+
+    def best(self) -> NodeLoad:
+        while True:
+            *_, name, version = self._heap[0]
+            if name in self._at and self._version[name] == version:
+                return self._nodes[self._at[name]]
+            heapq.heappop(self._heap)
+
+    def draw(self, k: int, rng: random.Random) -> list[NodeLoad]:
+        return [self._nodes[i] for i in rng.sample(range(len(self._nodes)), k)]
+
+
 class Placement(Protocol):
     name: str
 
-    def pick(self, nodes: Sequence[NodeLoad], rng: random.Random) -> NodeLoad:
+    def pick(self, nodes: OpenNodes, rng: random.Random) -> NodeLoad:
         """One of `nodes` (never empty; each has a free slot)."""
-
-
-def _score(node: NodeLoad) -> tuple:
-    return (node.free, node.headroom_ms, node.name)
 
 
 class MostFree:
     name = "most_free"
 
-    def pick(self, nodes: Sequence[NodeLoad], rng: random.Random) -> NodeLoad:
-        return max(nodes, key=_score)
+    def pick(self, nodes: OpenNodes, rng: random.Random) -> NodeLoad:
+        return nodes.best()
 
 
 class TwoChoices:
     name = "two_choices"
 
-    def pick(self, nodes: Sequence[NodeLoad], rng: random.Random) -> NodeLoad:
+    def pick(self, nodes: OpenNodes, rng: random.Random) -> NodeLoad:
         if len(nodes) == 1:
-            return nodes[0]
-        a, b = rng.sample(range(len(nodes)), 2)
-        return max(nodes[a], nodes[b], key=_score)
+            return nodes.draw(1, rng)[0]
+        return min(nodes.draw(2, rng), key=_key)
 
 
 class Anywhere:
     name = "random"
 
-    def pick(self, nodes: Sequence[NodeLoad], rng: random.Random) -> NodeLoad:
-        return nodes[rng.randrange(len(nodes))]
+    def pick(self, nodes: OpenNodes, rng: random.Random) -> NodeLoad:
+        return nodes.draw(1, rng)[0]
 
 
 POLICIES: dict[str, type] = {p.name: p for p in (MostFree, TwoChoices, Anywhere)}
