@@ -220,9 +220,12 @@ class Fleet:
     def _watch(self) -> None:
         down: set[str] = set()
         while not self._stop.wait(WATCH_S):
-            for name, actor in list(self.nodes.items()):
+            # every node asked at once, each given what is left of one watch period
+            asked = {name: actor.load.remote() for name, actor in list(self.nodes.items())}
+            deadline = time.monotonic() + WATCH_S
+            for name, ref in asked.items():
                 try:
-                    reading = ray.get(actor.load.remote(), timeout=WATCH_S)
+                    reading = ray.get(ref, timeout=max(0.05, deadline - time.monotonic()))
                 except (ray.exceptions.RayError, RuntimeError, OSError):
                     if name not in down and name in self.nodes:
                         down.add(name)
@@ -238,7 +241,9 @@ class Fleet:
             self.last_stats = ray.get(self.directory.stats.remote())
             for name, n in self.last_stats["nodes"].items():
                 if n["draining"] and n["used"] == 0 and name in self.nodes:
-                    self._retire(name)
+                    # off the watch's thread: a node's stop takes seconds, the others' watch
+                    # goes on meanwhile
+                    threading.Thread(target=self._retire, args=(name,), daemon=True).start()
 
     def drain(self, name: str, timeout_s: float = 600.0) -> int:
         """Out of placement, wait for its calls to end (closes told to the directory), stop.
