@@ -1,8 +1,9 @@
 """What the fleet's directory costs as fleets grow: its own CPU a call in process, and a
 directory actor on a local Ray cluster driven by concurrent clients (placements and closes a
-second, and each call's round trip), at several fleet sizes. The fleet a directory can carry
-follows: each node of S slots at occupancy u with calls of mean length h asks it 2·S·u/h times a
-second (a placement and a close a call), and each bridge polls `health` 4 times a second.
+second, and each placement's round trip), at several fleet sizes. The fleet a directory can
+carry follows: each node of S slots at occupancy u with calls of mean length h places S·u/h
+calls a second; closes come batched, one message a bridge each watch period, beside the
+bridge's `health` poll.
 
     python bench/fleet_directory.py --nodes 4 64 1000 --out bench/results/fleet-directory.json
 """
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from wave_actors.bench.provenance import stamp                   # noqa: E402
 from wave_actors.fleet.directory import Directory                # noqa: E402
 from wave_actors.fleet.placement import POLICIES                 # noqa: E402
+from transports.fleet_client import WATCH_S                      # noqa: E402
 from wave_actors.fleet.ray_fleet import DirectoryActor           # noqa: E402
 
 SLOTS = 300
@@ -46,23 +48,34 @@ def in_process(nodes: int, policy: str, calls: int, occupancy: float) -> float:
 
 
 async def actor_load(actor, clients: int, seconds: float) -> dict:
-    """`clients` loops of place → closed against one directory actor for `seconds`."""
+    """`clients` loops of placements against one directory actor for `seconds`, their calls
+    closed as a bridge's `FleetClient` closes them: in one `closed_many` a watch period."""
     lat: list[float] = []
+    placed: list[str] = []
+    messages = 0
     stop = time.perf_counter() + seconds
 
     async def client() -> None:
+        nonlocal messages
         while time.perf_counter() < stop:
             t = time.perf_counter()
-            placed = await actor.place.remote(None)
-            t1 = time.perf_counter()
-            await actor.closed.remote(placed["session"])
-            lat.extend((t1 - t, time.perf_counter() - t1))
+            placed.append((await actor.place.remote(None))["session"])
+            lat.append(time.perf_counter() - t)
+            messages += 1
+
+    async def closer() -> None:
+        nonlocal messages
+        while time.perf_counter() < stop:
+            await asyncio.sleep(WATCH_S)
+            ended, placed[:] = placed[:], []
+            await actor.closed_many.remote(ended)
+            messages += 1
     t0 = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(clients)))
+    await asyncio.gather(closer(), *(client() for _ in range(clients)))
     wall = time.perf_counter() - t0
     ms = np.array(lat) * 1e3
-    return {"calls_per_s": len(lat) / wall, "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99))}
+    return {"placements_per_s": len(lat) / wall, "messages_per_s": messages / wall,
+            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
 
 
 def on_ray(nodes: int, clients: int, seconds: float) -> dict:
@@ -89,19 +102,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    per_node = 2 * SLOTS * args.occupancy / args.hold         # directory calls a second a node
+    per_node = SLOTS * args.occupancy / args.hold             # placements a second a node
     rows = []
     try:
         for n in args.nodes:
-            row = {"nodes": n, "needed_calls_per_s": n * per_node,
+            row = {"nodes": n, "needed_placements_per_s": n * per_node,
                    "in_process_us": {p: in_process(n, p, 20000, args.occupancy)
                                      for p in sorted(POLICIES)}}
             row["actor"] = on_ray(n, args.clients, args.seconds)
-            row["nodes_one_actor_carries"] = int(row["actor"]["calls_per_s"] / per_node)
+            row["nodes_one_actor_carries"] = int(row["actor"]["placements_per_s"] / per_node)
             rows.append(row)
-            print(f"{n:5d} nodes | needs {row['needed_calls_per_s']:8.0f}/s | in process "
+            print(f"{n:5d} nodes | needs {row['needed_placements_per_s']:6.0f}/s | in process "
                   + " ".join(f"{p} {us:6.1f} µs" for p, us in row["in_process_us"].items())
-                  + f" | actor {row['actor']['calls_per_s']:6.0f}/s p99 "
+                  + f" | actor {row['actor']['placements_per_s']:5.0f} placements/s p99 "
                   f"{row['actor']['p99_ms']:.2f} ms, health {row['actor']['health_ms']:.2f} ms"
                   f" | carries {row['nodes_one_actor_carries']} nodes", flush=True)
     finally:

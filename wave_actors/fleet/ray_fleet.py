@@ -61,6 +61,10 @@ class DirectoryActor:
     def closed(self, session: str) -> bool:
         return self.d.closed(session)
 
+    def closed_many(self, sessions: list[str]) -> int:
+        """Several calls ended (a client's watch period of closes): how many it held."""
+        return sum(self.d.closed(s) for s in sessions)
+
     def give_back(self, session: str) -> bool:
         return self.d.give_back(session)
 
