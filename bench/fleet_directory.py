@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from wave_actors.bench.provenance import stamp                   # noqa: E402
 from wave_actors.fleet.directory import Directory                # noqa: E402
 from wave_actors.fleet.placement import POLICIES                 # noqa: E402
-from transports.fleet_client import WATCH_S                      # noqa: E402
+from transports.fleet_client import WATCH_S, FleetClient         # noqa: E402
 from wave_actors.fleet.ray_fleet import DirectoryActor           # noqa: E402
 
 SLOTS = 300
@@ -48,33 +48,36 @@ def in_process(nodes: int, policy: str, calls: int, occupancy: float) -> float:
 
 
 async def actor_load(actor, clients: int, seconds: float) -> dict:
-    """`clients` loops of placements against one directory actor for `seconds`, their calls
-    closed as a bridge's `FleetClient` closes them: in one `closed_many` a watch period."""
+    """`clients` callers placing calls for `seconds` through one `FleetClient` (a bridge: its
+    placements asked while one is in flight go in one message), their calls closed as its watch
+    closes them: in one `closed_many` a watch period."""
+    bridge = FleetClient(actor)
     lat: list[float] = []
     placed: list[str] = []
-    messages = 0
+    closes = 0
     stop = time.perf_counter() + seconds
 
-    async def client() -> None:
-        nonlocal messages
+    async def caller(k: int) -> None:
+        n = 0
         while time.perf_counter() < stop:
+            n += 1
             t = time.perf_counter()
-            placed.append((await actor.place.remote(None))["session"])
+            placed.append((await bridge.place(f"c{k}-{n}"))["session"])
             lat.append(time.perf_counter() - t)
-            messages += 1
 
     async def closer() -> None:
-        nonlocal messages
+        nonlocal closes
         while time.perf_counter() < stop:
             await asyncio.sleep(WATCH_S)
             ended, placed[:] = placed[:], []
             await actor.closed_many.remote(ended)
-            messages += 1
+            closes += 1
     t0 = time.perf_counter()
-    await asyncio.gather(closer(), *(client() for _ in range(clients)))
+    await asyncio.gather(closer(), *(caller(k) for k in range(clients)))
     wall = time.perf_counter() - t0
     ms = np.array(lat) * 1e3
-    return {"placements_per_s": len(lat) / wall, "messages_per_s": messages / wall,
+    return {"placements_per_s": len(lat) / wall,
+            "messages_per_s": (bridge.place_messages + closes) / wall,
             "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
 
 
@@ -95,7 +98,8 @@ def on_ray(nodes: int, clients: int, seconds: float) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[4, 64, 1000])
-    ap.add_argument("--clients", type=int, default=8, help="concurrent callers of the actor")
+    ap.add_argument("--clients", type=int, default=8,
+                    help="concurrent callers, through one bridge's FleetClient")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--occupancy", type=float, default=0.9)
     ap.add_argument("--hold", type=float, default=120.0, help="mean call length, seconds")

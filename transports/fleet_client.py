@@ -37,6 +37,9 @@ class FleetClient:
         self._placed: dict[str, tuple[str, int, str]] = {}    # call → node, incarnation, endpoint
         self.lost = 0
         self._watch: asyncio.Task | None = None
+        self._to_place: list[tuple[str, asyncio.Future]] = []
+        self.place_messages = 0             # `place_many` messages sent (a burst shares one)
+        self._placer: asyncio.Task | None = None
 
     @classmethod
     def join(cls, address: str | None = None, curve=None) -> "FleetClient":
@@ -82,13 +85,13 @@ class FleetClient:
     async def open(self, session: str, **fields) -> ClientSession:
         """`NodeClient.open` through the fleet: raises `Refused` (`capacity` when no node can
         take the call) as a node would, its placement given back first."""
-        placed = await self.directory.place.remote(session)
+        placed = await self.place(session)
         if "refused" in placed:
             raise Refused("capacity" if placed["refused"] == "capacity" else "draining",
                           placed["message"])
         try:
             opened = await self._client(placed["endpoint"]).open(session, **fields)
-        except Exception:                       # refused, or the node did not answer
+        except BaseException:       # refused, the node did not answer, or the open was cancelled
             await self.directory.give_back.remote(session)
             raise
         self.node_of[session] = placed["node"]
@@ -96,6 +99,38 @@ class FleetClient:
         if self._watch is None:
             self._watch = asyncio.get_running_loop().create_task(self._watch_calls())
         return opened
+
+    async def place(self, session: str) -> dict:
+        """The directory's placement for `session` (its slot counted; `open` uses it). Placements asked while one message is in
+        flight go together in the next (`place_many`): none waits when the bridge is quiet,
+        and a burst costs the directory a message a round trip, not one a call."""
+        loop = asyncio.get_running_loop()
+        placed = loop.create_future()
+        self._to_place.append((session, placed))
+        if self._placer is None or self._placer.done():
+            self._placer = loop.create_task(self._place_queued())
+        return await placed
+
+    async def _place_queued(self) -> None:
+        while self._to_place:
+            batch, self._to_place = self._to_place, []
+            self.place_messages += 1
+            try:
+                results = await self.directory.place_many.remote([s for s, _ in batch])
+            except asyncio.CancelledError:      # the client closing: no open waits on
+                for _, waiting in batch + self._to_place:
+                    waiting.cancel()
+                raise
+            except Exception as exc:
+                for _, waiting in batch:
+                    if not waiting.done():
+                        waiting.set_exception(exc)
+                continue
+            for (session, waiting), placed in zip(batch, results):
+                if not waiting.done():
+                    waiting.set_result(placed)
+                elif "refused" not in placed:       # its open was cancelled meanwhile
+                    await self.directory.give_back.remote(session)
 
     async def close(self, call: ClientSession):
         """The node's `closed` for the call (its stats); the directory told at once."""
@@ -106,7 +141,7 @@ class FleetClient:
             await self.directory.closed.remote(call.id)
 
     async def aclose(self) -> None:
-        await stop_tasks([self._watch])
+        await stop_tasks([self._watch, self._placer])
         for client in self.clients.values():
             await client.aclose()
         self.clients.clear()

@@ -183,3 +183,29 @@ def test_a_drain_asked_of_the_directory_is_finished_by_the_watch(fleet):
             await calls.close(c)
         await calls.aclose()
     asyncio.run(main())
+
+
+def test_a_burst_through_one_bridge_shares_messages_and_spreads(fleet):
+    """Placements asked while one is in flight go in one `place_many`: a burst of opens costs
+    the directory fewer messages than calls and still spreads evenly; an open cancelled while
+    its placement is in flight gives its slot back."""
+    async def main():
+        calls = FleetClient(fleet.directory)
+        n = len(fleet.nodes) * SLOTS
+        placed = await asyncio.gather(*(calls.place(f"b-{i}") for i in range(n)))
+        assert calls.place_messages < n
+        per_node = {x: sum(p["node"] == x for p in placed) for x in fleet.nodes}
+        assert set(per_node.values()) == {SLOTS}                    # every slot, evenly
+        ray.get(fleet.directory.closed_many.remote([p["session"] for p in placed]))
+        assert stats(fleet)["sessions"] == 0
+        task = asyncio.ensure_future(calls.place("cancelled"))
+        await asyncio.sleep(0)                                      # its message is in flight
+        task.cancel()
+        for _ in range(50):
+            await asyncio.sleep(0.1)
+            if ray.get(fleet.directory.locate.remote("cancelled")) is None:
+                break
+        assert ray.get(fleet.directory.locate.remote("cancelled")) is None
+        assert stats(fleet)["sessions"] == 0
+        await calls.aclose()
+    asyncio.run(main())

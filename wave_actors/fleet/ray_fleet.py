@@ -53,6 +53,11 @@ class DirectoryActor:
         return {"session": p.session, "node": p.node, "endpoint": p.endpoint,
                 "incarnation": p.incarnation}
 
+    def place_many(self, sessions: list[str | None]) -> list[dict]:
+        """`place` for each, in order (a client's placements asked while its last was in
+        flight)."""
+        return [self.place(s) for s in sessions]
+
     def locate(self, session: str) -> dict | None:
         p = self.d.locate(session)
         return None if p is None else {"node": p.node, "endpoint": p.endpoint,
