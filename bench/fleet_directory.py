@@ -85,7 +85,8 @@ def on_ray(nodes: int, clients: int, seconds: float) -> dict:
     """The actor's calls a second. Its own work a call is `in_process`'s (O(log nodes)), far
     below Ray's round trip, so the fleet is not filled first; `health` grows with the nodes."""
     actor = DirectoryActor.remote("most_free", 1)
-    ray.get([actor.join.remote(f"n{i}", f"tcp://n{i}:1", SLOTS) for i in range(nodes)])
+    # slots enough that no placement is refused between two closes (a refusal is cheaper)
+    ray.get([actor.join.remote(f"n{i}", f"tcp://n{i}:1", 10 ** 6) for i in range(nodes)])
     load = asyncio.run(actor_load(actor, clients, seconds))
     t = time.perf_counter()
     for _ in range(50):
