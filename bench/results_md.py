@@ -172,7 +172,7 @@ def listed_detail(name: str, d: dict) -> list:
 def other_row(name: str, date: str, d: object) -> list:
     if isinstance(d, dict):
         what = "; ".join(f"{k}={scalar(v)[:60]}" for k, v in sorted(d.items())
-                         if not isinstance(v, (dict, list)))
+                         if not isinstance(v, (dict, list)))[:120]
     else:
         what = "not JSON" if d is None else f"JSON {type(d).__name__}"
     return [short_date(date), link(name), what or "—"]
