@@ -123,6 +123,9 @@ def main(argv=None) -> int:
     for flag in FLEET_SETS:
         if flag in node_args:
             ap.error(f"the fleet sets each node's {flag}")
+    if args.fake_gpus is not None and args.nodes != "all" and int(args.nodes) > args.fake_gpus:
+        ap.error(f"{args.nodes} node(s) need as many GPUs; the cluster has {args.fake_gpus} "
+                 "(--fake-gpus)")
     if args.address:
         ray.init(address=args.address, log_to_driver=False)
     else:
