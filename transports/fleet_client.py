@@ -18,6 +18,7 @@ from transports import protocol as P
 from transports.client import NodeClient
 from transports.client_events import Refused
 from transports.client_session import ClientSession
+from transports.connect import FleetUnavailable
 from wave_actors.core.tasks import stop_tasks
 
 DIRECTORY = "wave-directory"        # the directory actor's name (`wave_actors/fleet`)
@@ -44,9 +45,19 @@ class FleetClient:
     @classmethod
     def join(cls, address: str | None = None, curve=None) -> "FleetClient":
         """The running fleet's client, from a process that joins its Ray cluster."""
-        if not ray.is_initialized():
-            ray.init(address=address or "auto", log_to_driver=False)
-        return cls(ray.get_actor(DIRECTORY, namespace=NAMESPACE), curve)
+        address = address or "auto"
+        try:
+            if not ray.is_initialized():
+                ray.init(address=address, log_to_driver=False)
+        except ConnectionError:
+            raise FleetUnavailable(f"--fleet {address}: no Ray cluster answers there") from None
+        try:
+            return cls(ray.get_actor(DIRECTORY, namespace=NAMESPACE), curve)
+        except ValueError:
+            raise FleetUnavailable(
+                f"--fleet {address}: no fleet runs on that Ray cluster (namespace "
+                f"{NAMESPACE!r}); start one: python -m wave_actors.fleet --address "
+                f"{address} -- NODE_ARGS") from None
 
     def connect(self) -> None:
         """Nothing to do: a node's client connects when a call is first placed there."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -139,3 +140,15 @@ def test_a_restarted_entry_point_attaches_and_no_call_is_lost():
         if first.poll() is None:
             first.kill()
         ray.shutdown()
+
+
+@pytest.mark.parametrize("bridge", ["transports.realtime", "transports.sip"])
+def test_a_bridge_with_no_fleet_to_join_says_so_and_exits(bridge, tmp_path):
+    """`--fleet auto` where no Ray cluster runs: one line saying so, not a traceback (TMPDIR
+    empty, so `auto` cannot find a cluster another test started)."""
+    done = subprocess.run([sys.executable, "-m", bridge, "--fleet", "auto",
+                           "--listen", "127.0.0.1:15099"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60,
+                          env={**os.environ, "TMPDIR": str(tmp_path), "WAVE_API_KEY": "k"})
+    assert done.returncode == 1
+    assert done.stderr.strip() == "error: --fleet auto: no Ray cluster answers there"

@@ -13,6 +13,7 @@ import zmq
 import zmq.auth
 
 from transports.client import CurveKeys
+from transports.connect import FleetUnavailable
 from transports.realtime.feed import FeedPolicy
 from transports.realtime.server import Bridge, BridgeConfig
 from wave_actors.core.frames import FRAME_MS
@@ -99,7 +100,10 @@ async def serve(cfg: BridgeConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    asyncio.run(serve(parse_args(argv)))
+    try:
+        asyncio.run(serve(parse_args(argv)))
+    except FleetUnavailable as exc:
+        sys.exit(f"error: {exc}")
 
 
 if __name__ == "__main__":

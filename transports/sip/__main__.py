@@ -17,8 +17,10 @@ import argparse
 import asyncio
 import ipaddress
 import signal
+import sys
 from dataclasses import replace
 
+from transports.connect import FleetUnavailable
 from transports.sip.config import CAPACITY_STATUSES, MAX_RETRY_AFTER, BridgeConfig
 from transports.sip.message import split_hostport
 from transports.sip.server import serve
@@ -56,8 +58,13 @@ def parse_args(argv=None) -> BridgeConfig:
                     help="SIP socket receive buffer, bytes (an INVITE burst waits there)")
     ap.add_argument("--instructions", default="", help="system prompt for every call")
     a = ap.parse_args(argv)
-    host, port = split_hostport(a.listen)
-    if ipaddress.ip_address(host).is_unspecified and not a.media_ip:
+    try:
+        host, port = split_hostport(a.listen)
+        wildcard = ipaddress.ip_address(host).is_unspecified
+    except ValueError as exc:
+        ap.error(f"--listen {a.listen!r}: {exc} (an IP address and a port, e.g. "
+                 "0.0.0.0:5060)")
+    if wildcard and not a.media_ip:
         ap.error("listening on a wildcard address needs --media-ip (the address put in SDP)")
     lo, _, hi = a.rtp_ports.partition("-")
     return BridgeConfig(node=a.node, fleet=a.fleet, host=host,
@@ -90,7 +97,10 @@ async def _main(cfg: BridgeConfig) -> None:
 
 
 def main(argv=None) -> None:
-    asyncio.run(_main(parse_args(argv)))
+    try:
+        asyncio.run(_main(parse_args(argv)))
+    except FleetUnavailable as exc:
+        sys.exit(f"error: {exc}")
 
 
 if __name__ == "__main__":
