@@ -49,6 +49,10 @@ class Refused(Exception):
         self.reason, self.message = reason, message
 
 
+class FleetUnavailable(RuntimeError):
+    """`--fleet ADDRESS` names no Ray cluster, or one where no fleet runs."""
+
+
 def event_of(msg: P.Message):
     """A node message for a session, as the event its `next_event` returns."""
     h = msg.header

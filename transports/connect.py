@@ -4,10 +4,6 @@ from __future__ import annotations
 from transports.client import CurveKeys, NodeClient
 
 
-class FleetUnavailable(RuntimeError):
-    """`--fleet ADDRESS` names no Ray cluster, or one where no fleet runs."""
-
-
 def connect_to(node: str, fleet: str | None = None, curve: CurveKeys | None = None):
     """One node's client, or with `fleet` (a Ray address, e.g. `auto`) a `FleetClient` that
     places each call on a node of the fleet."""

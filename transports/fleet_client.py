@@ -11,20 +11,21 @@ so a busy bridge costs it about one call a placement, not two.
 from __future__ import annotations
 
 import asyncio
+import os
 
 import ray
 
 from transports import protocol as P
 from transports.client import NodeClient
-from transports.client_events import Refused
+from transports.client_events import FleetUnavailable, Refused
 from transports.client_session import ClientSession
-from transports.connect import FleetUnavailable
 from wave_actors.core.tasks import stop_tasks
 
 DIRECTORY = "wave-directory"        # the directory actor's name (`wave_actors/fleet`)
 # Named actors are seen only within their Ray namespace: the fleet and every process that joins
-# it (bridges, `drain`, a restarted entry point) name the same one.
-NAMESPACE = "wave"
+# it (bridges, `drain`, a restarted entry point) name the same one; a second fleet on the same
+# cluster takes another (`--namespace`, and this variable for its bridges).
+NAMESPACE = os.environ.get("WAVE_FLEET_NAMESPACE", "wave")
 WATCH_S = 0.25              # how often calls are checked: ended, or their node lost
 
 

@@ -143,12 +143,16 @@ def test_a_restarted_entry_point_attaches_and_no_call_is_lost():
 
 
 @pytest.mark.parametrize("bridge", ["transports.realtime", "transports.sip"])
-def test_a_bridge_with_no_fleet_to_join_says_so_and_exits(bridge, tmp_path):
-    """`--fleet auto` where no Ray cluster runs: one line saying so, not a traceback (TMPDIR
-    empty, so `auto` cannot find a cluster another test started)."""
+def test_a_bridge_with_no_fleet_to_join_says_so_and_exits(bridge):
+    """`--fleet auto` with no fleet to join: one line saying why, not a traceback. Where no
+    Ray cluster runs, that none answers; `auto` also finds a cluster another test started here
+    (Ray looks for its processes), where no fleet runs in the namespace asked for."""
     done = subprocess.run([sys.executable, "-m", bridge, "--fleet", "auto",
                            "--listen", "127.0.0.1:15099"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60,
-                          env={**os.environ, "TMPDIR": str(tmp_path), "WAVE_API_KEY": "k"})
-    assert done.returncode == 1
-    assert done.stderr.strip() == "error: --fleet auto: no Ray cluster answers there"
+                          text=True, timeout=60, env={**os.environ, "WAVE_API_KEY": "k",
+                                                      "WAVE_FLEET_NAMESPACE": "none-here"})
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] in (
+        "error: --fleet auto: no Ray cluster answers there",
+        "error: --fleet auto: no fleet runs on that Ray cluster (namespace 'none-here'); start "
+        "one: python -m wave_actors.fleet --address auto -- NODE_ARGS")

@@ -13,7 +13,7 @@ import zmq
 import zmq.auth
 
 from transports.client import CurveKeys
-from transports.connect import FleetUnavailable
+from transports.client_events import FleetUnavailable
 from transports.realtime.feed import FeedPolicy
 from transports.realtime.server import Bridge, BridgeConfig
 from wave_actors.core.frames import FRAME_MS

@@ -20,7 +20,7 @@ import signal
 import sys
 from dataclasses import replace
 
-from transports.connect import FleetUnavailable
+from transports.client_events import FleetUnavailable
 from transports.sip.config import CAPACITY_STATUSES, MAX_RETRY_AFTER, BridgeConfig
 from transports.sip.message import split_hostport
 from transports.sip.server import serve
