@@ -26,18 +26,7 @@ def _has_cuda() -> bool:
         return False
 
 
-def _slow_modules_first(items) -> None:
-    """Modules with a slow test run first (each module kept whole, so its fixtures are built
-    once): parallel workers then start the long tests early and finish together, rather than
-    one worker drawing a minute-long test at the end."""
-    slow = {item.module.__name__ for item in items
-            if item.get_closest_marker("slow") and getattr(item, "module", None)}
-    items.sort(key=lambda item: getattr(item, "module", None) is None
-               or item.module.__name__ not in slow)
-
-
 def pytest_collection_modifyitems(config, items):
-    _slow_modules_first(items)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; runs on the device machine")
