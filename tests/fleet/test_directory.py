@@ -163,3 +163,24 @@ def test_no_call_on_a_full_or_draining_node_and_every_call_ends_once(events, nam
         ended.append(s)
     assert len(ended) == len(set(ended)) == placed
     assert not d.where and all(n.load.used == 0 for n in d.nodes.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 4), st.integers(0, 3),
+                          st.booleans()), min_size=1, max_size=200))
+def test_the_open_node_index_gives_the_best_node_after_any_changes(changes):
+    """Bug it catches: a heap entry left from before a node's change taken for its current
+    state (most_free placing on a node that filled up or lost its headroom since), or a node
+    that left still drawn."""
+    index, loads, open_now = OpenNodes(), {}, set()
+    for k, used, headroom, takes in changes:
+        load = loads.setdefault(f"n{k}", NodeLoad(f"n{k}", 4))
+        load.used, load.headroom_ms = used, float(headroom)
+        index.update(load, takes and load.free > 0)
+        (open_now.add if takes and load.free > 0 else open_now.discard)(load.name)
+        taking = [loads[name] for name in sorted(open_now)]
+        assert sorted(n.name for n in index) == sorted(open_now)
+        if taking:
+            want = min(taking, key=lambda n: (-n.free, -n.headroom_ms, n.name))
+            assert index.best() is want
+            assert all(index.draw(1, random.Random(s))[0] in taking for s in range(3))
