@@ -73,8 +73,11 @@ class DirectoryActor:
     def give_back(self, session: str) -> bool:
         return self.d.give_back(session)
 
-    def report(self, name: str, headroom_ms: float) -> None:
-        self.d.report(name, headroom_ms)
+    def report(self, headrooms: dict[str, float]) -> None:
+        """The nodes' beat headroom, each watch period's in one message."""
+        for name, headroom_ms in headrooms.items():
+            if name in self.d.nodes:
+                self.d.report(name, headroom_ms)
 
     def drain(self, name: str) -> int:
         return self.d.drain(name)
@@ -232,6 +235,7 @@ class Fleet:
             # every node asked at once, each given what is left of one watch period
             asked = {name: actor.load.remote() for name, actor in list(self.nodes.items())}
             deadline = time.monotonic() + WATCH_S
+            headrooms: dict[str, float] = {}
             for name, ref in asked.items():
                 try:
                     reading = ray.get(ref, timeout=max(0.05, deadline - time.monotonic()))
@@ -244,9 +248,11 @@ class Fleet:
                 down.discard(name)
                 headroom = reading.headroom_ms(self.readings.get(name))
                 if headroom is not None:
-                    self.directory.report.remote(name, headroom)
+                    headrooms[name] = headroom
                 self.totals.add(name, reading)
                 self.readings[name] = reading
+            if headrooms:           # one message, not one a node: the directory's load
+                self.directory.report.remote(headrooms)
             self.last_stats = ray.get(self.directory.stats.remote())
             for name, n in self.last_stats["nodes"].items():
                 if n["draining"] and n["used"] == 0 and name in self.nodes:
@@ -267,14 +273,14 @@ class Fleet:
 
     def _retire(self, name: str) -> None:
         """Stop a node and take it out of the directory (a drain's last step)."""
-        with self._lock:
+        with self._lock:        # taken once: the watch and a drain may both reach here
             actor = self.nodes.pop(name, None)   # out of the watch: its stop is not a loss
-            if actor is None:
-                return
-            self.readings.pop(name, None)
-            ray.get(actor.stop.remote())
-            ray.get(self.directory.leave.remote(name))
-            ray.kill(actor, no_restart=True)
+        if actor is None:
+            return
+        self.readings.pop(name, None)
+        ray.get(actor.stop.remote())
+        ray.get(self.directory.leave.remote(name))
+        ray.kill(actor, no_restart=True)
 
     def close(self) -> None:
         self._stop.set()
