@@ -43,6 +43,27 @@ def stats(f) -> dict:
     return ray.get(f.directory.stats.remote())
 
 
+# Generous on purpose: on a loaded 2-core runner a restarted node process takes tens of seconds
+# to import and build; the tests judge what happens, not how fast.
+PATIENCE_S = 120.0
+
+
+async def eventually(check, patience: float = PATIENCE_S, every: float = 0.1) -> bool:
+    deadline = time.monotonic() + patience
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(every)
+    return True
+
+
+async def all_alive(f) -> None:
+    """Every node the entry point holds is alive in the directory (a node killed by an earlier
+    test may still be coming back)."""
+    assert await eventually(lambda: all(stats(f)["nodes"].get(n, {}).get("alive")
+                                        for n in f.nodes))
+
+
 def test_the_realtime_bridge_places_its_calls_through_the_fleet(fleet):
     """`--fleet`: each WebSocket call is a session on the node the directory picked, and the
     directory hears its close (the client's watch), freeing the slot."""
@@ -60,11 +81,7 @@ def test_the_realtime_bridge_places_its_calls_through_the_fleet(fleet):
             assert {n for n, x in s["nodes"].items() if x["used"]} <= set(fleet.names)
             for ws in sockets:
                 await ws.close()
-            for _ in range(100):
-                if stats(fleet)["sessions"] == 0:
-                    break
-                await asyncio.sleep(0.1)
-            assert stats(fleet)["sessions"] == 0
+            assert await eventually(lambda: stats(fleet)["sessions"] == 0)
         finally:
             await bridge.stop()
     asyncio.run(main())
@@ -128,12 +145,11 @@ def test_a_killed_node_leaves_placement_at_once_and_comes_back_empty(fleet):
         for c in others:
             assert (await calls.close(c)).stats.get("reason") != "node_lost"
         # Ray restarts the actor: a fresh node joins again under its name
-        for _ in range(200):
+        def back():
             info = stats(fleet)["nodes"]["node0"]
-            if info["incarnation"] > before["incarnation"] and info["alive"]:
-                break
-            await asyncio.sleep(0.1)
-        assert info["incarnation"] == before["incarnation"] + 1 and info["alive"]
+            return info["incarnation"] > before["incarnation"] and info["alive"]
+        assert await eventually(back)
+        assert stats(fleet)["nodes"]["node0"]["incarnation"] == before["incarnation"] + 1
         await calls.aclose()
     asyncio.run(main())
 
@@ -142,15 +158,15 @@ def test_the_watch_reads_every_node_and_reports_its_headroom(fleet):
     """Each watch reads the nodes' own registries (beats run, late beats) and hands the
     directory each node's beat headroom, which placement weighs after free slots."""
     async def main():
+        await all_alive(fleet)
         calls = FleetClient(fleet.directory)
         opened = [await calls.open(f"h-{i}") for i in range(len(fleet.nodes))]
         assert sorted(calls.node_of.values()) == sorted(fleet.nodes)    # a beat on each
-        for _ in range(150):
+        def read():
             nodes = stats(fleet)["nodes"]
-            if all(fleet.readings.get(n) and fleet.readings[n].beats > 0 and
-                   nodes[n]["headroom_ms"] > 0 for n in fleet.nodes):
-                break
-            await asyncio.sleep(0.2)
+            return all(fleet.readings.get(n) and fleet.readings[n].beats > 0 and
+                       nodes[n]["headroom_ms"] > 0 for n in fleet.nodes)
+        await eventually(read, every=0.2)
         for name in fleet.nodes:
             assert fleet.readings[name].beats > 0
             assert 0 < stats(fleet)["nodes"][name]["headroom_ms"] <= 160
@@ -165,6 +181,7 @@ def test_a_drain_asked_of_the_directory_is_finished_by_the_watch(fleet):
     """`python -m wave_actors.fleet drain NODE` only tells the directory: the entry point's
     watch stops the node once its last call has ended, not before."""
     async def main():
+        await all_alive(fleet)
         calls = FleetClient(fleet.directory)
         name, opened = fleet.names[-1], []
         while not any(calls.node_of[c.id] == name for c in opened):
@@ -174,10 +191,7 @@ def test_a_drain_asked_of_the_directory_is_finished_by_the_watch(fleet):
         await asyncio.sleep(1.5)                                    # three watch periods
         assert name in fleet.nodes and held.closed is None          # a live call holds it
         await calls.close(held)
-        for _ in range(100):
-            if name not in fleet.nodes and name not in stats(fleet)["nodes"]:
-                break
-            await asyncio.sleep(0.1)
+        await eventually(lambda: name not in fleet.nodes and name not in stats(fleet)["nodes"])
         assert name not in fleet.nodes and name not in stats(fleet)["nodes"]
         for c in opened[:-1]:
             await calls.close(c)
@@ -190,6 +204,7 @@ def test_a_burst_through_one_bridge_shares_messages_and_spreads(fleet):
     the directory fewer messages than calls and still spreads evenly; an open cancelled while
     its placement is in flight gives its slot back."""
     async def main():
+        await all_alive(fleet)
         calls = FleetClient(fleet.directory)
         n = len(fleet.nodes) * SLOTS
         placed = await asyncio.gather(*(calls.place(f"b-{i}") for i in range(n)))
@@ -201,10 +216,7 @@ def test_a_burst_through_one_bridge_shares_messages_and_spreads(fleet):
         task = asyncio.ensure_future(calls.place("cancelled"))
         await asyncio.sleep(0)                                      # its message is in flight
         task.cancel()
-        for _ in range(50):
-            await asyncio.sleep(0.1)
-            if ray.get(fleet.directory.locate.remote("cancelled")) is None:
-                break
+        await eventually(lambda: ray.get(fleet.directory.locate.remote("cancelled")) is None)
         assert ray.get(fleet.directory.locate.remote("cancelled")) is None
         assert stats(fleet)["sessions"] == 0
         await calls.aclose()
