@@ -57,7 +57,7 @@ def test_triton_decode_path_equals_reference_step():
         outs = [model.step(st, 0.1 * torch.randn(2, 1280, generator=g).to(dev), slots,
                            model.noise(0, slots, torch.full((2,), f)),
                            torch.full((2,), -1, device=dev))
-                for f in range(3)]
+                for f in range(2)]         # the second frame reads what the first wrote
         return outs, st
     with exact_fp32():                  # on the GPU, TF32 would differ by ~1e-2 in the pcm
         ref, st_ref = run(None)
