@@ -196,16 +196,22 @@ class NodeClient:
         node answers every ping; SILENT_BEATS heartbeats without a word from it mean our
         connection is gone without a sign (half-open, or a reconnect under our identity that
         the node did not attach), and we redial."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
         while True:
             period = min((s.opened.get("heartbeat_ms", 1000 * HEARTBEAT_S) / 1000
                           for s in self.sessions.values()), default=HEARTBEAT_S)
             self._period_changed.clear()
-            try:
-                await within(self._period_changed.wait(), period)
-                continue
-            except asyncio.TimeoutError:
-                pass
-            now = asyncio.get_running_loop().time()
+            # An open only shortens the wait to the new period from the last heartbeat: a
+            # restart on every open would send none while calls open faster than one a period.
+            wait = last + period - loop.time()
+            if wait > 0:
+                try:
+                    await within(self._period_changed.wait(), wait)
+                    continue
+                except asyncio.TimeoutError:
+                    pass
+            now = last = loop.time()
             if not self.sessions:                   # nothing asked, so silence means nothing
                 self._last_heard = now
                 continue
