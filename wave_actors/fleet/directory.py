@@ -165,6 +165,13 @@ class Directory:
         closed, or its node was lost)."""
         return self._release(session, given_back=False)
 
+    def ended_on(self, name: str, sessions: list[str]) -> int:
+        """The node `name` says these sessions ended (its own close reports): each it holds
+        there is freed as a close. This frees the slots of calls whose bridge died with them
+        live, which no client will report. Returns how many it held."""
+        return sum(self._release(s, given_back=False) for s in sessions
+                   if self.where.get(s) == name)
+
     def give_back(self, session: str) -> bool:
         """The node refused a call placed on it: its slot is free again."""
         return self._release(session, given_back=True)

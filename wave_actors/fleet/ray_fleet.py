@@ -73,11 +73,15 @@ class DirectoryActor:
     def give_back(self, session: str) -> bool:
         return self.d.give_back(session)
 
-    def report(self, headrooms: dict[str, float]) -> None:
-        """The nodes' beat headroom, each watch period's in one message."""
+    def report(self, headrooms: dict[str, float],
+               ended: dict[str, list[str]] | None = None) -> int:
+        """The nodes' beat headroom and the sessions each said ended, each watch period's in
+        one message; how many of those the directory still held."""
         for name, headroom_ms in headrooms.items():
             if name in self.d.nodes:
                 self.d.report(name, headroom_ms)
+        return sum(self.d.ended_on(name, ids) for name, ids in (ended or {}).items()
+                   if name in self.d.nodes)
 
     def drain(self, name: str) -> int:
         return self.d.drain(name)
@@ -126,9 +130,12 @@ class NodeActor:
         host = ray.util.get_node_ip_address()
         bind = f"tcp://{host}:{port}"
         self.metrics_port = _free_port()
+        self._ended: list[str] = []         # sessions the node said ended, not yet acknowledged
+        self._ended_base = 0                # how many before them were acknowledged
+        self._ended_lock = threading.Lock()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "wave_actors.node", *node_args, "--bind", bind,
-             "--metrics-port", str(self.metrics_port)],
+             "--metrics-port", str(self.metrics_port), "--report-closes"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         facts = self._listening()
@@ -151,9 +158,19 @@ class NodeActor:
             self.proc.kill()
             raise RuntimeError(f"node {self.name}: not listening after {START_TIMEOUT_S:.0f} s "
                                f"(exit code {self.proc.poll()})")
-        # the rest of its output is drained, so a full pipe never blocks the node
-        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+        # the rest of its output is read at once, so a full pipe never blocks the node
+        threading.Thread(target=self._read_closes, daemon=True).start()
         return box
+
+    def _read_closes(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith('{"closed"'):
+                try:
+                    session = json.loads(line)["closed"]
+                except (ValueError, KeyError):
+                    continue
+                with self._ended_lock:
+                    self._ended.append(str(session))
 
     def info(self) -> dict:
         if self.proc.poll() is not None:
@@ -161,10 +178,21 @@ class NodeActor:
         return {"name": self.name, "endpoint": self.endpoint, "slots": self.slots,
                 "incarnation": self.incarnation, "pid": os.getpid(), "node_pid": self.proc.pid}
 
-    def load(self) -> NodeReading:
-        """The node's metrics, read on this host (raises if the node is gone)."""
+    def load(self, acked: tuple[int, int] = (0, 0)) -> NodeReading:
+        """The node's metrics, read on this host (raises if the node is gone), with the
+        sessions it said ended past `acked` (an earlier reading's `ended_mark`). They are kept
+        until acknowledged, so a reading the watch gave up waiting for loses none; a mark from
+        an earlier incarnation acknowledges nothing of this one."""
         self.info()
-        return read_node(self.metrics_port)
+        reading = read_node(self.metrics_port)
+        upto = acked[1] if acked[0] == self.incarnation else 0
+        with self._ended_lock:
+            drop = min(max(0, upto - self._ended_base), len(self._ended))
+            del self._ended[:drop]
+            self._ended_base += drop
+            reading.ended = list(self._ended)
+            reading.ended_mark = (self.incarnation, self._ended_base + len(self._ended))
+        return reading
 
     def stop(self, timeout_s: float = 10.0) -> int:
         """SIGTERM: the node refuses new opens, closes what is left, and exits."""
@@ -231,11 +259,14 @@ class Fleet:
 
     def _watch(self) -> None:
         down: set[str] = set()
+        acked: dict[str, tuple[int, int]] = {}      # node → its last reading's `ended_mark`
         while not self._stop.wait(WATCH_S):
             # every node asked at once, each given what is left of one watch period
-            asked = {name: actor.load.remote() for name, actor in list(self.nodes.items())}
+            asked = {name: actor.load.remote(acked.get(name, (-1, 0)))
+                     for name, actor in list(self.nodes.items())}
             deadline = time.monotonic() + WATCH_S
             headrooms: dict[str, float] = {}
+            ended: dict[str, list[str]] = {}
             for name, ref in asked.items():
                 try:
                     reading = ray.get(ref, timeout=max(0.05, deadline - time.monotonic()))
@@ -246,13 +277,16 @@ class Fleet:
                         self.lost_events.append((name, time.time()))
                     continue
                 down.discard(name)
+                if reading.ended:
+                    ended[name] = reading.ended
+                acked[name] = reading.ended_mark
                 headroom = reading.headroom_ms(self.readings.get(name))
                 if headroom is not None:
                     headrooms[name] = headroom
                 self.totals.add(name, reading)
                 self.readings[name] = reading
-            if headrooms:           # one message, not one a node: the directory's load
-                self.directory.report.remote(headrooms)
+            if headrooms or ended:  # one message, not one a node: the directory's load
+                self.directory.report.remote(headrooms, ended)
             self.last_stats = ray.get(self.directory.stats.remote())
             for name, n in self.last_stats["nodes"].items():
                 if n["draining"] and n["used"] == 0 and name in self.nodes:

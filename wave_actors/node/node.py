@@ -89,6 +89,7 @@ class Node:
         self.draining = False
         self._drain_begun = False
         self.failed: str | None = None      # why the node stopped itself (supervisor gave up)
+        self.close_listeners: list = []     # each called with a session's id as it closes
         self.stopped = asyncio.Event()      # drained, by a signal or by failure
         self.sock: zmq.asyncio.Socket | None = None
         self.gatekeeper: Gatekeeper | None = None
@@ -290,6 +291,8 @@ class Node:
         self.bindings.forget(route, stats)
         self.counters.closed += 1
         self.metrics.closed.labels(reason).inc()
+        for listen in self.close_listeners:
+            listen(route.session)
         self.update_gauges()
 
     async def _failed(self, route: Route, session: HostedSession, message: str) -> None:
