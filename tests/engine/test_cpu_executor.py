@@ -143,10 +143,10 @@ def test_beats_equal_the_reference_frames_with_forced_tokens_and_rolls_past_the_
 
 @pytest.mark.slow
 def test_a_long_call_keeps_talking_with_bounded_state():
-    """The tiny model with a 64-frame context runs 1,000 frames: it rolls every few beats, its
-    outputs keep flowing (no stretch of PAD-only text with silent audio, as a session had once
-    it ran out of context) and its caches never pass their size."""
-    context, frames = 64, 1000
+    """The tiny model with a 32-frame context runs 320 frames (ten contexts): it rolls every
+    few beats, its outputs keep flowing (no stretch of PAD-only text with silent audio, as a
+    session had once it ran out of context) and its caches never pass their size."""
+    context, frames = 32, 320
     options = ExecutorOptions(max_sessions=1, profile="fp32", max_context=context)
     with pytest.raises(ValueError, match="context_roll"):
         CpuExecutor(ExecutorOptions(max_sessions=1, max_context=context, context_roll=3))

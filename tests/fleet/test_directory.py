@@ -3,6 +3,7 @@ a property test over random sequences of fleet events."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -184,3 +185,23 @@ def test_the_open_node_index_gives_the_best_node_after_any_changes(changes):
             want = min(taking, key=lambda n: (-n.free, -n.headroom_ms, n.name))
             assert index.best() is want
             assert all(index.draw(1, random.Random(s))[0] in taking for s in range(3))
+
+
+def test_a_placement_no_node_confirms_is_given_back_and_a_confirmed_one_stays():
+    """Bug it catches: a bridge that died between placing a call and opening it on the node
+    held that slot for good; and the other way, a live call given back because its node's
+    word was taken from another node."""
+    d = Directory()
+    d.join("a", "tcp://a:1", 3)
+    d.join("b", "tcp://b:1", 3)
+    confirmed, orphan = d.place("live").session, d.place("orphan").session
+    node_of_live = d.locate(confirmed).node
+    other = "b" if node_of_live == "a" else "a"
+    d.node_said(other, [("closed", confirmed)])          # not its session: ignored
+    d.node_said(node_of_live, [("opened", confirmed)])
+    assert d.expire(60.0) == []                          # young: nothing given back yet
+    assert d.expire(60.0, now=time.monotonic() + 61) == [orphan]
+    assert d.locate(orphan) is None and d.locate(confirmed) is not None
+    assert d.stats()["given_back"] == 1 and d.stats()["unconfirmed"] == 0
+    d.node_said(node_of_live, [("closed", confirmed)])
+    assert d.stats()["sessions"] == 0 and d.stats()["closes"] == 1

@@ -227,12 +227,14 @@ def test_calls_whose_bridge_died_free_their_slots_from_the_nodes_own_word(fleet)
     """Bug it catches: closes reached the directory only from the bridge that placed the call,
     so a bridge that died with live calls left their slots held for good (the fleet filling
     with calls no node serves). The node closes them once their resume grace is over, says so
-    on its `--report-closes` lines, and the entry point's watch frees them."""
+    on its `--report-sessions` lines, and the entry point's watch frees them."""
     async def main():
         await all_alive(fleet)
         calls = FleetClient(fleet.directory)
         held = [await calls.open(f"orphan-{i}") for i in range(len(fleet.nodes))]
         assert stats(fleet)["sessions"] == len(held)
+        # each node says it opened its call: no placement is left to expire as unconfirmed
+        assert await eventually(lambda: stats(fleet)["unconfirmed"] == 0)
         closes = stats(fleet)["closes"]
         await calls.aclose()                # the bridge gone: nobody will close these calls
         assert await eventually(lambda: stats(fleet)["sessions"] == 0)

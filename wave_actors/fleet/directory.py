@@ -68,6 +68,8 @@ class Directory:
         self.rng = random.Random(seed)
         self.nodes: dict[str, Node] = {}
         self.where: dict[str, str] = {}        # session → node name
+        # placements no node has said it opened yet → when placed (time.monotonic), oldest first
+        self.unconfirmed: dict[str, float] = {}
         self.open = OpenNodes()                 # the nodes placement may pick, kept current
         self.counters = Counters()
         self._seq = 0
@@ -120,6 +122,7 @@ class Directory:
         gone = sorted(node.sessions)
         for session in gone:
             del self.where[session]
+            self.unconfirmed.pop(session, None)
         node.sessions.clear()
         node.load.used = 0
         self._changed(node)
@@ -149,6 +152,7 @@ class Directory:
         node.sessions.add(session)
         self._changed(node)
         self.where[session] = load.name
+        self.unconfirmed[session] = time.monotonic()
         self.counters.placements += 1
         return Placed(session, load.name, node.endpoint, node.incarnation)
 
@@ -165,12 +169,30 @@ class Directory:
         closed, or its node was lost)."""
         return self._release(session, given_back=False)
 
-    def ended_on(self, name: str, sessions: list[str]) -> int:
-        """The node `name` says these sessions ended (its own close reports): each it holds
-        there is freed as a close. This frees the slots of calls whose bridge died with them
-        live, which no client will report. Returns how many it held."""
-        return sum(self._release(s, given_back=False) for s in sessions
-                   if self.where.get(s) == name)
+    def node_said(self, name: str, events: list[tuple[str, str]]) -> None:
+        """The node `name`'s own word on its sessions, in order: ("opened", id) confirms a
+        placement there; ("closed", id) frees it as a close. So a call whose bridge died with
+        it live, which no client will report, frees its slot when its node closes it."""
+        for event, session in events:
+            if self.where.get(session) != name:
+                continue
+            if event == "opened":
+                self.unconfirmed.pop(session, None)
+            elif event == "closed":
+                self._release(session, given_back=False)
+
+    def expire(self, grace_s: float, now: float | None = None) -> list[str]:
+        """Give back the placements no node confirmed within `grace_s` of being placed (their
+        bridge died before its open reached the node); returns them."""
+        limit = (time.monotonic() if now is None else now) - grace_s
+        old = []
+        for session, at in self.unconfirmed.items():     # oldest first
+            if at > limit:
+                break
+            old.append(session)
+        for session in old:
+            self._release(session, given_back=True)
+        return old
 
     def give_back(self, session: str) -> bool:
         """The node refused a call placed on it: its slot is free again."""
@@ -180,6 +202,7 @@ class Directory:
         name = self.where.pop(session, None)
         if name is None:
             return False
+        self.unconfirmed.pop(session, None)
         node = self.nodes[name]
         node.sessions.discard(session)
         node.load.used -= 1
@@ -209,7 +232,7 @@ class Directory:
                  for n in self.nodes.values()}
         c = self.counters
         return {"placement": self.placement.name, "nodes": nodes,
-                "sessions": len(self.where),
+                "sessions": len(self.where), "unconfirmed": len(self.unconfirmed),
                 "free_slots": sum(n.load.free for n in self.nodes.values()
                                   if n.alive and not n.draining),
                 "placements": c.placements, "closes": c.closes, "given_back": c.given_back,

@@ -30,11 +30,11 @@ class NodeReading:
     latency_sum_s: float = 0.0
     latency_count: float = 0.0
     refusals: dict[str, float] = field(default_factory=dict)
-    # Sessions the node said ended (its `--report-closes` lines) past what the watch last
-    # acknowledged; `ended_mark` (the node's incarnation, the count through the last of them)
-    # is what the watch hands back to acknowledge them.
-    ended: list[str] = field(default_factory=list)
-    ended_mark: tuple[int, int] = (0, 0)
+    # What the node said of its sessions (its `--report-sessions` lines: ("opened" or
+    # "closed", id)) past what the watch last acknowledged; `events_mark` (the node's
+    # incarnation, the count through the last of them) is what the watch hands back.
+    events: list[tuple[str, str]] = field(default_factory=list)
+    events_mark: tuple[int, int] = (0, 0)
 
     def headroom_ms(self, before: "NodeReading | None") -> float | None:
         """The beat's time left, from the mean beat latency since `before` (None: no beat ran

@@ -31,6 +31,9 @@ from wave_actors.fleet.directory import Directory, FleetFull
 from wave_actors.fleet.metrics import NodeReading, Totals, read_node
 WATCH_S = 0.5               # how often the driver checks that each node answers
 START_TIMEOUT_S = 120.0     # a node's model and graphs are built before it listens
+# A placement its node has not said it opened in this long is given back: its bridge died
+# before the open arrived. Far past an open's own wait (10 s), a busy node's included.
+OPEN_GRACE_S = 60.0
 
 
 @ray.remote(num_cpus=0)
@@ -74,14 +77,17 @@ class DirectoryActor:
         return self.d.give_back(session)
 
     def report(self, headrooms: dict[str, float],
-               ended: dict[str, list[str]] | None = None) -> int:
-        """The nodes' beat headroom and the sessions each said ended, each watch period's in
-        one message; how many of those the directory still held."""
+               events: dict[str, list[tuple[str, str]]] | None = None) -> None:
+        """A watch period's word from the nodes, in one message: each node's beat headroom and
+        the sessions it opened and closed. Placements no node confirmed in OPEN_GRACE_S are
+        then given back (their bridge died before its open reached the node)."""
         for name, headroom_ms in headrooms.items():
             if name in self.d.nodes:
                 self.d.report(name, headroom_ms)
-        return sum(self.d.ended_on(name, ids) for name, ids in (ended or {}).items()
-                   if name in self.d.nodes)
+        for name, said in (events or {}).items():
+            if name in self.d.nodes:
+                self.d.node_said(name, said)
+        self.d.expire(OPEN_GRACE_S)
 
     def drain(self, name: str) -> int:
         return self.d.drain(name)
@@ -130,12 +136,12 @@ class NodeActor:
         host = ray.util.get_node_ip_address()
         bind = f"tcp://{host}:{port}"
         self.metrics_port = _free_port()
-        self._ended: list[str] = []         # sessions the node said ended, not yet acknowledged
-        self._ended_base = 0                # how many before them were acknowledged
-        self._ended_lock = threading.Lock()
+        self._events: list[tuple[str, str]] = []    # the node's session lines, unacknowledged
+        self._events_base = 0               # how many before them were acknowledged
+        self._events_lock = threading.Lock()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "wave_actors.node", *node_args, "--bind", bind,
-             "--metrics-port", str(self.metrics_port), "--report-closes"],
+             "--metrics-port", str(self.metrics_port), "--report-sessions"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         facts = self._listening()
@@ -159,18 +165,18 @@ class NodeActor:
             raise RuntimeError(f"node {self.name}: not listening after {START_TIMEOUT_S:.0f} s "
                                f"(exit code {self.proc.poll()})")
         # the rest of its output is read at once, so a full pipe never blocks the node
-        threading.Thread(target=self._read_closes, daemon=True).start()
+        threading.Thread(target=self._read_events, daemon=True).start()
         return box
 
-    def _read_closes(self) -> None:
+    def _read_events(self) -> None:
         for line in self.proc.stdout:
-            if line.startswith('{"closed"'):
+            if line.startswith(('{"opened"', '{"closed"')):
                 try:
-                    session = json.loads(line)["closed"]
-                except (ValueError, KeyError):
+                    (event, session), = json.loads(line).items()
+                except ValueError:
                     continue
-                with self._ended_lock:
-                    self._ended.append(str(session))
+                with self._events_lock:
+                    self._events.append((event, str(session)))
 
     def info(self) -> dict:
         if self.proc.poll() is not None:
@@ -179,19 +185,19 @@ class NodeActor:
                 "incarnation": self.incarnation, "pid": os.getpid(), "node_pid": self.proc.pid}
 
     def load(self, acked: tuple[int, int] = (0, 0)) -> NodeReading:
-        """The node's metrics, read on this host (raises if the node is gone), with the
-        sessions it said ended past `acked` (an earlier reading's `ended_mark`). They are kept
+        """The node's metrics, read on this host (raises if the node is gone), with what it
+        said of its sessions past `acked` (an earlier reading's `events_mark`). They are kept
         until acknowledged, so a reading the watch gave up waiting for loses none; a mark from
         an earlier incarnation acknowledges nothing of this one."""
         self.info()
         reading = read_node(self.metrics_port)
         upto = acked[1] if acked[0] == self.incarnation else 0
-        with self._ended_lock:
-            drop = min(max(0, upto - self._ended_base), len(self._ended))
-            del self._ended[:drop]
-            self._ended_base += drop
-            reading.ended = list(self._ended)
-            reading.ended_mark = (self.incarnation, self._ended_base + len(self._ended))
+        with self._events_lock:
+            drop = min(max(0, upto - self._events_base), len(self._events))
+            del self._events[:drop]
+            self._events_base += drop
+            reading.events = list(self._events)
+            reading.events_mark = (self.incarnation, self._events_base + len(self._events))
         return reading
 
     def stop(self, timeout_s: float = 10.0) -> int:
@@ -215,6 +221,7 @@ class Fleet:
         self.totals = Totals()
         self.last_stats: dict = {}
         self._lock = threading.Lock()
+        self._retiring: dict[str, threading.Event] = {}     # node → set once it is retired
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -259,14 +266,14 @@ class Fleet:
 
     def _watch(self) -> None:
         down: set[str] = set()
-        acked: dict[str, tuple[int, int]] = {}      # node → its last reading's `ended_mark`
+        acked: dict[str, tuple[int, int]] = {}      # node → its last reading's `events_mark`
         while not self._stop.wait(WATCH_S):
             # every node asked at once, each given what is left of one watch period
             asked = {name: actor.load.remote(acked.get(name, (-1, 0)))
                      for name, actor in list(self.nodes.items())}
             deadline = time.monotonic() + WATCH_S
             headrooms: dict[str, float] = {}
-            ended: dict[str, list[str]] = {}
+            events: dict[str, list[tuple[str, str]]] = {}
             for name, ref in asked.items():
                 try:
                     reading = ray.get(ref, timeout=max(0.05, deadline - time.monotonic()))
@@ -277,16 +284,16 @@ class Fleet:
                         self.lost_events.append((name, time.time()))
                     continue
                 down.discard(name)
-                if reading.ended:
-                    ended[name] = reading.ended
-                acked[name] = reading.ended_mark
+                if reading.events:
+                    events[name] = reading.events
+                acked[name] = reading.events_mark
                 headroom = reading.headroom_ms(self.readings.get(name))
                 if headroom is not None:
                     headrooms[name] = headroom
                 self.totals.add(name, reading)
                 self.readings[name] = reading
-            if headrooms or ended:  # one message, not one a node: the directory's load
-                self.directory.report.remote(headrooms, ended)
+            # one message a period, not one a node: the directory's load
+            self.directory.report.remote(headrooms, events)
             self.last_stats = ray.get(self.directory.stats.remote())
             for name, n in self.last_stats["nodes"].items():
                 if n["draining"] and n["used"] == 0 and name in self.nodes:
@@ -306,15 +313,25 @@ class Fleet:
         return live
 
     def _retire(self, name: str) -> None:
-        """Stop a node and take it out of the directory (a drain's last step)."""
-        with self._lock:        # taken once: the watch and a drain may both reach here
-            actor = self.nodes.pop(name, None)   # out of the watch: its stop is not a loss
+        """Stop a node and take it out of the directory (a drain's last step). The watch and
+        a drain may both reach here: one retires it, the other waits until that is done."""
+        with self._lock:
+            done = self._retiring.get(name)
+            if done is None:
+                done = self._retiring[name] = threading.Event()
+                actor = self.nodes.pop(name, None)   # out of the watch: its stop is no loss
+            else:
+                actor = None
         if actor is None:
+            done.wait()
             return
-        self.readings.pop(name, None)
-        ray.get(actor.stop.remote())
-        ray.get(self.directory.leave.remote(name))
-        ray.kill(actor, no_restart=True)
+        try:
+            self.readings.pop(name, None)
+            ray.get(actor.stop.remote())
+            ray.get(self.directory.leave.remote(name))
+            ray.kill(actor, no_restart=True)
+        finally:
+            done.set()
 
     def close(self) -> None:
         self._stop.set()

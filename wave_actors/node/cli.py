@@ -85,9 +85,10 @@ def _session_args(ap: argparse.ArgumentParser) -> None:
     """Keys, metrics, workers and what a session is allowed: timeouts, input, start policy."""
     ap.add_argument("--curve-keys", help="directory with server.key_secret and clients/*.key")
     ap.add_argument("--metrics-port", type=int)
-    ap.add_argument("--report-closes", action="store_true",
-                    help='print {"closed": SESSION} on a line as each session ends (a fleet\'s '
-                         'node actor reads them, so a call whose bridge died frees its slot)')
+    ap.add_argument("--report-sessions", action="store_true",
+                    help='print {"opened": SESSION} and {"closed": SESSION} lines as sessions '
+                         'open and end (a fleet\'s node actor reads them: a call whose bridge '
+                         'died frees its slot)')
     ap.add_argument("--workers", type=_workers, default="auto",
                     help="session worker processes, the clock and executor then in a process "
                          "of their own (0: every session on the node's own loop; default "
@@ -245,9 +246,9 @@ async def serve(args) -> int:
 async def _serve(node: Node, args) -> int:
     facts = node.describe()
     print(json.dumps({"listening": node.endpoint, **facts}), flush=True)
-    if args.report_closes:
-        node.close_listeners.append(
-            lambda session: print(json.dumps({"closed": session}), flush=True))
+    if args.report_sessions:
+        node.session_listeners.append(
+            lambda event, session: print(json.dumps({event: session}), flush=True))
     print(slots_line(facts, args), file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -260,6 +260,8 @@ class Inbound:
         self.node.counters.opened += 1
         self.node.metrics.opened.inc()
         self.node.update_gauges()
+        for listen in self.node.session_listeners:
+            listen("opened", msg.session)
         self.node.out.send(route.identity, P.pack(
             "opened", msg.session, frame_ms=80, beat_ms=160,
             output_sample_rate=cfg.output_sample_rate, output_format=cfg.output_format,

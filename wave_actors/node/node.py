@@ -89,7 +89,8 @@ class Node:
         self.draining = False
         self._drain_begun = False
         self.failed: str | None = None      # why the node stopped itself (supervisor gave up)
-        self.close_listeners: list = []     # each called with a session's id as it closes
+        # each called with ("opened" or "closed", the session's id) as a session does so
+        self.session_listeners: list = []
         self.stopped = asyncio.Event()      # drained, by a signal or by failure
         self.sock: zmq.asyncio.Socket | None = None
         self.gatekeeper: Gatekeeper | None = None
@@ -291,8 +292,8 @@ class Node:
         self.bindings.forget(route, stats)
         self.counters.closed += 1
         self.metrics.closed.labels(reason).inc()
-        for listen in self.close_listeners:
-            listen(route.session)
+        for listen in self.session_listeners:
+            listen("closed", route.session)
         self.update_gauges()
 
     async def _failed(self, route: Route, session: HostedSession, message: str) -> None:
