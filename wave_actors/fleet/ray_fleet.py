@@ -95,8 +95,13 @@ class DirectoryActor:
     def live_on(self, name: str) -> int:
         return len(self.d.nodes[name].sessions) if name in self.d.nodes else 0
 
-    def lost(self, name: str) -> list[str]:
-        return self.d.lost(name) if name in self.d.nodes else []
+    def lost(self, name: str, incarnation: int | None = None) -> list[str] | None:
+        """`name` lost; None (nothing done) where that node is gone or, given `incarnation`,
+        a later incarnation has joined since (a loss seen late must not end the new one)."""
+        node = self.d.nodes.get(name)
+        if node is None or (incarnation is not None and node.incarnation != incarnation):
+            return None
+        return self.d.lost(name)
 
     def leave(self, name: str) -> list[str]:
         return self.d.leave(name) if name in self.d.nodes else []
@@ -278,9 +283,12 @@ class Fleet:
                 try:
                     reading = ray.get(ref, timeout=max(0.05, deadline - time.monotonic()))
                 except (ray.exceptions.RayError, RuntimeError, OSError):
-                    if name not in down and name in self.nodes:
+                    # the incarnation last heard from: a restarted node that joined before
+                    # this failure was seen is not lost
+                    seen = acked.get(name, (None,))[0]
+                    if name not in down and name in self.nodes and \
+                            ray.get(self.directory.lost.remote(name, seen)) is not None:
                         down.add(name)
-                        ray.get(self.directory.lost.remote(name))
                         self.lost_events.append((name, time.time()))
                     continue
                 down.discard(name)
