@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.slow          # a local Ray cluster and node processes each
 ROOT = Path(__file__).resolve().parents[2]
 
 

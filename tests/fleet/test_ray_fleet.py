@@ -8,6 +8,7 @@ import time
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow          # a local Ray cluster and node processes each
 
 from transports.client_events import Closed, Error          # noqa: E402
 import json                                                    # noqa: E402
