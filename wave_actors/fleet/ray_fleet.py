@@ -283,12 +283,12 @@ class Fleet:
                 try:
                     reading = ray.get(ref, timeout=max(0.05, deadline - time.monotonic()))
                 except (ray.exceptions.RayError, RuntimeError, OSError):
-                    # the incarnation last heard from: a restarted node that joined before
-                    # this failure was seen is not lost
-                    seen = acked.get(name, (None,))[0]
-                    if name not in down and name in self.nodes and \
-                            ray.get(self.directory.lost.remote(name, seen)) is not None:
+                    if name not in down and name in self.nodes:
                         down.add(name)
+                        # the incarnation last heard from: where the restarted node joined
+                        # before this failure was seen, the directory leaves it be (its join
+                        # already forgot the lost one's calls)
+                        ray.get(self.directory.lost.remote(name, acked.get(name, (None,))[0]))
                         self.lost_events.append((name, time.time()))
                     continue
                 down.discard(name)
