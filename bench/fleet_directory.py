@@ -26,7 +26,7 @@ from wave_actors.bench.provenance import stamp                   # noqa: E402
 from wave_actors.fleet.directory import Directory                # noqa: E402
 from wave_actors.fleet.placement import POLICIES                 # noqa: E402
 from transports.fleet_client import WATCH_S, FleetClient         # noqa: E402
-from wave_actors.fleet.ray_fleet import DirectoryActor           # noqa: E402
+from wave_actors.fleet.directory_actor import DirectoryActor         # noqa: E402
 
 SLOTS = 300
 

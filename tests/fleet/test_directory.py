@@ -81,6 +81,21 @@ def test_a_lost_node_hands_back_its_sessions_and_a_restart_starts_empty():
     assert all(not d.closed(s) for s in on_n0)                     # their late closes: no-ops
 
 
+def test_a_quiet_node_keeps_its_calls_and_takes_no_new_one_until_it_answers():
+    """Bug it catches: one reading slower than the watch period ended a healthy node's calls
+    (slow taken for dead), or a slow node kept taking calls that would wait on it."""
+    d = fleet((2, 2))
+    a = d.place("a")
+    d.quiet(a.node, True)
+    assert d.locate("a") == a and d.stats()["nodes"][a.node]["quiet"]
+    assert d.place("b").node != a.node and d.place("c").node != a.node
+    with pytest.raises(FleetFull) as full:
+        d.place("d")
+    assert full.value.reason == "capacity"
+    d.quiet(a.node, False)
+    assert d.place("d").node == a.node
+
+
 def test_a_refused_placement_is_given_back():
     d = fleet((1,))
     p = d.place("a")
@@ -106,14 +121,14 @@ def test_two_choices_picks_the_freer_of_two():
 
 
 EVENTS = st.lists(st.tuples(st.sampled_from(["place", "close", "drain", "lost", "join",
-                                             "give_back", "undrain"]),
+                                             "give_back", "undrain", "quiet", "answers"]),
                             st.integers(0, 40)), max_size=120)
 
 
 @settings(max_examples=150, deadline=None)
 @given(EVENTS, st.sampled_from(sorted(POLICIES)))
 def test_no_call_on_a_full_or_draining_node_and_every_call_ends_once(events, name):
-    """Bugs it catches: a placement on a full or draining node, a slot freed twice (a close
+    """Bugs it catches: a placement on a full, draining or quiet node, a slot freed twice (a close
     after the node was lost), a session placed on two nodes, a call that never ends, a refusal
     while a node had room (the open-node index missed a change)."""
     d = fleet((2, 3, 1), name)
@@ -124,8 +139,8 @@ def test_no_call_on_a_full_or_draining_node_and_every_call_ends_once(events, nam
         names = sorted(d.nodes)
         if kind == "place":
             seq += 1
-            open_before = {n: x.alive and not x.draining and len(x.sessions) < x.load.slots
-                           for n, x in d.nodes.items()}
+            open_before = {n: x.alive and not x.draining and not x.quiet
+                           and len(x.sessions) < x.load.slots for n, x in d.nodes.items()}
             try:
                 p = d.place(f"c{seq}")
             except FleetFull:
@@ -143,6 +158,11 @@ def test_no_call_on_a_full_or_draining_node_and_every_call_ends_once(events, nam
             d.drain(names[k % len(names)])
         elif kind == "undrain" and names:
             d.undrain(names[k % len(names)])
+        elif kind in ("quiet", "answers") and names:
+            node = d.nodes[names[k % len(names)]]
+            held = set(node.sessions)
+            d.quiet(node.load.name, kind == "quiet")
+            assert node.sessions == held                 # slow is not lost: calls stay
         elif kind == "lost" and names:
             gone = d.lost(names[k % len(names)])
             assert set(gone) <= live

@@ -3,6 +3,8 @@ node processes, each behind a node actor, one directory actor, calls opened thro
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -59,10 +61,11 @@ async def eventually(check, patience: float = PATIENCE_S, every: float = 0.1) ->
 
 
 async def all_alive(f) -> None:
-    """Every node the entry point holds is alive in the directory (a node killed by an earlier
-    test may still be coming back)."""
-    assert await eventually(lambda: all(stats(f)["nodes"].get(n, {}).get("alive")
-                                        for n in f.nodes))
+    """Every node the entry point holds is alive and answering in the directory (a node killed
+    by an earlier test may still be coming back, or slow to answer while it starts)."""
+    def ready(n: dict) -> bool:
+        return n.get("alive", False) and not n.get("quiet", True)
+    assert await eventually(lambda: all(ready(stats(f)["nodes"].get(n, {})) for n in f.nodes))
 
 
 def test_the_realtime_bridge_places_its_calls_through_the_fleet(fleet):
@@ -178,6 +181,63 @@ def test_the_watch_reads_every_node_and_reports_its_headroom(fleet):
     asyncio.run(main())
 
 
+def test_a_slow_node_keeps_its_calls_and_a_stuck_one_is_restarted(fleet):
+    """Bug it catches: one reading slower than the watch period declared a healthy node lost,
+    ending its calls, and it stayed out of placement for good (its actor never restarted). A
+    node stopped for a few watch periods (a loaded host) keeps its calls and only leaves
+    placement meanwhile; one silent past `silent_loss_s` is lost and restarted, and comes
+    back empty."""
+    async def main():
+        await all_alive(fleet)
+        calls = FleetClient(fleet.directory)
+        name, opened = sorted(fleet.nodes)[0], []
+        while not any(calls.node_of[c.id] == name for c in opened):
+            opened.append(await calls.open(f"slow-{len(opened)}"))
+        held = opened[-1]
+        before = ray.get(fleet.nodes[name].info.remote())
+        t0, patience = time.time(), fleet.silent_loss_s
+        fleet.silent_loss_s = 60.0          # this part judges slow against lost, not the limit
+        try:
+            os.kill(before["node_pid"], signal.SIGSTOP)
+            assert await eventually(lambda: stats(fleet)["nodes"][name]["quiet"])
+            newcomer = await calls.open("while-quiet")
+            assert calls.node_of[newcomer.id] != name               # out of placement
+            os.kill(before["node_pid"], signal.SIGCONT)
+            assert await eventually(lambda: not stats(fleet)["nodes"][name]["quiet"])
+            assert held.closed is None and not any(n == name and at >= t0
+                                                   for n, at in fleet.lost_events)
+            assert (await calls.close(held)).stats.get("reason") != "node_lost"
+            stuck = []
+            while not any(calls.node_of[c.id] == name for c in stuck):
+                stuck.append(await calls.open(f"stuck-{len(stuck)}"))
+            held = stuck[-1]
+            fleet.silent_loss_s = 2.0
+            t1 = time.time()
+            os.kill(before["node_pid"], signal.SIGSTOP)
+            assert await eventually(lambda: any(n == name and at >= t1
+                                                for n, at in fleet.lost_events))
+            first = await held.next_event(timeout=10.0)
+            while not isinstance(first, Error):
+                first = await held.next_event(timeout=10.0)
+            assert first.code == "node_lost"
+            def back():
+                info = stats(fleet)["nodes"][name]
+                return info["incarnation"] > before["incarnation"] and info["alive"]
+            assert await eventually(back)
+            assert stats(fleet)["nodes"][name]["used"] == 0
+        finally:
+            fleet.silent_loss_s = patience
+            try:
+                os.kill(before["node_pid"], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        for c in opened + stuck + [newcomer]:
+            if c.closed is None:
+                await calls.close(c)
+        await calls.aclose()
+    asyncio.run(main())
+
+
 def test_a_drain_asked_of_the_directory_is_finished_by_the_watch(fleet):
     """`python -m wave_actors.fleet drain NODE` only tells the directory: the entry point's
     watch stops the node once its last call has ended, not before."""
@@ -242,3 +302,4 @@ def test_calls_whose_bridge_died_free_their_slots_from_the_nodes_own_word(fleet)
         assert stats(fleet)["closes"] == closes + len(held)
         assert all(ray.get(fleet.directory.locate.remote(c.id)) is None for c in held)
     asyncio.run(main())
+

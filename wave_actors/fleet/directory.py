@@ -38,11 +38,13 @@ class Node:
     incarnation: int = 0
     draining: bool = False
     alive: bool = True              # False from its loss until it joins again
+    # missed its last reading: takes no new call, keeps its calls (slow is not dead)
+    quiet: bool = False
     sessions: set[str] = field(default_factory=set)
 
     @property
     def takes_calls(self) -> bool:
-        return self.alive and not self.draining and self.load.free > 0
+        return self.alive and not self.quiet and not self.draining and self.load.free > 0
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,14 @@ class Directory:
         node.draining = True
         self._changed(node)
         return len(node.sessions)
+
+    def quiet(self, name: str, quiet: bool) -> None:
+        """`name` did not answer its last reading (True) or answers again (False). A quiet
+        node keeps its calls but is left out of placement: a call placed there would wait on
+        a node that may be about to be declared lost."""
+        node = self._node(name)
+        node.quiet = quiet
+        self._changed(node)
 
     def undrain(self, name: str) -> None:
         """A drain called off: the node takes calls again."""
@@ -227,6 +237,7 @@ class Directory:
         nodes = {n.load.name: {"slots": n.load.slots, "used": n.load.used,
                                "free": n.load.free, "headroom_ms": n.load.headroom_ms,
                                "draining": n.draining, "alive": n.alive,
+                               "quiet": n.quiet,
                                "incarnation": n.incarnation,
                                "endpoint": n.endpoint}
                  for n in self.nodes.values()}

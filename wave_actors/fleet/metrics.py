@@ -98,7 +98,7 @@ class FleetCollector:
         s, readings = self.stats(), self.readings()
         nodes = s.get("nodes", {})
         state = GaugeMetricFamily("wave_fleet_nodes", "nodes, by state", labels=["state"])
-        for name in ("alive", "draining", "lost"):
+        for name in ("alive", "quiet", "draining", "lost"):
             state.add_metric([name], sum(1 for n in nodes.values() if _state(n) == name))
         yield state
         yield GaugeMetricFamily("wave_fleet_sessions", "calls placed and not yet closed",
@@ -125,7 +125,8 @@ class FleetCollector:
         g = {key: GaugeMetricFamily(f"wave_fleet_node_{key}", doc, labels=["node"])
              for key, doc in (("sessions", "calls the directory placed on the node"),
                               ("free_slots", "the node's free slots"),
-                              ("alive", "1 while the node answers"),
+                              ("alive", "1 until the node is lost"),
+                              ("quiet", "1 while the node's last reading went unanswered"),
                               ("draining", "1 while the node takes no new call"),
                               ("incarnation", "restarts of the node"),
                               ("headroom_ms", "the beat's time left, last reported"))}
@@ -136,7 +137,8 @@ class FleetCollector:
                                       "by reason", labels=["node", "reason"])
         for name, n in sorted(nodes.items()):
             for key, value in (("sessions", n["used"]), ("free_slots", n["free"]),
-                               ("alive", n["alive"]), ("draining", n["draining"]),
+                               ("alive", n["alive"]), ("quiet", n.get("quiet", False)),
+                               ("draining", n["draining"]),
                                ("incarnation", n["incarnation"]),
                                ("headroom_ms", n["headroom_ms"])):
                 g[key].add_metric([name], float(value))
@@ -154,6 +156,8 @@ class FleetCollector:
 def _state(node: dict) -> str:
     if not node["alive"]:
         return "lost"
+    if node.get("quiet"):
+        return "quiet"
     return "draining" if node["draining"] else "alive"
 
 

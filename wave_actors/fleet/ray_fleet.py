@@ -1,17 +1,20 @@
-"""The fleet on Ray: Ray holds the control plane only. One named directory actor owns the
-`Directory`; one node actor a GPU (`num_gpus=1`) runs today's node as a child process with its
-own ZeroMQ endpoint, so audio never passes through Ray. Ray restarts a node actor that dies
-(`max_restarts`); the restarted actor starts a fresh node and joins the directory again under
-its name, which forgets the sessions of the dead incarnation (their state was on its GPU).
+"""The fleet on Ray: Ray holds the control plane only. One named directory actor
+(`directory_actor.py`) owns the `Directory`; one node actor a GPU (`num_gpus=1`) runs today's
+node as a child process with its own ZeroMQ endpoint, so audio never passes through Ray. Ray
+restarts a node actor that dies (`max_restarts`); the restarted actor starts a fresh node and
+joins the directory again under its name, which forgets the sessions of the dead incarnation
+(their state was on its GPU).
 
 `Fleet` is the driver's handle (the entry point): it starts the directory and the nodes, or
 attaches to those a previous entry point started (`detached` actors outlive their driver, so an
 entry point that dies and starts again loses no call: the calls' state is in the directory and
-on the nodes). It watches the nodes (a node that stops answering is reported lost at once, so
-its slots leave placement within a watch period; each answer carries the node's metrics, and
-its beat headroom goes to the directory) and drains them: out of placement, wait until its
-calls have ended, then stop. A drain asked of the directory by another process (`python -m
-wave_actors.fleet drain NODE`) is finished by the watch.
+on the nodes). It watches the nodes: one whose actor or process died is reported lost at once,
+so its calls end and its slots leave placement within a watch period; one that is only slow to
+answer leaves placement but keeps its calls, and is declared lost and restarted if it stays
+silent `SILENT_LOSS_S`. Each answer carries the node's metrics, and its beat headroom goes to
+the directory. It drains nodes: out of placement, wait until its calls have ended, then stop.
+A drain asked of the directory by another process (`python -m wave_actors.fleet drain NODE`)
+is finished by the watch.
 """
 from __future__ import annotations
 
@@ -23,96 +26,19 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 import ray
 
 from transports.fleet_client import DIRECTORY, NAMESPACE
-from wave_actors.fleet.directory import Directory, FleetFull
+from wave_actors.fleet.directory_actor import DirectoryActor
 from wave_actors.fleet.metrics import NodeReading, Totals, read_node
+
 WATCH_S = 0.5               # how often the driver checks that each node answers
 START_TIMEOUT_S = 120.0     # a node's model and graphs are built before it listens
-# A placement its node has not said it opened in this long is given back: its bridge died
-# before the open arrived. Far past an open's own wait (10 s), a busy node's included.
-OPEN_GRACE_S = 60.0
-
-
-@ray.remote(num_cpus=0)
-class DirectoryActor:
-    """The directory's one owner. Calls run one at a time, so a placement and a close never
-    interleave."""
-
-    def __init__(self, placement: str = "most_free", seed: int = 0):
-        self.d = Directory(placement, seed)
-
-    def join(self, name: str, endpoint: str, slots: int) -> int:
-        return self.d.join(name, endpoint, slots)
-
-    def place(self, session: str | None = None) -> dict:
-        """The node for a new call, or {"refused": reason} when no node can take it."""
-        try:
-            p = self.d.place(session)
-        except FleetFull as exc:
-            return {"refused": exc.reason, "message": str(exc)}
-        return {"session": p.session, "node": p.node, "endpoint": p.endpoint,
-                "incarnation": p.incarnation}
-
-    def place_many(self, sessions: list[str | None]) -> list[dict]:
-        """`place` for each, in order (a client's placements asked while its last was in
-        flight)."""
-        return [self.place(s) for s in sessions]
-
-    def locate(self, session: str) -> dict | None:
-        p = self.d.locate(session)
-        return None if p is None else {"node": p.node, "endpoint": p.endpoint,
-                                       "incarnation": p.incarnation}
-
-    def closed(self, session: str) -> bool:
-        return self.d.closed(session)
-
-    def closed_many(self, sessions: list[str]) -> int:
-        """Several calls ended (a client's watch period of closes): how many it held."""
-        return sum(self.d.closed(s) for s in sessions)
-
-    def give_back(self, session: str) -> bool:
-        return self.d.give_back(session)
-
-    def report(self, headrooms: dict[str, float],
-               events: dict[str, list[tuple[str, str]]] | None = None) -> None:
-        """A watch period's word from the nodes, in one message: each node's beat headroom and
-        the sessions it opened and closed. Placements no node confirmed in OPEN_GRACE_S are
-        then given back (their bridge died before its open reached the node)."""
-        for name, headroom_ms in headrooms.items():
-            if name in self.d.nodes:
-                self.d.report(name, headroom_ms)
-        for name, said in (events or {}).items():
-            if name in self.d.nodes:
-                self.d.node_said(name, said)
-        self.d.expire(OPEN_GRACE_S)
-
-    def drain(self, name: str) -> int:
-        return self.d.drain(name)
-
-    def live_on(self, name: str) -> int:
-        return len(self.d.nodes[name].sessions) if name in self.d.nodes else 0
-
-    def lost(self, name: str, incarnation: int | None = None) -> list[str] | None:
-        """`name` lost; None (nothing done) where that node is gone or, given `incarnation`,
-        a later incarnation has joined since (a loss seen late must not end the new one)."""
-        node = self.d.nodes.get(name)
-        if node is None or (incarnation is not None and node.incarnation != incarnation):
-            return None
-        return self.d.lost(name)
-
-    def leave(self, name: str) -> list[str]:
-        return self.d.leave(name) if name in self.d.nodes else []
-
-    def health(self) -> dict[str, tuple[int, bool]]:
-        """Each node's incarnation and whether it is alive: a client's calls on a node that is
-        not, or on an earlier incarnation, are lost."""
-        return {name: (n.incarnation, n.alive) for name, n in self.d.nodes.items()}
-
-    def stats(self) -> dict:
-        return self.d.stats()
+# A node whose process runs but that has not answered a reading in this long is declared lost
+# and restarted. Shorter silences (a loaded host, a long collection) only keep new calls away.
+SILENT_LOSS_S = 10.0
 
 
 def _free_port() -> int:
@@ -189,13 +115,17 @@ class NodeActor:
         return {"name": self.name, "endpoint": self.endpoint, "slots": self.slots,
                 "incarnation": self.incarnation, "pid": os.getpid(), "node_pid": self.proc.pid}
 
-    def load(self, acked: tuple[int, int] = (0, 0)) -> NodeReading:
-        """The node's metrics, read on this host (raises if the node is gone), with what it
+    def load(self, acked: tuple[int, int] = (0, 0)) -> NodeReading | None:
+        """The node's metrics, read on this host (raises if the node's process is gone; None
+        if it runs but did not answer in time), with what it
         said of its sessions past `acked` (an earlier reading's `events_mark`). They are kept
         until acknowledged, so a reading the watch gave up waiting for loses none; a mark from
         an earlier incarnation acknowledges nothing of this one."""
         self.info()
-        reading = read_node(self.metrics_port)
+        try:
+            reading = read_node(self.metrics_port)
+        except OSError:
+            return None         # its process runs but its registry did not answer: slow
         upto = acked[1] if acked[0] == self.incarnation else 0
         with self._events_lock:
             drop = min(max(0, upto - self._events_base), len(self._events))
@@ -215,8 +145,19 @@ class NodeActor:
             return self.proc.wait()
 
 
+@dataclass
+class _Watched:
+    """What the watch knows of the nodes between periods."""
+    down: set[str] = field(default_factory=set)             # lost, until a reading comes
+    acked: dict[str, tuple[int, int]] = field(default_factory=dict)   # last `events_mark`
+    pending: dict[str, "ray.ObjectRef"] = field(default_factory=dict)  # readings asked
+    silent_since: dict[str, float] = field(default_factory=dict)      # unanswered since
+
+
 class Fleet:
     """Use `Fleet.start` (new actors) or `Fleet.attach` (a running fleet's)."""
+
+    silent_loss_s = SILENT_LOSS_S
 
     def __init__(self, directory, nodes: dict, namespace: str = NAMESPACE):
         self.directory, self.nodes, self.namespace = directory, nodes, namespace
@@ -270,36 +211,9 @@ class Fleet:
         self._watcher.start()
 
     def _watch(self) -> None:
-        down: set[str] = set()
-        acked: dict[str, tuple[int, int]] = {}      # node → its last reading's `events_mark`
+        w = _Watched()
         while not self._stop.wait(WATCH_S):
-            # every node asked at once, each given what is left of one watch period
-            asked = {name: actor.load.remote(acked.get(name, (-1, 0)))
-                     for name, actor in list(self.nodes.items())}
-            deadline = time.monotonic() + WATCH_S
-            headrooms: dict[str, float] = {}
-            events: dict[str, list[tuple[str, str]]] = {}
-            for name, ref in asked.items():
-                try:
-                    reading = ray.get(ref, timeout=max(0.05, deadline - time.monotonic()))
-                except (ray.exceptions.RayError, RuntimeError, OSError):
-                    if name not in down and name in self.nodes:
-                        down.add(name)
-                        # the incarnation last heard from: where the restarted node joined
-                        # before this failure was seen, the directory leaves it be (its join
-                        # already forgot the lost one's calls)
-                        ray.get(self.directory.lost.remote(name, acked.get(name, (None,))[0]))
-                        self.lost_events.append((name, time.time()))
-                    continue
-                down.discard(name)
-                if reading.events:
-                    events[name] = reading.events
-                acked[name] = reading.events_mark
-                headroom = reading.headroom_ms(self.readings.get(name))
-                if headroom is not None:
-                    headrooms[name] = headroom
-                self.totals.add(name, reading)
-                self.readings[name] = reading
+            headrooms, events = self._read_nodes(w)
             # one message a period, not one a node: the directory's load
             self.directory.report.remote(headrooms, events)
             self.last_stats = ray.get(self.directory.stats.remote())
@@ -308,6 +222,78 @@ class Fleet:
                     # off the watch's thread: a node's stop takes seconds, the others' watch
                     # goes on meanwhile
                     threading.Thread(target=self._retire, args=(name,), daemon=True).start()
+
+    def _read_nodes(self, w: "_Watched") -> tuple[dict, dict]:
+        """Every node read at once, each given what is left of one watch period. A reading
+        still unanswered is waited for again, not asked a second time (a stuck node would
+        pile them up)."""
+        for name, actor in list(self.nodes.items()):
+            if name not in w.pending:
+                w.pending[name] = actor.load.remote(w.acked.get(name, (-1, 0)))
+        deadline = time.monotonic() + WATCH_S
+        headrooms: dict[str, float] = {}
+        events: dict[str, list[tuple[str, str]]] = {}
+        for name, ref in list(w.pending.items()):
+            if name not in self.nodes:                      # retired meanwhile
+                del w.pending[name]
+                continue
+            try:
+                reading = ray.get(ref, timeout=max(0.05, deadline - time.monotonic()))
+            except ray.exceptions.GetTimeoutError:
+                self._silent(name, w)
+                continue
+            except (ray.exceptions.RayError, RuntimeError, OSError) as exc:
+                del w.pending[name]
+                # the actor answered that its node process is gone: it must be restarted;
+                # an actor that died is restarted by Ray already
+                self._lost(name, w, fence=isinstance(exc, ray.exceptions.RayTaskError))
+                continue
+            del w.pending[name]
+            if reading is None:
+                self._silent(name, w)
+                continue
+            w.down.discard(name)
+            if w.silent_since.pop(name, None) is not None:
+                self.directory.quiet.remote(name, False)
+            if reading.events:
+                events[name] = reading.events
+            w.acked[name] = reading.events_mark
+            headroom = reading.headroom_ms(self.readings.get(name))
+            if headroom is not None:
+                headrooms[name] = headroom
+            self.totals.add(name, reading)
+            self.readings[name] = reading
+        return headrooms, events
+
+    def _silent(self, name: str, w: "_Watched") -> None:
+        """No reading from a node this period. Slow is not dead: it leaves placement but keeps
+        its calls, until it has been silent `silent_loss_s`."""
+        if name in w.down:
+            return                          # lost already: its restart is under way
+        now = time.monotonic()
+        if name not in w.silent_since:
+            w.silent_since[name] = now
+            self.directory.quiet.remote(name, True)
+        elif now - w.silent_since[name] > self.silent_loss_s:
+            w.pending.pop(name, None)
+            self._lost(name, w, fence=True)
+
+    def _lost(self, name: str, w: "_Watched", fence: bool) -> None:
+        """`name`'s calls end at their callers and its slots leave placement. `fence`: its
+        actor lives but the node does not serve (its process exited, or it is stuck), so the
+        actor is killed for Ray to restart: no process goes on with calls the directory has
+        forgotten, and a fresh incarnation joins."""
+        w.silent_since.pop(name, None)
+        if name in w.down or name not in self.nodes:
+            return
+        w.down.add(name)
+        # the incarnation last heard from: where the restarted node joined before this
+        # failure was seen, the directory leaves it be (its join already forgot the lost
+        # one's calls)
+        ray.get(self.directory.lost.remote(name, w.acked.get(name, (None,))[0]))
+        self.lost_events.append((name, time.time()))
+        if fence:
+            ray.kill(self.nodes[name], no_restart=False)
 
     def drain(self, name: str, timeout_s: float = 600.0) -> int:
         """Out of placement, wait for its calls to end (closes told to the directory), stop.

@@ -1,0 +1,93 @@
+"""The directory's Ray actor: the one owner of the fleet's `Directory`, named so that every
+entry point and bridge finds it. Its calls run one at a time, so a placement and a close never
+interleave."""
+from __future__ import annotations
+
+import ray
+
+from wave_actors.fleet.directory import Directory, FleetFull
+
+# A placement its node has not said it opened in this long is given back: its bridge died
+# before the open arrived. Far past an open's own wait (10 s), a busy node's included.
+OPEN_GRACE_S = 60.0
+
+
+@ray.remote(num_cpus=0)
+class DirectoryActor:
+
+    def __init__(self, placement: str = "most_free", seed: int = 0):
+        self.d = Directory(placement, seed)
+
+    def join(self, name: str, endpoint: str, slots: int) -> int:
+        return self.d.join(name, endpoint, slots)
+
+    def place(self, session: str | None = None) -> dict:
+        """The node for a new call, or {"refused": reason} when no node can take it."""
+        try:
+            p = self.d.place(session)
+        except FleetFull as exc:
+            return {"refused": exc.reason, "message": str(exc)}
+        return {"session": p.session, "node": p.node, "endpoint": p.endpoint,
+                "incarnation": p.incarnation}
+
+    def place_many(self, sessions: list[str | None]) -> list[dict]:
+        """`place` for each, in order (a client's placements asked while its last was in
+        flight)."""
+        return [self.place(s) for s in sessions]
+
+    def locate(self, session: str) -> dict | None:
+        p = self.d.locate(session)
+        return None if p is None else {"node": p.node, "endpoint": p.endpoint,
+                                       "incarnation": p.incarnation}
+
+    def closed(self, session: str) -> bool:
+        return self.d.closed(session)
+
+    def closed_many(self, sessions: list[str]) -> int:
+        """Several calls ended (a client's watch period of closes): how many it held."""
+        return sum(self.d.closed(s) for s in sessions)
+
+    def give_back(self, session: str) -> bool:
+        return self.d.give_back(session)
+
+    def report(self, headrooms: dict[str, float],
+               events: dict[str, list[tuple[str, str]]] | None = None) -> None:
+        """A watch period's word from the nodes, in one message: each node's beat headroom and
+        the sessions it opened and closed. Placements no node confirmed in OPEN_GRACE_S are
+        then given back (their bridge died before its open reached the node)."""
+        for name, headroom_ms in headrooms.items():
+            if name in self.d.nodes:
+                self.d.report(name, headroom_ms)
+        for name, said in (events or {}).items():
+            if name in self.d.nodes:
+                self.d.node_said(name, said)
+        self.d.expire(OPEN_GRACE_S)
+
+    def drain(self, name: str) -> int:
+        return self.d.drain(name)
+
+    def quiet(self, name: str, quiet: bool) -> None:
+        if name in self.d.nodes:
+            self.d.quiet(name, quiet)
+
+    def live_on(self, name: str) -> int:
+        return len(self.d.nodes[name].sessions) if name in self.d.nodes else 0
+
+    def lost(self, name: str, incarnation: int | None = None) -> list[str] | None:
+        """`name` lost; None (nothing done) where that node is gone or, given `incarnation`,
+        a later incarnation has joined since (a loss seen late must not end the new one)."""
+        node = self.d.nodes.get(name)
+        if node is None or (incarnation is not None and node.incarnation != incarnation):
+            return None
+        return self.d.lost(name)
+
+    def leave(self, name: str) -> list[str]:
+        return self.d.leave(name) if name in self.d.nodes else []
+
+    def health(self) -> dict[str, tuple[int, bool]]:
+        """Each node's incarnation and whether it is alive: a client's calls on a node that is
+        not, or on an earlier incarnation, are lost."""
+        return {name: (n.incarnation, n.alive) for name, n in self.d.nodes.items()}
+
+    def stats(self) -> dict:
+        return self.d.stats()
