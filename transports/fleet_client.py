@@ -68,20 +68,28 @@ class FleetClient:
             await asyncio.sleep(WATCH_S)
             if not self._placed:
                 continue
-            health = await self.directory.health.remote()
-            ended = []
+            try:
+                health = await self.directory.health.remote()
+            except ray.exceptions.RayError:     # the directory gone for good: calls go on
+                continue
+            nodes, ended = health["nodes"], []
             for call, (node, incarnation, endpoint) in list(self._placed.items()):
                 client = self.clients[endpoint]
                 session = client.sessions.get(call)
                 if session is None or session.closed is not None:     # ended, by either side
                     self._forget(call)
                     ended.append(call)
-                elif health.get(node) != (incarnation, True):
+                elif node not in nodes and health["restoring"]:
+                    continue                    # a restarted directory not yet told of it
+                elif nodes.get(node) != (incarnation, True):
                     self._forget(call)
                     self.lost += client.lose(call, P.NODE_LOST,
                                              f"node {node} was lost; its calls cannot go on")
             if ended:               # one message for the period's closes: the directory's load
-                await self.directory.closed_many.remote(ended)
+                try:
+                    await self.directory.closed_many.remote(ended)
+                except ray.exceptions.RayError:
+                    pass                # gone for good; a restarted one learns from the nodes
 
     def _forget(self, call: str) -> None:
         self._placed.pop(call, None)

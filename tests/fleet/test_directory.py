@@ -96,6 +96,30 @@ def test_a_quiet_node_keeps_its_calls_and_takes_no_new_one_until_it_answers():
     assert d.place("d").node == a.node
 
 
+def test_a_restored_directory_holds_what_the_nodes_say_and_places_around_it():
+    """Bug it catches: a directory restarted empty placed calls past a node's slots (its live
+    calls uncounted), handed a new call the id of a live one, or lost a call opened while it
+    was being restored."""
+    d = Directory()
+    assert d.restore("a", "tcp://a:1", 2, 4, ["s1", "x"]) and d.restore("b", "tcp://b:1", 2, 0, [])
+    assert not d.restore("a", "tcp://a:1", 2, 4, [])          # known already: its word stands
+    assert d.locate("s1").node == "a" and d.locate("s1").incarnation == 4
+    new = [d.place() for _ in range(2)]
+    assert {p.node for p in new} == {"b"} and "s1" not in {p.session for p in new}
+    with pytest.raises(FleetFull):
+        d.place()
+    assert d.join("a", "tcp://a:1", 2) == 5                    # a restart after it counts on
+    assert d.locate("x") is None
+    # a call placed before the restart and opened after the node restored it: the node's word
+    # takes it in; the word of an earlier incarnation does not
+    d.node_said("a", [("opened", "late")], incarnation=5)
+    d.node_said("a", [("opened", "ghost")], incarnation=4)
+    assert d.locate("late").node == "a" and d.locate("ghost") is None
+    assert d.stats()["taken_in"] == 1 and d.stats()["nodes"]["a"]["used"] == 1
+    d.node_said("a", [("closed", "late")], incarnation=5)
+    assert d.locate("late") is None and d.stats()["nodes"]["a"]["used"] == 0
+
+
 def test_a_refused_placement_is_given_back():
     d = fleet((1,))
     p = d.place("a")

@@ -238,6 +238,33 @@ def test_a_slow_node_keeps_its_calls_and_a_stuck_one_is_restarted(fleet):
     asyncio.run(main())
 
 
+def test_a_restarted_directory_learns_the_live_calls_from_the_nodes(fleet):
+    """Bug it catches: the directory's death lost every placement: the bridges then ended
+    their live calls as lost, and placement took the nodes for empty. Ray restarts it; the
+    nodes say again what they hold; no call ends and every slot stays counted."""
+    async def main():
+        await all_alive(fleet)
+        calls = FleetClient(fleet.directory)
+        opened = [await calls.open(f"r-{i}") for i in range(len(fleet.nodes))]
+        assert await eventually(lambda: stats(fleet)["unconfirmed"] == 0)
+        where = dict(calls.node_of)
+        ray.kill(fleet.directory, no_restart=False)
+        assert await eventually(lambda: not stats(fleet)["restoring"])
+        await asyncio.sleep(1.0)                        # the bridge's watch looks, four times
+        s = stats(fleet)
+        assert s["sessions"] == len(opened) and calls.lost == 0
+        assert all(c.closed is None for c in opened)
+        assert {c.id: ray.get(fleet.directory.locate.remote(c.id))["node"]
+                for c in opened} == where
+        assert sum(n["used"] for n in s["nodes"].values()) == len(opened)
+        more = await calls.open("after-restore")                 # placement goes on
+        for c in opened + [more]:
+            await calls.close(c)
+        assert stats(fleet)["sessions"] == 0
+        await calls.aclose()
+    asyncio.run(main())
+
+
 def test_a_drain_asked_of_the_directory_is_finished_by_the_watch(fleet):
     """`python -m wave_actors.fleet drain NODE` only tells the directory: the entry point's
     watch stops the node once its last call has ended, not before."""

@@ -61,6 +61,7 @@ class Counters:
     closes: int = 0
     given_back: int = 0
     lost_sessions: int = 0
+    taken_in: int = 0               # sessions a node said it opened that were not placed here
     refusals: dict[str, int] = field(default_factory=dict)     # by reason
 
 
@@ -89,6 +90,23 @@ class Directory:
         self.nodes[name] = node = Node(NodeLoad(name, slots), endpoint, incarnation)
         self._changed(node)
         return incarnation
+
+    def restore(self, name: str, endpoint: str, slots: int, incarnation: int,
+                sessions: list[str]) -> bool:
+        """A running node says again what it holds, to a directory that lost its state (its
+        process restarted): the node, its incarnation and its live sessions as they were.
+        False (nothing done) where the name is known here already: it joined or was restored
+        since, and its word then is newer."""
+        if name in self.nodes:
+            return False
+        self.nodes[name] = node = Node(NodeLoad(name, slots), endpoint, incarnation)
+        for session in sessions:
+            if session not in self.where:
+                node.sessions.add(session)
+                self.where[session] = name
+        node.load.used = len(node.sessions)
+        self._changed(node)
+        return True
 
     def report(self, name: str, headroom_ms: float) -> None:
         """A node's load report: its beat headroom (its slots are counted here)."""
@@ -155,7 +173,7 @@ class Directory:
                                     "and taking calls")
         load = self.placement.pick(self.open, self.rng)
         node = self.nodes[load.name]
-        if session is None:
+        while session is None or session in self.where:     # restored ids are taken
             self._seq += 1
             session = f"s{self._seq}"
         node.load.used += 1
@@ -179,14 +197,29 @@ class Directory:
         closed, or its node was lost)."""
         return self._release(session, given_back=False)
 
-    def node_said(self, name: str, events: list[tuple[str, str]]) -> None:
+    def node_said(self, name: str, events: list[tuple[str, str]],
+                  incarnation: int | None = None) -> None:
         """The node `name`'s own word on its sessions, in order: ("opened", id) confirms a
         placement there; ("closed", id) frees it as a close. So a call whose bridge died with
-        it live, which no client will report, frees its slot when its node closes it."""
+        it live, which no client will report, frees its slot when its node closes it. A
+        session the directory does not hold that the node says it opened is taken in (its
+        placement expired, or was made before a directory restart and opened after the node
+        restored it): it holds a slot there. Given `incarnation`, the word of another
+        incarnation of the node is ignored (its sessions are gone)."""
+        node = self.nodes.get(name)
+        if node is None or incarnation not in (None, node.incarnation):
+            return
         for event, session in events:
-            if self.where.get(session) != name:
+            where = self.where.get(session)
+            if event == "opened" and where is None:
+                node.sessions.add(session)
+                node.load.used += 1
+                self.where[session] = name
+                self.counters.taken_in += 1
+                self._changed(node)
+            elif where != name:
                 continue
-            if event == "opened":
+            elif event == "opened":
                 self.unconfirmed.pop(session, None)
             elif event == "closed":
                 self._release(session, given_back=False)
@@ -247,5 +280,6 @@ class Directory:
                 "free_slots": sum(n.load.free for n in self.nodes.values()
                                   if n.alive and not n.draining),
                 "placements": c.placements, "closes": c.closes, "given_back": c.given_back,
-                "lost_sessions": c.lost_sessions, "refusals": dict(c.refusals),
+                "lost_sessions": c.lost_sessions, "taken_in": c.taken_in,
+                "refusals": dict(c.refusals),
                 "at": time.time()}

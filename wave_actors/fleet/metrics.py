@@ -107,7 +107,9 @@ class FleetCollector:
                                 value=s.get("free_slots", 0))
         for key, doc in (("placements", "calls placed"), ("closes", "calls closed"),
                          ("given_back", "placements a node refused"),
-                         ("lost_sessions", "calls ended by their node's loss")):
+                         ("lost_sessions", "calls ended by their node's loss"),
+                         ("taken_in", "calls a node opened that the directory had not "
+                                      "placed (late opens, a directory restart)")):
             yield CounterMetricFamily(f"wave_fleet_{key}", doc, value=s.get(key, 0))
         refused = CounterMetricFamily("wave_fleet_refusals", "calls no node could take, by "
                                       "reason", labels=["reason"])

@@ -70,6 +70,8 @@ class NodeActor:
         self._events: list[tuple[str, str]] = []    # the node's session lines, unacknowledged
         self._events_base = 0               # how many before them were acknowledged
         self._events_lock = threading.Lock()
+        self._live: set[str] = set()        # the node's sessions, from the same lines
+        self.namespace = namespace
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "wave_actors.node", *node_args, "--bind", bind,
              "--metrics-port", str(self.metrics_port), "--report-sessions"],
@@ -108,12 +110,22 @@ class NodeActor:
                     continue
                 with self._events_lock:
                     self._events.append((event, str(session)))
+                    (self._live.add if event == "opened" else self._live.discard)(str(session))
 
     def info(self) -> dict:
         if self.proc.poll() is not None:
             raise RuntimeError(f"node {self.name}: its process exited ({self.proc.returncode})")
         return {"name": self.name, "endpoint": self.endpoint, "slots": self.slots,
                 "incarnation": self.incarnation, "pid": os.getpid(), "node_pid": self.proc.pid}
+
+    def rejoin(self) -> bool:
+        """Tell a restarted directory what this node holds (False: it knew the node already)."""
+        self.info()
+        with self._events_lock:
+            live = sorted(self._live)
+        directory = ray.get_actor(DIRECTORY, namespace=self.namespace)
+        return ray.get(directory.restore.remote(self.name, self.endpoint, self.slots,
+                                                self.incarnation, live))
 
     def load(self, acked: tuple[int, int] = (0, 0)) -> NodeReading | None:
         """The node's metrics, read on this host (raises if the node's process is gone; None
@@ -217,11 +229,24 @@ class Fleet:
             # one message a period, not one a node: the directory's load
             self.directory.report.remote(headrooms, events)
             self.last_stats = ray.get(self.directory.stats.remote())
+            if self.last_stats.get("restoring"):
+                self._restore()
             for name, n in self.last_stats["nodes"].items():
                 if n["draining"] and n["used"] == 0 and name in self.nodes:
                     # off the watch's thread: a node's stop takes seconds, the others' watch
                     # goes on meanwhile
                     threading.Thread(target=self._retire, args=(name,), daemon=True).start()
+
+    def _restore(self) -> None:
+        """The directory restarted and lost its state: each node says again what it holds.
+        One that cannot (lost meanwhile) is asked again next period, until the directory's
+        wait runs out."""
+        asked = [actor.rejoin.remote() for actor in list(self.nodes.values())]
+        try:
+            ray.get(asked, timeout=10 * WATCH_S)
+        except (ray.exceptions.RayError, RuntimeError):
+            return
+        ray.get(self.directory.restored.remote())
 
     def _read_nodes(self, w: "_Watched") -> tuple[dict, dict]:
         """Every node read at once, each given what is left of one watch period. A reading
@@ -232,7 +257,7 @@ class Fleet:
                 w.pending[name] = actor.load.remote(w.acked.get(name, (-1, 0)))
         deadline = time.monotonic() + WATCH_S
         headrooms: dict[str, float] = {}
-        events: dict[str, list[tuple[str, str]]] = {}
+        events: dict[str, tuple[int, list[tuple[str, str]]]] = {}
         for name, ref in list(w.pending.items()):
             if name not in self.nodes:                      # retired meanwhile
                 del w.pending[name]
@@ -253,10 +278,11 @@ class Fleet:
                 self._silent(name, w)
                 continue
             w.down.discard(name)
-            if w.silent_since.pop(name, None) is not None:
+            was_quiet = self.last_stats.get("nodes", {}).get(name, {}).get("quiet")
+            if w.silent_since.pop(name, None) is not None or was_quiet:
                 self.directory.quiet.remote(name, False)
             if reading.events:
-                events[name] = reading.events
+                events[name] = (reading.events_mark[0], reading.events)
             w.acked[name] = reading.events_mark
             headroom = reading.headroom_ms(self.readings.get(name))
             if headroom is not None:
@@ -273,7 +299,8 @@ class Fleet:
         now = time.monotonic()
         if name not in w.silent_since:
             w.silent_since[name] = now
-            self.directory.quiet.remote(name, True)
+            # the incarnation last heard from: a node restarted meanwhile is not made quiet
+            self.directory.quiet.remote(name, True, w.acked.get(name, (None,))[0])
         elif now - w.silent_since[name] > self.silent_loss_s:
             w.pending.pop(name, None)
             self._lost(name, w, fence=True)
