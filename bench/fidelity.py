@@ -47,7 +47,14 @@ def git_commit() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="tiny", choices=["tiny", "full"])
-    ap.add_argument("--profile", default="dense", help="tested profile: reference, dense (or fp32, fp32-dense)")
+    ap.add_argument("--profile", default="dense",
+                    help="tested profile: reference, dense, dense-ssm16 (or fp32, fp32-dense)")
+    ap.add_argument("--against", default=None,
+                    help="compare with this serving profile (the one the tested profile is an "
+                         "option on, e.g. dense for dense-ssm16) instead of the fp32 reference")
+    ap.add_argument("--window", type=int, default=1,
+                    help="curves over the call in windows of this many frames (long calls)")
+    ap.add_argument("--plot", default=None, help="PNG of the curves over the call (matplotlib)")
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--frames", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
@@ -65,10 +72,17 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)            # tiny shapes: one thread beats contending ones
     cfg, profile = VoiceChatConfig.named(args.config), Profile.named(args.profile)
     t0 = time.perf_counter()
-    model_ref, model_test = build_pair(cfg, profile, device, args.seed, kernels=not args.no_kernels)
+    against = Profile.named(args.against) if args.against else None
+    model_ref, model_test = build_pair(cfg, profile, device, args.seed,
+                                       kernels=not args.no_kernels, against=against)
     build_s = time.perf_counter() - t0
+    every = max(1, args.frames // 20)
+
+    def progress(done: int, seconds: float) -> None:
+        if done % every < args.window:
+            print(f"  {done}/{args.frames} frames, {seconds:.0f} s", flush=True)
     res = measure(model_ref, model_test, args.sessions, args.frames, args.seed, chain=args.chain,
-                  prompt_len=args.prompt_len)
+                  prompt_len=args.prompt_len, window=args.window, progress=progress)
     res.update(command=command, commit=git_commit(), build_s=round(build_s, 2),
                device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
                torch=torch.__version__)
@@ -78,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{res['device_name']}: {args.sessions} sessions x {args.frames} frames, kernels "
           f"{res['kernels']}, chain {args.chain}; build {build_s:.1f} s, measure {res['seconds']:.1f} s")
     print(table(res))
+    for name, k in res["kl"].items():
+        print(f"KL {name:15} mean {k['mean']:.3e}  max {k['max']:.3e} nats")
+    if args.plot:
+        from bench.fidelity_plot import plot
+        plot([res], args.plot)
+        print(f"wrote {args.plot}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(res, indent=1))

@@ -7,7 +7,8 @@ Errors, per quantity over all frames and sessions (fp32 arithmetic, the tested v
 reference's): rel_max = max|test − ref| / max|ref| (the headline), rel_l2 = ‖test − ref‖₂ / ‖ref‖₂,
 and rel_max per frame (drift). Quantities: mel.window; perception.enc (e_t), perception.audio (a_t);
 rnnt.logits (the joint's logits at the symbol steps the reference reached: up to and including
-its blank); thinker.hidden (norm_f output), thinker.text_logits, thinker.func_logits;
+its blank); thinker.hidden (norm_f output), thinker.text_logits, thinker.func_logits,
+thinker.ssm (the Mamba SSM state as stored after the frame);
 talker.hidden (backbone output per CFG row), talker.mog_logits (mixture logits at each unmasking
 step), talker.latent (the sampled latent z), talker.rvq_scores (‖e‖² − 2·r·e per code of each
 emitted codebook); codec.pcm.
@@ -24,8 +25,9 @@ with `chain`, RNNT and thinker take the coarser of theirs and perception's.
 
 The reference must be the fp32 counterpart of the tested profile with the same number of talker
 CFG rows (`reference_profile`: fp32 for `reference`, fp32-dense for `dense`, which runs CFG off:
-comparing with CFG on would measure the guidance, not the precision). TF32 is switched off
-while the reference runs and set to the tested profile's flag while the tested model runs.
+comparing with CFG on would measure the guidance, not the precision), or a serving profile
+the tested one is an option on (`build_pair(against=...)`: dense for dense-ssm16). TF32 is set
+to each model's profile flag while it runs (off in the fp32 profiles).
 Torch only; CPU (tiny config, kernels in Triton's interpreter or not installed) and CUDA.
 """
 from __future__ import annotations
@@ -45,6 +47,7 @@ QUANTITIES = {              # quantity → stage
     "perception.enc": "perception", "perception.audio": "perception",
     "rnnt.logits": "rnnt",
     "thinker.hidden": "thinker", "thinker.text_logits": "thinker", "thinker.func_logits": "thinker",
+    "thinker.ssm": "thinker",
     "talker.hidden": "talker", "talker.mog_logits": "talker", "talker.latent": "talker",
     "talker.rvq_scores": "talker",
     "codec.pcm": "codec",
@@ -80,13 +83,15 @@ def stage_precision(profile: Profile, stage: str, device: torch.device, chain: b
 
 
 def build_pair(cfg: VoiceChatConfig, profile: Profile, device: torch.device | str, seed: int = 0,
-               kernels: bool = True) -> tuple[VoiceChat, VoiceChat]:
-    """(fp32 reference, tested model in `profile`) with the same random weights drawn on `device`
-    (on the CPU: `random_weights`); the fp32 tensors are shared, not copied. `kernels` installs
-    the engine's Triton decode ops in the tested model (on a CPU set TRITON_INTERPRET=1 before
-    triton is first imported)."""
+               kernels: bool = True, against: Profile | None = None) -> tuple[VoiceChat, VoiceChat]:
+    """(reference, tested model in `profile`) with the same random weights drawn on `device`
+    (on the CPU: `random_weights`); the fp32 tensors are shared, not copied. The reference is
+    `reference_profile(profile)` (fp32), or `against`: a serving profile the tested one is an
+    option on (dense-ssm16 against dense), which then runs the same kernels, so the two differ
+    by the option alone. `kernels` installs the engine's Triton decode ops in the tested model
+    (on a CPU set TRITON_INTERPRET=1 before triton is first imported)."""
     weights = random_weights_on(cfg, device, seed)
-    ref = VoiceChat(cfg, reference_profile(profile), device)
+    ref = VoiceChat(cfg, against or reference_profile(profile), device)
     ref.load(weights)
     test = VoiceChat(cfg, profile, device)
     test.load(weights)
@@ -94,6 +99,8 @@ def build_pair(cfg: VoiceChatConfig, profile: Profile, device: torch.device | st
     if kernels:
         from gpu.engine.decode_ops import TritonDecodeOps, install
         install(test, TritonDecodeOps())
+        if against is not None:
+            install(ref, TritonDecodeOps())
     return ref, test
 
 
@@ -119,11 +126,46 @@ class _Error:
         self.sq_err, self.sq_ref = self.sq_err + se, self.sq_ref + sr
         self.by_frame.append(e / m if m else 0.0)
 
-    def result(self) -> dict:
+    def result(self, window: int = 1) -> dict:
         return {"rel_max": self.max_err / self.max_ref if self.max_ref else 0.0,
                 "rel_l2": (self.sq_err / self.sq_ref) ** 0.5 if self.sq_ref else 0.0,
                 "max_abs_err": self.max_err, "max_abs_ref": self.max_ref,
-                "rel_max_by_frame": [round(v, 8) for v in self.by_frame]}
+                "rel_max_by_frame": _windows(self.by_frame, window, "max")}
+
+
+class _KL:
+    """KL(reference ‖ tested) of the categorical distributions two sets of logits give, in
+    nats, per row; by frame its mean and max over the frame's rows."""
+
+    def __init__(self):
+        self.sum = self.rows = 0.0
+        self.max = 0.0
+        self.mean_by_frame: list[float] = []
+        self.max_by_frame: list[float] = []
+
+    def add(self, test: Tensor, ref: Tensor) -> None:
+        lp, lq = ref.float().log_softmax(-1), test.float().log_softmax(-1)
+        kl = (lp.exp() * (lp - lq)).sum(-1).clamp_min(0.0).flatten()
+        total, top = torch.stack([kl.double().sum().float(), kl.max()]).tolist()
+        self.sum, self.rows, self.max = self.sum + total, self.rows + kl.numel(), max(self.max, top)
+        self.mean_by_frame.append(total / kl.numel())
+        self.max_by_frame.append(top)
+
+    def result(self, window: int = 1) -> dict:
+        return {"mean": self.sum / self.rows if self.rows else 0.0, "max": self.max,
+                "mean_by_frame": _windows(self.mean_by_frame, window, "mean"),
+                "max_by_frame": _windows(self.max_by_frame, window, "max")}
+
+
+def _windows(values: list[float], window: int, how: str) -> list[float]:
+    """`values` in windows of `window` frames, each its mean or max (a long call's curve)."""
+    if window <= 1:
+        return [round(v, 8) for v in values]
+    out = []
+    for i in range(0, len(values), window):
+        part = values[i:i + window]
+        out.append(round(max(part) if how == "max" else sum(part) / len(part), 8))
+    return out
 
 
 class _Agreement:
@@ -162,9 +204,13 @@ def _rowmax(x: Tensor) -> Tensor:
 
 @torch.no_grad()
 def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, frames: int = 16,
-            seed: int = 0, chain: bool = False, prompt_len: int = 8) -> dict:
+            seed: int = 0, chain: bool = False, prompt_len: int = 8, window: int = 1,
+            progress=None) -> dict:
     """Teacher-forced per-stage errors and top-1 agreement of `model_test` against `model_ref`
-    (module docstring) over `frames` frames of `sessions` sessions. JSON-ready."""
+    (module docstring) over `frames` frames of `sessions` sessions, and the KL divergence of
+    the thinker's and the talker's token distributions (`kl`). Curves over the call are kept in
+    windows of `window` frames (max of the errors, mean and max of the KL). `progress(frames
+    done, seconds)` is called after each window. JSON-ready."""
     t0 = time.perf_counter()
     dev = model_ref.device
     prof = model_test.profile
@@ -173,8 +219,13 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
     agr = {name: _Agreement(TOL[tol[QUANTITIES[name]]], tol[QUANTITIES[name]])
            for name in ("rnnt.logits", "thinker.text_logits", "thinker.func_logits",
                         "talker.mog_logits", "talker.rvq_scores")}
-    for fr in forced_frames(model_ref, model_test, sessions, frames, seed, chain, prompt_len):
+    kl = {name: _KL() for name in ("thinker.text", "thinker.func", "talker.mixture")}
+    for t, fr in enumerate(forced_frames(model_ref, model_test, sessions, frames, seed, chain,
+                                         prompt_len)):
+        if progress is not None and t and t % window == 0:
+            progress(t, time.perf_counter() - t0)
         r, d = fr["ref"], fr["test"]
+        err["thinker.ssm"].add(d["ssm"], r["ssm"])
         err["mel.window"].add(d["window"], r["window"])
         err["perception.enc"].add(d["enc"], r["enc"])
         err["perception.audio"].add(d["audio"], r["audio"])
@@ -185,11 +236,13 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
         err["thinker.hidden"].add(dt["hidden"], rt["hidden"])
         for key, choice in (("text_logits", "text"), ("func_logits", "func")):
             err[f"thinker.{key}"].add(dt[key], rt[key])
+            kl[f"thinker.{choice}"].add(dt[key], rt[key])
             agr[f"thinker.{key}"].add(dt[choice], rt[choice], rt[key], _rowmax(rt[key]))
         rk, dk = r["talker"], d["talker"]
         err["talker.hidden"].add(dk["hidden"], rk["hidden"])
         stack = lambda o, k: torch.stack(o[k])
         err["talker.mog_logits"].add(stack(dk, "mog_logits"), stack(rk, "mog_logits"))
+        kl["talker.mixture"].add(stack(dk, "mog_logits"), stack(rk, "mog_logits"))
         agr["talker.mog_logits"].add(stack(dk, "mix_own"), stack(rk, "mixture"),
                                      stack(rk, "mix_scores"), _rowmax(stack(rk, "mog_logits")))
         err["talker.latent"].add(stack(dk, "latent"), stack(rk, "latent"))
@@ -199,7 +252,7 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
         err["codec.pcm"].add(d["pcm"], r["pcm"])
     out = {}
     for name, stage in QUANTITIES.items():
-        out[name] = {"stage": stage, **err[name].result()}
+        out[name] = {"stage": stage, **err[name].result(window)}
         if name in agr:
             out[name]["top1"] = agr[name].result()
     if dev.type == "cuda":
@@ -209,7 +262,9 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
             "kernels": model_test.thinker.decode_ops is not None, "sessions": sessions,
             "frames": frames, "seed": seed, "chain": chain, "prompt_len": prompt_len,
             "stage_precision": tol, "error_metric": ERROR_METRIC, "agreement_rule": AGREEMENT_RULE,
-            "quantities": out, "seconds": round(time.perf_counter() - t0, 2)}
+            "quantities": out, "window": window,
+            "kl": {name: k.result(window) for name, k in kl.items()},
+            "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def table(result: dict) -> str:

@@ -179,7 +179,7 @@ def forced_frames(model_ref: VoiceChat, model_test: VoiceChat, sessions: int, fr
     cfg, dev = model_ref.cfg, model_ref.device
     prompts, audio = inputs(cfg, sessions, frames, seed, prompt_len)
     audio = audio.to(dev)
-    ref_tf32, test_tf32 = False, model_test.profile.tf32
+    ref_tf32, test_tf32 = model_ref.profile.tf32, model_test.profile.tf32   # off in fp32 profiles
     with _tf32(ref_tf32):
         st_r, slots = _start(model_ref, sessions, frames, prompts)
     with _tf32(test_tf32):
@@ -197,6 +197,7 @@ def forced_frames(model_ref: VoiceChat, model_test: VoiceChat, sessions: int, fr
             r.update(enc=heard.enc, audio=heard.audio)
             r["rnnt"] = _rnnt(model_ref.rnnt, st_r.rnnt, heard.enc, slots, None)
             r["thinker"] = _thinker(model_ref.thinker, st_r.thinker, heard.audio, text_prev, func_prev, slots)
+            r["ssm"] = st_r.thinker.ssm                   # as stored: the state carried on
             y, f = r["thinker"]["text"], r["thinker"]["func"]
             idle = ~(speaking | (y == BOS))
             r["talker"] = _talker(model_ref.talker, st_r.talker, y, idle, noise, slots, None)
@@ -209,6 +210,7 @@ def forced_frames(model_ref: VoiceChat, model_test: VoiceChat, sessions: int, fr
                               r["rnnt"]["fed"])
             d["thinker"] = _thinker(model_test.thinker, st_t.thinker, heard.audio if chain else r["audio"],
                                     text_prev, func_prev, slots)
+            d["ssm"] = st_t.thinker.ssm
             d["talker"] = _talker(model_test.talker, st_t.talker, y, idle, noise, slots, r["talker"])
             d["pcm"] = model_test.codec.step(st_t.codec, r["talker"]["codec_codes"], slots)
         text_prev, func_prev = y, f

@@ -92,6 +92,16 @@ def _conv_kernel_cols(XBC, CONV_STATE, SLOTS, W, BIAS, XACT, conv_dim, max_slots
 
 
 @triton.jit
+def _to_bf16_nearest(v):
+    # fp32 -> bf16 rounded to nearest, ties to even, in integer arithmetic: the value handed to
+    # the store is exact in bf16, so every backend stores the same bits as torch's `.to`
+    # (Triton's interpreter truncates a plain cast)
+    bits = v.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+
+
+@triton.jit
 def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
                 max_slots, conv_dim, d_inner, c_off,
                 nheads: tl.constexpr, head_dim: tl.constexpr, d_state: tl.constexpr,
@@ -139,11 +149,17 @@ def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
             else:
                 s_next = tl.load(st + BLOCK_P * d_state, mask=mn2, other=0.0)
         x = tl.load(row + h * head_dim + p, mask=mp, other=0.0)
-        s = s * d_a + (delta * x)[:, None] * bv[None, :]
-        if STREAM:
-            tl.store(st, s, mask=m2, cache_modifier=".cs")
+        # fp32 arithmetic whatever the state is stored in; rounded once on the way back, and
+        # y reads the unrounded state (as the reference does)
+        s = s.to(tl.float32) * d_a + (delta * x)[:, None] * bv[None, :]
+        if SSM.dtype.element_ty == tl.bfloat16:
+            kept = _to_bf16_nearest(s)
         else:
-            tl.store(st, s, mask=m2)
+            kept = s
+        if STREAM:
+            tl.store(st, kept, mask=m2, cache_modifier=".cs")
+        else:
+            tl.store(st, kept, mask=m2)
         y = tl.sum(s * cv[None, :], axis=1) + d_skip * x
         zz = tl.load(Z + b * d_inner + h * head_dim + p, mask=mp, other=0.0).to(tl.float32)
         tl.store(YG + b * d_inner + h * head_dim + p, y * zz * tl.sigmoid(zz), mask=mp)
@@ -200,7 +216,8 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
     kernel (see `mamba_conv`).
 
     xBC [B, conv_dim], z [B, d_inner], dt [B, nheads]: in_proj outputs (bf16/fp16/fp32).
-    conv_state [S, conv_dim, 3] (any float), ssm_state [S, nheads, head_dim, d_state] fp32.
+    conv_state [S, conv_dim, 3] (any float), ssm_state [S, nheads, head_dim, d_state] fp32 or
+    bf16 (stored so; the step computes in fp32 and rounds the new state to nearest).
     conv_w [conv_dim, 4], conv_b [conv_dim], dt_bias/A_log/D [nheads], norm_w [d_inner].
     slots int32[B] distinct. Returns y [B, d_inner] in z's dtype (written into `out` if given).
     """
@@ -210,7 +227,8 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
     check("z", z, (batch, d_inner), FLOATS, device=dev)
     check("dt", dt, (batch, nheads), FLOATS, device=dev)
     check("conv_state", conv_state, (max_slots, conv_dim, CONV_K - 1), FLOATS, device=dev)
-    check("ssm_state", ssm_state, (max_slots, nheads, head_dim, d_state), torch.float32, device=dev)
+    check("ssm_state", ssm_state, (max_slots, nheads, head_dim, d_state),
+          (torch.float32, torch.bfloat16), device=dev)
     check_slots(slots, batch, max_slots, dev)
     check("conv_w", conv_w, (conv_dim, CONV_K), FLOATS, device=dev)
     check("conv_b", conv_b, (conv_dim,), FLOATS, device=dev)

@@ -95,15 +95,17 @@ class VoiceChatConfig:
 
 @dataclass(frozen=True)
 class Profile:
-    """Dtypes per part (docs/MODEL.md §4). The Mamba SSM state is fp32 in every profile."""
+    """Dtypes per part (docs/MODEL.md §4)."""
     name: str
     compute: torch.dtype          # thinker + perception weights, activations, thinker KV, Mamba
                                   # conv state, perception caches
     talker_kv: torch.dtype
     cfg_rows: int                 # 2: classifier-free guidance on (two talker streams); 1: off
     tf32: bool = True             # TF32 matmul for talker / codec / RNNT (GPU only)
+    # Mamba SSM state as stored between frames; its arithmetic is fp32 in every profile (each
+    # step loads it to fp32 and rounds once on the way back)
+    ssm: torch.dtype = torch.float32
 
-    ssm = torch.float32           # Mamba SSM state
     fp32 = torch.float32          # mel, RNNT, talker, codec weights and states
 
     def __post_init__(self):
@@ -125,6 +127,8 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "reference": Profile("reference", torch.bfloat16, torch.float32, 2),
     "dense": Profile("dense", torch.bfloat16, torch.bfloat16, 1),
+    # dense with the SSM state stored in bf16: half its bytes, moved and held
+    "dense-ssm16": Profile("dense-ssm16", torch.bfloat16, torch.bfloat16, 1, ssm=torch.bfloat16),
     "fp32": Profile("fp32", torch.float32, torch.float32, 2, tf32=False),          # tests
     "fp32-dense": Profile("fp32-dense", torch.float32, torch.float32, 1, tf32=False),  # tests
 }

@@ -52,7 +52,7 @@ class RMSNorm(nn.Module):
 class ThinkerState:
     """Per-slot state. Invariant: a session that has run n positions has length n, K/V rows [0, n)
     written, and Mamba states after n positions. length ≤ max_positions is the caller's to keep."""
-    ssm: Tensor     # [n_mamba, S, heads, head_dim, d_state] fp32 always
+    ssm: Tensor     # [n_mamba, S, heads, head_dim, d_state] the profile's SSM dtype
     conv: Tensor    # [n_mamba, S, conv_dim, k−1] compute dtype: last 3 pre-conv xBC columns
     k: Tensor       # [n_attn, S, max_positions + 1, kv_heads, head_dim]; the last row is trash
     v: Tensor       # same
@@ -60,10 +60,11 @@ class ThinkerState:
 
     @classmethod
     def alloc(cls, cfg: ThinkerConfig, max_slots: int, max_positions: int, device=None,
-              dtype=torch.float32) -> "ThinkerState":
+              dtype=torch.float32, ssm_dtype=torch.float32) -> "ThinkerState":
         nm, na = cfg.pattern.count("M"), cfg.pattern.count("*")
         kv = (na, max_slots, max_positions + 1, cfg.kv_heads, cfg.head_dim)
-        return cls(torch.zeros(nm, max_slots, cfg.mamba_heads, cfg.mamba_head_dim, cfg.d_state, device=device),
+        return cls(torch.zeros(nm, max_slots, cfg.mamba_heads, cfg.mamba_head_dim, cfg.d_state,
+                               device=device, dtype=ssm_dtype),
                    torch.zeros(nm, max_slots, cfg.conv_dim, cfg.conv_kernel - 1, device=device, dtype=dtype),
                    torch.zeros(kv, device=device, dtype=dtype), torch.zeros(kv, device=device, dtype=dtype),
                    torch.zeros(max_slots, dtype=torch.long, device=device))
@@ -146,12 +147,13 @@ class Mamba2(nn.Module):
         if ssm is None:
             return y, last
         carried = a.cumsum(-1).exp()                                                # [B, h, T]
+        ssm = ssm.float()                               # stored in bf16 or fp32, used in fp32
         y = y + torch.einsum("bhpn,bthn->bthp", ssm, Ch) * carried.transpose(1, 2)[..., None]
         return y, ssm * carried[..., -1, None, None] + last
 
     def forward_chunk(self, u: Tensor, conv: Tensor, ssm: Tensor, valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """u [B, C, H]; conv [B, conv_dim, 3]; ssm [B, h, p, n] fp32; valid [B, C] (a prefix of each
-        row). Returns y [B, C, H] and the states after the valid positions.
+        """u [B, C, H]; conv [B, conv_dim, 3]; ssm [B, h, p, n] (fp32 returned); valid [B, C] (a
+        prefix of each row). Returns y [B, C, H] and the states after the valid positions.
 
         The scan runs in the dual form from the carried state (`_ssd`): it reads the [h, p, n]
         state a few times per chunk instead of several times per position (a start row's prompt
@@ -288,7 +290,7 @@ class Thinker(nn.Module):
                 y = ops.mamba(block.mixer, u, state.conv[j], state.ssm[j], slots)
             elif block.kind == "M":
                 y, conv, ssm = block.mixer.forward_chunk(u, state.conv[j, slots], state.ssm[j, slots], valid)
-                state.conv[j, slots], state.ssm[j, slots] = conv, ssm
+                state.conv[j, slots], state.ssm[j, slots] = conv, ssm.to(state.ssm.dtype)
             elif block.kind == "*" and ops is not None:
                 y = ops.thinker_attention(block.mixer, u, state.k[j], state.v[j], slots, length)
             elif block.kind == "*":

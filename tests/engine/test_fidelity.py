@@ -20,11 +20,11 @@ BOUNDS = {      # quantity → (rel_l2, rel_max) for dense against fp32-dense on
     "mel.window": (0.0, 0.0), "rnnt.logits": (0.0, 0.0), "codec.pcm": (0.0, 0.0),
     "perception.enc": (0.03, 0.05), "perception.audio": (0.03, 0.05),
     "thinker.hidden": (0.02, 0.06), "thinker.text_logits": (0.02, 0.06),
-    "thinker.func_logits": (0.02, 0.06),
+    "thinker.func_logits": (0.02, 0.06), "thinker.ssm": (0.03, 0.06),
     "talker.hidden": (0.008, 0.015), "talker.mog_logits": (0.008, 0.015),
     "talker.latent": (0.008, 0.015), "talker.rvq_scores": (0.008, 0.015),
 }
-THINKER = {"thinker.hidden", "thinker.text_logits", "thinker.func_logits"}
+THINKER = {"thinker.hidden", "thinker.text_logits", "thinker.func_logits", "thinker.ssm"}
 
 
 def violations(res: dict) -> set[str]:
@@ -148,3 +148,23 @@ def test_serving_profile_with_kernels_on_the_gpu(profile):
         assert q["rel_l2"] <= bound[prec], (name, prec, q["rel_l2"])
         if "top1" in q:
             assert q["top1"]["agree"] >= 0.99, (name, q["top1"])
+
+
+def test_an_option_is_measured_against_the_profile_it_changes():
+    """dense-ssm16 against dense (`against`): teacher-forced, every stage but the thinker gets
+    the same inputs and runs the same arithmetic, so only the thinker's numbers move, by about
+    bf16's rounding of the state; the KL of its token distributions is reported per frame, in
+    windows. Bug it catches: a comparison that mixes in the base profile's own precision (the
+    reference run in fp32), or a bf16 state that is not rounded at all (zero error)."""
+    ref, test = fidelity.build_pair(CFG, Profile.named("dense-ssm16"), "cpu", seed=3,
+                                    kernels=False, against=Profile.named("dense"))
+    res = fidelity.measure(ref, test, SESSIONS, FRAMES, seed=3, window=3)
+    assert (res["profile"], res["reference_profile"]) == ("dense-ssm16", "dense")
+    q = res["quantities"]
+    assert 0 < q["thinker.ssm"]["rel_l2"] < 4e-3 and q["thinker.ssm"]["rel_max"] < 1e-2
+    for name in set(fidelity.QUANTITIES) - THINKER:
+        assert q[name]["rel_max"] == 0.0, name
+    kl = res["kl"]["thinker.text"]
+    assert 0 < kl["mean"] < 1e-3 and len(kl["mean_by_frame"]) == len(kl["max_by_frame"]) == 3
+    assert res["kl"]["talker.mixture"]["max"] == 0.0        # the talker got the same inputs
+    assert len(q["thinker.ssm"]["rel_max_by_frame"]) == 3    # 8 frames in windows of 3

@@ -180,6 +180,17 @@ def test_configs_fit_together(name):
     assert cfg.with_max_chars(40).talker.max_chars == 40 and cfg.talker.max_chars != 40
 
 
+def test_the_ssm16_profile_is_dense_with_half_the_ssm_state_bytes():
+    cfg, dense, ssm16 = VoiceChatConfig.full(), Profile.named("dense"), Profile.named("dense-ssm16")
+    assert ssm16.ssm == torch.bfloat16 and (ssm16.compute, ssm16.talker_kv, ssm16.cfg_rows) == \
+        (dense.compute, dense.talker_kv, dense.cfg_rows)
+    a, b = session_state_bytes(cfg, dense, 1500), session_state_bytes(cfg, ssm16, 1500)
+    assert b["thinker.ssm"] * 2 == a["thinker.ssm"] == 141_557_760
+    assert a["total"] - b["total"] == 141_557_760 // 2
+    state = VoiceChatState.alloc(CFG, ssm16, 2, 4)
+    assert state.thinker.ssm.dtype == torch.bfloat16 and state.thinker.k.dtype == torch.bfloat16
+
+
 def test_profiles_follow_model_md_section_4():
     ref, dense = Profile.named("reference"), Profile.named("dense")
     assert ref.compute == dense.compute == torch.bfloat16 and ref.ssm == torch.float32

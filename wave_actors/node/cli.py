@@ -59,7 +59,9 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
                     help="slots: callers served at once (default: on a GPU backend, what the "
                          "device serves on time, from its memory and its measured beat; "
                          f"otherwise {CPU_SLOTS})")
-    ap.add_argument("--profile", choices=("reference", "dense"), default="reference")
+    ap.add_argument("--profile", choices=("reference", "dense", "dense-ssm16"), default="reference",
+                    help="precision profile (docs/MODEL.md): dense-ssm16 is dense with its "
+                         "Mamba SSM state stored in bf16")
     ap.add_argument("--config", choices=("tiny", "full"),
                     help="model size (default: full on a GPU backend, tiny on the cpu one)")
     ap.add_argument("--snapshot-mb", type=float, default=-1.0,
