@@ -40,7 +40,7 @@ from torch import Tensor
 from gpu.engine.fidelity_forcing import forced_frames
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
-from gpu.model.voicechat_weights import random_weights_on
+from gpu.model.voicechat_weights import load_dtype, random_weights_on
 
 QUANTITIES = {              # quantity → stage
     "mel.window": "mel",
@@ -90,7 +90,10 @@ def build_pair(cfg: VoiceChatConfig, profile: Profile, device: torch.device | st
     option on (dense-ssm16 against dense), which then runs the same kernels, so the two differ
     by the option alone. `kernels` installs the engine's Triton decode ops in the tested model
     (on a CPU set TRITON_INTERPRET=1 before triton is first imported)."""
-    weights = random_weights_on(cfg, device, seed)
+    # against a serving profile both models hold weights of the same dtypes: drawn in them, one
+    # copy serves both (the full model twice in fp32 would not fit one 80 GB card)
+    weights = random_weights_on(cfg, device, seed,
+                                None if against is None else load_dtype(cfg, against))
     ref = VoiceChat(cfg, against or reference_profile(profile), device)
     ref.load(weights)
     test = VoiceChat(cfg, profile, device)
