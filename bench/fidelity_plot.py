@@ -2,7 +2,7 @@
 the thinker's and the talker's token distributions, and the codec's PCM error, against session
 time, one line per result (an option each).
 
-    python3 bench/fidelity_plot.py bench/results/fidelity-ssm16-long-h200.json --out docs/fidelity-ssm16.png
+    python3 bench/fidelity_plot.py bench/results/fidelity-ssm16-h100.json --out docs/fidelity-ssm16.png
 """
 from __future__ import annotations
 

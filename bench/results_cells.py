@@ -11,8 +11,14 @@ def cell(text: object) -> str:
 
 
 def code(text: object) -> str:
-    """A code span; a table's cell() escapes its pipes later (GFM wants \\| inside spans too)."""
+    """A code span; a table's cell() escapes its pipes later (GFM wants \\| inside spans too).
+    A device wrapper's shell line shows only the Python commands it ran (its pipes, tees and
+    environment are the wrapper's, not the measurement's)."""
     s = str(text).replace("\n", " ")
+    if ";" in s and "python" in s:
+        runs = [part.split("|")[0].strip() for part in s.split(";")]
+        runs = [r[r.index("python"):] for r in runs if "python" in r]
+        s = "; ".join(r.split(" 2>")[0] for r in runs)
     return f"`` {s} ``" if "`" in s else f"`{s}`"
 
 

@@ -200,13 +200,20 @@ def fidelity_detail(name: str, d: dict) -> list:
     reference's margin exceeds the precision's bound (counted: the share of rows that did)."""
     rows = [["quantity", "precision", "rel_max", "rel_l2", "counted", "top-1 agree"],
             ["---"] * 6]
+    same = [q for q, v in d["quantities"].items() if v.get("rel_max") == 0.0]
     for q, v in d["quantities"].items():
+        if q in same:
+            continue
         prec = d.get("stage_precision", {}).get(v.get("stage", q.split(".")[0]), "—")
         top1 = v.get("top1") or {}
         rows.append([q, prec, num(v.get("rel_max"), "{:.2e}"), num(v.get("rel_l2"), "{:.2e}"),
                      num(top1["counted"], "{:.3f}") if "counted" in top1 else "",
                      num(top1["agree"], "{:.4f}") if "agree" in top1 else ""])
-    return ["", f"{name}:", ""] + ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+    tail = [f"Identical to the reference: {', '.join(same)}."] if same else []
+    tail += [f"KL (reference ‖ tested), {k}: mean {v['mean']:.2e}, max {v['max']:.2e} nats."
+             for k, v in d.get("kl", {}).items() if v.get("max")]
+    return (["", f"{name}:", ""] + ["| " + " | ".join(map(str, r)) + " |" for r in rows]
+            + ([""] + tail if tail else []))
 
 
 CHAOS_HEAD = ["date (UTC)", "JSON", "commit", "mode", "seed", "messages tried",
