@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                          "option on, e.g. dense for dense-ssm16) instead of the fp32 reference")
     ap.add_argument("--window", type=int, default=1,
                     help="curves over the call in windows of this many frames (long calls)")
+    ap.add_argument("--thinker-only", action="store_true",
+                    help="stop each frame after the thinker: for an option that changes nothing "
+                         "after it (dense-ssm16), a long call in a fraction of the time")
     ap.add_argument("--plot", default=None, help="PNG of the curves over the call (matplotlib)")
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--frames", type=int, default=16)
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         if done % every < args.window:
             print(f"  {done}/{args.frames} frames, {seconds:.0f} s", flush=True)
     res = measure(model_ref, model_test, args.sessions, args.frames, args.seed, chain=args.chain,
-                  prompt_len=args.prompt_len, window=args.window, progress=progress)
+                  prompt_len=args.prompt_len, window=args.window, progress=progress,
+                  thinker_only=args.thinker_only)
     res.update(command=command, commit=git_commit(), build_s=round(build_s, 2),
                device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
                torch=torch.__version__)

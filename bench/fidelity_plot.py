@@ -29,6 +29,8 @@ def plot(results: list[dict], path: str) -> None:
     for ax, (title, part, name, key) in zip(axes, PANELS):
         zero = []
         for res in results:
+            if name not in res[part]:         # a thinker-only run has no talker or codec
+                continue
             ys = res[part][name][key]
             label = f"{res['profile']} vs {res['reference_profile']}"
             if not any(ys):                 # identical: nothing to draw on a log axis

@@ -208,12 +208,13 @@ def _rowmax(x: Tensor) -> Tensor:
 @torch.no_grad()
 def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, frames: int = 16,
             seed: int = 0, chain: bool = False, prompt_len: int = 8, window: int = 1,
-            progress=None) -> dict:
+            progress=None, thinker_only: bool = False) -> dict:
     """Teacher-forced per-stage errors and top-1 agreement of `model_test` against `model_ref`
     (module docstring) over `frames` frames of `sessions` sessions, and the KL divergence of
     the thinker's and the talker's token distributions (`kl`). Curves over the call are kept in
     windows of `window` frames (max of the errors, mean and max of the KL). `progress(frames
-    done, seconds)` is called after each window. JSON-ready."""
+    done, seconds)` is called after each window. `thinker_only`: the stages up to the thinker
+    (see `forced_frames`); the talker's and codec's quantities are left out. JSON-ready."""
     t0 = time.perf_counter()
     dev = model_ref.device
     prof = model_test.profile
@@ -224,7 +225,7 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
                         "talker.mog_logits", "talker.rvq_scores")}
     kl = {name: _KL() for name in ("thinker.text", "thinker.func", "talker.mixture")}
     for t, fr in enumerate(forced_frames(model_ref, model_test, sessions, frames, seed, chain,
-                                         prompt_len)):
+                                         prompt_len, thinker_only)):
         if progress is not None and t and t % window == 0:
             progress(t, time.perf_counter() - t0)
         r, d = fr["ref"], fr["test"]
@@ -241,6 +242,8 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
             err[f"thinker.{key}"].add(dt[key], rt[key])
             kl[f"thinker.{choice}"].add(dt[key], rt[key])
             agr[f"thinker.{key}"].add(dt[choice], rt[choice], rt[key], _rowmax(rt[key]))
+        if thinker_only:
+            continue
         rk, dk = r["talker"], d["talker"]
         err["talker.hidden"].add(dk["hidden"], rk["hidden"])
         stack = lambda o, k: torch.stack(o[k])
@@ -255,6 +258,8 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
         err["codec.pcm"].add(d["pcm"], r["pcm"])
     out = {}
     for name, stage in QUANTITIES.items():
+        if thinker_only and stage in ("talker", "codec"):
+            continue
         out[name] = {"stage": stage, **err[name].result(window)}
         if name in agr:
             out[name]["top1"] = agr[name].result()
@@ -265,8 +270,9 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
             "kernels": model_test.thinker.decode_ops is not None, "sessions": sessions,
             "frames": frames, "seed": seed, "chain": chain, "prompt_len": prompt_len,
             "stage_precision": tol, "error_metric": ERROR_METRIC, "agreement_rule": AGREEMENT_RULE,
-            "quantities": out, "window": window,
-            "kl": {name: k.result(window) for name, k in kl.items()},
+            "quantities": out, "window": window, "thinker_only": thinker_only,
+            "kl": {name: k.result(window) for name, k in kl.items()
+                   if not (thinker_only and name.startswith("talker"))},
             "seconds": round(time.perf_counter() - t0, 2)}
 
 

@@ -166,11 +166,14 @@ def _start(model: VoiceChat, sessions: int, frames: int, prompts: Tensor):
 
 @torch.no_grad()
 def forced_frames(model_ref: VoiceChat, model_test: VoiceChat, sessions: int, frames: int,
-                  seed: int = 0, chain: bool = False, prompt_len: int = 8) -> Iterator[dict]:
+                  seed: int = 0, chain: bool = False, prompt_len: int = 8,
+                  thinker_only: bool = False) -> Iterator[dict]:
     """Yield, for each frame, {"ref": outputs, "test": outputs} (tensors) of the two models run
     teacher-forced on the reference's choices (module docstring). Sessions get a random prompt
     of `prompt_len` tokens, the talker warm-up, then `frames` frames of 0.1·N(0, 1) audio and
-    the talker noise of (seed, session, frame): all drawn from `seed`."""
+    the talker noise of (seed, session, frame): all drawn from `seed`. `thinker_only` stops
+    each frame after the thinker (no talker or codec outputs): for an option that changes
+    nothing after it, whose talker and codec, fed the same tokens, compute the same."""
     if model_ref.device != model_test.device:
         raise ValueError(f"models on {model_ref.device} and {model_test.device}")
     if model_ref.profile.cfg_rows != model_test.profile.cfg_rows:
@@ -200,8 +203,9 @@ def forced_frames(model_ref: VoiceChat, model_test: VoiceChat, sessions: int, fr
             r["ssm"] = st_r.thinker.ssm                   # as stored: the state carried on
             y, f = r["thinker"]["text"], r["thinker"]["func"]
             idle = ~(speaking | (y == BOS))
-            r["talker"] = _talker(model_ref.talker, st_r.talker, y, idle, noise, slots, None)
-            r["pcm"] = model_ref.codec.step(st_r.codec, r["talker"]["codec_codes"], slots)
+            if not thinker_only:
+                r["talker"] = _talker(model_ref.talker, st_r.talker, y, idle, noise, slots, None)
+                r["pcm"] = model_ref.codec.step(st_r.codec, r["talker"]["codec_codes"], slots)
         with _tf32(test_tf32):
             w = model_test.mel.step(st_t.mel, x, slots).window
             heard = model_test.perception.step(st_t.perception, w if chain else r["window"], slots)
@@ -211,8 +215,10 @@ def forced_frames(model_ref: VoiceChat, model_test: VoiceChat, sessions: int, fr
             d["thinker"] = _thinker(model_test.thinker, st_t.thinker, heard.audio if chain else r["audio"],
                                     text_prev, func_prev, slots)
             d["ssm"] = st_t.thinker.ssm
-            d["talker"] = _talker(model_test.talker, st_t.talker, y, idle, noise, slots, r["talker"])
-            d["pcm"] = model_test.codec.step(st_t.codec, r["talker"]["codec_codes"], slots)
+            if not thinker_only:
+                d["talker"] = _talker(model_test.talker, st_t.talker, y, idle, noise, slots,
+                                      r["talker"])
+                d["pcm"] = model_test.codec.step(st_t.codec, r["talker"]["codec_codes"], slots)
         text_prev, func_prev = y, f
         speaking = (speaking | (y == BOS)) & (y != EOS)
         for st in (st_r, st_t):             # VoiceChat.think's bookkeeping, the reference's tokens

@@ -168,3 +168,9 @@ def test_an_option_is_measured_against_the_profile_it_changes():
     assert 0 < kl["mean"] < 1e-3 and len(kl["mean_by_frame"]) == len(kl["max_by_frame"]) == 3
     assert res["kl"]["talker.mixture"]["max"] == 0.0        # the talker got the same inputs
     assert len(q["thinker.ssm"]["rel_max_by_frame"]) == 3    # 8 frames in windows of 3
+    # a long call's run stops after the thinker: the same thinker numbers, no talker or codec
+    short = fidelity.measure(ref, test, SESSIONS, FRAMES, seed=3, window=3, thinker_only=True)
+    assert set(short["quantities"]) == {n for n, st in fidelity.QUANTITIES.items()
+                                        if st not in ("talker", "codec")}
+    assert all(short["quantities"][n] == q[n] for n in short["quantities"])
+    assert set(short["kl"]) == {"thinker.text", "thinker.func"}
