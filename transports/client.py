@@ -311,6 +311,24 @@ class NodeClient:
             else:
                 fut.cancel()
 
+    async def attach(self, session: str, token: str, timeout: float = 10.0) -> ClientSession:
+        """Take over a live session another client opened (a bridge that restarted, or another
+        one the caller reached), by its resume token: the node rebinds it to this connection
+        and it goes on where it was; audio numbering continues from the node's. Raises
+        `Refused` ("unknown") where the node has no live session of that name and token. A
+        session that ended meanwhile comes back closed, with its stats."""
+        if session in self.sessions:
+            raise ValueError(f"session {session!r} is already held by this client")
+        s = self.sessions[session] = ClientSession(self, session, {"token": token})
+        self._period_changed.set()
+        s.ask_resume(again=True)
+        try:
+            await s.taken_over(timeout)
+        except BaseException:
+            self.sessions.pop(session, None)
+            raise
+        return s
+
     async def ping(self, nonce: Any = 0, timeout: float = 5.0) -> None:
         fut = asyncio.get_running_loop().create_future()
         self._pongs[nonce] = fut

@@ -6,7 +6,7 @@ import asyncio
 import collections
 
 from transports import protocol as P
-from transports.client_events import Closed
+from transports.client_events import Closed, Error, NodeUnavailable, Refused
 from wave_actors.core.tasks import within
 
 EVENT_QUEUE = 4096          # events a session buffers for a slow consumer before dropping
@@ -28,6 +28,12 @@ class ClientSession:
         self._resume_asked = -1e9
         self._resume_mark = 0               # past the last seq queued when resume was asked
         self._closing = False               # `close` sent; sent again after a resume
+        self.bound = asyncio.Event()        # the node has this session on our connection
+        self._answered = asyncio.Event()    # bound, or an error or close came first
+        self._refusal = None
+        if "slot" in opened:                # opened here: bound from the start
+            self.bound.set()
+            self._answered.set()
 
     async def send_audio(self, payload: bytes, seq: int | None = None) -> None:
         if seq is None:
@@ -56,12 +62,28 @@ class ClientSession:
         the resume was asked, still in the buffer."""
         self.resumes += 1
         self._resume_asked = -1e9
+        # a session attached from another client starts its numbering where the node is
+        self.seq = max(self.seq, seq)
+        self.bound.set()
+        self._answered.set()
         for s, frames in list(self._replay):
             if seq <= s < self._resume_mark:
                 self.client.send_soon(frames)
         if self._closing and self.closed is None:
             # the node may have answered our `close` with `detached`: ask again, now bound
             self.client.send_soon(P.pack("close", self.id))
+
+    async def taken_over(self, timeout: float) -> None:
+        """After `resume` of a session another client opened: wait until the node binds it
+        here (`resumed`), or answers with its end (`closed`, left for the caller to read); an
+        error first (a wrong token, no such session) raises `Refused`, silence
+        `NodeUnavailable`."""
+        try:
+            await within(self._answered.wait(), timeout)
+        except asyncio.TimeoutError:
+            raise NodeUnavailable(f"{self.id}: no `resumed` in {timeout:g} s") from None
+        if not self.bound.is_set() and self.closed is None:
+            raise Refused("unknown", f"{self.id}: {getattr(self._refusal, 'message', '')}")
 
     async def function_result(self, call_id: str, output: str) -> None:
         await self.client.send(P.pack("function_result", self.id, call_id=call_id, output=output))
@@ -87,6 +109,9 @@ class ClientSession:
     def deliver(self, event) -> None:
         if isinstance(event, Closed):
             self.closed = event
+        if not self._answered.is_set() and isinstance(event, (Error, Closed)):
+            self._refusal = event           # the node's answer to a takeover's `resume`
+            self._answered.set()
         try:
             self.events.put_nowait(event)
         except asyncio.QueueFull:

@@ -120,6 +120,21 @@ class FleetClient:
             self._watch = asyncio.get_running_loop().create_task(self._watch_calls())
         return opened
 
+    async def attach(self, session: str, token: str, timeout: float = 10.0) -> ClientSession:
+        """`NodeClient.attach` through the fleet: the directory says which node holds the
+        call (a call stays on its node for life), and this client takes it over there by its
+        token. Raises `Refused` ("unknown") where the fleet holds no such call."""
+        placed = await self.directory.locate.remote(session)
+        if placed is None:
+            raise Refused("unknown", f"{session}: no node of the fleet holds this call")
+        attached = await self._client(placed["endpoint"]).attach(session, token, timeout)
+        if attached.closed is None:
+            self.node_of[session] = placed["node"]
+            self._placed[session] = (placed["node"], placed["incarnation"], placed["endpoint"])
+            if self._watch is None:
+                self._watch = asyncio.get_running_loop().create_task(self._watch_calls())
+        return attached
+
     async def place(self, session: str) -> dict:
         """The directory's placement for `session` (its slot counted; `open` uses it). Placements asked while one message is in
         flight go together in the next (`place_many`): none waits when the bridge is quiet,

@@ -265,6 +265,30 @@ def test_a_restarted_directory_learns_the_live_calls_from_the_nodes(fleet):
     asyncio.run(main())
 
 
+def test_a_call_is_taken_over_through_the_fleet_by_another_bridge(fleet):
+    """`resume` finds a call on its node: a bridge that died leaves its calls live for the
+    resume grace, and another one (or the same one restarted) takes a call over by its token
+    through the directory, on the node that holds it. A wrong token gets nothing."""
+    async def main():
+        await all_alive(fleet)
+        gone = FleetClient(fleet.directory)
+        call = await gone.open("taken-over")
+        node, token = gone.node_of[call.id], call.token
+        await gone.aclose()
+        bridge = FleetClient(fleet.directory)
+        with pytest.raises(Refused):
+            await bridge.attach(call.id, "0" * 32, timeout=3.0)
+        with pytest.raises(Refused):
+            await bridge.attach("no-such-call", token)
+        taken = await bridge.attach(call.id, token)
+        assert taken.closed is None and bridge.node_of[call.id] == node
+        assert stats(fleet)["sessions"] == 1
+        await bridge.close(taken)
+        assert stats(fleet)["sessions"] == 0
+        await bridge.aclose()
+    asyncio.run(main())
+
+
 def test_a_drain_asked_of_the_directory_is_finished_by_the_watch(fleet):
     """`python -m wave_actors.fleet drain NODE` only tells the directory: the entry point's
     watch stops the node once its last call has ended, not before."""
