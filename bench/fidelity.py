@@ -44,6 +44,17 @@ def git_commit() -> str:
     return provenance()["commit"]
 
 
+def read_speech(path: str) -> torch.Tensor:
+    """A WAV's samples as fp32 mono at 16 kHz (the first channel of a stereo file)."""
+    import soundfile
+    import soxr
+    samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
+    mono = samples[:, 0]
+    if rate != 16000:
+        mono = soxr.resample(mono, rate, 16000)
+    return torch.from_numpy(mono.copy())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="tiny", choices=["tiny", "full"])
@@ -57,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--thinker-only", action="store_true",
                     help="stop each frame after the thinker: for an option that changes nothing "
                          "after it (dense-ssm16), a long call in a fraction of the time")
+    ap.add_argument("--speech", default=None, metavar="WAV",
+                    help="the users say this (mono; resampled to 16 kHz), again and again "
+                         "with pauses, instead of noise: e.g. assets/demo_user.wav")
     ap.add_argument("--plot", default=None, help="PNG of the curves over the call (matplotlib)")
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--frames", type=int, default=16)
@@ -84,10 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     def progress(done: int, seconds: float) -> None:
         if done % every < args.window:
             print(f"  {done}/{args.frames} frames, {seconds:.0f} s", flush=True)
+    speech = None if args.speech is None else read_speech(args.speech)
     res = measure(model_ref, model_test, args.sessions, args.frames, args.seed, chain=args.chain,
                   prompt_len=args.prompt_len, window=args.window, progress=progress,
-                  thinker_only=args.thinker_only)
+                  thinker_only=args.thinker_only, speech=speech)
     res.update(command=command, commit=git_commit(), build_s=round(build_s, 2),
+               speech=args.speech,
                device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
                torch=torch.__version__)
     if device.type == "cuda":

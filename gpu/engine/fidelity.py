@@ -208,13 +208,14 @@ def _rowmax(x: Tensor) -> Tensor:
 @torch.no_grad()
 def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, frames: int = 16,
             seed: int = 0, chain: bool = False, prompt_len: int = 8, window: int = 1,
-            progress=None, thinker_only: bool = False) -> dict:
+            progress=None, thinker_only: bool = False, speech: Tensor | None = None) -> dict:
     """Teacher-forced per-stage errors and top-1 agreement of `model_test` against `model_ref`
     (module docstring) over `frames` frames of `sessions` sessions, and the KL divergence of
     the thinker's and the talker's token distributions (`kl`). Curves over the call are kept in
     windows of `window` frames (max of the errors, mean and max of the KL). `progress(frames
     done, seconds)` is called after each window. `thinker_only`: the stages up to the thinker
-    (see `forced_frames`); the talker's and codec's quantities are left out. JSON-ready."""
+    (see `forced_frames`); the talker's and codec's quantities are left out. `speech`: the
+    users say this (fp32 mono, 16 kHz; `fidelity_forcing.inputs`), not noise. JSON-ready."""
     t0 = time.perf_counter()
     dev = model_ref.device
     prof = model_test.profile
@@ -225,7 +226,7 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
                         "talker.mog_logits", "talker.rvq_scores")}
     kl = {name: _KL() for name in ("thinker.text", "thinker.func", "talker.mixture")}
     for t, fr in enumerate(forced_frames(model_ref, model_test, sessions, frames, seed, chain,
-                                         prompt_len, thinker_only)):
+                                         prompt_len, thinker_only, speech)):
         if progress is not None and t and t % window == 0:
             progress(t, time.perf_counter() - t0)
         r, d = fr["ref"], fr["test"]
@@ -271,6 +272,7 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
             "frames": frames, "seed": seed, "chain": chain, "prompt_len": prompt_len,
             "stage_precision": tol, "error_metric": ERROR_METRIC, "agreement_rule": AGREEMENT_RULE,
             "quantities": out, "window": window, "thinker_only": thinker_only,
+            "audio": "noise" if speech is None else f"speech ({len(speech) / 16000:.2f} s)",
             "kl": {name: k.result(window) for name, k in kl.items()
                    if not (thinker_only and name.startswith("talker"))},
             "seconds": round(time.perf_counter() - t0, 2)}

@@ -141,16 +141,32 @@ def _talker(talker, st, y: Tensor, idle: Tensor, noise, slots: Tensor, forced: d
 
 # ------------------------------------------------------------------------------- the frames
 
+SPEECH_GAP_S = 2.0      # silence after each pass of the speech: the user waits for an answer
+
+
 def inputs(cfg: VoiceChatConfig, sessions: int, frames: int, seed: int = 0,
-           prompt_len: int = 8) -> tuple[Tensor, Tensor]:
+           prompt_len: int = 8, speech: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The sessions' prompts int64 [sessions, prompt_len] ([bos] + random tokens + [eos]) and
-    audio fp32 [sessions, frames, frame_samples] (0.1·N(0, 1) at 16 kHz), on the CPU, drawn from `seed`."""
+    audio fp32 [sessions, frames, frame_samples] at 16 kHz, on the CPU, drawn from `seed`:
+    0.1·N(0, 1), or `speech` (fp32 mono samples at 16 kHz) said again and again with
+    SPEECH_GAP_S of silence after each pass, each session from another point of it."""
     gen = torch.Generator().manual_seed(seed)
     hi = min(cfg.thinker.vocab, 1256)
     prompts = torch.cat([torch.full((sessions, 1), BOS),
                          torch.randint(min(1000, hi - 1), hi, (sessions, prompt_len - 2), generator=gen),
                          torch.full((sessions, 1), EOS)], dim=1)
-    return prompts, 0.1 * torch.randn(sessions, frames, cfg.mel.frame_samples, generator=gen)
+    n = cfg.mel.frame_samples
+    if speech is None:
+        return prompts, 0.1 * torch.randn(sessions, frames, n, generator=gen)
+    turn = torch.cat([speech.float().flatten(),
+                      torch.zeros(int(SPEECH_GAP_S * cfg.mel.sample_rate))])
+    need = frames * n
+    audio = torch.empty(sessions, need)
+    for k in range(sessions):
+        start = k * len(turn) // sessions
+        reps = (start + need) // len(turn) + 1
+        audio[k] = turn.repeat(reps)[start:start + need]
+    return prompts, audio.view(sessions, frames, n)
 
 
 def _start(model: VoiceChat, sessions: int, frames: int, prompts: Tensor):
@@ -167,11 +183,11 @@ def _start(model: VoiceChat, sessions: int, frames: int, prompts: Tensor):
 @torch.no_grad()
 def forced_frames(model_ref: VoiceChat, model_test: VoiceChat, sessions: int, frames: int,
                   seed: int = 0, chain: bool = False, prompt_len: int = 8,
-                  thinker_only: bool = False) -> Iterator[dict]:
+                  thinker_only: bool = False, speech: Tensor | None = None) -> Iterator[dict]:
     """Yield, for each frame, {"ref": outputs, "test": outputs} (tensors) of the two models run
     teacher-forced on the reference's choices (module docstring). Sessions get a random prompt
-    of `prompt_len` tokens, the talker warm-up, then `frames` frames of 0.1·N(0, 1) audio and
-    the talker noise of (seed, session, frame): all drawn from `seed`. `thinker_only` stops
+    of `prompt_len` tokens, the talker warm-up, then `frames` frames of audio (`inputs`: noise,
+    or `speech`) and the talker noise of (seed, session, frame): all drawn from `seed`. `thinker_only` stops
     each frame after the thinker (no talker or codec outputs): for an option that changes
     nothing after it, whose talker and codec, fed the same tokens, compute the same."""
     if model_ref.device != model_test.device:
@@ -180,7 +196,7 @@ def forced_frames(model_ref: VoiceChat, model_test: VoiceChat, sessions: int, fr
         raise ValueError("reference and tested model differ in talker CFG rows: compare with "
                          "reference_profile(tested profile)")
     cfg, dev = model_ref.cfg, model_ref.device
-    prompts, audio = inputs(cfg, sessions, frames, seed, prompt_len)
+    prompts, audio = inputs(cfg, sessions, frames, seed, prompt_len, speech)
     audio = audio.to(dev)
     ref_tf32, test_tf32 = model_ref.profile.tf32, model_test.profile.tf32   # off in fp32 profiles
     with _tf32(ref_tf32):

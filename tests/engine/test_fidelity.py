@@ -174,3 +174,27 @@ def test_an_option_is_measured_against_the_profile_it_changes():
                                         if st not in ("talker", "codec")}
     assert all(short["quantities"][n] == q[n] for n in short["quantities"])
     assert set(short["kl"]) == {"thinker.text", "thinker.func"}
+
+
+def test_the_users_can_say_real_speech_with_pauses():
+    """`speech`: each session hears the recording from its own point, the recording again after
+    a pause, and the stages' errors are measured on it as on noise."""
+    import soundfile
+    from pathlib import Path
+    wav, rate = soundfile.read(Path(__file__).resolve().parents[2] / "assets" / "demo_user.wav",
+                               dtype="float32")
+    speech = torch.from_numpy(wav)
+    assert rate == 16000
+    frames = int(len(speech) / CFG.mel.frame_samples) + 30        # past the pause, into a repeat
+    _, audio = fidelity_forcing.inputs(CFG, 2, frames, speech=speech)
+    flat = audio.flatten(1)
+    n = len(speech)
+    assert torch.equal(flat[0, :n], speech)
+    gap = int(fidelity_forcing.SPEECH_GAP_S * 16000)
+    assert flat[0, n:n + gap].abs().max() == 0 and torch.equal(flat[0, n + gap:n + gap + 100],
+                                                               speech[:100])
+    assert not torch.equal(flat[1, :n], speech)                    # another point of it
+    ref, test = fidelity.build_pair(CFG, Profile.named("dense-ssm16"), "cpu", seed=4,
+                                    kernels=False, against=Profile.named("dense"))
+    res = fidelity.measure(ref, test, 2, 4, seed=4, speech=speech, thinker_only=True)
+    assert res["audio"].startswith("speech") and res["quantities"]["thinker.ssm"]["rel_l2"] > 0

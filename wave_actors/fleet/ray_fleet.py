@@ -129,10 +129,10 @@ class NodeActor:
 
     def load(self, acked: tuple[int, int] = (0, 0)) -> NodeReading | None:
         """The node's metrics, read on this host (raises if the node's process is gone; None
-        if it runs but did not answer in time), with what it
-        said of its sessions past `acked` (an earlier reading's `events_mark`). They are kept
-        until acknowledged, so a reading the watch gave up waiting for loses none; a mark from
-        an earlier incarnation acknowledges nothing of this one."""
+        if it runs but did not answer in time), with what it said of its sessions past `acked`
+        (an earlier reading's `events_mark`). They are kept until acknowledged, so a reading
+        the watch gave up waiting for loses none; a mark from an earlier incarnation
+        acknowledges nothing of this one."""
         self.info()
         try:
             reading = read_node(self.metrics_port)
