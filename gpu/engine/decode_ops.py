@@ -56,7 +56,8 @@ class TritonDecodeOps:
     """Install with `install(model)`; every method matches the reference math it replaces."""
 
     def mamba(self, mixer, u: Tensor, conv: Tensor, ssm: Tensor, slots: Tensor) -> Tensor:
-        """u [B, 1, H]; conv [S, conv_dim, 3] and ssm [S, h, p, n] fp32 updated in place."""
+        """u [B, 1, H]; conv [S, conv_dim, 3] and ssm [S, h, p, n] (fp32 or bf16) updated in
+        place."""
         c = mixer.cfg
         z, xbc, dt = mixer._split(u[:, 0])
         y = mamba_step(xbc.contiguous(), z.contiguous(), dt.contiguous(), conv, ssm,

@@ -7,9 +7,9 @@ talker's character table spans the thinker's vocabulary and the codec decodes th
 codebooks. `__post_init__` re-checks every joint so a hand-built config cannot drift.
 
 `Profile` says which dtype each part computes and keeps state in (§4): thinker and perception in
-bf16 (Mamba SSM state always fp32), mel / RNNT / talker / codec fp32 (TF32 matmul allowed on a
-GPU), talker KV fp32 with CFG (reference) or bf16 without CFG (dense); `fp32` is the test variant
-(everything fp32, CFG on) the parity tests compare against.
+bf16 (the Mamba SSM state fp32, or stored in bf16 in dense-ssm16), mel / RNNT / talker / codec
+fp32 (TF32 matmul allowed on a GPU), talker KV fp32 with CFG (reference) or bf16 without CFG
+(dense); `fp32` is the test variant (everything fp32, CFG on) the parity tests compare against.
 
 Bytes per session of a profile and context come from the allocated state itself:
 `voicechat_state.session_state_bytes` (it needs the state classes, which import this module).
