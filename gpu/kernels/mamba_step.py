@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from gpu.kernels._check import FLOATS, check, check_slots, next_pow2
+from gpu.kernels.rms_norm import _round_bf16
 
 CONV_K = 4  # conv kernel width; conv_state keeps CONV_K - 1 = 3 columns
 
@@ -92,16 +93,6 @@ def _conv_kernel_cols(XBC, CONV_STATE, SLOTS, W, BIAS, XACT, conv_dim, max_slots
 
 
 @triton.jit
-def _to_bf16_nearest(v):
-    # fp32 -> bf16 rounded to nearest, ties to even, in integer arithmetic: the value handed to
-    # the store is exact in bf16, so every backend stores the same bits as torch's `.to`
-    # (Triton's interpreter truncates a plain cast)
-    bits = v.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
-
-
-@triton.jit
 def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
                 max_slots, conv_dim, d_inner, c_off,
                 nheads: tl.constexpr, head_dim: tl.constexpr, d_state: tl.constexpr,
@@ -153,7 +144,8 @@ def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
         # y reads the unrounded state (as the reference does)
         s = s.to(tl.float32) * d_a + (delta * x)[:, None] * bv[None, :]
         if SSM.dtype.element_ty == tl.bfloat16:
-            kept = _to_bf16_nearest(s)
+            # to nearest in integer bits, as torch rounds (the interpreter's cast truncates)
+            kept = _round_bf16(s)
         else:
             kept = s
         if STREAM:
