@@ -44,6 +44,15 @@ def git_commit() -> str:
     return provenance()["commit"]
 
 
+def save(path: str, result: dict) -> None:
+    """Written whole or not at all (a run killed mid-write leaves the last good one)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(out)
+
+
 def read_speech(path: str) -> torch.Tensor:
     """A WAV's samples as fp32 mono at 16 kHz (the first channel of a stereo file)."""
     import soundfile
@@ -95,17 +104,21 @@ def main(argv: list[str] | None = None) -> int:
     build_s = time.perf_counter() - t0
     every = max(1, args.frames // 20)
 
-    def progress(done: int, seconds: float) -> None:
+    def progress(done: int, seconds: float, partial) -> None:
         if done % every < args.window:
             print(f"  {done}/{args.frames} frames, {seconds:.0f} s", flush=True)
+            if args.out:            # a run cut short still leaves what it measured
+                save(args.out, {**partial(), **stamp})
     speech = None if args.speech is None else read_speech(args.speech)
+    stamp = dict(command=command, commit=git_commit(), build_s=round(build_s, 2),
+                 speech=args.speech,
+                 device_name=(torch.cuda.get_device_name(device) if device.type == "cuda"
+                              else "cpu"),
+                 torch=torch.__version__)
     res = measure(model_ref, model_test, args.sessions, args.frames, args.seed, chain=args.chain,
                   prompt_len=args.prompt_len, window=args.window, progress=progress,
                   thinker_only=args.thinker_only, speech=speech)
-    res.update(command=command, commit=git_commit(), build_s=round(build_s, 2),
-               speech=args.speech,
-               device_name=(torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
-               torch=torch.__version__)
+    res.update(stamp)
     if device.type == "cuda":
         res["max_memory_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
     print(f"fidelity {res['config']} {res['profile']} vs {res['reference_profile']} on "
@@ -119,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         plot([res], args.plot)
         print(f"wrote {args.plot}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(res, indent=1))
+        save(args.out, res)
         print(f"wrote {args.out}")
     return 0
 

@@ -191,7 +191,10 @@ FIDELITY_HEAD = ["JSON", "commit", "profile vs", "config", "sessions × frames",
 
 def fidelity_row(name: str, date: str, d: dict) -> list:
     return [link(name), d.get("commit", "—"), f"{d['profile']} vs {d['reference_profile']}",
-            d["config"], f"{d['sessions']} × {d['frames']}", d.get("device_name", "—"),
+            d["config"], f"{d['sessions']} × {d['frames']}" + (
+                f" (of {d['frames_asked']} asked)"
+                if d.get("frames_asked", d["frames"]) != d["frames"] else ""),
+            d.get("device_name", "—"),
             code(d["command"]) if "command" in d else "—"]
 
 

@@ -205,31 +205,21 @@ def _rowmax(x: Tensor) -> Tensor:
     return x.float().abs().amax(-1)
 
 
-@torch.no_grad()
-def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, frames: int = 16,
-            seed: int = 0, chain: bool = False, prompt_len: int = 8, window: int = 1,
-            progress=None, thinker_only: bool = False, speech: Tensor | None = None) -> dict:
-    """Teacher-forced per-stage errors and top-1 agreement of `model_test` against `model_ref`
-    (module docstring) over `frames` frames of `sessions` sessions, and the KL divergence of
-    the thinker's and the talker's token distributions (`kl`). Curves over the call are kept in
-    windows of `window` frames (max of the errors, mean and max of the KL). `progress(frames
-    done, seconds)` is called after each window. `thinker_only`: the stages up to the thinker
-    (see `forced_frames`); the talker's and codec's quantities are left out. `speech`: the
-    users say this (fp32 mono, 16 kHz; `fidelity_forcing.inputs`), not noise. JSON-ready."""
-    t0 = time.perf_counter()
-    dev = model_ref.device
-    prof = model_test.profile
-    err = {name: _Error() for name in QUANTITIES}
-    tol = {stage: stage_precision(prof, stage, dev, chain) for stage in dict.fromkeys(QUANTITIES.values())}
-    agr = {name: _Agreement(TOL[tol[QUANTITIES[name]]], tol[QUANTITIES[name]])
-           for name in ("rnnt.logits", "thinker.text_logits", "thinker.func_logits",
-                        "talker.mog_logits", "talker.rvq_scores")}
-    kl = {name: _KL() for name in ("thinker.text", "thinker.func", "talker.mixture")}
-    for t, fr in enumerate(forced_frames(model_ref, model_test, sessions, frames, seed, chain,
-                                         prompt_len, thinker_only, speech)):
-        if progress is not None and t and t % window == 0:
-            progress(t, time.perf_counter() - t0)
-        r, d = fr["ref"], fr["test"]
+class _Tally:
+    """The errors, agreements and KL of a run so far."""
+
+    def __init__(self, profile: Profile, device: torch.device, chain: bool):
+        self.err = {name: _Error() for name in QUANTITIES}
+        self.tol = {stage: stage_precision(profile, stage, device, chain)
+                    for stage in dict.fromkeys(QUANTITIES.values())}
+        self.agr = {name: _Agreement(TOL[self.tol[QUANTITIES[name]]], self.tol[QUANTITIES[name]])
+                    for name in ("rnnt.logits", "thinker.text_logits", "thinker.func_logits",
+                                 "talker.mog_logits", "talker.rvq_scores")}
+        self.kl = {name: _KL() for name in ("thinker.text", "thinker.func", "talker.mixture")}
+
+    def add(self, r: dict, d: dict) -> None:
+        """One frame's outputs of the reference (r) and the tested model (d)."""
+        err, agr, kl = self.err, self.agr, self.kl
         err["thinker.ssm"].add(d["ssm"], r["ssm"])
         err["mel.window"].add(d["window"], r["window"])
         err["perception.enc"].add(d["enc"], r["enc"])
@@ -243,8 +233,8 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
             err[f"thinker.{key}"].add(dt[key], rt[key])
             kl[f"thinker.{choice}"].add(dt[key], rt[key])
             agr[f"thinker.{key}"].add(dt[choice], rt[choice], rt[key], _rowmax(rt[key]))
-        if thinker_only:
-            continue
+        if "talker" not in r:                   # a thinker-only run
+            return
         rk, dk = r["talker"], d["talker"]
         err["talker.hidden"].add(dk["hidden"], rk["hidden"])
         stack = lambda o, k: torch.stack(o[k])
@@ -257,25 +247,56 @@ def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, fram
         scores = stack(rk, "rvq_scores")
         agr["talker.rvq_scores"].add(stack(dk, "code_own"), rk["codes"].T, -scores, _rowmax(scores))
         err["codec.pcm"].add(d["pcm"], r["pcm"])
-    out = {}
-    for name, stage in QUANTITIES.items():
-        if thinker_only and stage in ("talker", "codec"):
-            continue
-        out[name] = {"stage": stage, **err[name].result(window)}
-        if name in agr:
-            out[name]["top1"] = agr[name].result()
+
+    def result(self, window: int, thinker_only: bool) -> dict:
+        out = {}
+        for name, stage in QUANTITIES.items():
+            if thinker_only and stage in ("talker", "codec"):
+                continue
+            out[name] = {"stage": stage, **self.err[name].result(window)}
+            if name in self.agr:
+                out[name]["top1"] = self.agr[name].result()
+        return {"stage_precision": self.tol, "quantities": out,
+                "kl": {name: k.result(window) for name, k in self.kl.items()
+                       if not (thinker_only and name.startswith("talker"))}}
+
+
+@torch.no_grad()
+def measure(model_ref: VoiceChat, model_test: VoiceChat, sessions: int = 4, frames: int = 16,
+            seed: int = 0, chain: bool = False, prompt_len: int = 8, window: int = 1,
+            progress=None, thinker_only: bool = False, speech: Tensor | None = None) -> dict:
+    """Teacher-forced per-stage errors and top-1 agreement of `model_test` against `model_ref`
+    (module docstring) over `frames` frames of `sessions` sessions, and the KL divergence of
+    the thinker's and the talker's token distributions (`kl`). Curves over the call are kept in
+    windows of `window` frames (max of the errors, mean and max of the KL). After each window
+    `progress(frames done, seconds, partial)` is called, `partial()` giving the result so far
+    (a long run saves it as it goes). `thinker_only`: the stages up to the thinker (see
+    `forced_frames`); the talker's and codec's quantities are left out. `speech`: the users say
+    this (fp32 mono, 16 kHz; `fidelity_forcing.inputs`), not noise. JSON-ready."""
+    t0 = time.perf_counter()
+    dev = model_ref.device
+    tally = _Tally(model_test.profile, dev, chain)
+
+    def result(done: int) -> dict:
+        return {"config": model_ref.cfg.name, "profile": model_test.profile.name,
+                "reference_profile": model_ref.profile.name, "device": str(dev),
+                "kernels": model_test.thinker.decode_ops is not None, "sessions": sessions,
+                "frames": done, "frames_asked": frames, "seed": seed, "chain": chain,
+                "prompt_len": prompt_len, "error_metric": ERROR_METRIC,
+                "agreement_rule": AGREEMENT_RULE, "window": window,
+                "thinker_only": thinker_only,
+                "audio": "noise" if speech is None else f"speech ({len(speech) / 16000:.2f} s)",
+                **tally.result(window, thinker_only),
+                "seconds": round(time.perf_counter() - t0, 2)}
+
+    for t, fr in enumerate(forced_frames(model_ref, model_test, sessions, frames, seed, chain,
+                                         prompt_len, thinker_only, speech)):
+        if progress is not None and t and t % window == 0:
+            progress(t, time.perf_counter() - t0, lambda: result(t))
+        tally.add(fr["ref"], fr["test"])
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    return {"config": model_ref.cfg.name, "profile": prof.name,
-            "reference_profile": model_ref.profile.name, "device": str(dev),
-            "kernels": model_test.thinker.decode_ops is not None, "sessions": sessions,
-            "frames": frames, "seed": seed, "chain": chain, "prompt_len": prompt_len,
-            "stage_precision": tol, "error_metric": ERROR_METRIC, "agreement_rule": AGREEMENT_RULE,
-            "quantities": out, "window": window, "thinker_only": thinker_only,
-            "audio": "noise" if speech is None else f"speech ({len(speech) / 16000:.2f} s)",
-            "kl": {name: k.result(window) for name, k in kl.items()
-                   if not (thinker_only and name.startswith("talker"))},
-            "seconds": round(time.perf_counter() - t0, 2)}
+    return result(frames)
 
 
 def table(result: dict) -> str:

@@ -174,6 +174,12 @@ def test_an_option_is_measured_against_the_profile_it_changes():
                                         if st not in ("talker", "codec")}
     assert all(short["quantities"][n] == q[n] for n in short["quantities"])
     assert set(short["kl"]) == {"thinker.text", "thinker.func"}
+    # a long run's result so far, at each window: what a run cut short still leaves
+    seen = []
+    fidelity.measure(ref, test, SESSIONS, FRAMES, seed=3, window=3, thinker_only=True,
+                     progress=lambda done, s, partial: seen.append(partial()))
+    assert [p["frames"] for p in seen] == [3, 6] and seen[0]["frames_asked"] == FRAMES
+    assert len(seen[1]["quantities"]["thinker.ssm"]["rel_max_by_frame"]) == 2
 
 
 def test_the_users_can_say_real_speech_with_pauses():
