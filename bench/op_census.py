@@ -93,7 +93,7 @@ class _StandIns(decode_ops.TritonDecodeOps):
         torch.nn.functional.linear(h[:, :, 0], decode_ops.fused_qkv_weight(layer.self_attn))
         return self._empty(h.shape[0], h.shape[1], 1, cfg.n_heads, cfg.head_dim, like=h)
 
-    def talker_attention(self, q, k_layer, v_layer, slots, pos, window, scale):
+    def talker_attention(self, q, k_layer, v_layer, slots, pos, window, scale, kv_scale=None):
         self.census.launch("triton decode_attention (+ combine)", 2)      # all CFG rows
         return self._empty(q.shape[0], q.shape[1], 1, q.shape[3] * q.shape[4], like=q)
 

@@ -52,6 +52,11 @@ from gpu.model.codec import Codec, CodecState, ConvNeXtBlock, Upsample
 from gpu.model.talker import text as talker_text
 
 
+def _layer_scale(state, layer: int) -> Tensor | None:
+    """An fp8 talker cache's scales [2, kv_heads] for `layer` (None for other caches)."""
+    return None if state.kv_scale is None else state.kv_scale[layer]
+
+
 class TritonDecodeOps:
     """Install with `install(model)`; every method matches the reference math it replaces."""
 
@@ -117,7 +122,8 @@ class TritonDecodeOps:
         rows at pos first, as the reference does."""
         q = self.talker_qkv(layer, h, pos, state, slots, frame)
         return self.talker_attention(q, state.k[:, layer.index], state.v[:, layer.index], slots,
-                                     pos, layer.window, layer.cfg.attn_scale)
+                                     pos, layer.window, layer.cfg.attn_scale,
+                                     _layer_scale(state, layer.index))
 
     def talker_qkv(self, layer, h: Tensor, pos: Tensor, state, slots: Tensor, frame) -> Tensor:
         """h [B, R, 1, H] → q [B, R, 1, Hq, D] normed and rotated (fp32); k normed and rotated and
@@ -130,17 +136,18 @@ class TritonDecodeOps:
         cos, sin = frame.cos_sin[layer.theta]                       # [B, 1, 1, D/2]
         q = qk_norm_rope(q, k, v, att.q_norm.weight, att.k_norm.weight, cos[:, 0, 0], sin[:, 0, 0],
                          slots, pos[:, 0], state.k[:, layer.index], state.v[:, layer.index],
-                         eps=cfg.rms_eps)
+                         eps=cfg.rms_eps, kv_scale=_layer_scale(state, layer.index))
         return q[:, :, None]
 
     def talker_attention(self, q: Tensor, k_layer: Tensor, v_layer: Tensor, slots: Tensor,
-                         pos: Tensor, window: int | None, scale: float) -> Tensor:
+                         pos: Tensor, window: int | None, scale: float,
+                         kv_scale: Tensor | None = None) -> Tensor:
         """q [B, R, 1, Hq, D] at positions pos [B, 1], over k/v_layer [S, R, Hkv, P, D] whose
         rows up to pos are written → [B, R, 1, Hq·D] (fp32, as the reference). One launch pair
         for all CFG rows; slots and pos go in as they are (int32 or int64): the kernel reads
         pos + 1 as the length."""
         o = decode_attention(q[:, :, 0].float().contiguous(), k_layer, v_layer, slots, pos[:, 0],
-                             scale=scale, window=window or 0, length_bias=1)
+                             scale=scale, window=window or 0, length_bias=1, kv_scale=kv_scale)
         return o.flatten(-2)[:, :, None]
 
     def codec_step(self, codec: Codec, state: CodecState, codes: Tensor, slots: Tensor) -> Tensor:

@@ -57,7 +57,7 @@ ERROR_METRIC = ("rel_max = max|test - ref| / max|ref| over all frames and sessio
 AGREEMENT_RULE = ("top-1 of the tested model's own choice vs the reference's, counted where the "
                   "reference's margin (best - second best score) > tol * max|reference row|; tol by "
                   "the tested stage's precision: fp32 1e-5, TF32 1e-3, bf16 1e-2")
-TOL = {"fp32": 1e-5, "tf32": 1e-3, "bf16": 1e-2}
+TOL = {"fp32": 1e-5, "tf32": 1e-3, "bf16": 1e-2, "fp8": 6.25e-2}   # fp8: e4m3's 2^-4 step
 
 
 def reference_profile(profile: Profile) -> Profile:
@@ -66,7 +66,7 @@ def reference_profile(profile: Profile) -> Profile:
 
 
 def stage_precision(profile: Profile, stage: str, device: torch.device, chain: bool = False) -> str:
-    """'bf16', 'tf32' or 'fp32': the precision the stage computes in under `profile` (docs/MODEL.md §4);
+    """'fp8', 'bf16', 'tf32' or 'fp32': the precision the stage computes in under `profile` (docs/MODEL.md §4);
     with `chain`, the coarser of that and its continuous input's (RNNT and thinker read perception)."""
     if chain and stage in ("rnnt", "thinker"):
         own, upstream = (stage_precision(profile, s, device) for s in (stage, "perception"))
@@ -77,6 +77,8 @@ def stage_precision(profile: Profile, stage: str, device: torch.device, chain: b
         dtype = profile.talker_kv
     else:
         dtype = torch.float32
+    if dtype == torch.float8_e4m3fn:
+        return "fp8"
     if dtype != torch.float32:
         return "bf16"
     return "tf32" if profile.tf32 and torch.device(device).type == "cuda" else "fp32"

@@ -31,13 +31,16 @@ import triton.language as tl
 
 from gpu.kernels._check import FLOATS, INDEX, check, check_index_slots, next_pow2
 from gpu.kernels.decode_attention_mha import (attn_mha_kernel, attn_mha_lanes_kernel,
-                                              attn_mha_split_kernel, row_bases)
+                                              attn_mha_split_kernel, kv_load, kv_scale_of,
+                                              row_bases)
+from gpu.kernels.e4m3 import kv_scales
+from gpu.model.fp8 import from_e4m3
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attn_gqa_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots, length_bias,
+def _attn_gqa_kernel(Q, K, V, KS, VS, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots, length_bias,
                      sq_b, sq_r, sq_h, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
                      SK_L: tl.constexpr, SV_L: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr,
                      HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, N_SPLITS: tl.constexpr,
@@ -54,7 +57,7 @@ def _attn_gqa_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slo
     md = d < HEAD_DIM
     heads = kh * GROUP + g
     q = tl.load(qp + heads[:, None] * sq_h + d[None, :], mask=mg[:, None] & md[None, :],
-                other=0.0).to(tl.float32)
+                other=0.0).to(tl.float32) * kv_scale_of(K, KS, kh)
     m_i = tl.full([BLOCK_G], -1e30, tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -64,8 +67,8 @@ def _attn_gqa_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slo
         kv_mask = ml[:, None] & md[None, :]
         # fp32 operands: with bf16 K/V and q, "tf32" is exact for q·k (8-bit mantissas fit in
         # tf32's 11) and rounds p to tf32 (finer than bf16); the interpreter has no bf16 dot.
-        k = tl.load(kp + pos[:, None] * SK_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(vp + pos[:, None] * SV_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        k = kv_load(kp + pos[:, None] * SK_L + d[None, :], kv_mask)
+        v = kv_load(vp + pos[:, None] * SV_L + d[None, :], kv_mask)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale     # log2 domain
         s = tl.where(ml[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -77,7 +80,8 @@ def _attn_gqa_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slo
     part = (row * HQ + heads) * N_SPLITS + sp
     tl.store(MP + part, m_i, mask=mg)
     tl.store(LP + part, l_i, mask=mg)
-    tl.store(OP + part[:, None] * BLOCK_D + d[None, :], acc, mask=mg[:, None])
+    tl.store(OP + part[:, None] * BLOCK_D + d[None, :], acc * kv_scale_of(V, VS, kh),
+             mask=mg[:, None])
 
 
 @triton.jit
@@ -110,7 +114,8 @@ def _splits(batch: int, hkv: int, max_len: int, device: torch.device) -> int:
 def decode_attention(q, k_cache, v_cache, slots, lengths, *, scale: float, window: int = 0,
                      max_len: int | None = None, out=None, num_splits: int | None = None,
                      block_l: int | None = None, num_warps: int = 4, mha_dot: bool = False,
-                     split_d: bool = True, length_bias: int = 0, lanes: bool | None = None):
+                     split_d: bool = True, length_bias: int = 0, lanes: bool | None = None,
+                     kv_scale=None):
     """o [B, HQ, D] (q's dtype) = attention of q [B, HQ, D] over k/v_cache [S, HKV, Lmax, D] rows
     slots (int32|int64 [B]) at positions [max(0, n - window) if window else 0, n), n = lengths
     (int32|int64 [B]) + length_bias. With a rows dim, q [B, R, HQ, D] over k/v_cache
@@ -124,18 +129,18 @@ def decode_attention(q, k_cache, v_cache, slots, lengths, *, scale: float, windo
     instead (slower at the model's shapes; kept for other shapes). lanes (GROUP == 1 only) runs
     the per-lane online softmax kernel; None: on for the split_d shapes (faster for bf16 and
     fp32 KV: bench/results/attn-lanes-h200.json), else off. It tiles a power-of-two head_dim as
-    two halves."""
+    two halves. uint8 caches hold fp8 e4m3 bits of K and V divided by kv_scale [2, HKV]."""
     assert q.dim() in (3, 4) and k_cache.dim() == q.dim() + 1, \
         f"q {tuple(q.shape)} with cache {tuple(k_cache.shape)}: expected 3-D/4-D or 4-D/5-D"
     if q.dim() == 4:
         return _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, max_len,
                                       out, num_splits, block_l, num_warps, mha_dot, split_d,
-                                      length_bias, lanes)
+                                      length_bias, lanes, kv_scale)
     if out is None:
         out = torch.empty_like(q)
     _decode_attention_rows(q[:, None], k_cache[:, None], v_cache[:, None], slots, lengths, scale,
                            window, max_len, out[:, None], num_splits, block_l, num_warps, mha_dot,
-                           split_d, length_bias, lanes)
+                           split_d, length_bias, lanes, kv_scale)
     return out
 
 
@@ -145,8 +150,8 @@ def _checked(q, k_cache, v_cache, slots, lengths, window, max_len, out, length_b
     max_slots, _, hkv, cap, _ = k_cache.shape
     dev = q.device
     check("q", q, (batch, rows, hq, head_dim), FLOATS, device=dev)
-    check("k_cache", k_cache, (max_slots, rows, hkv, cap, head_dim), FLOATS, contiguous=False,
-          device=dev)
+    check("k_cache", k_cache, (max_slots, rows, hkv, cap, head_dim), FLOATS + (torch.uint8,),
+          contiguous=False, device=dev)
     check("v_cache", v_cache, (max_slots, rows, hkv, cap, head_dim), k_cache.dtype,
           contiguous=False, device=dev)
     assert k_cache.stride(4) == 1 and v_cache.stride(4) == 1, "head_dim must be contiguous"
@@ -166,18 +171,20 @@ def _checked(q, k_cache, v_cache, slots, lengths, window, max_len, out, length_b
 
 
 def _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, max_len, out,
-                           num_splits, block_l, num_warps, mha_dot, split_d, length_bias, lanes):
+                           num_splits, block_l, num_warps, mha_dot, split_d, length_bias, lanes,
+                           kv_scale):
     batch, rows, hq, head_dim = q.shape
     max_slots, _, hkv, cap, _ = k_cache.shape
     dev = q.device
     max_len, out = _checked(q, k_cache, v_cache, slots, lengths, window, max_len, out,
                             length_bias)
+    ks, vs = kv_scales(kv_scale, k_cache, hkv)
     n_splits = num_splits or _splits(batch * rows, hkv, max_len, dev)
     group, block_d = hq // hkv, next_pow2(head_dim)
     mpart = torch.empty(batch * rows, hq, n_splits, device=dev, dtype=torch.float32)
     lpart = torch.empty_like(mpart)
     opart = torch.empty(batch * rows, hq, n_splits, block_d, device=dev, dtype=torch.float32)
-    common = (q, k_cache, v_cache, slots, lengths, mpart, lpart, opart, int(window), scale * LOG2E,
+    common = (q, k_cache, v_cache, ks, vs, slots, lengths, mpart, lpart, opart, int(window), scale * LOG2E,
               max_slots, int(length_bias), q.stride(0), q.stride(1), q.stride(2),
               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
@@ -217,13 +224,14 @@ def _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, m
 def decode_attention_ref(q, k_cache, v_cache, slots, lengths, *, scale: float, window: int = 0,
                          max_len: int | None = None, out=None, num_splits: int | None = None,
                          block_l: int | None = None, num_warps: int = 4, mha_dot: bool = False,
-                         split_d: bool = True, length_bias: int = 0, lanes: bool | None = None):
+                         split_d: bool = True, length_bias: int = 0, lanes: bool | None = None,
+                         kv_scale=None):
     """PyTorch twin (same signature; launch shape ignored). fp32 math, fp64 when given fp64.
     The rows form is the plain form once per row."""
     if q.dim() == 4:
         o = torch.stack([decode_attention_ref(q[:, r], k_cache[:, r], v_cache[:, r], slots, lengths,
                                               scale=scale, window=window, max_len=max_len,
-                                              length_bias=length_bias)
+                                              length_bias=length_bias, kv_scale=kv_scale)
                          for r in range(q.shape[1])], 1)
         return o if out is None else out.copy_(o)
     batch, hq, head_dim = q.shape
@@ -231,8 +239,11 @@ def decode_attention_ref(q, k_cache, v_cache, slots, lengths, *, scale: float, w
     f = torch.promote_types(q.dtype, torch.float32)
     n = cap if max_len is None else int(max_len)
     idx = slots.long()
-    k = k_cache[idx, :, :n].to(f)                                     # [B, HKV, n, D]
-    v = v_cache[idx, :, :n].to(f)
+    k, v = k_cache[idx, :, :n], v_cache[idx, :, :n]                   # [B, HKV, n, D]
+    if k_cache.dtype == torch.uint8:                                  # fp8 e4m3 bits
+        k = from_e4m3(k) * kv_scale[0, :, None, None]
+        v = from_e4m3(v) * kv_scale[1, :, None, None]
+    k, v = k.to(f), v.to(f)
     qq = q.to(f).reshape(batch, hkv, hq // hkv, head_dim)             # head j -> kv head j // G
     s = torch.einsum("bhgd,bhld->bhgl", qq, k) * scale
     pos = torch.arange(n, device=q.device)[None, :]

@@ -9,6 +9,26 @@ log2 domain (qk_scale carries log2 e).
 import triton
 import triton.language as tl
 
+from gpu.kernels.e4m3 import e4m3_decode
+
+
+@triton.jit
+def kv_load(ptr, mask):
+    # K or V rows as fp32: an fp8 cache (uint8) holds e4m3 bits, decoded here; its per-head
+    # scale is applied once per program (`kv_scale_of`), not per element
+    raw = tl.load(ptr, mask=mask, other=0)
+    if ptr.dtype.element_ty == tl.uint8:
+        return e4m3_decode(raw)
+    return raw.to(tl.float32)
+
+
+@triton.jit
+def kv_scale_of(CACHE, SCALE, kh):
+    # kv head kh's scale of an fp8 cache (1 for others): keys' folds into q, values' into acc
+    if CACHE.dtype.element_ty == tl.uint8:
+        return tl.load(SCALE + kh)
+    return 1.0
+
 
 @triton.jit
 def _span(SLOTS, LENS, b, sp, window, max_slots, length_bias, N_SPLITS: tl.constexpr,
@@ -40,7 +60,7 @@ def row_bases(Q, K, V, SLOTS, LENS, kh, sp, window, max_slots, length_bias,
 
 
 @triton.jit
-def attn_mha_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots, length_bias,
+def attn_mha_kernel(Q, K, V, KS, VS, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots, length_bias,
                      sq_b, sq_r, sq_h, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
                      SK_L: tl.constexpr, SV_L: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr,
                      HEAD_DIM: tl.constexpr, N_SPLITS: tl.constexpr,
@@ -54,6 +74,7 @@ def attn_mha_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slot
     d = tl.arange(0, BLOCK_D)
     md = d < HEAD_DIM
     q = tl.load(qp + h * sq_h + d, mask=md, other=0.0).to(tl.float32) * qk_scale
+    q = q * kv_scale_of(K, KS, h)
     m_i = tl.max(tl.full([BLOCK_L], -1e30, tl.float32), axis=0)
     l_i = tl.sum(tl.zeros([BLOCK_L], tl.float32), axis=0)
     acc = tl.zeros([BLOCK_D], tl.float32)
@@ -61,8 +82,8 @@ def attn_mha_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slot
         pos = l0 + tl.arange(0, BLOCK_L)
         ml = pos < hi
         kv_mask = ml[:, None] & md[None, :]
-        k = tl.load(kp + pos[:, None] * SK_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        v = tl.load(vp + pos[:, None] * SV_L + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        k = kv_load(kp + pos[:, None] * SK_L + d[None, :], kv_mask)
+        v = kv_load(vp + pos[:, None] * SV_L + d[None, :], kv_mask)
         s = tl.where(ml, tl.sum(k * q[None, :], axis=1), float("-inf"))     # log2 domain
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         alpha = tl.exp2(m_i - m_new)
@@ -73,7 +94,7 @@ def attn_mha_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slot
     part = (row * HQ + h) * N_SPLITS + sp
     tl.store(MP + part, m_i)
     tl.store(LP + part, l_i)
-    tl.store(OP + part * BLOCK_D + d, acc)
+    tl.store(OP + part * BLOCK_D + d, acc * kv_scale_of(V, VS, h))
 
 
 @triton.jit
@@ -95,10 +116,10 @@ def _split_tile(kp, vp, l0, hi, da, db, mdb, qa, qb, SK_L: tl.constexpr, SV_L: t
     pos = l0 + tl.arange(0, BLOCK_L)
     ml = pos < hi
     mb = ml[:, None] & mdb[None, :]
-    k_a = tl.load(kp + pos[:, None] * SK_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
-    k_b = tl.load(kp + pos[:, None] * SK_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
-    v_a = tl.load(vp + pos[:, None] * SV_L + da[None, :], mask=ml[:, None], other=0.0).to(tl.float32)
-    v_b = tl.load(vp + pos[:, None] * SV_L + db[None, :], mask=mb, other=0.0).to(tl.float32)
+    k_a = kv_load(kp + pos[:, None] * SK_L + da[None, :], ml[:, None])
+    k_b = kv_load(kp + pos[:, None] * SK_L + db[None, :], mb)
+    v_a = kv_load(vp + pos[:, None] * SV_L + da[None, :], ml[:, None])
+    v_b = kv_load(vp + pos[:, None] * SV_L + db[None, :], mb)
     s = tl.sum(k_a * qa[None, :], axis=1) + tl.sum(k_b * qb[None, :], axis=1)
     return tl.where(ml, s, float("-inf")), v_a, v_b
 
@@ -113,7 +134,7 @@ def _store_split_partial(MP, LP, OP, part, m_i, l_i, acc_a, acc_b, da, db, mdb,
 
 
 @triton.jit
-def attn_mha_split_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
+def attn_mha_split_kernel(Q, K, V, KS, VS, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
                            length_bias, sq_b, sq_r, sq_h, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
                            SK_L: tl.constexpr, SV_L: tl.constexpr, ROWS: tl.constexpr,
                            HQ: tl.constexpr, HEAD_DIM: tl.constexpr, N_SPLITS: tl.constexpr,
@@ -126,7 +147,8 @@ def attn_mha_split_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, ma
     row, qp, kp, vp, lo, hi = row_bases(Q, K, V, SLOTS, LENS, h, sp, window, max_slots,
                                          length_bias, sq_b, sq_r, sk_s, sk_r, sk_h, sv_s, sv_r,
                                          sv_h, ROWS, N_SPLITS, BLOCK_L)
-    da, db, mdb, qa, qb = _split_q(qp, h, sq_h, qk_scale, HEAD_DIM, D_A, D_B)
+    da, db, mdb, qa, qb = _split_q(qp, h, sq_h, qk_scale * kv_scale_of(K, KS, h), HEAD_DIM,
+                                   D_A, D_B)
     m_i = tl.max(tl.full([BLOCK_L], -1e30, tl.float32), axis=0)
     l_i = tl.sum(tl.zeros([BLOCK_L], tl.float32), axis=0)
     acc_a = tl.zeros([D_A], tl.float32)
@@ -140,12 +162,13 @@ def attn_mha_split_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, ma
         acc_a = acc_a * alpha + tl.sum(p[:, None] * v_a, axis=0)
         acc_b = acc_b * alpha + tl.sum(p[:, None] * v_b, axis=0)
         m_i = m_new
-    _store_split_partial(MP, LP, OP, (row * HQ + h) * N_SPLITS + sp, m_i, l_i, acc_a, acc_b,
-                         da, db, mdb, BLOCK_D)
+    vs = kv_scale_of(V, VS, h)
+    _store_split_partial(MP, LP, OP, (row * HQ + h) * N_SPLITS + sp, m_i, l_i, acc_a * vs,
+                         acc_b * vs, da, db, mdb, BLOCK_D)
 
 
 @triton.jit
-def attn_mha_lanes_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
+def attn_mha_lanes_kernel(Q, K, V, KS, VS, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
                            length_bias, sq_b, sq_r, sq_h, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
                            SK_L: tl.constexpr, SV_L: tl.constexpr, ROWS: tl.constexpr,
                            HQ: tl.constexpr, HEAD_DIM: tl.constexpr, N_SPLITS: tl.constexpr,
@@ -160,7 +183,8 @@ def attn_mha_lanes_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, ma
     row, qp, kp, vp, lo, hi = row_bases(Q, K, V, SLOTS, LENS, h, sp, window, max_slots,
                                          length_bias, sq_b, sq_r, sk_s, sk_r, sk_h, sv_s, sv_r,
                                          sv_h, ROWS, N_SPLITS, BLOCK_L)
-    da, db, mdb, qa, qb = _split_q(qp, h, sq_h, qk_scale, HEAD_DIM, D_A, D_B)
+    da, db, mdb, qa, qb = _split_q(qp, h, sq_h, qk_scale * kv_scale_of(K, KS, h), HEAD_DIM,
+                                   D_A, D_B)
     # A lane that sees no position keeps m = -1e30, l = 0, acc = 0: a masked s = -inf gives
     # alpha = 2^0 = 1 and p = 2^-inf = 0, never inf - inf.
     m_vec = tl.full([BLOCK_L], -1e30, tl.float32)
@@ -180,6 +204,7 @@ def attn_mha_lanes_kernel(Q, K, V, SLOTS, LENS, MP, LP, OP, window, qk_scale, ma
     # (all lanes empty) gives m -1e30, l 0, acc 0, as the split kernel does.
     m_i = tl.max(m_vec, axis=0)
     w = tl.exp2(m_vec - m_i)
+    vs = kv_scale_of(V, VS, h)
     _store_split_partial(MP, LP, OP, (row * HQ + h) * N_SPLITS + sp, m_i,
-                         tl.sum(w * l_vec, axis=0), tl.sum(w[:, None] * acc_a, axis=0),
-                         tl.sum(w[:, None] * acc_b, axis=0), da, db, mdb, BLOCK_D)
+                         tl.sum(w * l_vec, axis=0), tl.sum(w[:, None] * acc_a, axis=0) * vs,
+                         tl.sum(w[:, None] * acc_b, axis=0) * vs, da, db, mdb, BLOCK_D)

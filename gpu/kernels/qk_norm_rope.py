@@ -10,13 +10,15 @@ For batch row b (slot s = slots[b], position p = pos[b]), CFG row r and head h, 
 The op order is the reference's (norm: (x·rs)·(1 + w); rope: apply_rope_tables' products, whose
 x1·cos + x2·(−sin) is x1·cos − x2·sin exactly); only the order of the Σx² reduction differs (and,
 compiled, fused multiply-adds): inside 1e-5 relative in fp32. A bf16 cache gets round-to-nearest-
-even done in integer bits (`_round_bf16`: the interpreter's fp32->bf16 cast truncates).
+even done in integer bits (`_round_bf16`: the interpreter's fp32->bf16 cast truncates); an fp8
+cache (uint8) gets the e4m3 bits of the value divided by its layer's per-head scale, made the
+same way (`e4m3_encode`: the same bits as torch's cast).
 On the talker's decode path this replaces, per layer and frame, the 2 norm launches, 8 RoPE
 launches (4 each for q and k) and the 2 cache index-writes (plus their casts for a bf16 cache).
 Layout: q [B, R, Hq·D], k and v [B, R, Hkv·D] fp32 with unit stride in the last dim and any strides
 in B and R, so they can be column slices of one fused qkv matmul [B, R, (Hq + 2·Hkv)·D];
 cos/sin [B, D/2] fp32 (unit stride in D/2); slots and pos int32|int64 [B]; k_layer, v_layer
-[S, R, Hkv, P, D] fp32|bf16, any strides with D contiguous (a layer of the talker's state).
+[S, R, Hkv, P, D] fp32|bf16|uint8, any strides with D contiguous (a layer of the talker's state).
 Grid (B·R,): one program per (batch row, CFG row) does all heads, each half of D as a
 [heads, next_pow2(D/2)] tile (D = 72: 36 of 64 lanes; the kernel is launch-bound, ~3·1152 values
 a program). Bytes per (b, r): read (Hq + 2·Hkv)·D·4 + D·4 (cos/sin), write Hq·D·4 + 2·Hkv·D·(4|2).
@@ -28,10 +30,12 @@ import triton
 import triton.language as tl
 
 from gpu.kernels._check import INDEX, check, check_index_slots, next_pow2
+from gpu.kernels.e4m3 import e4m3_encode, kv_scales
 from gpu.kernels.rms_norm import _round_bf16
+from gpu.model.fp8 import to_e4m3
 from gpu.model.talker.text import RMSNorm, apply_rope_tables, rope_tables
 
-CACHE_DTYPES = (torch.float32, torch.bfloat16)
+CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)      # uint8: fp8 e4m3 bits
 WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -65,14 +69,18 @@ def _norm_rope(x1, x2, W, c, mc, cos, sin, eps, HALF: tl.constexpr):
 
 
 @triton.jit
-def _to_cache(y, CACHE):
+def _to_cache(y, CACHE, SCALE, hk, mhk):
+    # fp8 caches hold e4m3 bits of y / the head's scale (SCALE: [HKV] of this layer)
+    if CACHE.dtype.element_ty == tl.uint8:
+        scale = tl.load(SCALE + hk, mask=mhk, other=1.0)
+        return e4m3_encode(y / scale[:, None])
     if CACHE.dtype.element_ty == tl.bfloat16:
         y = _round_bf16(y)
     return y.to(CACHE.dtype.element_ty)
 
 
 @triton.jit
-def _qk_norm_rope_kernel(Q, K, V, WQ, WK, COS, SIN, SLOTS, POS, KL, VL, QO, eps, max_slots,
+def _qk_norm_rope_kernel(Q, K, V, WQ, WK, COS, SIN, SLOTS, POS, KL, VL, KS, VS, QO, eps, max_slots,
                          max_pos, sq_b, sq_r, sk_b, sk_r, sv_b, sv_r, scs_b,
                          skl_s, skl_r, skl_h, skl_p, svl_s, svl_r, svl_h, svl_p,
                          ROWS: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr,
@@ -101,11 +109,13 @@ def _qk_norm_rope_kernel(Q, K, V, WQ, WK, COS, SIN, SLOTS, POS, KL, VL, QO, eps,
     k1, k2 = _load_halves(K + b * sk_b + r * sk_r, hk, mhk, c, mc, 2 * HALF, HALF)
     k1, k2 = _norm_rope(k1, k2, WK, c, mc, cos, sin, eps, HALF)
     k_at = KL + slot * skl_s + r * skl_r + p * skl_p
-    _store_halves(k_at, hk, mhk, c, mc, skl_h, _to_cache(k1, KL), _to_cache(k2, KL), HALF)
+    _store_halves(k_at, hk, mhk, c, mc, skl_h, _to_cache(k1, KL, KS, hk, mhk),
+                  _to_cache(k2, KL, KS, hk, mhk), HALF)
 
     v1, v2 = _load_halves(V + b * sv_b + r * sv_r, hk, mhk, c, mc, 2 * HALF, HALF)
     v_at = VL + slot * svl_s + r * svl_r + p * svl_p
-    _store_halves(v_at, hk, mhk, c, mc, svl_h, _to_cache(v1, VL), _to_cache(v2, VL), HALF)
+    _store_halves(v_at, hk, mhk, c, mc, svl_h, _to_cache(v1, VL, VS, hk, mhk),
+                  _to_cache(v2, VL, VS, hk, mhk), HALF)
 
 
 def _check_args(q, k, v, q_weight, k_weight, cos, sin, slots, pos, k_layer, v_layer):
@@ -137,19 +147,21 @@ def _check_args(q, k, v, q_weight, k_weight, cos, sin, slots, pos, k_layer, v_la
 
 
 def qk_norm_rope(q, k, v, q_weight, k_weight, cos, sin, slots, pos, k_layer, v_layer, *,
-                 eps: float):
+                 eps: float, kv_scale=None):
     """Normalise and rotate q [B, R, Hq·D] and k [B, R, Hkv·D]; write k and v [B, R, Hkv·D] at
     [slots[b], r, :, pos[b]] of k_layer / v_layer [S, R, Hkv, P, D]; return q as a new contiguous
     fp32 [B, R, Hq, D]. q_weight, k_weight [D] are the norms' w (scale 1 + w); cos/sin [B, D/2].
+    uint8 caches hold fp8 e4m3 bits of k and v divided by kv_scale [2, Hkv] (keys, values).
     See the top comment for the math and the accepted layouts."""
     _check_args(q, k, v, q_weight, k_weight, cos, sin, slots, pos, k_layer, v_layer)
     max_slots, rows, hkv, max_pos, d = k_layer.shape
     batch, hq = q.shape[0], q.shape[2] // d
+    ks, vs = kv_scales(kv_scale, k_layer, hkv)
     out = torch.empty(batch, rows, hq, d, device=q.device, dtype=torch.float32)
     if batch == 0:
         return out
     _qk_norm_rope_kernel[(batch * rows,)](
-        q, k, v, q_weight, k_weight, cos, sin, slots, pos, k_layer, v_layer, out, float(eps),
+        q, k, v, q_weight, k_weight, cos, sin, slots, pos, k_layer, v_layer, ks, vs, out, float(eps),
         max_slots, max_pos, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), cos.stride(0),
         k_layer.stride(0), k_layer.stride(1), k_layer.stride(2), k_layer.stride(3),
@@ -167,7 +179,7 @@ def _model_norm(x, weight, eps: float):
 
 
 def qk_norm_rope_ref(q, k, v, q_weight, k_weight, cos, sin, slots, pos, k_layer, v_layer, *,
-                     eps: float):
+                     eps: float, kv_scale=None):
     """PyTorch twin (same signature), through the talker's own RMSNorm and `apply_rope_tables`;
     writes k_layer / v_layer with an index write as the reference layer does."""
     batch, rows = q.shape[:2]
@@ -178,6 +190,11 @@ def qk_norm_rope_ref(q, k, v, q_weight, k_weight, cos, sin, slots, pos, k_layer,
     dev = q.device
     at = (slots.long()[:, None, None], torch.arange(rows, device=dev)[None, :, None],
           torch.arange(hkv, device=dev)[None, None, :], pos.long()[:, None, None])
-    k_layer[at] = k_out.to(k_layer.dtype)
-    v_layer[at] = v.reshape(batch, rows, hkv, d).to(v_layer.dtype)
+    k_out, v_out = k_out, v.reshape(batch, rows, hkv, d)
+    if k_layer.dtype == torch.uint8:
+        k_layer[at] = to_e4m3(k_out / kv_scale[0, :, None])
+        v_layer[at] = to_e4m3(v_out / kv_scale[1, :, None])
+    else:
+        k_layer[at] = k_out.to(k_layer.dtype)
+        v_layer[at] = v_out.to(v_layer.dtype)
     return q_out.contiguous()

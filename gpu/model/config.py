@@ -129,6 +129,9 @@ PROFILES: dict[str, Profile] = {
     "dense": Profile("dense", torch.bfloat16, torch.bfloat16, 1),
     # dense with the SSM state stored in bf16: half its bytes, moved and held
     "dense-ssm16": Profile("dense-ssm16", torch.bfloat16, torch.bfloat16, 1, ssm=torch.bfloat16),
+    # and the talker's KV in fp8 e4m3 with a scale per layer and kv head, set at load
+    "dense-compact": Profile("dense-compact", torch.bfloat16, torch.float8_e4m3fn, 1,
+                             ssm=torch.bfloat16),
     "fp32": Profile("fp32", torch.float32, torch.float32, 2, tf32=False),          # tests
     "fp32-dense": Profile("fp32-dense", torch.float32, torch.float32, 1, tf32=False),  # tests
 }

@@ -88,6 +88,7 @@ class VoiceChat(nn.Module):
         self.cfg, self.profile, self.device = cfg, profile, torch.device(device)
         self._roll_turns: dict[int, tuple[Tensor, Tensor]] = {}     # drop → `roll_turn` tables
         self._warm: dict[tuple, tuple[Tensor, Tensor]] = {}         # cache layout → warm K/V
+        self.talker_kv_scale: Tensor | None = None      # fp8 talker KV: from the weights, at load
         meta, cd = torch.device("meta"), profile.compute
         with _no_meta_draws():
             self.mel = MelFrontEnd(cfg.mel, device=meta)
@@ -119,12 +120,15 @@ class VoiceChat(nn.Module):
         load_talker(self.talker, moved)
         load_codec(self.codec, moved)
         self.talker.to(self.device)                         # the non-persistent char table
+        self._warm.clear()
+        if self.profile.talker_kv == torch.float8_e4m3fn:
+            self.talker_kv_scale = self.talker.kv_scales(self.profile.cfg_rows)
 
     def alloc_state(self, max_slots: int, max_context: int, max_prompt: int = 0) -> VoiceChatState:
         """State for `max_slots` sessions with the RNNT start rows of these weights (re-allocate
         after loading other weights)."""
         return VoiceChatState.alloc(self.cfg, self.profile, max_slots, max_context, self.device,
-                                    max_prompt, self.rnnt.start_rows())
+                                    max_prompt, self.rnnt.start_rows(), self.talker_kv_scale)
 
     @torch.no_grad()
     def roll(self, state: VoiceChatState, slot: int, thinker_sink: int, drop: int) -> None:

@@ -26,7 +26,8 @@ from gpu.model.thinker import ThinkerState
 from wave_actors.core.text import PAD
 from gpu.model.slots import fill_slots
 
-SHARED = frozenset({"rnnt.start_h", "rnnt.start_c", "rnnt.start_g"})   # not per slot
+SHARED = frozenset({"rnnt.start_h", "rnnt.start_c", "rnnt.start_g",   # not per slot
+                    "talker.kv_scale"})
 
 
 def _rnnt_state(cfg: VoiceChatConfig, max_slots: int, device, start) -> RNNTState:
@@ -65,10 +66,12 @@ class VoiceChatState:
     @classmethod
     def alloc(cls, cfg: VoiceChatConfig, profile: Profile, max_slots: int, max_context: int,
               device: torch.device | str = "cpu", max_prompt: int = 0,
-              rnnt_start: tuple[Tensor, Tensor, Tensor] | None = None) -> "VoiceChatState":
+              rnnt_start: tuple[Tensor, Tensor, Tensor] | None = None,
+              talker_kv_scale: Tensor | None = None) -> "VoiceChatState":
         cd = profile.compute
         talker = TalkerState.alloc(cfg.talker, max_slots, cfg.talker.n_warmup + max_context, device,
-                                   profile.talker_profile, kv_dtype=profile.talker_kv)
+                                   profile.talker_profile, kv_dtype=profile.talker_kv,
+                                   kv_scale=talker_kv_scale)
         long = lambda fill: torch.full((max_slots,), fill, dtype=torch.long, device=device)
         return cls(MelState.alloc(cfg.mel, max_slots, device),
                    PerceptionState.alloc(cfg.perception, max_slots, device, dtype=cd),

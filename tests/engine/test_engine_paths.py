@@ -140,3 +140,38 @@ def test_graph_executor_sizes_its_slots_from_memory_and_its_measured_beat():
     assert all(t > slots["budget_ms"] for m, t in probes.items() if m > n), slots
     assert b.describe()["max_sessions"] == n and max(k for k, _ in b.graphs.captured) == n
     assert parity(b, 8)["pcm_rel"] < 1e-3
+
+
+@pytest.mark.slow
+def test_fp8_talker_kv_decode_path_equals_its_reference_step():
+    """dense-compact (fp8 talker KV, scales set at load): the Triton decode path (the cache
+    write in qk_norm_rope, the attention kernels reading the bits) gives the eager model's
+    tokens and stores the same bits. Bug it catches: a kernel and the eager path disagreeing
+    on the format or the scales, which teacher-forced fidelity against another profile would
+    show only as noise."""
+    cfg = VoiceChatConfig.tiny()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    model = VoiceChat.random(cfg, Profile.named("dense-compact"), dev, seed=3)
+    assert model.talker_kv_scale.shape == (cfg.talker.n_layers, 2, cfg.talker.n_kv_heads)
+    slots = torch.tensor([3, 0], device=dev)
+
+    def run(ops):
+        install(model, ops)
+        st = model.alloc_state(4, 16)
+        st.reset(slots)
+        model.warmup_chunk(st, slots, cfg.talker.n_warmup)
+        g = torch.Generator().manual_seed(1)
+        outs = [model.step(st, 0.1 * torch.randn(2, 1280, generator=g).to(dev), slots,
+                           model.noise(0, slots, torch.full((2,), f)),
+                           torch.full((2,), -1, device=dev))
+                for f in range(2)]
+        return outs, st
+    ref, st_ref = run(None)
+    fast, st_fast = run(TritonDecodeOps())
+    install(model, None)
+    assert st_fast.talker.k.dtype == torch.uint8
+    for a, b in zip(ref, fast):
+        assert torch.equal(a.text, b.text) and torch.equal(a.codes, b.codes)
+        assert rel(a.pcm, b.pcm) < 1e-2
+    written = (st_ref.talker.k != 0).sum().item()
+    assert written and (st_fast.talker.k != st_ref.talker.k).sum().item() <= 0.01 * written

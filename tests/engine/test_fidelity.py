@@ -204,3 +204,20 @@ def test_the_users_can_say_real_speech_with_pauses():
                                     kernels=False, against=Profile.named("dense"))
     res = fidelity.measure(ref, test, 2, 4, seed=4, speech=speech, thinker_only=True)
     assert res["audio"].startswith("speech") and res["quantities"]["thinker.ssm"]["rel_l2"] > 0
+
+
+def test_fp8_talker_kv_is_measured_against_the_profile_without_it():
+    """dense-compact against dense-ssm16: only the talker's numbers move, judged at fp8's
+    bound, and the KL of its mixture choice is reported."""
+    ref, test = fidelity.build_pair(CFG, Profile.named("dense-compact"), "cpu", seed=5,
+                                    kernels=False, against=Profile.named("dense-ssm16"))
+    res = fidelity.measure(ref, test, SESSIONS, FRAMES, seed=5)
+    q = res["quantities"]
+    assert res["stage_precision"]["talker"] == "fp8"
+    assert q["talker.mog_logits"]["top1"]["tol"] == fidelity.TOL["fp8"]
+    for name, quantity in q.items():
+        moved = quantity["rel_max"] > 0
+        assert moved == (fidelity.QUANTITIES[name] == "talker"), name
+    assert 0 < q["talker.hidden"]["rel_l2"] < 0.05
+    assert 0 < res["kl"]["talker.mixture"]["mean"] < 1e-2
+    assert res["kl"]["thinker.text"]["max"] == 0.0

@@ -76,3 +76,30 @@ def test_a_rolled_thinker_keeps_its_prompt_and_its_latest_rows(block_positions, 
     assert torch.equal(state.k[:, 0], rows[:, 0])
     with pytest.raises(ValueError, match="cannot drop"):
         state.roll(0, 25, 8)
+
+
+def test_a_rolled_fp8_talker_key_is_the_key_of_its_new_position():
+    """fp8 caches hold scaled e4m3 bits: the keys are decoded, turned back and encoded again
+    (turning the bits themselves would be garbage), the values move as they are."""
+    from gpu.model.fp8 import from_e4m3, to_e4m3
+    cfg = CFG.talker
+    torch.manual_seed(1)
+    end, sink, drop = 40, 8, 6
+    scale = torch.rand(cfg.n_layers, 2, cfg.n_kv_heads) * 0.02 + 0.01
+    state = TalkerState.alloc(cfg, 2, end, profile="dense", kv_dtype=torch.float8_e4m3fn,
+                              kv_scale=scale)
+    assert state.kv8 and state.k.dtype == torch.uint8
+    per_head = scale[:, 0, None, :, None, None]                        # [L, 1, kv, 1, 1]
+    raw = torch.randn(cfg.n_layers, state.rows, cfg.n_kv_heads, end, cfg.head_dim)
+    keys = rotated(raw, torch.arange(end), cfg)
+    state.k[1, ..., :end, :] = to_e4m3(keys / per_head)
+    stored = from_e4m3(state.k[1, ..., :end, :]) * per_head             # what the cache holds
+    values = state.v[1, ..., :end, :] = to_e4m3(torch.randn_like(raw))
+    state.position[1] = end
+    state.roll(1, sink, drop, roll_turn(cfg, drop, "cpu"))
+    kept = torch.cat([torch.arange(sink), torch.arange(sink + drop, end)])
+    want = rotated(raw[..., kept, :], torch.arange(end - drop), cfg)
+    got = from_e4m3(state.k[1, ..., :end - drop, :]) * per_head
+    assert (got - want).abs().max() <= 0.13 * want.abs().max()           # two fp8 roundings
+    assert torch.equal(got[..., :sink, :], stored[..., :sink, :])        # sinks stay as stored
+    assert torch.equal(state.v[1, ..., :end - drop, :], values[..., kept, :])

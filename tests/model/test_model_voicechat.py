@@ -191,6 +191,19 @@ def test_the_ssm16_profile_is_dense_with_half_the_ssm_state_bytes():
     assert state.thinker.ssm.dtype == torch.bfloat16 and state.thinker.k.dtype == torch.bfloat16
 
 
+def test_the_compact_profile_holds_the_talker_kv_in_a_byte_an_element():
+    cfg = VoiceChatConfig.full()
+    ssm16, compact = Profile.named("dense-ssm16"), Profile.named("dense-compact")
+    a, b = session_state_bytes(cfg, ssm16, 1500), session_state_bytes(cfg, compact, 1500)
+    for part in ("talker.k", "talker.v"):
+        assert b[part] * 2 == a[part]
+    assert a["total"] - b["total"] == (a["talker.k"] + a["talker.v"]) // 2
+    assert "talker.kv_scale" not in b                        # one per model, not per session
+    state = VoiceChatState.alloc(CFG, compact, 2, 4)
+    assert state.talker.kv8 and state.talker.kv_scale.shape == (CFG.talker.n_layers, 2,
+                                                                 CFG.talker.n_kv_heads)
+
+
 def test_profiles_follow_model_md_section_4():
     ref, dense = Profile.named("reference"), Profile.named("dense")
     assert ref.compute == dense.compute == torch.bfloat16 and ref.ssm == torch.float32

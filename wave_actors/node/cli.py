@@ -59,9 +59,11 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
                     help="slots: callers served at once (default: on a GPU backend, what the "
                          "device serves on time, from its memory and its measured beat; "
                          f"otherwise {CPU_SLOTS})")
-    ap.add_argument("--profile", choices=("reference", "dense", "dense-ssm16"), default="reference",
+    ap.add_argument("--profile", default="reference",
+                    choices=("reference", "dense", "dense-ssm16", "dense-compact"),
                     help="precision profile (docs/MODEL.md): dense-ssm16 is dense with its "
-                         "Mamba SSM state stored in bf16")
+                         "Mamba SSM state stored in bf16, dense-compact that with the talker's "
+                         "KV in fp8")
     ap.add_argument("--config", choices=("tiny", "full"),
                     help="model size (default: full on a GPU backend, tiny on the cpu one)")
     ap.add_argument("--snapshot-mb", type=float, default=-1.0,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
+from gpu.model.fp8 import from_e4m3, to_e4m3
 from gpu.model.slots import fill_slots, roll_blocks
 from gpu.model.talker.text import rope_cos_sin
 
@@ -44,6 +45,27 @@ class TalkerState:
                         # the caller ends a session before it reaches P (a check would sync)
     prev_codes: Tensor  # int64 [S, Q]: codes fed back at the next frame (PAD at reset)
     pad_code: int
+    # fp8 caches (k, v uint8: e4m3 bits): the scale of each layer's keys and values per kv
+    # head, [L, 2, kv_heads] fp32, set from the weights at load; None for fp32 / bf16 caches
+    kv_scale: Tensor | None = None
+
+    @property
+    def kv8(self) -> bool:
+        return self.k.dtype == torch.uint8
+
+    def stored(self, x: Tensor, layer: int, which: int) -> Tensor:
+        """Keys (which 0) or values (1) [..., kv_heads, D] of `layer` as the cache holds them."""
+        if not self.kv8:
+            return x.to(self.k.dtype)
+        return to_e4m3(x / self.kv_scale[layer, which, :, None])
+
+    def loaded(self, x: Tensor, layer: int, which: int, heads: int = -2) -> Tensor:
+        """Cache rows of `layer` back to fp32; `heads` is the dim of x that is the kv head."""
+        if not self.kv8:
+            return x.float()
+        shape = [1] * x.dim()
+        shape[heads] = -1
+        return from_e4m3(x) * self.kv_scale[layer, which].view(shape)
 
     @property
     def rows(self) -> int:
@@ -56,19 +78,25 @@ class TalkerState:
     @classmethod
     def alloc(cls, cfg: TalkerConfig, max_slots: int, max_positions: int,
               device: torch.device | str = "cpu", profile: Profile = "reference",
-              kv_dtype: torch.dtype | None = None) -> "TalkerState":
+              kv_dtype: torch.dtype | None = None,
+              kv_scale: Tensor | None = None) -> "TalkerState":
         if max_positions > cfg.max_positions:
             raise ValueError(f"max_positions {max_positions} > cap {cfg.max_positions}")
         rows, default_dtype = PROFILES[profile]
         shape = (max_slots, cfg.n_layers, rows, cfg.n_kv_heads,
                  aligned_positions(max_positions, cfg.head_dim), cfg.head_dim)
         dtype = kv_dtype or default_dtype
+        scale = None
+        if dtype == torch.float8_e4m3fn:
+            dtype = torch.uint8                         # the bits: kernels decode them
+            scale = (torch.ones(cfg.n_layers, 2, cfg.n_kv_heads, device=device)
+                     if kv_scale is None else kv_scale.to(device=device, dtype=torch.float32))
         return cls(torch.zeros(shape, dtype=dtype, device=device),
                    torch.zeros(shape, dtype=dtype, device=device),
                    torch.zeros(max_slots, dtype=torch.long, device=device),
                    torch.full((max_slots, cfg.n_codebooks), cfg.pad_code, dtype=torch.long,
                               device=device),
-                   cfg.pad_code)
+                   cfg.pad_code, scale)
 
     def reset(self, slots: Tensor) -> None:
         """Re-initialise only these slots: position 0 and the pad codes. The KV rows are left
@@ -95,7 +123,14 @@ class TalkerState:
         half = self.k.shape[-1] // 2
         for a, b in roll_blocks(sink, cap - drop, self.k[slot, ..., 0, :].numel() * 4, drop):
             self.v[slot, ..., a:b, :] = self.v[slot, ..., a + drop:b + drop, :]
-            keys = self.k[slot, ..., a + drop:b + drop, :].float()        # [L, R, kv, n, D]
+            keys = self.k[slot, ..., a + drop:b + drop, :]                # [L, R, kv, n, D]
+            if self.kv8:
+                keys = from_e4m3(keys) * self.kv_scale[:, 0, None, :, None, None]
+                turned = keys * cos_full + keys.roll(half, dims=-1) * sin_signed
+                self.k[slot, ..., a:b, :] = to_e4m3(
+                    turned / self.kv_scale[:, 0, None, :, None, None])
+                continue
+            keys = keys.float()
             self.k[slot, ..., a:b, :] = (
                 keys * cos_full + keys.roll(half, dims=-1) * sin_signed).to(self.k.dtype)
         self.position[slot] -= drop

@@ -23,12 +23,15 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from gpu.model.fp8 import E4M3_MAX
 from gpu.model.talker.config import TalkerConfig
 from gpu.model.talker.mog import MogHead, codebook_sqnorms
 from gpu.model.talker.state import TalkerInputs, TalkerOutput, TalkerState
 from gpu.model.talker.text import (CharTable, GatedMLP, RMSNorm, SubwordEmbedding, add_normed,
                                    apply_rope_tables, rope_cos_sin, rope_tables)
 from wave_actors.core.text import EOS, PAD
+
+KV8_HEADROOM = 4.0      # fp8 KV: the warm-up's largest key or value sits at 448 / 4
 
 PREFIX = "tts_model."                   # the talker module's names = checkpoint names minus this
 
@@ -111,10 +114,11 @@ class DecoderLayer(nn.Module):
         # Write this chunk's rows first (index writes only: other slots untouched), then read
         # the slot's whole cache back, so a query sees the stored (e.g. bf16-rounded) keys.
         at = (frame.slot_idx, self.index, frame.row_idx, frame.head_idx, frame.pos_idx)
-        state.k[at] = k.to(state.k.dtype)
-        state.v[at] = v.to(state.v.dtype)
-        keys = state.k[slots, self.index].transpose(2, 3).float()            # [B, R, P, Hkv, D]
-        values = state.v[slots, self.index].transpose(2, 3).float()
+        state.k[at] = state.stored(k, self.index, 0)
+        state.v[at] = state.stored(v, self.index, 1)
+        keys = state.loaded(state.k[slots, self.index], self.index, 0, heads=2)   # [B, R, Hkv, P, D]
+        values = state.loaded(state.v[slots, self.index], self.index, 1, heads=2)
+        keys, values = keys.transpose(2, 3), values.transpose(2, 3)          # [B, R, P, Hkv, D]
         return attend(q, keys, values, pos, self.window, cfg.attn_scale)
 
 
@@ -278,6 +282,20 @@ class Talker(nn.Module):
         return prev, torch.where((control | pad_idle)[:, None], silence, codes)
 
     @torch.no_grad()
+    @torch.no_grad()
+    def kv_scales(self, rows: int) -> Tensor:
+        """fp8 cache scales [L, 2, kv_heads] for these weights: the warm-up run once into an
+        fp32 cache; each layer's and head's largest key and value, times KV8_HEADROOM (a call
+        may go past what the warm-up shows), is mapped to e4m3's largest value."""
+        cfg = self.cfg
+        device = self.audio_prompt_latents.Aria.device
+        one = TalkerState.alloc(cfg, 1, cfg.n_warmup, device,
+                                "reference" if rows == 2 else "dense", kv_dtype=torch.float32)
+        self.warmup(one, torch.zeros(1, dtype=torch.long, device=device), cfg.n_warmup)
+        amax = torch.stack([one.k.abs().amax(dim=(0, 2, 4, 5)),
+                            one.v.abs().amax(dim=(0, 2, 4, 5))], dim=1)       # [L, 2, kv]
+        return (amax * KV8_HEADROOM / E4M3_MAX).clamp_min(1e-12)
+
     def warmup(self, state: TalkerState, slots: Tensor, count: int) -> None:
         """Run the next `count` warm-up positions of each slot (its own position onwards; the
         caller keeps position + count ≤ n_warmup). Only the K/V rows are kept."""
