@@ -60,6 +60,26 @@ def test_every_result_file_the_tree_cites_exists():
     assert not missing, f"cited result files that are not in bench/results/: {missing}"
 
 
+# a run cited by its stamp, shortened or as a pattern: `…n300-20261205T154628-atonce`,
+# `sim-fast-dense-n300-20261204T0343*`
+STAMPED = re.compile(r"(…|\.\.\.)?([\w\-]*\d{8}T\d{4}[\w\-*]*)")
+
+
+def test_every_run_cited_by_its_stamp_is_in_the_results():
+    """Catches a result pruned while the README or a doc still cites it in short (a stamp, a
+    pattern), which the file-name check above does not read."""
+    results = [p.name for p in (ROOT / "bench" / "results").iterdir()]
+    missing = []
+    for name, text in _tracked_text().items():
+        if name.startswith("tests/") or name == "bench/RESULTS.md" or name.endswith(".json"):
+            continue
+        for short, stem in STAMPED.findall(text):
+            pattern = (".*" if short else "") + re.escape(stem).replace(r"\*", ".*")
+            if not any(re.fullmatch(pattern + r"(\.json|\.png)?", r) for r in results):
+                missing.append((name, short + stem))
+    assert not missing, f"runs cited by stamp that are not in bench/results/: {sorted(set(missing))}"
+
+
 @pytest.mark.skipif(not _has_git(), reason="needs the repository's git")
 def test_every_result_names_a_commit_of_this_history():
     """Catches a hand-set or stale commit name (a tree measured under a name git does not
