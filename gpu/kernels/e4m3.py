@@ -39,10 +39,10 @@ def e4m3_decode(raw):
 
 def kv_scales(kv_scale, cache: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The key and value scales [kv_heads] a kernel reads for a uint8 (fp8) cache, checked; for
-    other caches two placeholders the kernel never reads."""
+    other caches the cache itself, as a pointer the kernel never reads (no tensor made: on the
+    talker's launch-bound path a fill kernel a call would cost two launches a layer)."""
     if cache.dtype != torch.uint8:
-        one = torch.ones(1, device=cache.device)
-        return one, one
+        return cache, cache
     assert kv_scale is not None, "a uint8 (fp8) cache needs kv_scale [2, kv_heads]"
     assert tuple(kv_scale.shape) == (2, kv_heads) and kv_scale.dtype == torch.float32, \
         f"kv_scale: expected fp32 [2, {kv_heads}], got {kv_scale.dtype} {tuple(kv_scale.shape)}"
