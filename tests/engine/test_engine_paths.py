@@ -40,6 +40,21 @@ def test_cpu_executor_equals_reference_model_in_fp32():
     assert res["pcm_max_abs"] < 1e-5, res
 
 
+def two_frames(model, ops, slots):
+    """Two frames of two sessions at `slots` with `ops` installed (None: the eager model), from
+    a fresh state warmed up; the second frame reads what the first wrote."""
+    install(model, ops)
+    dev = slots.device
+    st = model.alloc_state(4, 16)
+    st.reset(slots)
+    model.warmup_chunk(st, slots, model.cfg.talker.n_warmup)
+    g = torch.Generator().manual_seed(1)
+    outs = [model.step(st, 0.1 * torch.randn(2, 1280, generator=g).to(dev), slots,
+                       model.noise(0, slots, torch.full((2,), f)), torch.full((2,), -1, device=dev))
+            for f in range(2)]
+    return outs, st
+
+
 @pytest.mark.slow
 def test_triton_decode_path_equals_reference_step():
     """Interpreted on the CPU; compiled where a GPU is (both sides then run on it)."""
@@ -49,16 +64,7 @@ def test_triton_decode_path_equals_reference_step():
     slots = torch.tensor([3, 0], device=dev)
 
     def run(ops):
-        install(model, ops)
-        st = model.alloc_state(4, 16)
-        st.reset(slots)
-        model.warmup_chunk(st, slots, cfg.talker.n_warmup)
-        g = torch.Generator().manual_seed(1)
-        outs = [model.step(st, 0.1 * torch.randn(2, 1280, generator=g).to(dev), slots,
-                           model.noise(0, slots, torch.full((2,), f)),
-                           torch.full((2,), -1, device=dev))
-                for f in range(2)]         # the second frame reads what the first wrote
-        return outs, st
+        return two_frames(model, ops, slots)
     with exact_fp32():                  # on the GPU, TF32 would differ by ~1e-2 in the pcm
         ref, st_ref = run(None)
         fast, st_fast = run(TritonDecodeOps())
@@ -155,19 +161,8 @@ def test_fp8_talker_kv_decode_path_equals_its_reference_step():
     assert model.talker_kv_scale.shape == (cfg.talker.n_layers, 2, cfg.talker.n_kv_heads)
     slots = torch.tensor([3, 0], device=dev)
 
-    def run(ops):
-        install(model, ops)
-        st = model.alloc_state(4, 16)
-        st.reset(slots)
-        model.warmup_chunk(st, slots, cfg.talker.n_warmup)
-        g = torch.Generator().manual_seed(1)
-        outs = [model.step(st, 0.1 * torch.randn(2, 1280, generator=g).to(dev), slots,
-                           model.noise(0, slots, torch.full((2,), f)),
-                           torch.full((2,), -1, device=dev))
-                for f in range(2)]
-        return outs, st
-    ref, st_ref = run(None)
-    fast, st_fast = run(TritonDecodeOps())
+    ref, st_ref = two_frames(model, None, slots)
+    fast, st_fast = two_frames(model, TritonDecodeOps(), slots)
     install(model, None)
     assert st_fast.talker.k.dtype == torch.uint8
     for a, b in zip(ref, fast):
