@@ -83,7 +83,7 @@ def test_rows_form_rejects_bad_args():
 
 
 LANES = [  # (kv dtype, R, H, cap, positions, window, splits, block_l, state view); q fp32, D 72
-    (torch.bfloat16, 1, 4, 160, [159, 0, 70], 0, None, 64, True),    # dense profile, default splits
+    (torch.bfloat16, 1, 4, 96, [95, 0, 70], 0, None, 64, True),      # dense profile, default splits
     (torch.float32, 2, 2, 100, [99, 40, 0], 25, 3, 32, False),        # reference profile + window
     (torch.bfloat16, 2, 2, 90, [4, 0, 2], 0, 8, 16, True),            # most splits empty
     (torch.bfloat16, 1, 3, 200, [199, 127, 63], 50, 2, 32, False),    # whole blocks only
@@ -109,7 +109,7 @@ def test_rows_form_lanes_kernel_matches_fp64(kv_dtype, rows, h, cap, positions, 
 # (kv dtype, R, HQ, HKV, D, cap, positions, window, variant): the kernels a talker or thinker
 # call takes (lanes: the talker's default), q fp32, int64 slots, positions with length_bias 1
 PAST = [
-    (torch.bfloat16, 1, 4, 4, 72, 160, [159, 0, 70], 0, dict(lanes=True)),          # dense talker
+    (torch.bfloat16, 1, 4, 4, 72, 96, [95, 0, 70], 0, dict(lanes=True)),            # dense talker
     (torch.float32, 2, 2, 2, 72, 100, [99, 40, 0], 25, dict(lanes=True, num_splits=3)),
     (torch.float32, 2, 3, 3, 9, 45, [44, 6, 29], 0, dict(num_splits=2)),             # MHA split
     (torch.bfloat16, 1, 6, 2, 24, 50, [36, 0, 49], 7, dict(num_splits=3)),           # GQA dot
