@@ -61,23 +61,28 @@ def _controller(rig: _Rig, **kw) -> ResidentController:
     return rig.ctl
 
 
-def _beat(ctl, live):
-    ring = ctl.beat(beat=live, live=live, timeout_s=30)
-    ctl.box.wait_beat(ring, timeout_s=30)
+def _beat(rig, live):
+    ctl = rig.ctl
+    try:
+        ring = ctl.beat(beat=live, live=live, timeout_s=30)
+        ctl.box.wait_beat(ring, timeout_s=30)
+    except M.MailboxTimeout as exc:
+        # a program thread that failed leaves the mailbox unanswered: say why, not only that
+        raise AssertionError(f"{exc}; program threads failed with {rig.failures!r}") from exc
 
 
 def test_maintenance_runs_with_the_controller_drained_and_beats_go_on_after_it():
     rig = _Rig()
     ctl = _controller(rig, watchdog_s=30)
     ctl.start()
-    _beat(ctl, 3)
+    _beat(rig, 3)
     seen = []
     with ctl.paused(timeout_s=30):
         seen.append(ctl.box.state)                 # nothing resident now
         with pytest.raises(RuntimeError, match="paused"):
             ctl.beat(1, 1)
-    _beat(ctl, 4)
-    _beat(ctl, 5)
+    _beat(rig, 4)
+    _beat(rig, 5)
     ctl.stop(timeout_s=30)
     rig.join()
     assert seen == [M.DRAIN]
