@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 
 import msgpack
+import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -15,6 +16,15 @@ from wave_actors.core.timebase import Clock
 from wave_actors.engine.process import ExecutorSpec
 from wave_actors.node.config import NodeConfig
 from wave_actors.node.node import Node
+
+FRAME = np.zeros(1280, np.float32).tobytes()        # 80 ms at 16 kHz, pcm_f32le
+
+
+async def stream(session, n: int, period: float = 0.02) -> None:
+    """`n` frames of silence, one every `period` s (0.08: as a caller sends them)."""
+    for _ in range(n):
+        await session.send_audio(FRAME)
+        await asyncio.sleep(period)
 
 
 @contextlib.asynccontextmanager

@@ -40,8 +40,8 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attn_gqa_kernel(Q, K, V, KS, VS, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots, length_bias,
-                     sq_b, sq_r, sq_h, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
+def _attn_gqa_kernel(Q, K, V, KS, VS, SLOTS, LENS, MP, LP, OP, window, qk_scale, max_slots,
+                     length_bias, sq_b, sq_r, sq_h, sk_s, sk_r, sk_h, sv_s, sv_r, sv_h,
                      SK_L: tl.constexpr, SV_L: tl.constexpr, ROWS: tl.constexpr, HQ: tl.constexpr,
                      HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, N_SPLITS: tl.constexpr,
                      BLOCK_G: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -184,8 +184,8 @@ def _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, m
     mpart = torch.empty(batch * rows, hq, n_splits, device=dev, dtype=torch.float32)
     lpart = torch.empty_like(mpart)
     opart = torch.empty(batch * rows, hq, n_splits, block_d, device=dev, dtype=torch.float32)
-    common = (q, k_cache, v_cache, ks, vs, slots, lengths, mpart, lpart, opart, int(window), scale * LOG2E,
-              max_slots, int(length_bias), q.stride(0), q.stride(1), q.stride(2),
+    common = (q, k_cache, v_cache, ks, vs, slots, lengths, mpart, lpart, opart, int(window),
+              scale * LOG2E, max_slots, int(length_bias), q.stride(0), q.stride(1), q.stride(2),
               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
     shape = dict(SK_L=k_cache.stride(3), SV_L=v_cache.stride(3), ROWS=rows, HQ=hq, HEAD_DIM=head_dim,
@@ -203,8 +203,9 @@ def _decode_attention_rows(q, k_cache, v_cache, slots, lengths, scale, window, m
                                      D_B=max(2, next_pow2(head_dim - d_a)), **shape)
     elif group > 1 or mha_dot:
         # "tf32" is exact for 16-bit q and K (8-bit mantissas); any fp32 operand needs "tf32x3"
-        # (3 tensor-core passes, ~fp32 accuracy); the interpreter computes all of them in fp32.
-        exact16 = q.dtype != torch.float32 and k_cache.dtype != torch.float32
+        # (3 tensor-core passes, ~fp32 accuracy), an fp8 cache too (its key scale makes q fp32);
+        # the interpreter computes all of them in fp32.
+        exact16 = q.dtype != torch.float32 and k_cache.dtype in (torch.bfloat16, torch.float16)
         _attn_gqa_kernel[grid](*common, GROUP=group, BLOCK_G=max(16, next_pow2(group)),
                                BLOCK_L=block_l or 64, BLOCK_D=block_d,
                                DOT_PREC="tf32" if exact16 else "tf32x3", **shape)

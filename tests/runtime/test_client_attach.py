@@ -2,20 +2,10 @@
 what a bridge that restarted, or another bridge the caller reached, does with a live call."""
 import asyncio
 
-import numpy as np
 import pytest
 
-from tests.tcpkit import client_of, node_on_tcp
+from tests.tcpkit import client_of, node_on_tcp, stream
 from transports.client import Audio, NodeClient, Refused
-
-FRAME = np.zeros(1280, dtype=np.float32).tobytes()
-
-
-async def stream(session, n: int) -> None:
-    """`n` frames as a caller sends them: one a frame time."""
-    for _ in range(n):
-        await session.send_audio(FRAME)
-        await asyncio.sleep(0.08)
 
 
 async def audio_out(session, n: int, timeout: float = 5.0) -> int:
@@ -36,7 +26,7 @@ def test_a_second_client_takes_over_a_live_call_by_its_token_and_goes_on():
             first = NodeClient(node.endpoint)
             first.connect()
             call = await first.open("call")
-            await stream(call, 6)
+            await stream(call, 6, period=0.08)
             await audio_out(call, 2)
             token = call.token
             await first.aclose()                    # its bridge is gone; the call lives on
@@ -46,7 +36,7 @@ def test_a_second_client_takes_over_a_live_call_by_its_token_and_goes_on():
                 assert wrong.value.reason == "unknown" and "call" not in second.sessions
                 taken = await second.attach("call", token)
                 assert taken.closed is None and taken.resumes == 1 and taken.seq >= 6
-                await stream(taken, 6)
+                await stream(taken, 6, period=0.08)
                 assert await audio_out(taken, 3) == 3            # the model goes on speaking
                 await asyncio.sleep(0.3)                         # the last frames heard
                 closed = await taken.close()

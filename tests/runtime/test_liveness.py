@@ -5,7 +5,6 @@ import asyncio
 import contextlib
 
 import msgpack
-import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
@@ -13,16 +12,7 @@ import zmq.asyncio
 from transports import protocol as P
 from transports.client import Audio, Closed, Error, NodeClient, Refused
 from wave_actors.node.flood import FloodPolicy
-from tests.tcpkit import client_of, node_on_tcp, raw_dealer, reply
-
-FRAME = np.zeros(1280, np.float32).tobytes()        # 80 ms at 16 kHz, pcm_f32le
-
-
-async def stream(s, n, period=0.02):
-    for _ in range(n):
-        await s.send_audio(FRAME)
-        await asyncio.sleep(period)
-
+from tests.tcpkit import FRAME, client_of, node_on_tcp, raw_dealer, reply, stream
 
 async def audio_within(s, seconds):
     """Audio events the session got in `seconds`, and whether it was closed meanwhile."""

@@ -121,6 +121,14 @@ class Directory:
         self._changed(node)
         return len(node.sessions)
 
+    def current(self, name: str, incarnation: int | None = None) -> Node | None:
+        """The node `name`, None where it is not here or, given `incarnation`, another
+        incarnation holds the name now (word from an earlier one is stale)."""
+        node = self.nodes.get(name)
+        if node is None or incarnation not in (None, node.incarnation):
+            return None
+        return node
+
     def quiet(self, name: str, quiet: bool) -> None:
         """`name` did not answer its last reading (True) or answers again (False). A quiet
         node keeps its calls but is left out of placement: a call placed there would wait on
@@ -206,8 +214,8 @@ class Directory:
         placement expired, or was made before a directory restart and opened after the node
         restored it): it holds a slot there. Given `incarnation`, the word of another
         incarnation of the node is ignored (its sessions are gone)."""
-        node = self.nodes.get(name)
-        if node is None or incarnation not in (None, node.incarnation):
+        node = self.current(name, incarnation)
+        if node is None:
             return
         for event, session in events:
             where = self.where.get(session)

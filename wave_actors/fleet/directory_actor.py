@@ -91,8 +91,7 @@ class DirectoryActor:
         return self.d.drain(name)
 
     def quiet(self, name: str, quiet: bool, incarnation: int | None = None) -> None:
-        node = self.d.nodes.get(name)
-        if node is not None and incarnation in (None, node.incarnation):
+        if self.d.current(name, incarnation) is not None:
             self.d.quiet(name, quiet)
 
     def live_on(self, name: str) -> int:
@@ -101,8 +100,7 @@ class DirectoryActor:
     def lost(self, name: str, incarnation: int | None = None) -> list[str] | None:
         """`name` lost; None (nothing done) where that node is gone or, given `incarnation`,
         a later incarnation has joined since (a loss seen late must not end the new one)."""
-        node = self.d.nodes.get(name)
-        if node is None or (incarnation is not None and node.incarnation != incarnation):
+        if self.d.current(name, incarnation) is None:
             return None
         return self.d.lost(name)
 

@@ -121,18 +121,15 @@ class TalkerState:
             raise ValueError(f"cannot drop {drop} positions after {sink} sinks of {cap}")
         cos_full, sin_signed = turn                                       # [L, 1, 1, 1, D]
         half = self.k.shape[-1] // 2
+        # an fp8 cache's keys are decoded, turned and encoded again with their head's scale
+        per_head = self.kv_scale[:, 0, None, :, None, None] if self.kv8 else None
         for a, b in roll_blocks(sink, cap - drop, self.k[slot, ..., 0, :].numel() * 4, drop):
             self.v[slot, ..., a:b, :] = self.v[slot, ..., a + drop:b + drop, :]
             keys = self.k[slot, ..., a + drop:b + drop, :]                # [L, R, kv, n, D]
-            if self.kv8:
-                keys = from_e4m3(keys) * self.kv_scale[:, 0, None, :, None, None]
-                turned = keys * cos_full + keys.roll(half, dims=-1) * sin_signed
-                self.k[slot, ..., a:b, :] = to_e4m3(
-                    turned / self.kv_scale[:, 0, None, :, None, None])
-                continue
-            keys = keys.float()
-            self.k[slot, ..., a:b, :] = (
-                keys * cos_full + keys.roll(half, dims=-1) * sin_signed).to(self.k.dtype)
+            keys = from_e4m3(keys) * per_head if self.kv8 else keys.float()
+            turned = keys * cos_full + keys.roll(half, dims=-1) * sin_signed
+            self.k[slot, ..., a:b, :] = (to_e4m3(turned / per_head) if self.kv8
+                                         else turned.to(self.k.dtype))
         self.position[slot] -= drop
 
 

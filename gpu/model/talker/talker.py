@@ -282,7 +282,6 @@ class Talker(nn.Module):
         return prev, torch.where((control | pad_idle)[:, None], silence, codes)
 
     @torch.no_grad()
-    @torch.no_grad()
     def kv_scales(self, rows: int) -> Tensor:
         """fp8 cache scales [L, 2, kv_heads] for these weights: the warm-up run once into an
         fp32 cache; each layer's and head's largest key and value, times KV8_HEADROOM (a call
@@ -296,6 +295,7 @@ class Talker(nn.Module):
                             one.v.abs().amax(dim=(0, 2, 4, 5))], dim=1)       # [L, 2, kv]
         return (amax * KV8_HEADROOM / E4M3_MAX).clamp_min(1e-12)
 
+    @torch.no_grad()
     def warmup(self, state: TalkerState, slots: Tensor, count: int) -> None:
         """Run the next `count` warm-up positions of each slot (its own position onwards; the
         caller keeps position + count ≤ n_warmup). Only the K/V rows are kept."""
