@@ -28,7 +28,7 @@ test: $(STAMP) peers
 	$(BIN)/python -m pytest -q $(XDIST) tests
 
 # The edit-test loop: everything but the tests marked slow (and the device's).
-test-fast: $(STAMP)
+test-fast: $(STAMP) peers
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not gpu" tests
 
 # Fuzz the node and its bridges while victim sessions stream (a few minutes); writes
