@@ -2,7 +2,7 @@
 the thinker's and the talker's token distributions, and the codec's PCM error, against session
 time, one line per result (an option each).
 
-    python3 bench/fidelity_plot.py bench/results/fidelity-ssm16-h100.json --out docs/fidelity-ssm16.png
+    python3 bench/fidelity_plot.py bench/results/fidelity-ssm16-5min-h100.json --out docs/fidelity-ssm16-5min.png
 """
 from __future__ import annotations
 
@@ -21,15 +21,20 @@ PANELS = (   # (title, where in a result, key)
 )
 
 
-def plot(results: list[dict], path: str) -> None:
+def plot(results: list[dict], path: str) -> list[str]:
+    """Writes the PNG; returns the titles of the panels drawn."""
     import matplotlib
     matplotlib.use("Agg")               # files only: no display
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(PANELS), 1, figsize=(7, 2.2 * len(PANELS)), sharex=True)
-    for ax, (title, part, name, key) in zip(axes, PANELS):
+    # a thinker-only run has no talker or codec: a panel no result has is left out
+    panels = [p for p in PANELS if any(p[2] in res[p[1]] for res in results)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.2 * len(panels)), sharex=True,
+                             squeeze=False)
+    axes = axes[:, 0]
+    for ax, (title, part, name, key) in zip(axes, panels):
         zero = []
         for res in results:
-            if name not in res[part]:         # a thinker-only run has no talker or codec
+            if name not in res[part]:
                 continue
             ys = res[part][name][key]
             label = f"{res['profile']} vs {res['reference_profile']}"
@@ -52,6 +57,7 @@ def plot(results: list[dict], path: str) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return [p[0] for p in panels]
 
 
 def main(argv: list[str] | None = None) -> int:

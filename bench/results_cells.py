@@ -22,11 +22,12 @@ def code(text: object) -> str:
     return f"`` {s} ``" if "`" in s else f"`{s}`"
 
 
-def bench_args(command: str) -> str:
+def bench_args(command: str, shown: tuple[str, ...] = ("--out",)) -> str:
     """A bench command less what its table's heading says (`python -m wave_actors.bench
-    --backend graph`) and its `--out` folder (a path on the machine it ran on)."""
+    --backend graph`), its `--out` folder (a path on the machine it ran on) and any other option
+    in `shown` (one its row has a column for)."""
     words = str(command).split()
-    drop = {i for i, w in enumerate(words) if w == "--out"}
+    drop = {i for i, w in enumerate(words) if w in shown}
     words = [w for i, w in enumerate(words) if i not in drop and i - 1 not in drop]
     text = " ".join(words)
     for head in ("python -m wave_actors.bench --backend graph", "python -m wave_actors.bench"):

@@ -110,14 +110,15 @@ def bench_row(name: str, date: str, d: dict) -> list:
             sessions, shape, f"{late} of {total}", per_run(d, "p50_ms"),
             per_run(d, "p99_ms"), first_frame(runs), per_run(d, "compute_p50_ms"),
             per_run(d, "compute_p99_ms"), live_range(runs), waits, refused, ceiling,
-            code(bench_args(d["command"])) if "command" in d else "—"]
+            code(bench_args(d["command"], SHOWN)) if "command" in d else "—"]
 
 
+SHOWN = ("--out", "--profile", "--sessions")       # the row's own columns say these
 BENCH_HEAD = ["date (UTC)", "JSON", "commit", "profile", "sessions", "runs × beats", "late",
               "p50 ms (per run)", "p99 ms (per run)", "first frame p50 / p99 ms",
               "backend p50 ms", "backend p99 ms",
               "live min / median / max", "open wait p50 / p99 s", "refused", "memory ceiling",
-              "arguments"]
+              "other arguments"]
 
 
 def stage_fit(pair: object) -> str:
@@ -213,8 +214,11 @@ def fidelity_detail(name: str, d: dict) -> list:
                      num(top1["counted"], "{:.3f}") if "counted" in top1 else "",
                      num(top1["agree"], "{:.4f}") if "agree" in top1 else ""])
     tail = [f"Identical to the reference: {', '.join(same)}."] if same else []
-    tail += [f"KL (reference ‖ tested), {k}: mean {v['mean']:.2e}, max {v['max']:.2e} nats."
-             for k, v in d.get("kl", {}).items() if v.get("max")]
+    kls: dict[str, list[str]] = {}         # one line for the distributions with the same figures
+    for k, v in d.get("kl", {}).items():
+        if v.get("max"):
+            kls.setdefault(f"mean {v['mean']:.2e}, max {v['max']:.2e} nats", []).append(k)
+    tail += [f"KL (reference ‖ tested), {', '.join(ks)}: {fig}." for fig, ks in kls.items()]
     return (["", f"{name}:", ""] + ["| " + " | ".join(map(str, r)) + " |" for r in rows]
             + ([""] + tail if tail else []))
 

@@ -7,6 +7,9 @@ stage inputs from the reference, measured on this machine (seeds 0-4, 2 sessions
 perception <= 0.019, thinker <= 0.027 (single frames spike there), talker <= 0.005; mel, RNNT and
 codec compute in fp32 on the reference's inputs: exactly 0. The bounds below leave 2-3x.
 """
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -150,7 +153,7 @@ def test_serving_profile_with_kernels_on_the_gpu(profile):
             assert q["top1"]["agree"] >= 0.99, (name, q["top1"])
 
 
-def test_an_option_is_measured_against_the_profile_it_changes():
+def test_an_option_is_measured_against_the_profile_it_changes(tmp_path):
     """dense-ssm16 against dense (`against`): teacher-forced, every stage but the thinker gets
     the same inputs and runs the same arithmetic, so only the thinker's numbers move, by about
     bf16's rounding of the state; the KL of its token distributions is reported per frame, in
@@ -180,6 +183,13 @@ def test_an_option_is_measured_against_the_profile_it_changes():
                      progress=lambda done, s, partial: seen.append(partial()))
     assert [p["frames"] for p in seen] == [3, 6] and seen[0]["frames_asked"] == FRAMES
     assert len(seen[1]["quantities"]["thinker.ssm"]["rel_max_by_frame"]) == 2
+    # its plot has the thinker's panels only, not empty talker and codec ones
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import fidelity_plot
+    png = tmp_path / "short.png"
+    assert fidelity_plot.plot([short], str(png)) == [p[0] for p in fidelity_plot.PANELS[:2]]
+    assert png.stat().st_size > 0
+    assert len(fidelity_plot.plot([res], str(png))) == len(fidelity_plot.PANELS)
 
 
 def test_the_users_can_say_real_speech_with_pauses():
