@@ -240,8 +240,9 @@ class GraphExecutor:
         beats.done.record()
         with torch.no_grad():
             self.runner.save(plan)              # behind the rows that made them
-            self.runner.roll(plan)          # behind the beat's work: outputs do not wait for it
-            self.runner.clean(plan)
+            # behind the beat's work: outputs do not wait for them, the next beat does
+            beats.timed("roll", len(plan.roll), self.runner.roll, plan, behind=True)
+            beats.timed("clean", len(plan.cleans), self.runner.clean, plan, behind=True)
         return beats.launched(t0)
 
     async def device_done(self, t0: float, fastest: float | None) -> None:
@@ -299,8 +300,8 @@ class GraphExecutor:
                     "ms_per_session": spread_ms([ms / n / 1e3 for ms, n in beats])
                     if beats else {}}
         return {"device_bytes": self.runner.snapshots.nbytes(),
-                "entries": self.snapshot_space.entries, "copy": per("copy"),
-                "reset": per("reset")}
+                "entries": self.snapshot_space.entries,
+                **{name: per(name) for name in ("copy", "reset", "roll", "clean")}}
 
     def close(self) -> None:
         self.beats.close()

@@ -49,9 +49,13 @@ class BeatRunner:
         # beats that took longer than a beat, with what they carried and where the time went
         # (enqueue on the worker vs. the device) and the allocator's counters at that point
         self.slow_beats: collections.deque[dict] = collections.deque(maxlen=32)
-        # device time of the beats' slot resets and snapshot copies: (ms, how many)
-        self.start_ms = {k: collections.deque(maxlen=4096) for k in ("reset", "copy")}
+        # device time of the beats' slot resets and snapshot copies, and of the rolls and
+        # cleans queued behind a beat (which the next beat's work waits for): (ms, how many)
+        self.start_ms = {k: collections.deque(maxlen=4096)
+                         for k in ("reset", "copy", "roll", "clean")}
         self._timing: list[tuple] = []
+        self._behind: list[tuple] = []          # the last beat's work behind its end
+        self._behind_next: list[tuple] = []     # this beat's
         self.on_launched: Callable[[], None] | None = None
         self._worker = ThreadPoolExecutor(1, "wave-graph")
         self.inflight: tuple[Future, float, BookPlan] | None = None
@@ -91,9 +95,11 @@ class BeatRunner:
             self.polled_beats += 1
         self._done_s = time.perf_counter() - t0
         self.beats_run += 1
-        for name, a, b, n in self._timing:
+        # the work behind the last beat ran before this beat's: its events have passed
+        for name, a, b, n in self._timing + self._behind:
             self.start_ms[name].append((a.elapsed_time(b), n))
         self._timing.clear()
+        self._behind, self._behind_next = self._behind_next, []
         if self._done_s > BEAT_S:
             self.slow_beats.append(self._slow_beat(plan, launched, self._done_s))
 
@@ -110,16 +116,16 @@ class BeatRunner:
         job.result()
         return self._done_s
 
-    def timed(self, name: str, n: int, fn, arg) -> None:
+    def timed(self, name: str, n: int, fn, arg, behind: bool = False) -> None:
         """fn(arg) between two device events when it has n > 0 things to do (read at the
-        beat's end: no wait here)."""
+        beat's end: no wait here; `behind` the beat's end event: at the next beat's)."""
         if not n:
             return
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn(arg)
         b.record()
-        self._timing.append((name, a, b, n))
+        (self._behind_next if behind else self._timing).append((name, a, b, n))
 
     def facts(self) -> dict:
         return {"beat_wait": "poll" if self.poll else "thread",
