@@ -120,6 +120,19 @@ def test_a_restored_directory_holds_what_the_nodes_say_and_places_around_it():
     assert d.locate("late") is None and d.stats()["nodes"]["a"]["used"] == 0
 
 
+def test_a_node_new_to_a_restarted_directory_is_no_incarnation_seen_before():
+    """Bug it catches: a node that restarted while the directory did too joined the new one as
+    incarnation 0, the incarnation its old calls were placed on: their bridges then kept them
+    as live on a node whose GPU state was gone. A restarted directory numbers from `first`."""
+    before = Directory()
+    assert before.join("a", "tcp://a:1", 2) == 0
+    old = before.place("s1")
+    after = Directory(first=1_700_000_000)
+    assert after.join("a", "tcp://a:1", 2) == 1_700_000_000 != old.incarnation
+    assert after.join("a", "tcp://a:1", 2) == 1_700_000_001    # a restart after it counts on
+    assert after.current("a", old.incarnation) is None          # the old calls' word: stale
+
+
 def test_a_refused_placement_is_given_back():
     d = fleet((1,))
     p = d.place("a")

@@ -244,13 +244,19 @@ def test_a_slow_node_keeps_its_calls_and_a_stuck_one_is_restarted(fleet):
 def test_a_restarted_directory_learns_the_live_calls_from_the_nodes(fleet):
     """Bug it catches: the directory's death lost every placement: the bridges then ended
     their live calls as lost, and placement took the nodes for empty. Ray restarts it; the
-    nodes say again what they hold; no call ends and every slot stays counted."""
+    nodes say again what they hold; no call ends and every slot stays counted. A drain asked
+    before the restart holds after it (it was forgotten: the node took new calls again)."""
     async def main():
         await all_alive(fleet)
         calls = FleetClient(fleet.directory)
         opened = [await calls.open(f"r-{i}") for i in range(len(fleet.nodes))]
         assert await eventually(lambda: stats(fleet)["unconfirmed"] == 0)
         where = dict(calls.node_of)
+        drained = where[opened[0].id]           # a call stays on it: drained, not retired
+        ray.get(fleet.directory.drain.remote(drained))
+        assert await eventually(                # the watch saw the drain before the restart
+            lambda: fleet.last_stats.get("nodes", {}).get(drained, {}).get("draining"))
+        await asyncio.sleep(0.2)
         ray.kill(fleet.directory, no_restart=False)
         assert await eventually(lambda: not stats(fleet)["restoring"])
         await asyncio.sleep(1.0)                        # the bridge's watch looks, four times
@@ -260,7 +266,10 @@ def test_a_restarted_directory_learns_the_live_calls_from_the_nodes(fleet):
         assert {c.id: ray.get(fleet.directory.locate.remote(c.id))["node"]
                 for c in opened} == where
         assert sum(n["used"] for n in s["nodes"].values()) == len(opened)
+        assert [n for n, v in s["nodes"].items() if v["draining"]] == [drained]
         more = await calls.open("after-restore")                 # placement goes on
+        assert calls.node_of[more.id] != drained
+        ray.get(fleet.directory.undrain.remote(drained))
         for c in opened + [more]:
             await calls.close(c)
         assert stats(fleet)["sessions"] == 0

@@ -66,7 +66,11 @@ class Counters:
 
 
 class Directory:
-    def __init__(self, placement: str | Placement = DEFAULT, seed: int = 0):
+    def __init__(self, placement: str | Placement = DEFAULT, seed: int = 0, first: int = 0):
+        """`first`: the incarnation a node new to this directory joins with. A directory that
+        restarted gives one above any its predecessor gave, so a node restarted meanwhile is
+        never taken for the incarnation its old calls were placed on."""
+        self.first_incarnation = first
         self.placement = policy(placement) if isinstance(placement, str) else placement
         self.rng = random.Random(seed)
         self.nodes: dict[str, Node] = {}
@@ -86,7 +90,7 @@ class Directory:
         old = self.nodes.get(name)
         if old is not None:
             self.lost(name)
-        incarnation = 0 if old is None else old.incarnation + 1
+        incarnation = self.first_incarnation if old is None else old.incarnation + 1
         self.nodes[name] = node = Node(NodeLoad(name, slots), endpoint, incarnation)
         self._changed(node)
         return incarnation

@@ -27,8 +27,10 @@ RESTORE_S = 15.0
 class DirectoryActor:
 
     def __init__(self, placement: str = "most_free", seed: int = 0):
-        self.d = Directory(placement, seed)
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        # restarted: incarnations from the clock's seconds, past any the lost one gave (one a
+        # node restart, and restarts take seconds)
+        self.d = Directory(placement, seed, first=int(time.time()) if restarted else 0)
         self.restoring_until = time.monotonic() + RESTORE_S if restarted else 0.0
 
     def restoring(self) -> bool:
@@ -89,6 +91,9 @@ class DirectoryActor:
 
     def drain(self, name: str) -> int:
         return self.d.drain(name)
+
+    def undrain(self, name: str) -> None:
+        self.d.undrain(name)
 
     def quiet(self, name: str, quiet: bool, incarnation: int | None = None) -> None:
         if self.d.current(name, incarnation) is not None:

@@ -130,7 +130,7 @@ class FleetCollector:
                               ("alive", "1 until the node is lost"),
                               ("quiet", "1 while the node's last reading went unanswered"),
                               ("draining", "1 while the node takes no new call"),
-                              ("incarnation", "restarts of the node"),
+                              ("incarnation", "the node's incarnation: one more each restart"),
                               ("headroom_ms", "the beat's time left, last reported"))}
         c = {key: CounterMetricFamily(f"wave_fleet_node_{key}", doc, labels=["node"])
              for key, doc in (("beats", "beats run by this incarnation"),

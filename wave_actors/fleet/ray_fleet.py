@@ -161,6 +161,7 @@ class NodeActor:
 class _Watched:
     """What the watch knows of the nodes between periods."""
     down: set[str] = field(default_factory=set)             # lost, until a reading comes
+    draining: set[str] = field(default_factory=set)         # as the directory last said
     acked: dict[str, tuple[int, int]] = field(default_factory=dict)   # last `events_mark`
     pending: dict[str, "ray.ObjectRef"] = field(default_factory=dict)  # readings asked
     silent_since: dict[str, float] = field(default_factory=dict)      # unanswered since
@@ -230,22 +231,29 @@ class Fleet:
             self.directory.report.remote(headrooms, events)
             self.last_stats = ray.get(self.directory.stats.remote())
             if self.last_stats.get("restoring"):
-                self._restore()
+                self._restore(w)
+            else:
+                w.draining = {n for n, v in self.last_stats["nodes"].items() if v["draining"]}
             for name, n in self.last_stats["nodes"].items():
                 if n["draining"] and n["used"] == 0 and name in self.nodes:
                     # off the watch's thread: a node's stop takes seconds, the others' watch
                     # goes on meanwhile
                     threading.Thread(target=self._retire, args=(name,), daemon=True).start()
 
-    def _restore(self) -> None:
-        """The directory restarted and lost its state: each node says again what it holds.
-        One that cannot (lost meanwhile) is asked again next period, until the directory's
-        wait runs out."""
+    def _restore(self, w: "_Watched") -> None:
+        """The directory restarted and lost its state: each node says again what it holds,
+        and the drains it had been asked are asked again. One node that cannot (lost
+        meanwhile) is asked again next period, until the directory's wait runs out."""
         asked = [actor.rejoin.remote() for actor in list(self.nodes.values())]
         try:
             ray.get(asked, timeout=10 * WATCH_S)
         except (ray.exceptions.RayError, RuntimeError):
             return
+        for name in w.draining & set(self.nodes):
+            try:
+                ray.get(self.directory.drain.remote(name))
+            except ray.exceptions.RayError:         # retired meanwhile: nothing to drain
+                pass
         ray.get(self.directory.restored.remote())
 
     def _read_nodes(self, w: "_Watched") -> tuple[dict, dict]:
