@@ -7,7 +7,11 @@
 #                       top kernels of each stage at KERNELS (64) sessions (eager and inside the
 #                       replay); STAGES_ARGS="--profile dense" passes more options
 #   FIDELITY=1          the teacher-forced fidelity harness, full config, both profiles
-#   "$1"                the capacity bench with these arguments, on BACKEND (default graph)
+#   "$1" "$2" ...       the capacity bench with each argument string in turn, on BACKEND (default
+#                       graph), each bounded by BENCH_TIMEOUT, its JSON under $OUT/benchN/
+# The GPU machine lacks pyzmq, soxr, soundfile (with cffi, pycparser) and websockets: carry their
+# cp312 manylinux wheels in .whl/ (`pip download --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux_2_28_x86_64 ... -d .whl NAME`).
 # Usage: `python -m wave_actors.bench.provenance write` here (the device's copy has no .git, or a stale
 # one; the results name the commit from this manifest, checked file by file), carry
 # .wave-manifest.json with the call, then on the device machine:
@@ -35,6 +39,9 @@ if [ -n "$FIDELITY" ]; then
       --frames 32 --out $OUT/fidelity-$p.json 2>&1 | tee $OUT/fidelity-$p.log | tail -14
   done
 fi
-if [ -n "$1" ]; then
-  timeout ${BENCH_TIMEOUT:-300} python3 -m wave_actors.bench --backend ${BACKEND:-graph} --out $OUT $1 2>&1 | tee $OUT/bench.log | grep -v "out of context\|held back" | tail -25
-fi
+i=0
+for args in "$@"; do
+  i=$((i + 1))
+  echo "== bench $i: $args"
+  timeout ${BENCH_TIMEOUT:-300} python3 -m wave_actors.bench --backend ${BACKEND:-graph} --out $OUT/bench$i $args 2>&1 | tee $OUT/bench$i.log | grep -v "out of context\|held back" | tail -${BENCH_TAIL:-25}
+done
