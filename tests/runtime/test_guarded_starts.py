@@ -94,6 +94,31 @@ def test_a_slow_beat_is_believed_at_once_and_forgotten_slowly():
     assert p.forecast(50) == pytest.approx(0.116)
 
 
+def test_rows_held_after_one_slow_beat_with_rows_ride_again():
+    """Bug it catches: one slow beat that carried start rows (a cold first prefill on a slow
+    host) set their learned cost past every later beat's room; rows were then never measured
+    again, and every start that needed rows waited for ever (the demo's second call timed out
+    waiting for `opened`). While rows wait, their cost falls back towards the build's."""
+    p = GuardedStarts(margin_s=0.008, fall=0.1)
+    p.know_rows({4: 0.008})                         # one row capture, as the CPU executor's
+    shape = StartShape(prefill_chunk=4, start_rows=4, small_rows=0, max_prompt=16)
+    book = SlotBook(8, shape, p, 1000, 8, SnapshotIndex(4, 1e9, lambda n: 100 + n, 4))
+    p.observe_beat(1, 0, 0, 0, 0, 0.080)
+    p.observe_beat(1, 4, 0, 0, 0, 0.170)            # 90 ms for 4 rows, once
+    assert p.rows_in(p.start_room(1, 0.155), (0, 4)) == 0
+    book.open(0, [1, 2, 3])
+    book.plan(0.16)                                 # idle: it starts (no one to make late)
+    book.plan(0.16)
+    assert book.ready(0)
+    book.open(1, [7, 8, 9, 10, 11])                 # a prompt of its own: rows, no copy
+    waited = 0
+    while not book.plan(0.155).rows:
+        waited += 1
+        assert waited < 40, "the start never rides"
+    assert waited >= 3 and p.held_back >= waited    # it waited while the cost fell back
+    assert p.row_s[4] < 0.155 - 0.008 - 0.080
+
+
 def test_the_book_holds_copies_past_the_budget_for_the_next_beat():
     """With a tight budget the book copies only what fits and keeps the rest opened; each
     goes live in a later beat, none is lost or copied twice."""

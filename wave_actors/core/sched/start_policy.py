@@ -177,6 +177,7 @@ class GuardedStarts:
     _host: collections.deque = field(default_factory=lambda: collections.deque(maxlen=HOST_BEATS),
                                      init=False, repr=False)
     row_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    row_build_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     plain_s: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     # beats that carried no start work nor roll, by live count: what the start costs are
     # learned against (never from the learned costs themselves)
@@ -194,6 +195,7 @@ class GuardedStarts:
     def know_rows(self, added_s: dict[int, float]) -> None:
         """What each row capture adds to a beat, as the executor measured it at build."""
         self.row_s.update({int(k): max(0.0, float(v)) for k, v in added_s.items()})
+        self.row_build_s.update(self.row_s)
 
     def know_beats(self, beat_s: dict[int, float]) -> None:
         """Beats the executor measured at build (live count → seconds, every cache full): the
@@ -298,7 +300,15 @@ class GuardedStarts:
         return max([c for c in row_captures if c and self._row_cost(c) <= room] + [0])
 
     def held(self, rows: bool, resets: int, copies: int) -> None:
-        """What a beat left for a later one: its start rows, resets, copies."""
+        """What a beat left for a later one: its start rows, resets, copies. While rows wait,
+        what they were learned to cost falls back towards the build's measurement (or the
+        prior) by `fall` a beat: a cost learned from one slow beat is only re-measured when
+        rows ride, so believed for ever it would hold every start that needs rows for ever."""
+        if rows:
+            for c, cost in self.row_s.items():
+                base = self.row_build_s.get(c, c * self.row_prior_s)
+                if cost > base:
+                    self.row_s[c] = cost + self.fall * (base - cost)
         self.held_back += rows
         self.resets_held += resets
         self.copies_held += copies
