@@ -266,3 +266,17 @@ def test_a_gpu_backend_serves_the_full_model_and_sizes_its_slots_by_default():
     assert parse_args(["--backend", "graph", "--config", "tiny"]).config == "tiny"
     with pytest.raises(SystemExit):
         parse_args(["--snapshot-mb", "-5"])
+
+
+def test_a_demo_whose_calls_fail_exits_non_zero_and_says_why(tmp_path):
+    """Bug it catches: `make run` exited 0 with "Task exception was never retrieved" when a
+    demo call failed (an open that timed out on a slow machine): the node drained and called it
+    a success. A WAV the demo cannot read fails it the same way, at once."""
+    port = free_port()
+    out = subprocess.run([PY, "-m", "wave_actors.node", "--demo", "--backend", "sim",
+                          "--demo-seconds", "2", "--demo-wav", str(tmp_path / "nope.wav"),
+                          "--bind", f"tcp://127.0.0.1:{port}", "--out", str(tmp_path)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert "demo: a call failed" in out.stderr and "nope.wav" in out.stderr
+    assert "never retrieved" not in out.stderr

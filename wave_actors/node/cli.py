@@ -259,11 +259,17 @@ async def _serve(node: Node, args) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     status = loop.create_task(show_status(node, 1.0))
+    demo_failed = None
     if args.demo:
         from wave_actors.node.demo import run_demo
         demo = loop.create_task(run_demo(node.endpoint, args))
         await asyncio.wait([demo, loop.create_task(stop.wait())],
                            return_when=asyncio.FIRST_COMPLETED)
+        if not demo.done():                 # stopped first: the demo's calls end with it
+            demo.cancel()
+            await asyncio.gather(demo, return_exceptions=True)
+        elif demo.exception() is not None:  # a demo call failed: `make run` must say so
+            demo_failed = f"{type(demo.exception()).__name__}: {demo.exception()}"
     else:
         await asyncio.wait([loop.create_task(stop.wait()),
                             loop.create_task(node.stopped.wait())],
@@ -275,6 +281,9 @@ async def _serve(node: Node, args) -> int:
     print(final, flush=True)
     if node.failed:
         print(f"node: {node.failed}", file=sys.stderr, flush=True)
+        return 1
+    if demo_failed:
+        print(f"demo: a call failed: {demo_failed}", file=sys.stderr, flush=True)
         return 1
     return 0
 
