@@ -48,3 +48,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def process_wide_tf32_restored():
+    """A GPU executor sets the process-wide TF32 flags for its profile: each test gets back the
+    flags it started with, so an fp32 comparison is never judged under an earlier test's TF32
+    (one failed so on the GPU: 2.2e-4 against a 1e-5 bound). The CPU has no TF32."""
+    import torch
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
