@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 if not (Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import numpy as np                                                        # noqa: E402
 import torch                                                              # noqa: E402
 
 from gpu.engine.fidelity import build_pair, measure, table               # noqa: E402
@@ -54,14 +55,14 @@ def save(path: str, result: dict) -> None:
 
 
 def read_speech(path: str) -> torch.Tensor:
-    """A WAV's samples as fp32 mono at 16 kHz (the first channel of a stereo file)."""
-    import soundfile
+    """An audio file's samples as fp32 mono at 16 kHz (the wavclient's reader: channels
+    averaged, a clear error for a file it cannot read)."""
     import soxr
-    samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
-    mono = samples[:, 0]
+    from transports.wavclient import read_audio
+    mono, rate = read_audio(path)
     if rate != 16000:
         mono = soxr.resample(mono, rate, 16000)
-    return torch.from_numpy(mono.copy())
+    return torch.from_numpy(np.ascontiguousarray(mono, dtype=np.float32))
 
 
 def main(argv: list[str] | None = None) -> int:

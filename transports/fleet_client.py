@@ -114,11 +114,15 @@ class FleetClient:
         except BaseException:       # refused, the node did not answer, or the open was cancelled
             await self.directory.give_back.remote(session)
             raise
+        self._hold(session, placed)
+        return opened
+
+    def _hold(self, session: str, placed: dict) -> None:
+        """A live call of this client on its placed node: watched from now on."""
         self.node_of[session] = placed["node"]
         self._placed[session] = (placed["node"], placed["incarnation"], placed["endpoint"])
         if self._watch is None:
             self._watch = asyncio.get_running_loop().create_task(self._watch_calls())
-        return opened
 
     async def attach(self, session: str, token: str, timeout: float = 10.0) -> ClientSession:
         """`NodeClient.attach` through the fleet: the directory says which node holds the
@@ -129,10 +133,7 @@ class FleetClient:
             raise Refused("unknown", f"{session}: no node of the fleet holds this call")
         attached = await self._client(placed["endpoint"]).attach(session, token, timeout)
         if attached.closed is None:
-            self.node_of[session] = placed["node"]
-            self._placed[session] = (placed["node"], placed["incarnation"], placed["endpoint"])
-            if self._watch is None:
-                self._watch = asyncio.get_running_loop().create_task(self._watch_calls())
+            self._hold(session, placed)
         return attached
 
     async def place(self, session: str) -> dict:

@@ -190,7 +190,7 @@ def qk_norm_rope_ref(q, k, v, q_weight, k_weight, cos, sin, slots, pos, k_layer,
     dev = q.device
     at = (slots.long()[:, None, None], torch.arange(rows, device=dev)[None, :, None],
           torch.arange(hkv, device=dev)[None, None, :], pos.long()[:, None, None])
-    k_out, v_out = k_out, v.reshape(batch, rows, hkv, d)
+    v_out = v.reshape(batch, rows, hkv, d)
     if k_layer.dtype == torch.uint8:
         k_layer[at] = to_e4m3(k_out / kv_scale[0, :, None])
         v_layer[at] = to_e4m3(v_out / kv_scale[1, :, None])
