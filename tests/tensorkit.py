@@ -41,3 +41,12 @@ def counting(ops, method: str):
 
     setattr(ops, method, counted)
     return ops
+
+
+def edit_loop(cases: list, keep: int) -> list:
+    """A kernel test's parameter sets with all but the first `keep` marked slow: each case is
+    ~0.5-1 s under the Triton interpreter, so `make test-fast` (the edit loop) runs the first
+    ones and `make test` runs every one. Order the cases so the first `keep` cover the kernel's
+    main forms."""
+    return [c if i < keep else pytest.param(*c, marks=pytest.mark.slow)
+            for i, c in enumerate(cases)]

@@ -6,7 +6,7 @@ import torch
 
 import gpu.kernels.decode_attention as attn
 from gpu.kernels.decode_attention import decode_attention, decode_attention_ref
-from tests.tensorkit import rel
+from tests.tensorkit import edit_loop, rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -43,8 +43,8 @@ MHA_DOT = [(torch.float32, torch.float32, 3, 3, 9, 45, [45, 7, 30], 10, 2, False
 
 
 @pytest.mark.parametrize("q_dtype,kv_dtype,hq,hkv,head_dim,cap,lengths,window,splits,seq_major,variant",
-                         [c + ({},) for c in CASES] + [c + (dict(mha_dot=True),) for c in MHA_DOT]
-                         + [c + (dict(split_d=False),) for c in PADDED])
+                         edit_loop([c + ({},) for c in CASES] + [c + (dict(mha_dot=True),) for c in MHA_DOT]
+                                   + [c + (dict(split_d=False),) for c in PADDED], 4))
 def test_decode_attention_matches_ref(q_dtype, kv_dtype, hq, hkv, head_dim, cap, lengths, window,
                                       splits, seq_major, variant):
     q, k, v = make(q_dtype, kv_dtype, hq, hkv, head_dim, cap, seed=hq + cap, seq_major=seq_major)
@@ -99,7 +99,8 @@ LANES = [  # (kv dtype, H, head_dim, cap, lengths, window, splits, block_l); fp3
 ]
 
 
-@pytest.mark.parametrize("kv_dtype,h,head_dim,cap,lengths,window,splits,block_l", LANES)
+@pytest.mark.parametrize("kv_dtype,h,head_dim,cap,lengths,window,splits,block_l",
+                         edit_loop(LANES, 3))
 def test_lanes_kernel_matches_fp64(kv_dtype, h, head_dim, cap, lengths, window, splits, block_l):
     # fp32 math over the 16-bit cache values, whose fp32 (and fp64) images are exact.
     q, k, v = make(torch.float32, kv_dtype, h, h, head_dim, cap, seed=cap + splits)

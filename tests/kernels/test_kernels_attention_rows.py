@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gpu.kernels.decode_attention import decode_attention, decode_attention_ref
-from tests.tensorkit import rel
+from tests.tensorkit import edit_loop, rel
 from tests.kernels.test_kernels_attention import run_checked
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -40,7 +40,7 @@ CASES = [  # (q dtype, kv dtype, R, HQ, HKV, D, cap, lengths, window, splits, st
 
 
 @pytest.mark.parametrize("q_dtype,kv_dtype,rows,hq,hkv,d,cap,lengths,window,splits,state_view,variant",
-                         CASES)
+                         edit_loop(CASES, 3))
 def test_rows_form_matches_ref_per_row(q_dtype, kv_dtype, rows, hq, hkv, d, cap, lengths, window,
                                        splits, state_view, variant):
     q, k, v = make(q_dtype, kv_dtype, rows, hq, hkv, d, cap, state_view=state_view, seed=hq + cap)
@@ -91,7 +91,8 @@ LANES = [  # (kv dtype, R, H, cap, positions, window, splits, block_l, state vie
 ]
 
 
-@pytest.mark.parametrize("kv_dtype,rows,h,cap,positions,window,splits,block_l,state_view", LANES)
+@pytest.mark.parametrize("kv_dtype,rows,h,cap,positions,window,splits,block_l,state_view",
+                         edit_loop(LANES, 2))
 def test_rows_form_lanes_kernel_matches_fp64(kv_dtype, rows, h, cap, positions, window, splits,
                                              block_l, state_view):
     # The talker's call (int64 slots, positions with length_bias 1, scale 1/16) through lanes.
@@ -116,7 +117,8 @@ PAST = [
 ]
 
 
-@pytest.mark.parametrize("kv_dtype,rows,hq,hkv,d,cap,positions,window,variant", PAST)
+@pytest.mark.parametrize("kv_dtype,rows,hq,hkv,d,cap,positions,window,variant",
+                         edit_loop(PAST, 2))
 def test_rows_past_each_position_are_never_read(kv_dtype, rows, hq, hkv, d, cap, positions,
                                                 window, variant):
     """A slot reset leaves the talker's KV rows as its last session wrote them; each kernel

@@ -11,7 +11,7 @@ from gpu.kernels.layer_norm import add_layer_norm_ref
 from gpu.kernels.relpos_attention import relpos_attention, relpos_attention_ref
 from gpu.model import perception as P
 from gpu.model import perception_weights as PW
-from tests.tensorkit import counting, exact_fp32, rel
+from tests.tensorkit import counting, edit_loop, exact_fp32, rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -38,7 +38,7 @@ CASES = [  # (F, H, dh, left_context, rows, S, frames, slots)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n_f,heads,dh,left,rows,max_slots,frames,slots", CASES)
+@pytest.mark.parametrize("n_f,heads,dh,left,rows,max_slots,frames,slots", edit_loop(CASES, 3))
 def test_relpos_attention_matches_ref(dtype, n_f, heads, dh, left, rows, max_slots, frames, slots):
     q, k, v, pos, bu, bv = make(len(frames), n_f, heads, dh, rows, max_slots, dtype, seed=dh + rows)
     slot_dtype = torch.int32 if n_f == 1 else torch.int64

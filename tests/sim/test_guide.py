@@ -4,7 +4,8 @@ repository root, with its outputs in a temporary folder.
 Bugs caught: a flag renamed or a file moved under the guide (a command that fails), a step
 that stops writing what the next one reads (the plots, the SLO results, the fitted model), and
 a guide step that writes into bench/results. To stay near a minute on 2 cores, the day is cut
-to 300 s, the full node's trace to 20 s of arrivals and the SLO search to one seed; the
+to 300 s, the full node's trace to 20 s of arrivals, the SLO search and the validation to one
+seed and the validation's fast-mode draws to 40 (the fewest it judges by an interval); the
 commands are otherwise the guide's own."""
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "sim" / "README.md"
 SCALE_DOWN = {"duration=1800": "duration=300", "duration=120,call=30": "duration=20,call=10",
+              "out/ab/fit.json --seeds 3": "out/ab/fit.json --seeds 1 --draws 40",
               "--seeds 3": "--seeds 1"}
 
 
