@@ -169,9 +169,14 @@ class TritonDecodeOps:
     def codec_dwconv_ln(self, block: ConvNeXtBlock, x: Tensor, cache: Tensor, slots: Tensor) -> Tensor:
         """A ConvNeXt block's Triton part, 2 launches: h = LayerNorm(dwconv7([cache; x]) + bias)
         [B, T, C] from x [B, T, C]; cache [S, 6, C] (any strides) updated at `slots`. A method of
-        its own so that a stand-in can replace the kernels alone (bench/op_census.py)."""
+        its own so that a stand-in can replace the kernels alone (bench/op_census.py).
+        Compiled, the sliding-window form (the faster one); under Triton's interpreter (CPU
+        tensors) the tile form: the interpreter runs a program's operations one at a time, and the
+        window form's row loop costs it ~4 times as long. Both are checked against the reference
+        and each other in tests/kernels/test_kernels_convnext.py."""
         return dwconv_ln(x, cache, slots, block.dwconv.weight[:, 0], block.dwconv.bias,
-                         block.norm.weight, block.norm.bias, eps=block.norm.eps)
+                         block.norm.weight, block.norm.bias, eps=block.norm.eps,
+                         window=x.is_cuda)
 
 
 def _upsample(up: Upsample, x: Tensor) -> Tensor:
