@@ -249,7 +249,20 @@ def test_a_restarted_directory_learns_the_live_calls_from_the_nodes(fleet):
     async def main():
         await all_alive(fleet)
         calls = FleetClient(fleet.directory)
-        opened = [await calls.open(f"r-{i}") for i in range(len(fleet.nodes))]
+        opened = []
+        try:
+            await restarted_with_calls(calls, opened)
+        finally:                    # a failure here leaves the module's fleet as it found it
+            for c in opened:
+                if c.closed is None:
+                    await calls.close(c)
+            await calls.aclose()
+            for name, v in stats(fleet)["nodes"].items():
+                if v["draining"]:
+                    ray.get(fleet.directory.undrain.remote(name))
+
+    async def restarted_with_calls(calls, opened):
+        opened += [await calls.open(f"r-{i}") for i in range(len(fleet.nodes))]
         assert await eventually(lambda: stats(fleet)["unconfirmed"] == 0)
         where = dict(calls.node_of)
         drained = where[opened[0].id]           # a call stays on it: drained, not retired
@@ -258,7 +271,8 @@ def test_a_restarted_directory_learns_the_live_calls_from_the_nodes(fleet):
             lambda: fleet.last_stats.get("nodes", {}).get(drained, {}).get("draining"))
         await asyncio.sleep(0.2)
         ray.kill(fleet.directory, no_restart=False)
-        assert await eventually(lambda: not stats(fleet)["restoring"])
+        # The kill is asynchronous: the dying directory may still answer a first look.
+        assert await eventually(lambda: (s := stats(fleet))["restarted"] and not s["restoring"])
         await asyncio.sleep(1.0)                        # the bridge's watch looks, four times
         s = stats(fleet)
         assert s["sessions"] == len(opened) and calls.lost == 0
@@ -267,13 +281,12 @@ def test_a_restarted_directory_learns_the_live_calls_from_the_nodes(fleet):
                 for c in opened} == where
         assert sum(n["used"] for n in s["nodes"].values()) == len(opened)
         assert [n for n, v in s["nodes"].items() if v["draining"]] == [drained]
-        more = await calls.open("after-restore")                 # placement goes on
-        assert calls.node_of[more.id] != drained
+        opened.append(await calls.open("after-restore"))         # placement goes on
+        assert calls.node_of[opened[-1].id] != drained
         ray.get(fleet.directory.undrain.remote(drained))
-        for c in opened + [more]:
+        for c in opened:
             await calls.close(c)
         assert stats(fleet)["sessions"] == 0
-        await calls.aclose()
     asyncio.run(main())
 
 

@@ -32,6 +32,7 @@ class DirectoryActor:
         # node restart, and restarts take seconds)
         self.d = Directory(placement, seed, first=int(time.time()) if restarted else 0)
         self.restoring_until = time.monotonic() + RESTORE_S if restarted else 0.0
+        self.restarted = restarted
 
     def restoring(self) -> bool:
         return time.monotonic() < self.restoring_until
@@ -120,4 +121,6 @@ class DirectoryActor:
                 "restoring": self.restoring()}
 
     def stats(self) -> dict:
-        return {**self.d.stats(), "restoring": self.restoring()}
+        """The directory's counts; `restarted`: this is a restarted directory (its state was
+        said again by the nodes), `restoring`: they are still saying it."""
+        return {**self.d.stats(), "restoring": self.restoring(), "restarted": self.restarted}
