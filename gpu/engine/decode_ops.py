@@ -112,8 +112,12 @@ class TritonDecodeOps:
     def mog_choice(self, logits: Tensor, uniforms: Tensor, top_p: float) -> Tensor:
         """The MoG head's mixture: top-p filter and Gumbel-max in one launch (one row per
         program, a sort in registers) → int32 [B]. Same rule as top_p_filter + gumbel_choice;
-        where probabilities tie exactly, the lower index is kept first (a stable sort)."""
-        return mog_sample(logits.float().contiguous(), uniforms.contiguous(), top_p=top_p)
+        where probabilities tie exactly, the lower index is kept first (a stable sort). Under
+        Triton's interpreter (CPU tensors) the pairwise form, the same rule without a sort: the
+        interpreter's sort costs it seconds a row (both forms are checked against the reference
+        in tests/kernels/test_kernels_mog.py)."""
+        return mog_sample(logits.float().contiguous(), uniforms.contiguous(), top_p=top_p,
+                          algo="sort" if logits.is_cuda else "pairwise")
 
     def talker_qkv_attention(self, layer, h: Tensor, pos: Tensor, state, slots: Tensor,
                              frame) -> Tensor:
@@ -172,7 +176,7 @@ class TritonDecodeOps:
         its own so that a stand-in can replace the kernels alone (bench/op_census.py).
         Compiled, the sliding-window form (the faster one); under Triton's interpreter (CPU
         tensors) the tile form: the interpreter runs a program's operations one at a time, and the
-        window form's row loop costs it ~4 times as long. Both are checked against the reference
+        window form's row loop costs it 3 to 6 times as long. Both are checked against the reference
         and each other in tests/kernels/test_kernels_convnext.py."""
         return dwconv_ln(x, cache, slots, block.dwconv.weight[:, 0], block.dwconv.bias,
                          block.norm.weight, block.norm.bias, eps=block.norm.eps,
