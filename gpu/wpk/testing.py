@@ -78,18 +78,18 @@ def _install(interp, fn) -> None:
         # A device function is rewritten (its source parsed and compiled) on its first call; two
         # programs making that call at once compile at once, which CPython 3.11 does not survive
         # ("AST constructor recursion depth mismatch"): one rewrite at a time.
-        jit, rewrite, rewriting = interp.InterpretedFunction, interp.InterpretedFunction.rewrite, \
-            threading.Lock()
+        interpreted, rewriting = interp.InterpretedFunction, threading.Lock()
+        rewrite = interpreted.rewrite
 
         def one_at_a_time(self):
             with rewriting:
                 return rewrite(self)
-        jit.rewrite = one_at_a_time
+        interpreted.rewrite = one_at_a_time
 
         def undo():
             del cls.grid_idx, cls.grid_dim
             cls.create_atomic_rmw, cls.create_atomic_cas = rmw, cas
-            jit.rewrite = rewrite
+            interpreted.rewrite = rewrite
         _restore.insert(0, undo)                 # undone last, after the language patches
 
 

@@ -268,8 +268,8 @@ async def _serve(node: Node, args) -> int:
         if not demo.done():                 # stopped first: the demo's calls end with it
             demo.cancel()
             await asyncio.gather(demo, return_exceptions=True)
-        elif demo.exception() is not None:  # a demo call failed: `make run` must say so
-            demo_failed = f"{type(demo.exception()).__name__}: {demo.exception()}"
+        elif (exc := demo.exception()) is not None:    # a demo call failed: `make run` must say so
+            demo_failed = f"{type(exc).__name__}: {exc}"
     else:
         await asyncio.wait([loop.create_task(stop.wait()),
                             loop.create_task(node.stopped.wait())],

@@ -194,8 +194,9 @@ class GuardedStarts:
 
     def know_rows(self, added_s: dict[int, float]) -> None:
         """What each row capture adds to a beat, as the executor measured it at build."""
-        self.row_s.update({int(k): max(0.0, float(v)) for k, v in added_s.items()})
-        self.row_build_s.update(self.row_s)
+        built = {int(k): max(0.0, float(v)) for k, v in added_s.items()}
+        self.row_s.update(built)
+        self.row_build_s.update(built)          # never a cost learned since: what costs fall to
 
     def know_beats(self, beat_s: dict[int, float]) -> None:
         """Beats the executor measured at build (live count → seconds, every cache full): the
