@@ -21,8 +21,10 @@ peers:
 	@command -v sipp >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq sip-tester >/dev/null) || echo "warning: sipp not installed"
 	@[ -x /usr/bin/chromium ] || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || echo "warning: chromium not installed"
 
-# One pytest worker a core (xdist); a worker steals queued tests when it runs dry.
-XDIST := -n auto --dist worksteal
+# Three pytest workers for every two cores (xdist): many tests wait on sockets and timers, and a
+# third worker runs while they wait; a worker steals queued tests when it runs dry.
+WORKERS := $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n * 3 / 2 > 1 ? n * 3 / 2 : 2 )))
+XDIST := -n $(WORKERS) --dist worksteal
 
 test: $(STAMP) peers
 	$(BIN)/python -m pytest -q $(XDIST) tests

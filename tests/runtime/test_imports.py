@@ -6,6 +6,7 @@ Every `import` and `from … import` in the project's packages counts, at any de
 `module:Class` string is not an import, which is how the registry avoids one.
 """
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -44,10 +45,15 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
+def nodes_of(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of the file's syntax tree, parsed once for all the checks of this module."""
+    return tuple(ast.walk(ast.parse(path.read_text(), str(path))))
+
+
 def imports_of(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), str(path))
     found = set()
-    for node in ast.walk(tree):
+    for node in nodes_of(path):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -109,7 +115,7 @@ def module_edges() -> dict[str, set[str]]:
     for pkg in PACKAGES:
         for path in (ROOT / pkg).rglob("*.py"):
             src = module_name(path)
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for node in nodes_of(path):
                 if isinstance(node, ast.Import):
                     names = [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -166,18 +172,42 @@ def test_the_core_imports_nothing_of_the_other_parts():
         assert not outside, f"{path.relative_to(ROOT)} imports {sorted(outside)}"
 
 
-@pytest.mark.parametrize("module", ["wave_actors.core.contract", "wave_actors.core.sched.slot_book",
-                                    "wave_actors.core.sched.session_table", "wave_actors.core.text",
-                                    "wave_actors.core.sched.start_policy", "wave_actors.clock.clock",
-                                    "wave_actors.core.sched.jitter", "wave_actors.node.node", "sim.executor",
-                                    "wave_actors.core.registry"])
-def test_no_torch_in_the_core_the_clock_or_the_scheduler(module):
-    """Imported in a fresh interpreter, so a transitive import counts too."""
-    code = f"import sys, {module}; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
+TORCH_FREE = ("wave_actors.core.contract", "wave_actors.core.sched.slot_book",
+              "wave_actors.core.sched.session_table", "wave_actors.core.text",
+              "wave_actors.core.sched.start_policy", "wave_actors.clock.clock",
+              "wave_actors.core.sched.jitter", "wave_actors.node.node", "sim.executor",
+              "wave_actors.core.registry")
+# Imported one after another in one fresh interpreter: the first module after whose import the
+# target is loaded brought it in (what the modules before it loaded did not, or it would be there).
+_FIRST_BRINGING = """
+import importlib, sys
+for name in sys.argv[2:]:
+    importlib.import_module(name)
+    if sys.argv[1] in sys.modules:
+        print(name)
+        break
+"""
+
+
+def first_bringing(target: str, modules) -> str:
+    """The first of `modules` whose import (transitive ones too) loads `target` ('' : none)."""
+    out = subprocess.run([sys.executable, "-c", _FIRST_BRINGING, target, *modules], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False", f"{module} imports torch"
+    return out.stdout.strip()
+
+
+def test_no_torch_in_the_core_the_clock_or_the_scheduler():
+    culprit = first_bringing("torch", TORCH_FREE)
+    assert culprit == "", f"{culprit} imports torch"
+
+
+def test_the_import_check_names_the_module_that_brings_its_target():
+    """Bug it catches: a check that never reports (the one above would pass on anything), or
+    one that blames a module imported before the one that loaded the target (`fractions`
+    imports `decimal`)."""
+    assert first_bringing("decimal", ["array", "fractions", "json"]) == "fractions"
+    assert first_bringing("decimal", ["array", "json"]) == ""
 
 
 def test_the_node_hosts_sessions_through_one_protocol():
@@ -200,7 +230,7 @@ def project_bases() -> dict[str, list[str]]:
     found = {}
     for pkg in ("wave_actors", "gpu", "sim"):
         for path in (ROOT / pkg).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for node in nodes_of(path):
                 if isinstance(node, ast.ClassDef):
                     found[f"{module_name(path)}.{node.name}"] = [ast.unparse(b) for b in node.bases]
     return found

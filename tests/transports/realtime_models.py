@@ -2,12 +2,10 @@
 dialects: what a client built on the SDK parses every event the bridge sends with."""
 from __future__ import annotations
 
+import functools
 import typing
 
 from pydantic import TypeAdapter, ValidationError
-
-from openai.types.beta.realtime.realtime_server_event import RealtimeServerEvent as Beta
-from openai.types.realtime.realtime_server_event import RealtimeServerEvent as GA
 
 
 def _by_type(union) -> dict[str, type]:
@@ -22,13 +20,23 @@ def _by_type(union) -> dict[str, type]:
     return models
 
 
-MODELS = {"ga": _by_type(GA), "beta": _by_type(Beta)}
+@functools.cache
+def models(dialect: str) -> dict[str, type]:
+    """The SDK's server-event models of a dialect, imported at first use: the SDK's unions take
+    over a second to import, which every test worker would otherwise pay at collection."""
+    if dialect == "ga":
+        from openai.types.realtime.realtime_server_event import RealtimeServerEvent
+    elif dialect == "beta":
+        from openai.types.beta.realtime.realtime_server_event import RealtimeServerEvent
+    else:
+        raise ValueError(f"no Realtime dialect {dialect!r} (ga or beta)")
+    return _by_type(RealtimeServerEvent)
 
 
 def problems(event: dict, dialect: str) -> str | None:
     """Why the SDK's model for this event's type rejects it (None: it validates); an event type
     the SDK does not know is a problem too."""
-    model = MODELS[dialect].get(event.get("type"))
+    model = models(dialect).get(event.get("type"))
     if model is None:
         return f"{event.get('type')!r} is not a {dialect} server event the SDK knows"
     try:
