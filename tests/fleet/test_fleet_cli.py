@@ -34,10 +34,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_node_per_gpu_its_metrics_then_a_clean_drain_on_sigint():
+def test_nodes_sharing_a_gpu_their_metrics_then_a_clean_drain_on_sigint():
+    """`--nodes all --per-gpu 2` on one GPU: two nodes, each given half of it (Ray places a
+    node asking a whole GPU only where one is free: a share that did not reach Ray would
+    leave the second node unplaced, and its line would never come)."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "wave_actors.fleet", "--nodes", "all",
-                             "--fake-gpus", "2", "--every", "1", "--metrics-port", str(port),
+                             "--fake-gpus", "1", "--per-gpu", "2", "--every", "1",
+                             "--metrics-port", str(port),
                              "--", "--backend", "sim",
                              "--max-sessions", "4", "--workers", "0"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -71,7 +75,7 @@ def test_more_nodes_than_gpus_is_refused_with_the_count():
                            "--fake-gpus", "2", "--", "--backend", "sim"], cwd=ROOT,
                           capture_output=True, text=True, timeout=90)
     assert done.returncode == 2
-    assert "3 node(s) need as many GPUs; the cluster has 2" in done.stderr
+    assert "3 node(s) need 3 GPUs at 1 a GPU; the cluster has 2" in done.stderr
 
 
 def fleet_cli(*args: str) -> subprocess.Popen:

@@ -37,7 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m wave_actors.fleet",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", default="1",
-                    help="node actors, one GPU each; all: one for every GPU of the cluster")
+                    help="node actors, one GPU each (--per-gpu: a share of one); all: one for "
+                         "every GPU of the cluster (--per-gpu for each)")
+    ap.add_argument("--per-gpu", type=int, default=1,
+                    help="nodes sharing each GPU, each given 1/N of it (their --max-sessions "
+                         "must fit together in its memory)")
     ap.add_argument("--address", help="a Ray cluster to join (e.g. auto); default: start one")
     ap.add_argument("--fake-gpus", type=int, help="a local Ray instance with this many GPUs")
     ap.add_argument("--namespace", default=NAMESPACE,
@@ -101,13 +105,15 @@ def _start(args, ap, node_args: list[str]) -> Fleet:
         print(f"attached to the running fleet: {', '.join(running.names)}", flush=True)
         return running
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    nodes = gpus if args.nodes == "all" else int(args.nodes)
-    if not 1 <= nodes <= gpus:
+    room = gpus * args.per_gpu
+    nodes = room if args.nodes == "all" else int(args.nodes)
+    if not 1 <= nodes <= room:
         ray.shutdown()
-        ap.error(f"{nodes} node(s) need as many GPUs; the cluster has {gpus} "
-                 "(--fake-gpus N for a CPU trial)")
+        ap.error(f"{nodes} node(s) need {nodes / args.per_gpu:g} GPUs at {args.per_gpu} a GPU; "
+                 f"the cluster has {gpus} (--fake-gpus N for a CPU trial)")
     return Fleet.start(nodes, node_args, args.placement, args.base_port,
-                       namespace=args.namespace, detached=bool(args.address))
+                       namespace=args.namespace, detached=bool(args.address),
+                       per_gpu=args.per_gpu)
 
 
 def main(argv=None) -> int:
@@ -123,9 +129,12 @@ def main(argv=None) -> int:
     for flag in FLEET_SETS:
         if flag in node_args:
             ap.error(f"the fleet sets each node's {flag}")
-    if args.fake_gpus is not None and args.nodes != "all" and int(args.nodes) > args.fake_gpus:
-        ap.error(f"{args.nodes} node(s) need as many GPUs; the cluster has {args.fake_gpus} "
-                 "(--fake-gpus)")
+    if args.per_gpu < 1:
+        ap.error(f"--per-gpu is a count of nodes a GPU holds (>= 1), not {args.per_gpu}")
+    if args.fake_gpus is not None and args.nodes != "all" \
+            and int(args.nodes) > args.fake_gpus * args.per_gpu:
+        ap.error(f"{args.nodes} node(s) need {int(args.nodes) / args.per_gpu:g} GPUs at "
+                 f"{args.per_gpu} a GPU; the cluster has {args.fake_gpus} (--fake-gpus)")
     if args.address:
         ray.init(address=args.address, log_to_driver=False)
     else:

@@ -62,8 +62,9 @@ class NodeActor:
     """One GPU's node: `python -m wave_actors.node NODE_ARGS --bind tcp://IP:PORT` in a child
     process, joined to the directory once it listens."""
 
-    def __init__(self, name: str, port: int | str, node_args: list[str], namespace: str):
-        self.name = name
+    def __init__(self, name: str, port: int | str, node_args: list[str], namespace: str,
+                 start_timeout_s: float = START_TIMEOUT_S):
+        self.name, self.start_timeout_s = name, start_timeout_s
         host = ray.util.get_node_ip_address()
         bind = f"tcp://{host}:{port}"
         self.metrics_port = _free_port()
@@ -92,11 +93,11 @@ class NodeActor:
                     break
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        reader.join(START_TIMEOUT_S)
+        reader.join(self.start_timeout_s)
         if not box:
             self.proc.kill()
-            raise RuntimeError(f"node {self.name}: not listening after {START_TIMEOUT_S:.0f} s "
-                               f"(exit code {self.proc.poll()})")
+            raise RuntimeError(f"node {self.name}: not listening after "
+                               f"{self.start_timeout_s:.0f} s (exit code {self.proc.poll()})")
         # the rest of its output is read at once, so a full pipe never blocks the node
         threading.Thread(target=self._read_events, daemon=True).start()
         return box
@@ -187,17 +188,23 @@ class Fleet:
     @classmethod
     def start(cls, nodes: int, node_args: list[str], placement: str = "most_free",
               base_port: int | None = None, seed: int = 0, namespace: str = NAMESPACE,
-              detached: bool = False) -> "Fleet":
+              detached: bool = False, per_gpu: int = 1,
+              start_timeout_s: float = START_TIMEOUT_S) -> "Fleet":
         """`base_port`: node i binds base_port + i; None: each a free port (the directory
         hands out the endpoints). `detached`: the actors outlive this driver (on a Ray cluster
-        that does too), so a restarted entry point can attach to them."""
+        that does too), so a restarted entry point can attach to them. `per_gpu`: nodes
+        sharing each GPU (each is given 1/per_gpu of one; their `--max-sessions` must fit
+        together in its memory)."""
+        if per_gpu < 1:
+            raise ValueError(f"per_gpu is a count of nodes a GPU holds (>= 1), not {per_gpu}")
         life = {"lifetime": "detached"} if detached else {}
         directory = DirectoryActor.options(name=DIRECTORY, namespace=namespace,
                                            **life).remote(placement, seed)
         names = [f"node{i}" for i in range(nodes)]
         actors = {name: NodeActor.options(name=f"wave-{name}", namespace=namespace,
-                                          **life).remote(
-            name, "*" if base_port is None else base_port + i, node_args, namespace)
+                                          num_gpus=1 / per_gpu, **life).remote(
+            name, "*" if base_port is None else base_port + i, node_args, namespace,
+            start_timeout_s)
             for i, name in enumerate(names)}
         return cls(directory, actors, namespace)
 

@@ -1,0 +1,195 @@
+"""Nodes through the fleet on one host's GPUs, as their callers hear them: every node full
+(nodes × slots calls placed by the directory), each call streaming speech-like audio at real
+time for `--beats` beats, and each node's own counters (`wave_beats_total`,
+`wave_late_beats_total`, the beat latency) read before the first open and after the last
+close, so every beat from the first open to the last close counts. With `--kill`, a last run
+kills one node's actor half way: its calls must read `error node_lost` and `closed` within
+2 s, and the other nodes' calls go on to their end with no late beat.
+
+    python bench/fleet_gpu.py --nodes 2 --per-gpu 2 --slots 12 --beats 500 --runs 3 --kill \\
+        --out bench/results/fleet-gpu.json -- --backend graph --config full --profile dense \\
+        --max-context 1500 --workers 2
+
+Everything after `--` is each node's command line (`python -m wave_actors.node`). Ray's GPUs
+are the host's own; `--per-gpu 2` puts two nodes on each, each given half of it (their
+`--max-sessions`, here `--slots`, must fit together in its memory).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from transports.client_events import Closed, Error                   # noqa: E402
+from transports.fleet_client import FleetClient                       # noqa: E402
+from wave_actors.bench.clients import caller_audio                      # noqa: E402
+from wave_actors.bench.provenance import stamp                         # noqa: E402
+from wave_actors.core.frames import FRAME_S, IN_RATE, SAMPLES_IN       # noqa: E402
+from wave_actors.fleet.ray_fleet import Fleet                          # noqa: E402
+
+BEAT_S = 2 * FRAME_S
+START_TIMEOUT_S = 600.0     # nodes sharing a GPU build their models and graphs side by side
+
+
+async def stream(calls: FleetClient, sid: str, seed: int, stop: asyncio.Event) -> dict:
+    """One call: open through the fleet, stream 80 ms frames until `stop` or the call ends,
+    close. Its node, open wait, the `error` codes it read and when it read `closed`."""
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    s = await calls.open(sid, sample_rate=IN_RATE, format="pcm_f32le", timeout=300.0)
+    out = {"node": calls.node_of.get(sid), "open_s": loop.time() - asked, "codes": [],
+           "closed_at": None}
+
+    async def read() -> None:
+        while True:
+            event = await s.events.get()
+            if isinstance(event, Error):
+                out["codes"].append(event.code)
+            elif isinstance(event, Closed):
+                out["closed_at"] = time.time()
+                return
+    reader = loop.create_task(read())
+    audio, t0, i = caller_audio(seed), loop.time(), 0
+    while not stop.is_set() and not reader.done():
+        start = (i * SAMPLES_IN) % (len(audio) - SAMPLES_IN)
+        await s.send_audio(audio[start:start + SAMPLES_IN].tobytes())
+        i += 1
+        await asyncio.sleep(max(0.0, t0 + i * FRAME_S - loop.time()))
+    if not reader.done():           # `close` reads the events up to `closed` itself
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await calls.close(s)
+        out["closed_at"] = time.time()
+    out["frames_sent"] = i
+    return out
+
+
+def counters(fleet: Fleet) -> dict[str, tuple[float, float, float, float]]:
+    """Each node's (beats, late beats, latency sum, latency count), read now."""
+    got = {}
+    for name, actor in fleet.nodes.items():
+        for _ in range(20):             # None: its registry did not answer in time
+            if (r := ray.get(actor.load.remote())) is not None:
+                got[name] = (r.beats, r.late_beats, r.latency_sum_s, r.latency_count)
+                break
+            time.sleep(0.25)
+    return got
+
+
+def per_node(before: dict, after: dict) -> dict:
+    out = {}
+    for name in before.keys() & after.keys():
+        b, a = before[name], after[name]
+        beats = a[0] - b[0]
+        out[name] = {"beats": int(beats), "late_beats": int(a[1] - b[1]),
+                     "mean_beat_ms": round(1e3 * (a[2] - b[2]) / max(1.0, a[3] - b[3]), 2)}
+    return out
+
+
+async def one_run(fleet: Fleet, slots: int, beats: int, tag: str, kill: bool) -> dict:
+    calls = FleetClient(fleet.directory)
+    before = counters(fleet)
+    stop = asyncio.Event()
+    n = slots * len(fleet.nodes)
+    tasks = [asyncio.get_running_loop().create_task(stream(calls, f"{tag}-{i}", i, stop))
+             for i in range(n)]
+    victim, killed_at = None, None
+    t_end = time.monotonic() + beats * BEAT_S
+    if kill:
+        await asyncio.sleep(beats * BEAT_S / 2)
+        victim = fleet.names[0]
+        killed_at = time.time()
+        ray.kill(fleet.nodes[victim], no_restart=False)
+    await asyncio.sleep(max(0.0, t_end - time.monotonic()))
+    stop.set()
+    lines = await asyncio.gather(*tasks, return_exceptions=True)
+    await calls.aclose()
+    failed = [repr(x) for x in lines if isinstance(x, BaseException)]
+    lines = [x for x in lines if not isinstance(x, BaseException)]
+    if kill:        # the survivors' counters: the victim restarts with fresh ones
+        after = {k: v for k, v in counters(fleet).items() if k != victim}
+    else:
+        after = counters(fleet)
+    opens = [x["open_s"] for x in lines]
+    run = {"calls": n, "failed": failed, "per_node": per_node(before, after),
+           "placed": {name: sum(x["node"] == name for x in lines) for name in fleet.names},
+           "open_p50_ms": round(1e3 * float(np.median(opens)), 1) if opens else None,
+           "open_p99_ms": round(1e3 * float(np.percentile(opens, 99)), 1) if opens else None}
+    if kill:
+        on_victim = [x for x in lines if x["node"] == victim]
+        others = [x for x in lines if x["node"] != victim]
+        ends = [x["closed_at"] - killed_at for x in on_victim if x["closed_at"]]
+        run["kill"] = {"node": victim, "calls_on_it": len(on_victim),
+                       "closed_within_s": round(max(ends), 3) if ends else None,
+                       "all_closed": len(ends) == len(on_victim),
+                       "codes": sorted({c for x in on_victim for c in x["codes"]}),
+                       "others_with_an_error": sum(bool(x["codes"]) for x in others)}
+    return run
+
+
+async def measure(fleet: Fleet, args) -> dict:
+    runs = []
+    for r in range(args.runs):
+        runs.append(await one_run(fleet, args.slots, args.beats, f"run{r}", kill=False))
+        print(json.dumps(runs[-1]), flush=True)
+    killed = None
+    if args.kill:
+        killed = await one_run(fleet, args.slots, args.beats, "kill", kill=True)
+        print(json.dumps(killed), flush=True)
+    late = sum(v["late_beats"] for run in runs for v in run["per_node"].values())
+    return {"runs": runs, "late_beats": late, "kill_run": killed}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, node_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, ["--backend", "sim"])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--per-gpu", type=int, default=1, help="nodes sharing each GPU")
+    ap.add_argument("--fake-gpus", type=int, help="a CPU trial: Ray declares this many GPUs")
+    ap.add_argument("--slots", type=int, default=8, help="each node's --max-sessions")
+    ap.add_argument("--beats", type=int, default=500)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--kill", action="store_true", help="then a run that kills one node")
+    ap.add_argument("--out")
+    args = ap.parse_args(ours)
+    ray.init(num_gpus=args.fake_gpus, include_dashboard=False, log_to_driver=False,
+             object_store_memory=500 * 2**20)
+    t0 = time.monotonic()
+    fleet = Fleet.start(args.nodes, [*node_args, "--max-sessions", str(args.slots)],
+                        per_gpu=args.per_gpu, start_timeout_s=START_TIMEOUT_S)
+    try:
+        facts = fleet.ready()
+        print(f"{len(facts)} nodes listening after {time.monotonic() - t0:.0f} s", flush=True)
+        fleet.watch()
+        result = asyncio.run(measure(fleet, args))
+    finally:
+        fleet.close()
+        ray.shutdown()
+    gpu = None
+    try:
+        import torch
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    doc = {"command": "python bench/fleet_gpu.py " + " ".join(argv), "gpu": gpu,
+           "nodes": args.nodes, "per_gpu": args.per_gpu, "slots_each": args.slots,
+           "beats": args.beats, "commit": stamp()["commit"],
+           "dirty": stamp()["provenance"].get("dirty"), **result}
+    print(json.dumps({k: v for k, v in doc.items() if k not in ("runs", "kill_run")}))
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
