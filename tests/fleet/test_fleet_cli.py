@@ -78,6 +78,18 @@ def test_more_nodes_than_gpus_is_refused_with_the_count():
     assert "3 node(s) need 3 GPUs at 1 a GPU; the cluster has 2" in done.stderr
 
 
+def test_a_node_that_does_not_start_says_why():
+    """Bug it catches: a node's log thrown away, so a node that fails to build (out of memory,
+    a bad flag) shows only "not listening", and the operator cannot tell why."""
+    done = subprocess.run([sys.executable, "-m", "wave_actors.fleet", "--nodes", "1",
+                           "--fake-gpus", "1", "--", "--backend", "sim", "--no-such-flag"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "a node did not start" in done.stderr
+    assert "exited with code 2 before it listened" in done.stderr
+    assert "unrecognized arguments: --no-such-flag" in done.stderr
+
+
 def fleet_cli(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "wave_actors.fleet", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

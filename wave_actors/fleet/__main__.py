@@ -139,12 +139,19 @@ def main(argv=None) -> int:
         ray.init(address=args.address, log_to_driver=False)
     else:
         ray.init(num_gpus=args.fake_gpus, include_dashboard=False, log_to_driver=False)
-    fleet = _start(args, ap, node_args)
+    try:
+        fleet = _start(args, ap, node_args)
+        ready = fleet.ready()
+    except ray.exceptions.RayError as exc:
+        # the node's own last words are in the actor's error (`node_actor.py`)
+        print(f"fleet: a node did not start: {exc}", file=sys.stderr)
+        ray.shutdown()
+        return 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        for facts in fleet.ready():
+        for facts in ready:
             print(json.dumps({"node": facts["name"], "endpoint": facts["endpoint"],
                               "slots": facts["slots"]}), flush=True)
         fleet.watch()

@@ -1,9 +1,9 @@
 """The fleet on Ray: Ray holds the control plane only. One named directory actor
-(`directory_actor.py`) owns the `Directory`; one node actor a GPU (`num_gpus=1`) runs today's
-node as a child process with its own ZeroMQ endpoint, so audio never passes through Ray. Ray
-restarts a node actor that dies (`max_restarts`); the restarted actor starts a fresh node and
-joins the directory again under its name, which forgets the sessions of the dead incarnation
-(their state was on its GPU).
+(`directory_actor.py`) owns the `Directory`; one node actor a GPU (`node_actor.py`: a GPU, or a
+share of one) runs today's node as a child process with its own ZeroMQ endpoint, so audio never
+passes through Ray. Ray restarts a node actor that dies (`max_restarts`); the restarted actor
+starts a fresh node and joins the directory again under its name, which forgets the sessions of
+the dead incarnation (their state was on its GPU).
 
 `Fleet` is the driver's handle (the entry point): it starts the directory and the nodes, or
 attaches to those a previous entry point started (`detached` actors outlive their driver, so an
@@ -18,12 +18,6 @@ is finished by the watch.
 """
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,130 +26,13 @@ import ray
 
 from transports.fleet_client import DIRECTORY, NAMESPACE
 from wave_actors.fleet.directory_actor import DirectoryActor
-from wave_actors.fleet.metrics import NodeReading, Totals, read_node
+from wave_actors.fleet.metrics import NodeReading, Totals
+from wave_actors.fleet.node_actor import START_TIMEOUT_S, NodeActor
 
 WATCH_S = 0.5               # how often the driver checks that each node answers
-START_TIMEOUT_S = 120.0     # a node's model and graphs are built before it listens
 # A node whose process runs but that has not answered a reading in this long is declared lost
 # and restarted. Shorter silences (a loaded host, a long collection) only keep new calls away.
 SILENT_LOSS_S = 10.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """The node process ends with its actor's process (Linux: PR_SET_PDEATHSIG), so a killed
-    actor leaves no node serving calls that no directory knows of."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-@ray.remote(num_gpus=1, num_cpus=0, max_restarts=-1, max_task_retries=0)
-class NodeActor:
-    """One GPU's node: `python -m wave_actors.node NODE_ARGS --bind tcp://IP:PORT` in a child
-    process, joined to the directory once it listens."""
-
-    def __init__(self, name: str, port: int | str, node_args: list[str], namespace: str,
-                 start_timeout_s: float = START_TIMEOUT_S):
-        self.name, self.start_timeout_s = name, start_timeout_s
-        host = ray.util.get_node_ip_address()
-        bind = f"tcp://{host}:{port}"
-        self.metrics_port = _free_port()
-        self._events: list[tuple[str, str]] = []    # the node's session lines, unacknowledged
-        self._events_base = 0               # how many before them were acknowledged
-        self._events_lock = threading.Lock()
-        self._live: set[str] = set()        # the node's sessions, from the same lines
-        self.namespace = namespace
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "wave_actors.node", *node_args, "--bind", bind,
-             "--metrics-port", str(self.metrics_port), "--report-sessions"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        facts = self._listening()
-        self.endpoint, self.slots = facts["listening"], int(facts["max_sessions"])
-        directory = ray.get_actor(DIRECTORY, namespace=namespace)
-        self.incarnation = ray.get(directory.join.remote(name, self.endpoint, self.slots))
-
-    def _listening(self) -> dict:
-        box: dict = {}
-
-        def read() -> None:
-            for line in self.proc.stdout:
-                if line.startswith("{") and '"listening"' in line:
-                    box.update(json.loads(line))
-                    break
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(self.start_timeout_s)
-        if not box:
-            self.proc.kill()
-            raise RuntimeError(f"node {self.name}: not listening after "
-                               f"{self.start_timeout_s:.0f} s (exit code {self.proc.poll()})")
-        # the rest of its output is read at once, so a full pipe never blocks the node
-        threading.Thread(target=self._read_events, daemon=True).start()
-        return box
-
-    def _read_events(self) -> None:
-        for line in self.proc.stdout:
-            if line.startswith(('{"opened"', '{"closed"')):
-                try:
-                    (event, session), = json.loads(line).items()
-                except ValueError:
-                    continue
-                with self._events_lock:
-                    self._events.append((event, str(session)))
-                    (self._live.add if event == "opened" else self._live.discard)(str(session))
-
-    def info(self) -> dict:
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"node {self.name}: its process exited ({self.proc.returncode})")
-        return {"name": self.name, "endpoint": self.endpoint, "slots": self.slots,
-                "incarnation": self.incarnation, "pid": os.getpid(), "node_pid": self.proc.pid}
-
-    def rejoin(self) -> bool:
-        """Tell a restarted directory what this node holds (False: it knew the node already)."""
-        self.info()
-        with self._events_lock:
-            live = sorted(self._live)
-        directory = ray.get_actor(DIRECTORY, namespace=self.namespace)
-        return ray.get(directory.restore.remote(self.name, self.endpoint, self.slots,
-                                                self.incarnation, live))
-
-    def load(self, acked: tuple[int, int] = (0, 0)) -> NodeReading | None:
-        """The node's metrics, read on this host (raises if the node's process is gone; None
-        if it runs but did not answer in time), with what it said of its sessions past `acked`
-        (an earlier reading's `events_mark`). They are kept until acknowledged, so a reading
-        the watch gave up waiting for loses none; a mark from an earlier incarnation
-        acknowledges nothing of this one."""
-        self.info()
-        try:
-            reading = read_node(self.metrics_port)
-        except OSError:
-            return None         # its process runs but its registry did not answer: slow
-        upto = acked[1] if acked[0] == self.incarnation else 0
-        with self._events_lock:
-            drop = min(max(0, upto - self._events_base), len(self._events))
-            del self._events[:drop]
-            self._events_base += drop
-            reading.events = list(self._events)
-            reading.events_mark = (self.incarnation, self._events_base + len(self._events))
-        return reading
-
-    def stop(self, timeout_s: float = 10.0) -> int:
-        """SIGTERM: the node refuses new opens, closes what is left, and exits."""
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
 
 
 @dataclass
@@ -201,11 +78,16 @@ class Fleet:
         directory = DirectoryActor.options(name=DIRECTORY, namespace=namespace,
                                            **life).remote(placement, seed)
         names = [f"node{i}" for i in range(nodes)]
-        actors = {name: NodeActor.options(name=f"wave-{name}", namespace=namespace,
-                                          num_gpus=1 / per_gpu, **life).remote(
-            name, "*" if base_port is None else base_port + i, node_args, namespace,
-            start_timeout_s)
-            for i, name in enumerate(names)}
+        actors = {}
+        for i, name in enumerate(names):
+            actors[name] = NodeActor.options(name=f"wave-{name}", namespace=namespace,
+                                             num_gpus=1 / per_gpu, **life).remote(
+                name, "*" if base_port is None else base_port + i, node_args, namespace,
+                start_timeout_s)
+            if per_gpu > 1:
+                # Nodes sharing a GPU start one at a time: a model's build holds more memory
+                # than it keeps, and two builds side by side ran out where the two nodes fit.
+                ray.get(actors[name].info.remote())
         return cls(directory, actors, namespace)
 
     @classmethod
