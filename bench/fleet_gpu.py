@@ -7,7 +7,7 @@ kills one node's actor half way: its calls must read `error node_lost` and `clos
 2 s, and the other nodes' calls go on to their end with no late beat.
 
     python bench/fleet_gpu.py --nodes 2 --per-gpu 2 --slots 12 --beats 500 --runs 3 --kill \\
-        --out bench/results/fleet-gpu.json -- --backend graph --config full --profile dense \\
+        --out out/fleet-gpu.json -- --backend graph --config full --profile dense \\
         --max-context 1500 --workers 2
 
 Everything after `--` is each node's command line (`python -m wave_actors.node`). Ray's GPUs
