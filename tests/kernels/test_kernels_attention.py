@@ -122,15 +122,15 @@ class _Spy:
         return self.kernel[grid]
 
 
-@pytest.mark.parametrize("kv_dtype,head_dim,lanes,expect", [
+@pytest.mark.parametrize("kv_dtype,head_dim,lanes,expect", edit_loop([
     (torch.bfloat16, 18, None, "lanes"),        # a split-d shape: lanes by default, any KV dtype
+    (torch.bfloat16, 18, False, "split"),
+    (torch.bfloat16, 16, None, "padded"),       # power of two: not a split-d shape
     (torch.float16, 18, None, "lanes"),
     (torch.float32, 18, None, "lanes"),
-    (torch.bfloat16, 18, False, "split"),
     (torch.float32, 18, False, "split"),
-    (torch.bfloat16, 16, None, "padded"),       # power of two: not a split-d shape
     (torch.bfloat16, 16, True, "lanes"),
-])
+], 3))
 def test_lanes_default_on_split_d_shapes(monkeypatch, kv_dtype, head_dim, lanes, expect):
     names = dict(lanes="attn_mha_lanes_kernel", split="attn_mha_split_kernel",
                  padded="attn_mha_kernel", dot="_attn_gqa_kernel")
