@@ -72,10 +72,13 @@ async def stream(calls: FleetClient, sid: str, seed: int, stop: asyncio.Event) -
     return out
 
 
-def counters(fleet: Fleet) -> dict[str, tuple[float, float, float, float]]:
-    """Each node's (beats, late beats, latency sum, latency count), read now."""
+def counters(fleet: Fleet, skip: str | None = None) -> dict[str, tuple]:
+    """Each node's (beats, late beats, latency sum, latency count), read now (`skip`: a node
+    killed meanwhile, whose restarted incarnation counts from 0)."""
     got = {}
     for name, actor in fleet.nodes.items():
+        if name == skip:
+            continue
         for _ in range(20):             # None: its registry did not answer in time
             if (r := ray.get(actor.load.remote())) is not None:
                 got[name] = (r.beats, r.late_beats, r.latency_sum_s, r.latency_count)
@@ -114,10 +117,7 @@ async def one_run(fleet: Fleet, slots: int, beats: int, tag: str, kill: bool) ->
     await calls.aclose()
     failed = [repr(x) for x in lines if isinstance(x, BaseException)]
     lines = [x for x in lines if not isinstance(x, BaseException)]
-    if kill:        # the survivors' counters: the victim restarts with fresh ones
-        after = {k: v for k, v in counters(fleet).items() if k != victim}
-    else:
-        after = counters(fleet)
+    after = counters(fleet, skip=victim)
     opens = [x["open_s"] for x in lines]
     run = {"calls": n, "failed": failed, "per_node": per_node(before, after),
            "placed": {name: sum(x["node"] == name for x in lines) for name in fleet.names},
