@@ -167,7 +167,8 @@ def parse_args(argv):
                          "every start prefills its prompt)")
     ap.add_argument("--tolerance", type=float, default=0.02,
                     help="bisection stops when the bracket's ends are this close (relative)")
-    ap.add_argument("--out", help="result JSON (default: bench/results/slo-...json)")
+    ap.add_argument("--out", help="result JSON, or a folder for it (default: "
+                                  "bench/results/slo-...json)")
     return ap.parse_args(argv)
 
 
@@ -207,7 +208,9 @@ def main(argv=None) -> int:
               "command": "python -m sim.slo " + " ".join(sys.argv[1:] if argv is None else argv)}
     stamp = date.replace(":", "").replace("-", "")[:15]
     name = Path(args.workload.split(":")[0]).stem
-    path = Path(args.out) if args.out else RESULTS / f"slo-{name}-{stamp}.json"
+    path = Path(args.out) if args.out else RESULTS
+    if path.is_dir():                   # a folder: the result's own name inside it
+        path = path / f"slo-{name}-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"written: {path}")

@@ -55,12 +55,14 @@ def test_the_occupancy_form_scales_its_rate_and_keeps_its_window():
 @pytest.mark.slow
 def test_the_command_writes_capacity_with_an_interval_and_what_it_ran(tmp_path, capsys):
     """Catches a result that does not say what it measured (SLO, policy and its parameters,
-    workload, seeds, cost model), or an interval that does not hold its mean."""
-    out = tmp_path / "slo.json"
+    workload, seeds, cost model), an interval that does not hold its mean, or an `--out`
+    folder that fails the run at its very end (the result written inside it, named as the
+    default is)."""
     assert slo.main(["--workload", SPEC, "--slots", "8", "--slo", "blocking=0.05",
                      "--seeds", "2", "--policy", "budgeted", "max_hold=3",
-                     "--out", str(out)]) == 0
+                     "--out", str(tmp_path)]) == 0
     print(capsys.readouterr().out)
+    out, = tmp_path.glob("slo-*.json")
     r = json.loads(out.read_text())
     assert r["slo"] == {"blocking": 0.05} and r["seeds"] == [0, 1]
     assert r["policy"]["name"] == "budgeted" and r["policy"]["params"]["max_hold"] == 3
