@@ -67,6 +67,7 @@ def test_the_command_writes_capacity_with_an_interval_and_what_it_ran(tmp_path, 
     assert r["slo"] == {"blocking": 0.05} and r["seeds"] == [0, 1]
     assert r["policy"]["name"] == "budgeted" and r["policy"]["params"]["max_hold"] == 3
     assert r["workload"] == SPEC and r["cost_model"].endswith(".json")
+    assert r["commit"] == r["provenance"]["commit"] and "dirty" in r["provenance"]
     lo, hi = r["capacity_erlangs"]["ci95"]
     assert lo <= r["capacity_erlangs"]["mean"] <= hi
     assert len(r["per_seed"]) == 2
