@@ -29,7 +29,7 @@ from pathlib import Path
 from sim.costmodel import DEFAULT_PATH
 from sim.fast.fast import FastConfig, FastError, run_one
 from wave_actors.bench.workload import Workload, WorkloadError, generate, load, parse_spec
-from wave_actors.bench.provenance import stamp
+from wave_actors.bench.provenance import stamp as code_stamp
 from wave_actors.bench.results import RESULTS
 from wave_actors.core.policy_spec import PolicyError, make_policy
 
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
               "cost_model": args.cost_model, "seeds": seeds, "tolerance": args.tolerance,
               "capacity_erlangs": {"mean": round(mean, 3), "ci95": [round(low, 3),
                                                                      round(high, 3)]},
-              "per_seed": found, **stamp(), "date": date,
+              "per_seed": found, **code_stamp(), "date": date,
               "command": "python -m sim.slo " + " ".join(sys.argv[1:] if argv is None else argv)}
     stamp = date.replace(":", "").replace("-", "")[:15]
     name = Path(args.workload.split(":")[0]).stem
