@@ -36,17 +36,21 @@ from wave_actors.core.frames import FRAME_S, IN_RATE, SAMPLES_IN       # noqa: E
 from wave_actors.fleet.ray_fleet import Fleet                          # noqa: E402
 
 BEAT_S = 2 * FRAME_S
-START_TIMEOUT_S = 600.0     # nodes sharing a GPU build their models and graphs side by side
+START_TIMEOUT_S = 600.0     # a full model's build and graph captures, on a loaded host
+LOSS_WAIT_S = 30.0          # past the run's end, at most, for a killed node's calls to end
 
 
-async def stream(calls: FleetClient, sid: str, seed: int, stop: asyncio.Event) -> dict:
+async def stream(calls: FleetClient, sid: str, seed: int, stop: asyncio.Event,
+                 opened: list[dict]) -> dict:
     """One call: open through the fleet, stream 80 ms frames until `stop` or the call ends,
-    close. Its node, open wait, the `error` codes it read and when it read `closed`."""
+    close. Its node, open wait, the `error` codes it read and when it read `closed` (also
+    appended to `opened` once it opened, for the run to watch)."""
     loop = asyncio.get_running_loop()
     asked = loop.time()
     s = await calls.open(sid, sample_rate=IN_RATE, format="pcm_f32le", timeout=300.0)
     out = {"node": calls.node_of.get(sid), "open_s": loop.time() - asked, "codes": [],
            "closed_at": None}
+    opened.append(out)
 
     async def read() -> None:
         while True:
@@ -102,8 +106,9 @@ async def one_run(fleet: Fleet, slots: int, beats: int, tag: str, kill: bool) ->
     before = counters(fleet)
     stop = asyncio.Event()
     n = slots * len(fleet.nodes)
-    tasks = [asyncio.get_running_loop().create_task(stream(calls, f"{tag}-{i}", i, stop))
-             for i in range(n)]
+    opened: list[dict] = []
+    tasks = [asyncio.get_running_loop().create_task(
+        stream(calls, f"{tag}-{i}", i, stop, opened)) for i in range(n)]
     victim, killed_at = None, None
     t_end = time.monotonic() + beats * BEAT_S
     if kill:
@@ -112,6 +117,11 @@ async def one_run(fleet: Fleet, slots: int, beats: int, tag: str, kill: bool) ->
         killed_at = time.time()
         ray.kill(fleet.nodes[victim], no_restart=False)
     await asyncio.sleep(max(0.0, t_end - time.monotonic()))
+    if kill:        # the run's end must not close the victim's calls before their loss does
+        deadline = time.monotonic() + LOSS_WAIT_S
+        while time.monotonic() < deadline and any(
+                x["node"] == victim and x["closed_at"] is None for x in opened):
+            await asyncio.sleep(0.05)
     stop.set()
     lines = await asyncio.gather(*tasks, return_exceptions=True)
     await calls.aclose()
@@ -145,7 +155,10 @@ async def measure(fleet: Fleet, args) -> dict:
         killed = await one_run(fleet, args.slots, args.beats, "kill", kill=True)
         print(json.dumps(killed), flush=True)
     late = sum(v["late_beats"] for run in runs for v in run["per_node"].values())
-    return {"runs": runs, "late_beats": late, "kill_run": killed}
+    survivors_late = None if killed is None else \
+        sum(v["late_beats"] for v in killed["per_node"].values())
+    return {"runs": runs, "late_beats": late, "kill_run": killed,
+            "kill_run_survivors_late_beats": survivors_late}
 
 
 def main(argv=None) -> int:
