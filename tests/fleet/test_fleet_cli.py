@@ -75,7 +75,7 @@ def test_more_nodes_than_gpus_is_refused_with_the_count():
                            "--fake-gpus", "2", "--", "--backend", "sim"], cwd=ROOT,
                           capture_output=True, text=True, timeout=90)
     assert done.returncode == 2
-    assert "3 node(s) need 3 GPUs at 1 a GPU; the cluster has 2" in done.stderr
+    assert "3 node(s) need 3 GPUs; the cluster has 2" in done.stderr
 
 
 def test_a_node_that_does_not_start_says_why():

@@ -99,6 +99,12 @@ def drain_main(argv: list[str]) -> int:
         ray.shutdown()
 
 
+def _needs(nodes: int, per_gpu: int) -> str:
+    gpus = -(-nodes // per_gpu)
+    share = f" at {per_gpu} a GPU" if per_gpu > 1 else ""
+    return f"{nodes} node(s){share} need {gpus} GPU{'s' * (gpus > 1)}"
+
+
 def _start(args, ap, node_args: list[str]) -> Fleet:
     running = Fleet.attach(args.namespace) if args.address else None
     if running is not None:
@@ -109,8 +115,8 @@ def _start(args, ap, node_args: list[str]) -> Fleet:
     nodes = room if args.nodes == "all" else int(args.nodes)
     if not 1 <= nodes <= room:
         ray.shutdown()
-        ap.error(f"{nodes} node(s) need {nodes / args.per_gpu:g} GPUs at {args.per_gpu} a GPU; "
-                 f"the cluster has {gpus} (--fake-gpus N for a CPU trial)")
+        ap.error(f"{_needs(nodes, args.per_gpu)}; the cluster has {gpus} "
+                 "(--fake-gpus N for a CPU trial)")
     return Fleet.start(nodes, node_args, args.placement, args.base_port,
                        namespace=args.namespace, detached=bool(args.address),
                        per_gpu=args.per_gpu)
@@ -133,8 +139,8 @@ def main(argv=None) -> int:
         ap.error(f"--per-gpu is a count of nodes a GPU holds (>= 1), not {args.per_gpu}")
     if args.fake_gpus is not None and args.nodes != "all" \
             and int(args.nodes) > args.fake_gpus * args.per_gpu:
-        ap.error(f"{args.nodes} node(s) need {int(args.nodes) / args.per_gpu:g} GPUs at "
-                 f"{args.per_gpu} a GPU; the cluster has {args.fake_gpus} (--fake-gpus)")
+        ap.error(f"{_needs(int(args.nodes), args.per_gpu)}; the cluster has {args.fake_gpus} "
+                 "(--fake-gpus)")
     if args.address:
         ray.init(address=args.address, log_to_driver=False)
     else:
