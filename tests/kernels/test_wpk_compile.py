@@ -13,11 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpu.wpk.compile_check import PROBES, budget
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow       # a compiler in a subprocess; the wpk executor is off by default
 def test_the_probes_compile_to_acquire_release_code_within_budget():
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
     run = subprocess.run([sys.executable, "-m", "gpu.wpk.compile_check", "--json"], cwd=ROOT,
