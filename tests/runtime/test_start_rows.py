@@ -148,8 +148,11 @@ def test_the_clock_gives_a_beat_its_time_left():
     for t, r in zip(seen, records):
         # a beat released while the one before still ran has no time of its own left: 0
         prev_end = prev.release + prev.latency_s if prev is not None else -1.0
+        # (within a millisecond of the last beat's end either could hold: not judged; a loaded
+        # host makes more beats overlap, and those are judged too)
         if prev_end > r.release + 1e-3:
             assert t == 0.0, (t, r)
+            judged += 1
         elif prev_end < r.release - 1e-3:
             assert abs(t - (LATE_AFTER_S - r.begin_s - max(host[-16:], default=0.0))) < 1e-9
             judged += 1
