@@ -22,6 +22,8 @@ from wave_actors.fleet.metrics import NodeReading, read_node
 
 START_TIMEOUT_S = 120.0     # a node's model and graphs are built before it listens
 STDERR_KEPT = 40            # lines of a node's log kept to say why it did not start
+PORT_TRIES = 3              # starts of a node whose metrics port was taken meanwhile
+ADDRESS_IN_USE = "Address already in use"
 
 
 def _free_port() -> int:
@@ -50,20 +52,29 @@ class NodeActor:
         self.name, self.start_timeout_s = name, start_timeout_s
         host = ray.util.get_node_ip_address()
         bind = f"tcp://{host}:{port}"
-        self.metrics_port = _free_port()
         self._events: list[tuple[str, str]] = []    # the node's session lines, unacknowledged
         self._events_base = 0               # how many before them were acknowledged
         self._events_lock = threading.Lock()
         self._live: set[str] = set()        # the node's sessions, from the same lines
         self.namespace = namespace
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "wave_actors.node", *node_args, "--bind", bind,
-             "--metrics-port", str(self.metrics_port), "--report-sessions"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self._said: collections.deque[str] = collections.deque(maxlen=STDERR_KEPT)
-        threading.Thread(target=self._read_stderr, daemon=True).start()
-        facts = self._listening()
+        for attempt in range(PORT_TRIES):
+            # a port free when drawn may be taken by another process before the node binds it
+            self.metrics_port = _free_port()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "wave_actors.node", *node_args, "--bind", bind,
+                 "--metrics-port", str(self.metrics_port), "--report-sessions"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self._said: collections.deque[str] = collections.deque(maxlen=STDERR_KEPT)
+            threading.Thread(target=self._read_stderr, args=(self.proc, self._said),
+                             daemon=True).start()
+            try:
+                facts = self._listening()
+                break
+            except RuntimeError:
+                if attempt + 1 == PORT_TRIES or not any(ADDRESS_IN_USE in line
+                                                        for line in self._said):
+                    raise
         self.endpoint, self.slots = facts["listening"], int(facts["max_sessions"])
         directory = ray.get_actor(DIRECTORY, namespace=namespace)
         self.incarnation = ray.get(directory.join.remote(name, self.endpoint, self.slots))
@@ -90,17 +101,20 @@ class NodeActor:
             self.proc.kill()
             time.sleep(0.2)             # the last lines of its log reach `_said`
             said = [line for line in self._said if not line.startswith("sessions ")]
+            # the node's own one-line reason first, then how its log ended
+            reason = [line for line in said if line.startswith("node: ")][-1:]
             raise RuntimeError(f"node {self.name}: {why}; its last words:\n"
-                               + "".join(said[-8:]).rstrip())
+                               + "".join(reason + said[-6:]).rstrip())
         # the rest of its output is read at once, so a full pipe never blocks the node
         threading.Thread(target=self._read_events, daemon=True).start()
         return box
 
-    def _read_stderr(self) -> None:
+    @staticmethod
+    def _read_stderr(proc: subprocess.Popen, said: collections.deque) -> None:
         """The node's log, passed on to this actor's (Ray's worker logs keep it), its last
         lines kept for the error of a node that never listened."""
-        for line in self.proc.stderr:
-            self._said.append(line)
+        for line in proc.stderr:
+            said.append(line)
             sys.stderr.write(line)
 
     def _read_events(self) -> None:
