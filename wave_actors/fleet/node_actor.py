@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import ray
 
@@ -66,8 +65,9 @@ class NodeActor:
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             self._said: collections.deque[str] = collections.deque(maxlen=STDERR_KEPT)
-            threading.Thread(target=self._read_stderr, args=(self.proc, self._said),
-                             daemon=True).start()
+            self._stderr = threading.Thread(target=self._read_stderr,
+                                            args=(self.proc, self._said), daemon=True)
+            self._stderr.start()
             try:
                 facts = self._listening()
                 break
@@ -99,7 +99,7 @@ class NodeActor:
                 except subprocess.TimeoutExpired:
                     why = "closed its output before it listened"
             self.proc.kill()
-            time.sleep(0.2)             # the last lines of its log reach `_said`
+            self._stderr.join(5.0)      # its log read to the end (the pipe closes at its exit)
             said = [line for line in self._said if not line.startswith("sessions ")]
             # the node's own one-line reason first, then how its log ended
             reason = [line for line in said if line.startswith("node: ")][-1:]
