@@ -4,7 +4,9 @@ forecast from the beats run, still ends a margin before its deadline.
 Bugs these catch: rows forced into a beat the forecast says they make late (the old
 `max_hold`); copies unbounded in one beat; a forecast learned from a beat's whole time with its
 start work in it (rows then look free); an idle node that never carries rows (no beat to
-learn from); a cost that falls at once after one fast beat.
+learn from); a cost that falls at once after one fast beat; a caller's copy held behind
+rolls that could run a beat later (its open waited beats for nothing); early rolls dropped
+from a beat with no room at all (sessions that started together then all roll at once).
 """
 import pytest
 
@@ -138,6 +140,45 @@ def test_the_book_holds_copies_past_the_budget_for_the_next_beat():
     assert [len(c) for c in copied] == [3, 3, 1, 0]
     assert sorted(sum(copied, [])) == list(range(1, 8))
     assert all(book.ready(s) for s in range(8))
+
+
+def rolling_book(tight: float, open_late: bool) -> tuple[SlotBook, list]:
+    """Five sessions started from one snapshot, run with ample room until their contexts
+    near the end (40 frames, rolls of 8: early rolls from context 29), then one beat with
+    `tight` seconds left past a 100 ms forecast; `open_late`: a sixth caller opens before it."""
+    p = guarded(margin_s=0.0, copy_s=0.004, reset_s=0.0, roll_s=0.004)
+    shape = StartShape(prefill_chunk=4, start_rows=16, small_rows=4, max_prompt=16)
+    book = SlotBook(8, shape, p, 40, 8, SnapshotIndex(4, 1e9, lambda n: 100 + n, 4))
+    book.open(0, [1, 2, 3])
+    book.plan(0.16)
+    book.plan(0.16)
+    for s in range(1, 5):
+        book.open(s, [1, 2, 3])
+    book.plan(0.16)
+    p.plain_s = {n: 0.1 for n in range(9)}
+    while book.context(1) < 29:                  # the next beat's rolls are early ones
+        book.plan(0.16)
+    if open_late:
+        book.open(5, [1, 2, 3])
+    return book, [book.plan(0.1 + tight) for _ in range(2)]
+
+
+def test_a_waiting_copy_displaces_an_early_roll_not_the_reverse():
+    _, (base, _) = rolling_book(0.006, open_late=False)
+    early = len(base.roll)
+    assert early >= 2 and not base.copies       # two early rolls (8 ms) where 6 ms are left
+    book, (plan, after) = rolling_book(0.006, open_late=True)
+    assert [s for s, _, _ in plan.copies] == [5] and book.ready(5)
+    assert len(plan.roll) == early - 1          # the emptiest early roll waits a beat
+    assert {s for s, _ in plan.roll} < {s for s, _ in base.roll}
+    assert len(after.roll) >= 1                 # and rolls in the next
+
+
+def test_a_beat_without_room_still_spreads_its_rolls_and_holds_the_copy():
+    _, (base, _) = rolling_book(-0.001, open_late=False)
+    book, (plan, _) = rolling_book(-0.001, open_late=True)
+    assert plan.roll == base.roll and len(plan.roll) >= 2
+    assert not plan.copies and not book.ready(5)
 
 
 def test_an_unmeasured_count_is_forecast_on_the_line_through_its_neighbours():

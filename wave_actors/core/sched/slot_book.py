@@ -216,6 +216,11 @@ class SlotBook:
         room_of = getattr(self.policy, "start_room", None)
         # seconds of start work the beat has room for (None: the policy does not budget it)
         room = None if room_of is None else room_of(len(idx), time_left_s)
+        frame0 = self._frames[idx]
+        context = frame0 - self._rolled[idx]
+        must, early = self._rolling(idx, context)
+        if room is not None:                  # a roll that must run now is paid for first
+            room -= len(must) * self.policy.roll_s
         resets: list[int] = []
         if self._reset.any():
             resets = np.flatnonzero(self._reset).tolist()
@@ -230,10 +235,6 @@ class SlotBook:
             del self._cleaning[slot]
         self._clean[cleans] = True
         live = idx.tolist()
-        frame0 = self._frames[idx]
-        context = frame0 - self._rolled[idx]
-        rolling = self._rolling(idx, context)
-        roll = list(zip(rolling.tolist(), self._prompt_len[rolling].tolist()))
         forced = self._forced(idx, live)
         empty = not live
         plan = BookPlan(
@@ -241,24 +242,18 @@ class SlotBook:
             (0 if empty else int((self._prompt_len[idx] + context).max())) + FRAMES_PER_BEAT,
             (0 if empty else int(context.max())) + self.shape.warmup_positions
             + FRAMES_PER_BEAT,
-            context, roll, self.roll_frames if roll else 0,
-            opened={i: self.slots[i].spec for i in resets + self._fresh}, cleans=cleans)
+            context, opened={i: self.slots[i].spec for i in resets + self._fresh}, cleans=cleans)
         self._fresh = []
         self._beat += 1
         self._frames[idx] += FRAMES_PER_BEAT
-        self._rolled[rolling] += self.roll_frames
         if room is None:                      # a policy that only says whether rows ride
+            self._roll(plan, must, early)
             if self._placing:
                 self._place_starts(plan)
             rows = (self.shape.start_rows if self.starts.running
                     and self.policy.carry_rows(len(live), time_left_s) else 0)
         else:
-            room -= len(roll) * self.policy.roll_s
-            copy_s = self.policy.copy_est
-            most = (max(0, int(room / copy_s + 1e-9)) if copy_s else None)
-            if self._placing:
-                self._place_starts(plan, most)
-            room -= len(plan.copies) * copy_s
+            room = self._place_within(plan, room, must, early)
             rows = self.policy.rows_in(room, self.shape.row_captures) if self.starts.running \
                 else 0
             self.policy.held(bool(self.starts.running and not rows),
@@ -271,6 +266,32 @@ class SlotBook:
             self.slots[i].phase = "live"          # in the beats from the next one on
             self._live[i] = True
         return plan
+
+    def _place_within(self, plan: BookPlan, room: float, must: np.ndarray,
+                      early: np.ndarray) -> float:
+        """Snapshot copies and the early rolls within `room` (resets and the rolls that must
+        run are paid for already); what room is left. A copy starts a caller who is waiting,
+        an early roll only spreads work that could run a few beats later: the early rolls
+        take the room first, and a copy that does not fit beside them displaces one of them
+        (the emptiest) to a later beat. Never more than that: in a beat with no room at all the
+        early rolls still run, or sessions that started together would all roll in one beat."""
+        roll_s, copy_s = self.policy.roll_s, self.policy.copy_est
+        free = room - len(early) * roll_s          # room beside every early roll
+        if self._placing:
+            most = None if not copy_s else max(0, int(room / copy_s + 1e-9))
+            self._place_starts(plan, most)
+        spent = len(plan.copies) * copy_s
+        over = max(0.0, spent - max(0.0, free))
+        drop = min(len(early), int(np.ceil(over / roll_s - 1e-9))) if roll_s else 0
+        self._roll(plan, must, early[:len(early) - drop])
+        return room - spent - (len(early) - drop) * roll_s
+
+    def _roll(self, plan: BookPlan, must: np.ndarray, early: np.ndarray) -> None:
+        """The slots that roll after the plan's frames, in ascending order."""
+        rolling = np.sort(np.concatenate([must, early]).astype(np.int64))
+        plan.roll = list(zip(rolling.tolist(), self._prompt_len[rolling].tolist()))
+        plan.roll_frames = self.roll_frames if plan.roll else 0
+        self._rolled[rolling] += self.roll_frames
 
     def _waits(self, slot: int, key: str) -> bool:
         """Whether an opened slot waits for the snapshot another slot's rows are making."""
@@ -336,26 +357,26 @@ class SlotBook:
                 if snap is not None:
                     plan.saves.append((slot, snap.entry, snap.positions))
 
-    def _rolling(self, live: np.ndarray, context: np.ndarray) -> np.ndarray:
+    def _rolling(self, live: np.ndarray, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The live slots that roll after this beat's frames (the executor queues the roll
-        behind the beat's device work), for the next beat's: every slot whose next beat would
-        pass `frames_per_session`, and, spread over the beats before, a few that are within
-        `roll_frames` of it (the fullest first, the higher slot first among equals), as many a
-        beat as the live slots need on average. Sessions that started together would
-        otherwise all roll in the same beat, and one beat would move every session's cache
-        rows. Ascending slots."""
+        behind the beat's device work), for the next beat's: (must, early). Must: every slot
+        whose next beat would pass `frames_per_session`. Early, spread over the beats before:
+        a few that are within `roll_frames` of it (the fullest first, the higher slot first
+        among equals), as many a beat as the live slots need on average. Sessions that started
+        together would otherwise all roll in the same beat, and one beat would move every
+        session's cache rows."""
         fps, drop = self.frames_per_session, self.roll_frames
         ahead = context + 2 * FRAMES_PER_BEAT
         must = live[ahead > fps]
         spread = -(-FRAMES_PER_BEAT * len(live) // drop) if drop else 0
         room = max(0, spread - len(must))
+        early = live[:0]
         if room:
             near = (fps - drop < ahead) & (ahead <= fps) & (context >= drop)
             if near.any():
                 slots, c = live[near], context[near]
-                order = np.lexsort((slots, c))[::-1][:room]      # (context, slot) descending
-                must = np.concatenate([must, slots[order]])
-        return np.sort(must)
+                early = slots[np.lexsort((slots, c))[::-1][:room]]  # (context, slot) descending
+        return must, early
 
     def observe(self, plan: BookPlan, seconds: float | None) -> None:
         """What the executor measured for the plan: the whole beat, start rows included."""
