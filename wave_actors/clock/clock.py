@@ -50,6 +50,7 @@ from wave_actors.runtime.loop_stalls import StallWatch
 from wave_actors.runtime.actors import Actor, Later
 from wave_actors.clock.routes import BeatRoute
 from wave_actors.clock.frames_in import FramesIn
+from wave_actors.clock.releases import Releases
 from wave_actors.clock.slots import Slots
 from wave_actors.runtime.turns import OutputTurns
 
@@ -111,6 +112,7 @@ class BeatClockActor(Actor):
         self.executor, self.ctx, self.endpoint, self.clock = executor, ctx, endpoint, clock
         self.policy = policy
         self.slots = Slots(executor, epoch, policy, start_policy, frames_ring)
+        self.releases = Releases(self._release)      # a mass hang-up, a few a loop turn
         self.stats = ClockStats()
         self._on_beat, self._keep_records = on_beat, keep_records
         self.gc = GcPauses()
@@ -187,6 +189,7 @@ class BeatClockActor(Actor):
         except Exception as exc:
             log.warning("the executor's last beat failed as the clock stopped: %r", exc)
         self.slots.forget_waiters()
+        self.releases.forget()
         self.frames_in.stop()
         self.frames = None
         for sock in (self._frames_sock, self.sock):
@@ -211,12 +214,11 @@ class BeatClockActor(Actor):
             self.route.admitted(handle.slot)
             return handle
         if isinstance(msg, Release):
-            ending = msg.stream_ended and self.slots.holds(msg.handle)
-            if not ending and not (self._handed is not None
-                                   and msg.handle.slot in self._handed_slots):
-                return self._release(msg.handle)
+            entry = self.slots.table.entries.get(msg.handle.slot)
+            if entry is None or entry.handle != msg.handle:
+                return self._release(msg.handle)        # stale: frees nothing, counted
             # Its waits run beside the mailbox: opens and other releases do not queue behind.
-            return Later(self._release_after(msg.handle, ending))
+            return Later(self._release_after(msg.handle, msg.stream_ended))
         if isinstance(msg, FunctionTokens):
             self.slots.force(msg.handle, msg.ids)
             return None
@@ -232,7 +234,8 @@ class BeatClockActor(Actor):
     async def _release_after(self, handle: Handle, ending: bool) -> SlotStats | None:
         """A release that waits: for the marker after its session's last frame (frames travel
         on the session's socket, the release on the mailbox, so none may arrive after the slot
-        is gone), then for a packed beat that holds its slot to be handed to the executor."""
+        is gone), then for a packed beat that holds its slot to be handed to the executor, then
+        for its turn among the releases (a mass hang-up runs a few a loop turn)."""
         if ending:
             await asyncio.wait({self.frames_in.stream_end(handle)}, timeout=STREAM_END_WAIT_S)
         slot = handle.slot
@@ -240,7 +243,7 @@ class BeatClockActor(Actor):
         try:
             while self._handed is not None and slot in self._handed_slots:
                 await asyncio.shield(self._handed)
-            return self._release(handle)
+            return await self.releases.release(handle)
         finally:
             self._closing.discard(slot)
 
