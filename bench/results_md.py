@@ -113,7 +113,7 @@ def bench_row(name: str, date: str, d: dict) -> list:
             code(bench_args(d["command"], SHOWN)) if "command" in d else "—"]
 
 
-SHOWN = ("--out", "--profile", "--sessions")       # the row's own columns say these
+SHOWN = ("--out", "--profile", "--sessions", "--beats", "--runs")    # the row's columns say these
 BENCH_HEAD = ["date (UTC)", "JSON", "commit", "profile", "sessions", "runs × beats", "late",
               "p50 ms (per run)", "p99 ms (per run)", "first frame p50 / p99 ms",
               "backend p50 ms", "backend p99 ms",
