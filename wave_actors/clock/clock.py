@@ -214,8 +214,7 @@ class BeatClockActor(Actor):
             self.route.admitted(handle.slot)
             return handle
         if isinstance(msg, Release):
-            entry = self.slots.table.entries.get(msg.handle.slot)
-            if entry is None or entry.handle != msg.handle:
+            if not self.slots.current(msg.handle):
                 return self._release(msg.handle)        # stale: frees nothing, counted
             # Its waits run beside the mailbox: opens and other releases do not queue behind.
             return Later(self._release_after(msg.handle, msg.stream_ended))

@@ -66,6 +66,11 @@ class Slots:
         """Tool-result tokens for the session to hear, from the next boundary."""
         self._ops.append(("func", handle, ids))
 
+    def current(self, handle: Handle) -> bool:
+        """The handle is its slot's session now (not an earlier one; not counted as stale)."""
+        entry = self.table.entries.get(handle.slot)
+        return entry is not None and entry.handle == handle
+
     def holds(self, handle: Handle) -> bool:
         """The handle's slot is held (by this session or, for an old handle, a later one)."""
         return handle.slot in self.table.entries
@@ -77,8 +82,7 @@ class Slots:
         fut = self._ready.get(handle)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
-            entry = self.table.entries.get(handle.slot)
-            fut.set_result(entry is not None and entry.handle == handle)
+            fut.set_result(self.current(handle))
         return fut
 
     def forget_waiters(self) -> None:
