@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="tiny", choices=["tiny", "full"])
     ap.add_argument("--profile", default="dense",
-                    help="tested profile: reference, dense, dense-ssm16 (or fp32, fp32-dense)")
+                    help="tested profile: reference, dense, dense-ssm16, dense-ssm16-sr, "
+                         "dense-compact (or fp32, fp32-dense)")
     ap.add_argument("--against", default=None,
                     help="compare with this serving profile (the one the tested profile is an "
                          "option on, e.g. dense for dense-ssm16) instead of the fp32 reference")

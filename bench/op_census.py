@@ -63,7 +63,7 @@ class _StandIns(decode_ops.TritonDecodeOps):
         finally:
             self.census.quiet -= 1
 
-    def mamba(self, mixer, u, conv, ssm, slots):
+    def mamba(self, mixer, u, conv, ssm, slots, round_key=None):
         self.census.launch("triton mamba_step (conv, ssm, norm)", 3)
         return mixer.out_proj(self._empty(u.shape[0], mixer.cfg.d_inner, like=u))[:, None]
 

@@ -60,15 +60,16 @@ def _layer_scale(state, layer: int) -> Tensor | None:
 class TritonDecodeOps:
     """Install with `install(model)`; every method matches the reference math it replaces."""
 
-    def mamba(self, mixer, u: Tensor, conv: Tensor, ssm: Tensor, slots: Tensor) -> Tensor:
+    def mamba(self, mixer, u: Tensor, conv: Tensor, ssm: Tensor, slots: Tensor,
+              round_key: tuple | None = None) -> Tensor:
         """u [B, 1, H]; conv [S, conv_dim, 3] and ssm [S, h, p, n] (fp32 or bf16) updated in
-        place."""
+        place; `round_key` (length [S], layer): a bf16 state rounded stochastically."""
         c = mixer.cfg
         z, xbc, dt = mixer._split(u[:, 0])
         y = mamba_step(xbc.contiguous(), z.contiguous(), dt.contiguous(), conv, ssm,
                        slots.to(torch.int32), mixer.conv1d.weight.view(c.conv_dim, c.conv_kernel),
                        mixer.conv1d.bias, mixer.dt_bias, mixer.A_log, mixer.D, mixer.norm.weight,
-                       ngroups=c.n_groups, eps=c.eps)
+                       ngroups=c.n_groups, eps=c.eps, round_key=round_key)
         return mixer.out_proj(y)[:, None]
 
     def thinker_attention(self, attn, u: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,

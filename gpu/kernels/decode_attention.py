@@ -34,7 +34,7 @@ from gpu.kernels.decode_attention_mha import (attn_mha_kernel, attn_mha_lanes_ke
                                               attn_mha_split_kernel, kv_load, kv_scale_of,
                                               row_bases)
 from gpu.kernels.e4m3 import kv_scales
-from gpu.model.fp8 import from_e4m3
+from gpu.model.formats import from_e4m3
 
 LOG2E = 1.4426950408889634
 

@@ -1,4 +1,4 @@
-"""fp8 e4m3 bits (uint8) encoded and decoded inside kernels (`gpu/model/fp8.py` says the format
+"""fp8 e4m3 bits (uint8) encoded and decoded inside kernels (`gpu/model/formats.py` says the format
 and holds the PyTorch twins): Triton's interpreter has no fp8 type, so the bits are made in
 integer arithmetic, which gives the same bits as torch's own conversion (round to nearest, ties
 to even) on every backend."""

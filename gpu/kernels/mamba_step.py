@@ -21,8 +21,28 @@ import triton.language as tl
 
 from gpu.kernels._check import FLOATS, check, check_slots, next_pow2
 from gpu.kernels.rms_norm import _round_bf16
+from gpu.model.formats import store_ssm
 
 CONV_K = 4  # conv kernel width; conv_state keeps CONV_K - 1 = 3 columns
+
+
+@triton.jit
+def _mix32(x):
+    # gpu/model/formats.py's mix32 on uint32 (wrapping multiplies)
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _round_bf16_sr(y, key, elem):
+    # gpu/model/formats.py's round_bf16_stochastic: 16 hashed bits added below bf16's last
+    # bit, then truncated (in magnitude: the sign bit is untouched); NaN kept
+    r = _mix32(elem.to(tl.uint32) + key) & 0xFFFF
+    b = (y.to(tl.uint32, bitcast=True) + r) & 0xFFFF0000
+    return tl.where(y != y, y, b.to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -93,11 +113,11 @@ def _conv_kernel_cols(XBC, CONV_STATE, SLOTS, W, BIAS, XACT, conv_dim, max_slots
 
 
 @triton.jit
-def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
+def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG, LENGTH, layer,
                 max_slots, conv_dim, d_inner, c_off,
                 nheads: tl.constexpr, head_dim: tl.constexpr, d_state: tl.constexpr,
                 heads_per_group: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                STREAM: tl.constexpr, TILES: tl.constexpr):
+                STREAM: tl.constexpr, TILES: tl.constexpr, STOCHASTIC: tl.constexpr):
     # grid (B, nheads, cdiv(head_dim, BLOCK_P·TILES)); TILES [BLOCK_P, d_state] fp32 state tiles
     # each, every element read once and written once (the 283 MB/session-frame that bounds the
     # beat), the next tile's load issued before this one's store. The model dims are constexpr so
@@ -125,6 +145,9 @@ def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
                       + tl.load(DT_BIAS + h).to(tl.float32))
     d_a = tl.exp(delta * -tl.exp(tl.load(A_LOG + h).to(tl.float32)))
     d_skip = tl.load(DSKIP + h).to(tl.float32)
+    if STOCHASTIC:      # the row's bits: its position before the step and the layer
+        pos = (tl.load(LENGTH + slot) & 0xFFFFFFFF).to(tl.uint32)
+        key = _mix32(pos * 0x9E3779B1 + layer.to(tl.uint32))
     for t in tl.static_range(TILES):
         p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
         mp = p < head_dim
@@ -143,7 +166,9 @@ def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG,
         # fp32 arithmetic whatever the state is stored in; rounded once on the way back, and
         # y reads the unrounded state (as the reference does)
         s = s.to(tl.float32) * d_a + (delta * x)[:, None] * bv[None, :]
-        if SSM.dtype.element_ty == tl.bfloat16:
+        if STOCHASTIC:
+            kept = _round_bf16_sr(s, key, (h * head_dim + p)[:, None] * d_state + n[None, :])
+        elif SSM.dtype.element_ty == tl.bfloat16:
             # to nearest in integer bits, as torch rounds (the interpreter's cast truncates)
             kept = _round_bf16(s)
         else:
@@ -200,7 +225,8 @@ def mamba_conv(xBC, conv_state, slots, conv_w, conv_b, *, out=None, tiles: bool 
 
 def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
                *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4,
-               stream: bool = False, tiles: int | None = None, conv_tiles: bool = True):
+               stream: bool = False, tiles: int | None = None, conv_tiles: bool = True,
+               round_key: tuple | None = None):
     """One Mamba2 decode step. Mutates conv_state[slots] and ssm_state[slots] in place only.
     An SSM program updates `tiles` [block_p, d_state] state tiles of one head (None: the whole
     head, slightly faster at the thinker's shapes than one tile a program:
@@ -212,9 +238,22 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
     bf16 (stored so; the step computes in fp32 and rounds the new state to nearest).
     conv_w [conv_dim, 4], conv_b [conv_dim], dt_bias/A_log/D [nheads], norm_w [d_inner].
     slots int32[B] distinct. Returns y [B, d_inner] in z's dtype (written into `out` if given).
+    `round_key` (length int64[S], layer): a bf16 state is rounded stochastically, by the bits
+    `gpu/model/formats.py` draws for the row's position length[slot] before the step (None:
+    to nearest).
     """
     batch, conv_dim, nheads, d_inner, head_dim, d_state = _dims(xBC, z, dt, ngroups)
     dev, max_slots = xBC.device, conv_state.shape[0]
+    stochastic = round_key is not None
+    if stochastic:
+        length, layer = round_key
+        if ssm_state.dtype != torch.bfloat16:
+            raise ValueError("mamba_step: stochastic rounding is for a bf16 ssm_state")
+        check("length", length, (max_slots,), (torch.int64,), device=dev)
+        if not 0 <= int(layer) < 2 ** 31:
+            raise ValueError(f"mamba_step: layer {layer} out of range")
+    else:
+        length, layer = slots, 0                  # not read
     check("xBC", xBC, (batch, conv_dim), FLOATS, device=dev)
     check("z", z, (batch, d_inner), FLOATS, device=dev)
     check("dt", dt, (batch, nheads), FLOATS, device=dev)
@@ -238,10 +277,10 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
     per_head = triton.cdiv(head_dim, bp)
     tiles = per_head if tiles is None else max(1, min(tiles, per_head))
     _ssm_kernel[(batch, nheads, triton.cdiv(head_dim, bp * tiles))](
-        xact, z, dt, ssm_state, slots, dt_bias, A_log, D, yg,
+        xact, z, dt, ssm_state, slots, dt_bias, A_log, D, yg, length, int(layer),
         max_slots, conv_dim, d_inner, d_inner + ngroups * d_state,
         nheads=nheads, head_dim=head_dim, d_state=d_state, heads_per_group=nheads // ngroups, BLOCK_P=bp, BLOCK_N=next_pow2(d_state),
-        STREAM=stream, TILES=tiles, num_warps=num_warps)
+        STREAM=stream, TILES=tiles, STOCHASTIC=stochastic, num_warps=num_warps)
     group = d_inner // ngroups
     _gnorm_kernel[(batch, ngroups)](yg, norm_w, out, d_inner, group, eps,
                                     BLOCK=next_pow2(group), num_warps=4)
@@ -250,7 +289,8 @@ def mamba_step(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias
 
 def mamba_step_ref(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_bias, A_log, D, norm_w,
                    *, ngroups: int, eps: float = 1e-5, out=None, block_p: int = 16, num_warps: int = 4,
-                   stream: bool = False, tiles: int | None = None, conv_tiles: bool = True):
+                   stream: bool = False, tiles: int | None = None, conv_tiles: bool = True,
+                   round_key: tuple | None = None):
     """PyTorch twin of mamba_step (same signature; block_p/num_warps/stream/tiles/conv_tiles
     ignored). Computes in
     fp32, or in fp64 when given fp64 tensors (the device check's upcast reference)."""
@@ -269,7 +309,11 @@ def mamba_step_ref(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_
     d_a = torch.exp(delta * -torch.exp(A_log.to(f)))
     s = ssm_state[idx].to(f)                                                      # [B, H, P, N]
     s = s * d_a[:, :, None, None] + (delta[:, :, None] * x)[..., None] * bm[:, :, None, :]
-    ssm_state[idx] = s.to(ssm_state.dtype)
+    if round_key is None:
+        ssm_state[idx] = s.to(ssm_state.dtype)
+    else:
+        length, layer = round_key
+        ssm_state[idx] = store_ssm(s, ssm_state.dtype, "stochastic", length[idx], int(layer))
     y = (s * cm[:, :, None, :]).sum(-1) + D.to(f)[:, None] * x                   # [B, H, P]
     y = (y.reshape(batch, d_inner) * F.silu(z.to(f))).reshape(batch, ngroups, -1)
     y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)

@@ -32,7 +32,7 @@ import triton.language as tl
 from gpu.kernels._check import INDEX, check, check_index_slots, next_pow2
 from gpu.kernels.e4m3 import e4m3_encode, kv_scales
 from gpu.kernels.rms_norm import _round_bf16
-from gpu.model.fp8 import to_e4m3
+from gpu.model.formats import to_e4m3
 from gpu.model.talker.text import RMSNorm, apply_rope_tables, rope_tables
 
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)      # uint8: fp8 e4m3 bits

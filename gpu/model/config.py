@@ -105,12 +105,18 @@ class Profile:
     # Mamba SSM state as stored between frames; its arithmetic is fp32 in every profile (each
     # step loads it to fp32 and rounds once on the way back)
     ssm: torch.dtype = torch.float32
+    # how a bf16 state is rounded after each step: "nearest", or "stochastic" (unbiased, by
+    # hashed bits: gpu/model/formats.py)
+    ssm_round: str = "nearest"
 
     fp32 = torch.float32          # mel, RNNT, talker, codec weights and states
 
     def __post_init__(self):
         if self.cfg_rows not in (1, 2):
             raise ValueError("cfg_rows is 1 (CFG off) or 2 (CFG on)")
+        if self.ssm_round not in ("nearest", "stochastic") or (
+                self.ssm_round == "stochastic" and self.ssm != torch.bfloat16):
+            raise ValueError("ssm_round is nearest, or stochastic for a bf16 SSM state")
 
     @property
     def talker_profile(self) -> str:
@@ -129,6 +135,9 @@ PROFILES: dict[str, Profile] = {
     "dense": Profile("dense", torch.bfloat16, torch.bfloat16, 1),
     # dense with the SSM state stored in bf16: half its bytes, moved and held
     "dense-ssm16": Profile("dense-ssm16", torch.bfloat16, torch.bfloat16, 1, ssm=torch.bfloat16),
+    # and that state rounded stochastically, not to nearest
+    "dense-ssm16-sr": Profile("dense-ssm16-sr", torch.bfloat16, torch.bfloat16, 1,
+                              ssm=torch.bfloat16, ssm_round="stochastic"),
     # and the talker's KV in fp8 e4m3 with a scale per layer and kv head, set at load
     "dense-compact": Profile("dense-compact", torch.bfloat16, torch.float8_e4m3fn, 1,
                              ssm=torch.bfloat16),

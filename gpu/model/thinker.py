@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from wave_actors.core.text import PAD
 from gpu.model.slots import fill_slots, roll_blocks
 from gpu.model.thinker_weights import PREFIX, ThinkerConfig, param_shapes
+from gpu.model.formats import store_ssm
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x·rsqrt(mean(x²) + eps)·w over the last dim, computed in fp32, returned in x's dtype."""
@@ -57,17 +58,19 @@ class ThinkerState:
     k: Tensor       # [n_attn, S, max_positions + 1, kv_heads, head_dim]; the last row is trash
     v: Tensor       # same
     length: Tensor  # [S] long, positions in the KV cache
+    ssm_round: str = "nearest"      # a bf16 SSM state's rounding (Profile.ssm_round)
 
     @classmethod
     def alloc(cls, cfg: ThinkerConfig, max_slots: int, max_positions: int, device=None,
-              dtype=torch.float32, ssm_dtype=torch.float32) -> "ThinkerState":
+              dtype=torch.float32, ssm_dtype=torch.float32,
+              ssm_round: str = "nearest") -> "ThinkerState":
         nm, na = cfg.pattern.count("M"), cfg.pattern.count("*")
         kv = (na, max_slots, max_positions + 1, cfg.kv_heads, cfg.head_dim)
         return cls(torch.zeros(nm, max_slots, cfg.mamba_heads, cfg.mamba_head_dim, cfg.d_state,
                                device=device, dtype=ssm_dtype),
                    torch.zeros(nm, max_slots, cfg.conv_dim, cfg.conv_kernel - 1, device=device, dtype=dtype),
                    torch.zeros(kv, device=device, dtype=dtype), torch.zeros(kv, device=device, dtype=dtype),
-                   torch.zeros(max_slots, dtype=torch.long, device=device))
+                   torch.zeros(max_slots, dtype=torch.long, device=device), ssm_round)
 
     @property
     def max_positions(self) -> int:
@@ -283,14 +286,17 @@ class Thinker(nn.Module):
         length = state.length[slots]
         valid = torch.arange(x.shape[1], device=x.device) < n_valid[:, None]     # [B, C]
         ops = self.decode_ops if decode else None
+        stochastic = state.ssm_round == "stochastic"
         h = x
         for block, j in zip(self.llm.layers, self.cfg.layer_slot):
             u = block.norm(h)
             if block.kind == "M" and ops is not None:
-                y = ops.mamba(block.mixer, u, state.conv[j], state.ssm[j], slots)
+                y = ops.mamba(block.mixer, u, state.conv[j], state.ssm[j], slots,
+                              (state.length, j) if stochastic else None)
             elif block.kind == "M":
                 y, conv, ssm = block.mixer.forward_chunk(u, state.conv[j, slots], state.ssm[j, slots], valid)
-                state.conv[j, slots], state.ssm[j, slots] = conv, ssm.to(state.ssm.dtype)
+                state.conv[j, slots] = conv
+                state.ssm[j, slots] = store_ssm(ssm, state.ssm.dtype, state.ssm_round, length, j)
             elif block.kind == "*" and ops is not None:
                 y = ops.thinker_attention(block.mixer, u, state.k[j], state.v[j], slots, length)
             elif block.kind == "*":

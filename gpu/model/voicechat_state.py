@@ -77,7 +77,8 @@ class VoiceChatState:
                    PerceptionState.alloc(cfg.perception, max_slots, device, dtype=cd),
                    _rnnt_state(cfg, max_slots, device, rnnt_start),
                    ThinkerState.alloc(cfg.thinker, max_slots, max_prompt + max_context, device,
-                                      dtype=cd, ssm_dtype=profile.ssm),
+                                      dtype=cd, ssm_dtype=profile.ssm,
+                                      ssm_round=profile.ssm_round),
                    talker, CodecState.alloc(cfg.codec, max_slots, device),
                    long(PAD), long(PAD), torch.zeros(max_slots, dtype=torch.bool, device=device),
                    profile, max_context, max_prompt)

@@ -174,3 +174,33 @@ def test_fp8_talker_kv_decode_path_equals_its_reference_step():
         assert rel(a.pcm, b.pcm) < 1e-2
     written = (st_ref.talker.k != 0).sum().item()
     assert written and (st_fast.talker.k != st_ref.talker.k).sum().item() <= 0.01 * written
+
+
+@pytest.mark.slow
+def test_a_stochastically_rounded_ssm_state_is_the_same_on_both_decode_paths():
+    """A bf16 SSM state rounded stochastically (the `dense-ssm16-sr` option, here with fp32
+    arithmetic around it so the two paths' fp32 states agree to an ulp): the Triton decode path
+    (the bits drawn in the kernel from the row's position and layer) stores the state the
+    eager model stores, and neither stores what rounding to nearest would. Bug it catches: the
+    kernel and the eager path keyed by different positions or layers (the engine would drift
+    from its reference), or the option not reaching the state (silently off)."""
+    cfg = VoiceChatConfig.tiny()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    fp32 = dict(compute=torch.float32, talker_kv=torch.float32, cfg_rows=1, tf32=False,
+                ssm=torch.bfloat16)
+    sr = Profile("fp32-ssm16-sr", ssm_round="stochastic", **fp32)
+    assert Profile.named("dense-ssm16-sr").ssm_round == "stochastic"
+    model = VoiceChat.random(cfg, sr, dev, seed=3)
+    slots = torch.tensor([3, 0], device=dev)
+    ref, st_ref = two_frames(model, None, slots)
+    fast, st_fast = two_frames(model, TritonDecodeOps(), slots, codec_kernels=False)
+    install(model, None)
+    assert st_ref.thinker.ssm_round == "stochastic" and st_fast.thinker.ssm.dtype == torch.bfloat16
+    for a, b in zip(ref, fast):
+        assert torch.equal(a.text, b.text) and torch.equal(a.codes, b.codes)
+    held = st_ref.thinker.ssm[:, [3, 0]]
+    assert (st_fast.thinker.ssm[:, [3, 0]] != held).float().mean().item() < 0.01
+    near = VoiceChat.random(cfg, Profile("fp32-ssm16", **fp32), dev, seed=3)
+    _, st_near = two_frames(near, TritonDecodeOps(), slots, codec_kernels=False)
+    install(near, None)
+    assert (st_near.thinker.ssm[:, [3, 0]] != held).float().mean().item() > 0.05

@@ -12,7 +12,7 @@ import triton.language as tl
 from gpu.kernels.decode_attention import decode_attention, decode_attention_ref
 from gpu.kernels.e4m3 import e4m3_decode, e4m3_encode
 from gpu.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_ref
-from gpu.model.fp8 import from_e4m3, to_e4m3
+from gpu.model.formats import from_e4m3, to_e4m3
 from tests.tensorkit import edit_loop, rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,7 +7,11 @@ import math
 import pytest
 import torch
 
-from gpu.kernels.mamba_step import mamba_conv, mamba_step, mamba_step_ref
+import triton
+import triton.language as tl
+
+from gpu.kernels.mamba_step import _mix32, _round_bf16_sr, mamba_conv, mamba_step, mamba_step_ref
+from gpu.model.formats import mix32, round_bf16_stochastic
 from tests.tensorkit import edit_loop, rel
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -100,6 +104,73 @@ def test_a_bf16_state_is_read_and_written_as_the_reference_rounds_it():
         differ = (st_k["ssm_state"] != st_r["ssm_state"]).float().mean().item()
         assert differ < 0.01, differ
         torch.testing.assert_close(st_k["ssm_state"], st_r["ssm_state"], rtol=8e-3, atol=1e-5)
+
+
+@triton.jit
+def _sr_probe(X, OUT, LENGTH, layer, n, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    e = tl.arange(0, BLOCK)
+    m = e < n
+    pos = (tl.load(LENGTH + b) & 0xFFFFFFFF).to(tl.uint32)
+    key = _mix32(pos * 0x9E3779B1 + layer.to(tl.uint32))
+    y = _round_bf16_sr(tl.load(X + b * n + e, mask=m, other=0.0), key, e)
+    tl.store(OUT + b * n + e, y, mask=m)
+
+
+def test_the_kernels_stochastic_rounding_draws_the_bits_its_torch_twin_draws():
+    """Bug it catches: the kernel's hash or its carry into the exponent differing from the
+    reference's (a uint32 multiply promoted and not wrapped, a sign bit touched), which would
+    make the engine's state drift from the reference's a bit at a time."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 37, generator=g) * torch.logspace(-30, 30, 37)      # every exponent range
+    x[0, 0], x[1, 1], x[2, 2] = float("nan"), 0.0, -0.0
+    length = torch.tensor([0, 1, 2 ** 31 + 5, 1499], dtype=torch.int64)
+    out = torch.empty_like(x, device=DEV)
+    _sr_probe[(4,)](x.to(DEV), out, length.to(DEV), 7, 37, BLOCK=64)
+    want = round_bf16_stochastic(x, length, 7).float()
+    got = out.cpu()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert torch.equal(got.bfloat16().float().nan_to_num(), got.nan_to_num())   # bf16 values
+    assert int(mix32(torch.tensor([1])).item()) != 1
+
+
+def test_stochastic_rounding_is_unbiased_where_nearest_is_not():
+    """Bug it catches: a rounding that is stochastic in name only (the bits too few, the add
+    below the wrong bit, truncation): its mean over positions stays off the fp32 value."""
+    x = torch.full((1, 1), 1.0 + 1 / 3)
+    rounded = torch.stack([round_bf16_stochastic(x, torch.tensor([t]), 0).float()
+                           for t in range(4000)])
+    nearest = x.bfloat16().float()
+    assert set(rounded.unique().tolist()) == {1.328125, 1.3359375}
+    ulp = 2 ** -7
+    assert abs(rounded.mean().item() - x.item()) < 0.05 * ulp < abs(nearest.item() - x.item())
+
+
+def test_a_stochastically_rounded_state_follows_the_reference_and_its_positions():
+    """Bug it catches: a step whose rounding ignores the row's position (the same bits every
+    frame: a fixed dither, biased per element) or reads another row's."""
+    weights, state, step, ngroups = make(torch.bfloat16, seed=11)
+    state["ssm_state"] = state["ssm_state"].to(torch.bfloat16)
+    slots = torch.tensor([5, 0, 3], dtype=torch.int32, device=DEV)
+    length = torch.tensor([10, 20, 30, 40, 50, 60], dtype=torch.int64, device=DEV)
+    st = {name: {k: v.clone() for k, v in state.items()} for name in ("k", "r", "near", "late")}
+    inputs = {k: v.to(DEV) for k, v in step().items()}
+    run(mamba_step, inputs, st["k"], weights, slots, ngroups, round_key=(length, 4))
+    run(mamba_step_ref, inputs, st["r"], weights, slots, ngroups, round_key=(length, 4))
+    run(mamba_step, inputs, st["near"], weights, slots, ngroups)
+    run(mamba_step, inputs, st["late"], weights, slots, ngroups, round_key=(length + 1, 4))
+    idx = slots.long()
+    k, r = st["k"]["ssm_state"][idx], st["r"]["ssm_state"][idx]
+    assert (k != r).float().mean().item() < 0.01          # an fp32 ulp apart at most, rarely
+    for other in ("near", "late"):
+        share = (k != st[other]["ssm_state"][idx]).float().mean().item()
+        assert 0.1 < share < 0.5, (other, share)
+    untouched = [s for s in range(6) if s not in slots.tolist()]
+    assert torch.equal(st["k"]["ssm_state"][untouched], state["ssm_state"][untouched])
+    with pytest.raises(ValueError, match="bf16"):
+        fp32 = dict(state, ssm_state=state["ssm_state"].float())
+        run(mamba_step, inputs, fp32, weights, slots, ngroups, round_key=(length, 4))
 
 
 def conv_ref(xBC, conv_state, slots, conv_w, conv_b):

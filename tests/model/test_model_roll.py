@@ -81,7 +81,7 @@ def test_a_rolled_thinker_keeps_its_prompt_and_its_latest_rows(block_positions, 
 def test_a_rolled_fp8_talker_key_is_the_key_of_its_new_position():
     """fp8 caches hold scaled e4m3 bits: the keys are decoded, turned back and encoded again
     (turning the bits themselves would be garbage), the values move as they are."""
-    from gpu.model.fp8 import from_e4m3, to_e4m3
+    from gpu.model.formats import from_e4m3, to_e4m3
     cfg = CFG.talker
     torch.manual_seed(1)
     end, sink, drop = 40, 8, 6

@@ -191,6 +191,17 @@ def test_the_ssm16_profile_is_dense_with_half_the_ssm_state_bytes():
     assert state.thinker.ssm.dtype == torch.bfloat16 and state.thinker.k.dtype == torch.bfloat16
 
 
+def test_stochastic_rounding_is_an_option_on_a_bf16_ssm_state_only():
+    ssm16, sr = Profile.named("dense-ssm16"), Profile.named("dense-ssm16-sr")
+    assert (sr.ssm, sr.ssm_round, ssm16.ssm_round) == (torch.bfloat16, "stochastic", "nearest")
+    assert session_state_bytes(CFG, sr, 64) == session_state_bytes(CFG, ssm16, 64)
+    assert VoiceChatState.alloc(CFG, sr, 2, 4).thinker.ssm_round == "stochastic"
+    with pytest.raises(ValueError, match="ssm_round"):
+        dataclasses.replace(Profile.named("dense"), ssm_round="stochastic")    # fp32 state
+    with pytest.raises(ValueError, match="ssm_round"):
+        dataclasses.replace(ssm16, ssm_round="dither")
+
+
 def test_the_compact_profile_holds_the_talker_kv_in_a_byte_an_element():
     cfg = VoiceChatConfig.full()
     ssm16, compact = Profile.named("dense-ssm16"), Profile.named("dense-compact")

@@ -50,7 +50,8 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
     """What runs: the backend, the model and its slots."""
     ap.add_argument("--backend", choices=NAMES, default="sim", help=described())
     ap.add_argument("--profile", default="reference",
-                    choices=("reference", "dense", "dense-ssm16", "dense-compact"))
+                    choices=("reference", "dense", "dense-ssm16", "dense-ssm16-sr",
+                             "dense-compact"))
     ap.add_argument("--config", choices=("tiny", "full"), default="full")
     ap.add_argument("--context", type=int, default=1500,
                     help="the context window every session runs at (a node's --max-context): "

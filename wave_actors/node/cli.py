@@ -60,10 +60,11 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
                          "device serves on time, from its memory and its measured beat; "
                          f"otherwise {CPU_SLOTS})")
     ap.add_argument("--profile", default="reference",
-                    choices=("reference", "dense", "dense-ssm16", "dense-compact"),
+                    choices=("reference", "dense", "dense-ssm16", "dense-ssm16-sr",
+                             "dense-compact"),
                     help="precision profile (docs/MODEL.md): dense-ssm16 is dense with its "
-                         "Mamba SSM state stored in bf16, dense-compact that with the talker's "
-                         "KV in fp8")
+                         "Mamba SSM state stored in bf16 (dense-ssm16-sr: rounded "
+                         "stochastically), dense-compact that with the talker's KV in fp8")
     ap.add_argument("--config", choices=("tiny", "full"),
                     help="model size (default: full on a GPU backend, tiny on the cpu one)")
     ap.add_argument("--snapshot-mb", type=float, default=-1.0,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 from torch import Tensor
 
-from gpu.model.fp8 import from_e4m3, to_e4m3
+from gpu.model.formats import from_e4m3, to_e4m3
 from gpu.model.slots import fill_slots, roll_blocks
 from gpu.model.talker.text import rope_cos_sin
 

@@ -23,7 +23,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from gpu.model.fp8 import E4M3_MAX
+from gpu.model.formats import E4M3_MAX
 from gpu.model.talker.config import TalkerConfig
 from gpu.model.talker.mog import MogHead, codebook_sqnorms
 from gpu.model.talker.state import TalkerInputs, TalkerOutput, TalkerState
