@@ -147,6 +147,7 @@ def test_stochastic_rounding_is_unbiased_where_nearest_is_not():
     assert abs(rounded.mean().item() - x.item()) < 0.05 * ulp < abs(nearest.item() - x.item())
 
 
+@pytest.mark.slow        # the edit loop keeps the bit-for-bit probe above; make test runs this
 def test_a_stochastically_rounded_state_follows_the_reference_and_its_positions():
     """Bug it catches: a step whose rounding ignores the row's position (the same bits every
     frame: a fixed dither, biased per element) or reads another row's."""
