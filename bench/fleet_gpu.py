@@ -38,6 +38,7 @@ from wave_actors.fleet.ray_fleet import Fleet                          # noqa: E
 BEAT_S = 2 * FRAME_S
 START_TIMEOUT_S = 600.0     # a full model's build and graph captures, on a loaded host
 LOSS_WAIT_S = 30.0          # past the run's end, at most, for a killed node's calls to end
+LOSS_WITHIN_S = 2.0         # the target: a killed node's calls read `closed` this soon
 
 
 async def stream(calls: FleetClient, sid: str, seed: int, stop: asyncio.Event,
@@ -198,10 +199,26 @@ def main(argv=None) -> int:
            "nodes": args.nodes, "per_gpu": args.per_gpu, "slots_each": args.slots,
            "beats": args.beats, "commit": stamp()["commit"],
            "dirty": stamp()["provenance"].get("dirty"), **result}
+    doc["met"] = targets_met(doc)
     print(json.dumps({k: v for k, v in doc.items() if k not in ("runs", "kill_run")}))
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1))
     return 0
+
+
+def targets_met(doc: dict) -> dict:
+    """Each target of the run, judged from its own numbers: 0 late beats in the full runs; with
+    a kill, the killed node's calls all closed within LOSS_WITHIN_S, none of the others'
+    touched, and the others' beats on time. Reported, not enforced: a bench measures."""
+    met = {"no_late_beat": doc["late_beats"] == 0}
+    kill = (doc.get("kill_run") or {}).get("kill")
+    if kill is not None:
+        within = kill["closed_within_s"]
+        met["killed_calls_closed_in_time"] = bool(kill["all_closed"]) and within is not None \
+            and within <= LOSS_WITHIN_S
+        met["other_calls_untouched"] = kill["others_with_an_error"] == 0
+        met["survivors_on_time"] = doc["kill_run_survivors_late_beats"] == 0
+    return met
 
 
 if __name__ == "__main__":

@@ -37,3 +37,8 @@ def test_every_node_filled_then_a_kill_ends_only_its_calls(tmp_path):
     assert kill["kill"]["others_with_an_error"] == 0
     assert set(kill["per_node"]) == {"node1"}
     assert doc["kill_run_survivors_late_beats"] == kill["per_node"]["node1"]["late_beats"]
+    met = doc["met"]                    # each target judged from the run's own numbers
+    assert met["no_late_beat"] == (doc["late_beats"] == 0)
+    assert met["killed_calls_closed_in_time"] == (kill["kill"]["closed_within_s"] <= 2.0)
+    assert met["other_calls_untouched"] and met["survivors_on_time"] == (
+        doc["kill_run_survivors_late_beats"] == 0)
