@@ -21,6 +21,8 @@ bits come back, hundreds of frames apart, on a state that has moved on since. Th
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -56,10 +58,7 @@ def dither(length: Tensor, layer: int, shape: tuple[int, ...]) -> Tensor:
     """The 16 random bits each element adds before truncation: int64 [B, *shape] for the rows'
     positions `length` [B] in this layer."""
     key = mix32(((length.to(torch.int64) & MASK) * GOLDEN + layer) & MASK)        # [B]
-    n = 1
-    for d in shape:
-        n *= d
-    elem = torch.arange(n, device=length.device, dtype=torch.int64).reshape(shape)
+    elem = torch.arange(math.prod(shape), device=length.device, dtype=torch.int64).reshape(shape)
     view = (-1,) + (1,) * len(shape)
     return mix32((elem + key.reshape(view)) & MASK) & 0xFFFF
 

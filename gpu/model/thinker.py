@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from wave_actors.core.text import PAD
+from gpu.model.formats import store_ssm
 from gpu.model.slots import fill_slots, roll_blocks
 from gpu.model.thinker_weights import PREFIX, ThinkerConfig, param_shapes
-from gpu.model.formats import store_ssm
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x·rsqrt(mean(x²) + eps)·w over the last dim, computed in fp32, returned in x's dtype."""

@@ -271,10 +271,10 @@ class SlotBook:
                       early: np.ndarray) -> float:
         """Snapshot copies and the early rolls within `room` (resets and the rolls that must
         run are paid for already); what room is left. A copy starts a caller who is waiting,
-        an early roll only spreads work that could run a few beats later: the early rolls
-        take the room first, and a copy that does not fit beside them displaces one of them
-        (the emptiest) to a later beat. Never more than that: in a beat with no room at all the
-        early rolls still run, or sessions that started together would all roll in one beat."""
+        an early roll only spreads work that could run a few beats later: the copies take the
+        room first, and the early rolls that no longer fit beside them wait for a later beat
+        (the emptiest first). Only those: in a beat with no room at all the early rolls still
+        run, or sessions that started together would all roll in one beat."""
         roll_s, copy_s = self.policy.roll_s, self.policy.copy_est
         free = room - len(early) * roll_s          # room beside every early roll
         if self._placing:
