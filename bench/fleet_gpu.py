@@ -140,6 +140,12 @@ async def one_run(fleet: Fleet, slots: int, beats: int, tag: str, kill: bool) ->
         ends = [x["closed_at"] - killed_at for x in on_victim if x["closed_at"]]
         run["kill"] = {"node": victim, "calls_on_it": len(on_victim),
                        "closed_within_s": round(max(ends), 3) if ends else None,
+                       # where the time goes: the driver's watch seeing the loss, then the
+                       # calls' own watch hearing it from the directory
+                       "closed_first_s": round(min(ends), 3) if ends else None,
+                       "loss_seen_s": next((round(t - killed_at, 3) for n, t in
+                                            fleet.lost_events if n == victim and t >= killed_at),
+                                           None),
                        "all_closed": len(ends) == len(on_victim),
                        "codes": sorted({c for x in on_victim for c in x["codes"]}),
                        "others_with_an_error": sum(bool(x["codes"]) for x in others)}
