@@ -22,14 +22,18 @@ import json
 import sys
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")           # files only: no display
+from wave_actors.core.frames import BEAT_MS, BEAT_S
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 
-from wave_actors.core.frames import BEAT_MS, BEAT_S  # noqa: E402
+def _plt():
+    """pyplot, imported at the first figure: a second of import that the results' readers
+    (and every test process that collects this module) do without."""
+    import matplotlib
+    matplotlib.use("Agg")           # files only: no display
+    import matplotlib.pyplot as plt
+    return plt
 
 
 class PlotError(ValueError):
@@ -70,7 +74,7 @@ def beats_figure(result: dict, run: int = 0, title: str = ""):
     r = _run(result, run)
     lat = np.asarray(r["trace"]["latency_ms"], float)
     t = np.arange(len(lat)) * BEAT_S
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = _plt().subplots(figsize=(9, 4))
     ax.plot(t, lat, lw=0.8, color="tab:blue", label="beat latency")
     ax.axhline(BEAT_MS, color="tab:red", ls="--", lw=1, label=f"deadline ({BEAT_MS} ms)")
     ax.set_xlabel("time in the measured beats (s)")
@@ -92,7 +96,7 @@ def beats_figure(result: dict, run: int = 0, title: str = ""):
 def opens_figure(result: dict, run: int = 0, title: str = ""):
     r = _run(result, run)
     waits = np.sort(np.asarray(r.get("open_waits_ms") or [], float))
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _plt().subplots(figsize=(6, 4))
     if len(waits):
         ax.step(waits, np.arange(1, len(waits) + 1) / len(waits), where="post")
     else:
@@ -112,7 +116,7 @@ def calls_figure(result: dict, run: int = 0, title: str = ""):
     if not 0 <= run < len(runs):
         raise PlotError(f"run {run + 1} asked for; the result has {len(runs)}")
     opened = [c for c in runs[run].get("calls") or [] if not c.get("blocked")]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, axes = _plt().subplots(1, 2, figsize=(9, 3.6))
     for ax, key, xlabel in ((axes[0], "late_beats", "late beats in the call"),
                             (axes[1], "longest_late_run", "longest run of late beats")):
         xs = np.asarray([c[key] for c in opened], int)
@@ -168,7 +172,7 @@ def blocking_figure(results: dict[str, dict]):
             series.setdefault(label, []).extend(pts)
     if not series:
         raise PlotError("no result has deadline metrics with an offered load")
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = _plt().subplots(figsize=(7, 4))
     for label, pts in series.items():
         x, y = zip(*sorted(pts))
         ax.plot(x, y, marker="o", lw=1, label=label)
@@ -185,7 +189,7 @@ def blocking_figure(results: dict[str, dict]):
 
 
 def compare_figure(results: dict[str, dict], run: int = 0):
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = _plt().subplots(figsize=(7, 4))
     for name, result in results.items():
         lat = np.sort(np.asarray(_run(result, run)["trace"]["latency_ms"], float))
         ax.step(lat, np.arange(1, len(lat) + 1) / len(lat), where="post", label=name)
@@ -235,7 +239,7 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         for file, fig in figures(results, args.run - 1):
             fig.savefig(out / file, dpi=110)
-            plt.close(fig)
+            _plt().close(fig)
             written.append(out / file)
     except (PlotError, OSError) as exc:
         print(f"sim.plot: {exc}", file=sys.stderr)
