@@ -31,8 +31,9 @@ the sim's numbers are their mean (each seed's shown too). `--draws M` (default 1
 the workload M more times in the fast mode (`sim.fast.fast`: the same node's book, policy and
 cost model, frames as counters; a run in well under a second), for the rates alone: a few
 runs cannot tell a 30 % event from none. A rate agrees when the GPU's lies in the central
-1 − ALPHA (95 %) of the sim runs' rates, seeds and draws together (with fewer than FEW_RUNS
-runs: within their range). So a GPU run that refused where the sim refuses in 28 % of its runs
+1 − ALPHA (95 %) of the sim runs' rates, seeds and draws together; with fewer than FEW_RUNS
+runs, whose spread says nothing (one run's range is a point), the GPU's count of its tries or
+beats against the runs' pooled counts by Fisher's exact test at ALPHA. So a GPU run that refused where the sim refuses in 28 % of its runs
 passes only if it refused about as often as those runs did, and one that did not refuse
 fails where the sim refuses in more than 97.5 % of them. A run whose flags the draws do not
 replay (a burst, a workload, clock-policy or start-row flags) is judged on its seeds alone,

@@ -1,17 +1,21 @@
 """The verdict of `sim.validate` on one GPU result: its compared numbers (`metrics`), and
 whether the sim's runs reproduce them (`compare`): p50 / p99 within TOLERANCE, open-wait p99
 within TOLERANCE or one beat, and the GPU's rates of late beats and refusals inside the sim
-runs' central 1 − ALPHA. Runs the cost model was fitted on are counted apart (`held_apart`).
+runs' central 1 − ALPHA; with fewer than FEW_RUNS runs, where the counts say what they are a
+share of, the GPU's count against the sim's pooled counts by Fisher's exact test at ALPHA.
+Runs the cost model was fitted on are counted apart (`held_apart`).
 The replays themselves, and the command, are `sim/validate.py`'s.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 TOLERANCE = 0.10         # relative difference of p50 / p99 (and open-wait p99) that still passes
 ALPHA = 0.05             # a rate agrees when it lies in the sim runs' central 1 − ALPHA
 OPEN_SLACK_MS = 160.0    # open waits come in whole beats: one beat's difference still passes
-FEW_RUNS = 40            # fewer sim runs than this: their range stands in for the interval
+FEW_RUNS = 40            # fewer sim runs than this: too few to place the tails of a rate
 # the rates judged: (count, what it is a share of, its name)
 VERDICTS = (("late_beats", "beats", "late beats"), ("refusals", "tries", "refusals"))
 METRICS = ("p50_ms", "p99_ms", "late_beats", "open_p50_ms", "open_p99_ms", "refusals")
@@ -45,6 +49,23 @@ def metrics(result: dict, beats: str = "all") -> dict:
 def rate(m: dict, key: str, per: str) -> float:
     """A count as a share of what it counts over (the count itself where that is unknown)."""
     return m[key] / m[per] if m.get(per) else float(m[key])
+
+
+def fisher_p(a: int, n_a: int, b: int, n_b: int) -> float:
+    """Two-sided p-value of Fisher's exact test that `a` of `n_a` and `b` of `n_b` come from
+    one rate: the chance, given a + b events among n_a + n_b trials placed at random, of a
+    split at most as likely as this one."""
+    k, n = a + b, n_a + n_b
+
+    def log_p(x: int) -> float:         # log P(x of the k events fall among the n_a)
+        return (_log_comb(n_a, x) + _log_comb(n_b, k - x) - _log_comb(n, k))
+    here = log_p(a)
+    splits = range(max(0, k - n_b), min(k, n_a) + 1)
+    return min(1.0, sum(math.exp(lp) for lp in map(log_p, splits) if lp <= here + 1e-9))
+
+
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
 def interval(rates: list[float]) -> tuple[float, float]:
@@ -87,6 +108,18 @@ def compare(gpu: dict, sim: dict | list[dict], tolerance: float = TOLERANCE,
         got = rate(gpu, key, per)
         shares[key] = {"runs": len(runs), "with_some": some, "share": round(some / len(runs), 3),
                        "gpu_rate": round(got, 6), "sim_interval": [round(lo, 6), round(hi, 6)]}
+        if len(runs) < FEW_RUNS and all(m.get(per) for m in [gpu, *runs]):
+            # Too few runs for their spread to mean anything (one run's range is a point that
+            # any other count misses): the counts themselves, pooled, by Fisher's exact test.
+            p = fisher_p(int(gpu[key]), int(gpu[per]), int(sum(s[key] for s in runs)),
+                         int(sum(s[per] for s in runs)))
+            shares[key].update(test="fisher", p=round(p, 4))
+            if p < ALPHA:
+                why.append(f"{what}: GPU {gpu[key]} of {gpu[per]} against the sim's "
+                           f"{sum(s[key] for s in runs)} of {sum(s[per] for s in runs)} "
+                           f"(Fisher's exact test: p = {p:.3g} < {ALPHA})")
+            continue
+        shares[key]["test"] = "runs"
         if not lo <= got <= hi:
             seen = ", ".join(str(s[key]) for s in sims)
             more = f"; some in {some} of {len(runs)} runs with the draws" if draws else ""

@@ -9,6 +9,7 @@ import pytest
 
 from sim import fit, validate
 from sim.costmodel import DEFAULT_PATH, CostModel
+from sim.verdicts import fisher_p
 
 BEAT_S, HOST_S, ROWS_S = 0.100, 0.002, 0.020      # the known model the synthetic runs follow
 
@@ -373,3 +374,25 @@ def test_held_out_runs_are_counted_apart_from_those_fitted_on():
             {"held_out": False, "verdict": "PASS"}]
     assert validate.held_apart(rows) == {"held out": {"files": 2, "pass": 1},
                                          "fitted on": {"files": 1, "pass": 1}}
+
+
+@pytest.mark.parametrize("sim_refused, verdict", [(112, "PASS"), (40, "FAIL")])
+def test_few_runs_judge_a_rate_by_its_counts_not_by_one_runs_point(sim_refused, verdict):
+    """Catches the range of one run standing in for an interval: a workload replayed once
+    (no draws) refused 112 of 3,100 tries where the GPU refused 122 of 3,183, and the point
+    3.6 % failed the GPU's 3.8 %, a difference chance gives (Fisher: p ≈ 0.7). A sim that
+    refuses 40 is still told apart."""
+    gpu = {**GPU, "refusals": 122, "tries": 3183, "beats": 1000}
+    got = validate.compare(gpu, [{**GPU, "refusals": sim_refused, "tries": 3100, "beats": 1000}])
+    assert got["verdict"] == verdict, got["why"]
+    row = got["verdicts"]["refusals"]
+    assert row["test"] == "fisher" and (row["p"] < 0.05) == (verdict == "FAIL")
+    assert got["verdicts"]["late_beats"] == {**got["verdicts"]["late_beats"], "test": "fisher",
+                                             "p": 1.0}
+
+
+def test_fishers_exact_test_gives_the_textbook_p_values():
+    # 3 of 10 against 1 of 10: two-sided p = 0.5820 (the 2x2 table's hypergeometric tail)
+    assert fisher_p(3, 10, 1, 10) == pytest.approx(0.58204, abs=1e-4)
+    assert fisher_p(0, 10, 0, 10) == 1.0
+    assert fisher_p(10, 10, 0, 10) == pytest.approx(1.0825e-5, rel=1e-3)
