@@ -21,7 +21,7 @@ import triton.language as tl
 
 from gpu.kernels._check import FLOATS, check, check_slots, next_pow2
 from gpu.kernels.rms_norm import _round_bf16
-from gpu.model.formats import round_bf16_stochastic
+from gpu.model.formats import store_ssm
 
 CONV_K = 4  # conv kernel width; conv_state keeps CONV_K - 1 = 3 columns
 
@@ -311,11 +311,9 @@ def mamba_step_ref(xBC, z, dt, conv_state, ssm_state, slots, conv_w, conv_b, dt_
     s = s * d_a[:, :, None, None] + (delta[:, :, None] * x)[..., None] * bm[:, :, None, :]
     if round_key is None:
         ssm_state[idx] = s.to(ssm_state.dtype)
-    elif ssm_state.dtype != torch.bfloat16:
-        raise ValueError("mamba_step: stochastic rounding is for a bf16 ssm_state")
-    else:
+    else:                       # the thinker's chunk path stores its state the same way
         length, layer = round_key
-        ssm_state[idx] = round_bf16_stochastic(s, length[idx], int(layer))
+        ssm_state[idx] = store_ssm(s, ssm_state.dtype, "stochastic", length[idx], int(layer))
     y = (s * cm[:, :, None, :]).sum(-1) + D.to(f)[:, None] * x                   # [B, H, P]
     y = (y.reshape(batch, d_inner) * F.silu(z.to(f))).reshape(batch, ngroups, -1)
     y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)

@@ -76,7 +76,9 @@ def round_bf16_stochastic(x: Tensor, length: Tensor, layer: int) -> Tensor:
 def store_ssm(new: Tensor, dtype: torch.dtype, rounding: str, length: Tensor,
               layer: int) -> Tensor:
     """A step's new SSM state [B, h, p, n] (fp32) as the state keeps it: `dtype`, rounded to
-    nearest or (bf16 with `rounding` "stochastic") stochastically."""
-    if rounding == "stochastic" and dtype == torch.bfloat16:
-        return round_bf16_stochastic(new, length, layer)
-    return new.to(dtype)
+    nearest or (`rounding` "stochastic", a bf16 state only, as the kernel) stochastically."""
+    if rounding != "stochastic":
+        return new.to(dtype)
+    if dtype != torch.bfloat16:
+        raise ValueError("mamba_step: stochastic rounding is for a bf16 ssm_state")
+    return round_bf16_stochastic(new, length, layer)

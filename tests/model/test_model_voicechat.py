@@ -304,3 +304,10 @@ def test_cuda_graph_replay_equals_eager(name):
         for b in range(3):
             assert_rows_equal(row(out, b), row(ref, b), atol=1e-6)
     assert torch.equal(graphed.thinker.ssm, eager.thinker.ssm) and torch.equal(graphed.talker.k, eager.talker.k)
+
+
+def test_the_cli_profiles_are_the_models_serving_profiles():
+    """Catches a profile added to the model but not offered by `--profile` (or offered and
+    unknown): the CLIs name them without importing torch."""
+    from wave_actors.core.registry import SERVING_PROFILES
+    assert set(SERVING_PROFILES) == set(PROFILES) - {"fp32", "fp32-dense"}

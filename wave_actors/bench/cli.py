@@ -30,7 +30,7 @@ from wave_actors.bench.workload import FILL_HOLDS, WorkloadError
 from wave_actors.bench.workload import load as load_workload
 from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.policy_spec import PolicyError, make_policy
-from wave_actors.core.registry import NAMES, described, entry
+from wave_actors.core.registry import NAMES, SERVING_PROFILES, described, entry
 from wave_actors.node.cli import sized_slots
 
 
@@ -50,8 +50,7 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
     """What runs: the backend, the model and its slots."""
     ap.add_argument("--backend", choices=NAMES, default="sim", help=described())
     ap.add_argument("--profile", default="reference",
-                    choices=("reference", "dense", "dense-ssm16", "dense-ssm16-sr",
-                             "dense-compact"))
+                    choices=SERVING_PROFILES)
     ap.add_argument("--config", choices=("tiny", "full"), default="full")
     ap.add_argument("--context", type=int, default=1500,
                     help="the context window every session runs at (a node's --max-context): "

@@ -13,6 +13,11 @@ from wave_actors.core.policy_spec import load_class
 from wave_actors.core.timebase import Clock
 
 
+# The precision profiles a node serves (`gpu/model/config.py`'s PROFILES, less the tests'
+# fp32 ones), named here so the CLIs offer them without importing torch.
+SERVING_PROFILES = ("reference", "dense", "dense-ssm16", "dense-ssm16-sr", "dense-compact")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExecutorEntry:
     name: str

@@ -23,7 +23,8 @@ from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.timebase import Clock, new_loop
-from wave_actors.core.registry import NAMES, described, entry, make_executor
+from wave_actors.core.registry import (NAMES, SERVING_PROFILES, described, entry,
+                                       make_executor)
 from wave_actors.engine.host import EngineHost
 from wave_actors.engine.process import ExecutorSpec
 from wave_actors.node.config import NodeConfig
@@ -60,8 +61,7 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
                          "device serves on time, from its memory and its measured beat; "
                          f"otherwise {CPU_SLOTS})")
     ap.add_argument("--profile", default="reference",
-                    choices=("reference", "dense", "dense-ssm16", "dense-ssm16-sr",
-                             "dense-compact"),
+                    choices=SERVING_PROFILES,
                     help="precision profile (docs/MODEL.md): dense-ssm16 is dense with its "
                          "Mamba SSM state stored in bf16 (dense-ssm16-sr: rounded "
                          "stochastically), dense-compact that with the talker's KV in fp8")
