@@ -66,7 +66,7 @@ from wave_actors.core.policy_spec import PolicyError, make_policy
 
 DRAWS = 100              # fast-mode replays a file for the verdicts (module doc)
 FAST_KEYS = {"profile", "context", "sessions", "beats", "runs", "churn", "seed", "policy",
-             "snapshot_mb"}
+             "snapshot_mb", "no_warm"}
 SIM_DIR = Path(__file__).resolve().parent
 
 
@@ -82,6 +82,7 @@ def _workload_parser() -> argparse.ArgumentParser:
                        ("--snapshot-mb", float)):
         ap.add_argument(flag, type=kind)
     ap.add_argument("--hold-inputs", action="store_true")
+    ap.add_argument("--no-warm", action="store_true")
     ap.add_argument("--policy", nargs="+")
     ap.add_argument("--workload")
     return ap
@@ -106,6 +107,8 @@ def workload(raw: dict) -> dict:
                          if start and start.get("class") else ["eager"])
     if "snapshot_mb" not in got and "snapshots" not in (extra.get("engine") or {}):
         got["snapshot_mb"] = 0.0                    # before prompt snapshots: none kept
+    if not ((raw.get("per_run") or [{}])[0].get("snapshots") or {}).get("warm"):
+        got["no_warm"] = True                       # its node made no snapshot before the run
     return got
 
 
@@ -175,7 +178,8 @@ def fast_draws(work: dict, model: Path, seeds: list[int],
                          profile=work["profile"], context=int(work["context"]),
                          cost_model=str(model), runs=int(work.get("runs", 1)),
                          policy=make_policy(work["policy"]) if "policy" in work else None,
-                         snapshot_mb=float(work.get("snapshot_mb", -1.0)))
+                         snapshot_mb=float(work.get("snapshot_mb", -1.0)),
+                         warm=not work.get("no_warm", False))
         out = [metrics(dataclasses.asdict(run_fast(dataclasses.replace(cfg, seed=seed))), beats)
                for seed in seeds]           # each run copies the policy afresh
     except (FastError, PolicyError) as exc:

@@ -164,15 +164,21 @@ def _check_open(msg: Message) -> None:
     if msg.header.setdefault("output_format", "pcm_s16le") not in FORMATS:
         raise ProtocolError(BAD_HEADER, f"open: output_format must be one of {FORMATS}",
                             msg.session)
-    instructions = msg.header.setdefault("instructions", "")
+    check_prompt_fields(msg.header, msg.session)
+
+
+def check_prompt_fields(header: dict, session: str | None = None) -> None:
+    """An `open`'s `instructions` and `tools` (defaults set where absent), as the node takes
+    them; its warm prompts are checked by the same rule."""
+    instructions = header.setdefault("instructions", "")
     if not isinstance(instructions, str) or len(instructions) > MAX_INSTRUCTIONS:
         raise ProtocolError(BAD_HEADER, f"open: instructions must be a str of at most "
-                                        f"{MAX_INSTRUCTIONS} chars", msg.session)
-    tools = msg.header.setdefault("tools", [])
+                                        f"{MAX_INSTRUCTIONS} chars", session)
+    tools = header.setdefault("tools", [])
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS or not all(
             isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools):
         raise ProtocolError(BAD_HEADER, f"open: tools must be a list of at most {MAX_TOOLS} maps "
-                                        "with a str 'name'", msg.session)
+                                        "with a str 'name'", session)
 
 
 def _check_audio(msg: Message) -> None:

@@ -191,7 +191,9 @@ class ModelRunner:
                 "text_codec": getattr(codec, "name", type(codec).__name__),
                 "max_context_frames": opts.max_context, "max_prompt_tokens": self.shape.max_prompt,
                 "state_bytes_per_session": session_state_bytes(
-                    cfg, profile, opts.max_context, self.shape.max_prompt)["total"]}
+                    cfg, profile, opts.max_context, self.shape.max_prompt)["total"],
+                "snapshots": {"entries": self.snapshots.space.entries,
+                              "capacity_bytes": int(self.snapshots.space.capacity_bytes)}}
 
 
 def load_model(cfg: VoiceChatConfig, profile: Profile, opts: ExecutorOptions,

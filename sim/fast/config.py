@@ -36,6 +36,9 @@ class FastConfig:
     clock: ClockPolicy = field(default_factory=ClockPolicy)     # prebuffer, queue, shedding
     warmup_max: int = WARMUP_MAX
     snapshot_mb: float = -1.0           # prompt snapshots' memory (-1: the executors', 0: none)
+    # the node's warm-up (`NodeConfig.warm_prompts`): the empty prompt's snapshot is made
+    # before the first caller dials (False: as a node that warms nothing)
+    warm: bool = True
 
     def __post_init__(self) -> None:
         if self.slots < 1 or self.runs < 1 or self.beats < 0:

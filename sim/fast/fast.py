@@ -151,7 +151,8 @@ class _Run:
             return "invalid"
         if not self.free:
             return "capacity"
-        if admission(self.policy, *self.book.occupancy(), len(self.book.slots)):
+        leaving = [slot for kind, slot, _ in self.ops if kind == "close"]
+        if admission(self.policy, *self.book.occupancy(leaving), len(self.book.slots)):
             return "admission"
         free = set(self.free)
         clean = [s for s in self.book.clean_slots().tolist() if s in free]
@@ -317,6 +318,25 @@ class _Run:
                 self.rec[key].append(v)
         self.at(end, OBSERVE, self._finish, plan, compute, live, self.frames.gen[live])
         return plan_t
+
+    def warm_up(self) -> int:
+        """The node's warm-up (`wave_actors/node/warm.py`) before any caller dials: the empty
+        prompt admitted, started in beat 0 (its snapshot saved behind its rows) and released
+        at once; the callers dial just after that beat's plan, as the bench's do once
+        `Node.start` returns. The first beat left to run (0: no warm-up)."""
+        if not (self.cfg.warm and self.snapshots is not None):
+            return 0
+        slot = heapq.heappop(self.free)
+        self.frames.admit(slot)
+        self.ops.append(("open", slot, self.tokens(None)))
+        self.beat(0)
+        if not self.book.ready(slot):
+            raise FastError("the warm-up's start did not ride in the node's first beat: the "
+                            "fast mode models only that warm-up (run it with warm=False)")
+        self.frames.release(slot)
+        heapq.heappush(self.free, slot)
+        self.ops.append(("close", slot, None))
+        return 1
 
     def idle(self) -> bool:
         return not (self.held or self.ops or self.prev_end > self.prev_submit)

@@ -40,11 +40,12 @@ def closed_loop(run) -> slice:
     `beats` more had ended (`_wait_beats`); then the lines stop (`stop_lines`) and the run goes
     on until the last session closed (the drain)."""
     cfg = run.cfg
+    first_beat = run.warm_up()
     run.lines = [np.random.default_rng([run.seed, line]) for line in range(cfg.lines)]
     for line in range(cfg.lines):
         run.at(0.0, CALLER, run.line_call, line)
     poll, steady_from, first, stop = 0, None, None, None
-    for k in range(MAX_BEATS):
+    for k in range(first_beat, MAX_BEATS):
         plan_t = run.beat(k)
         if stop is not None:
             if run.idle() and not run.waiting:
@@ -74,13 +75,13 @@ def open_workload(run) -> slice:
     measured beats: those released in the workload's `window_s` (after the occupancy
     form's fill), else every one (`bench_records._workload_window`)."""
     wl, cap = run.cfg.workload, run.cfg.beats or MAX_BEATS
+    k = run.warm_up()
     for i, call in enumerate(wl.calls):
         rec = deadlines.CallRecord(i, call.at_s)
         run.calls.append(rec)
         run.at(call.at_s, CALLER, run.dial,
                 Caller(rec, call, life_s=call.duration_s, pause_s=call.redial_after_s))
     run.unfinished = len(wl.calls)
-    k = 0
     while run.unfinished and k < cap:
         if run.idle() and run.events:       # nothing runs till the next call: skip there
             k = max(k, int(run.events[0][0] / BEAT_S) + 1)

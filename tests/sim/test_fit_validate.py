@@ -208,7 +208,8 @@ def test_the_workload_comes_from_the_command_with_the_result_fields_over_it():
     assert work == {"profile": "dense", "context": 1500, "sessions": 290, "beats": 200,
                     "runs": 1, "churn": 60.0, "seed": 7,
                     "policy": ["budgeted", "margin_s=0.004"],
-                    "snapshot_mb": 0.0}             # its engine kept no snapshots: none
+                    "snapshot_mb": 0.0,             # its engine kept no snapshots: none
+                    "no_warm": True}                # and its node warmed no prompt
     argv = validate.sim_argv(work, "m.json", "/tmp/x")
     assert argv[:3] == ["--backend", "sim", "--virtual"] and "--workers" not in argv
     # a result of today: its engine's snapshots and its recorded start policy replayed as
@@ -223,6 +224,9 @@ def test_the_workload_comes_from_the_command_with_the_result_fields_over_it():
     assert validate.workload({**now, "command": now["command"] + " --snapshot-mb 300"}
                              )["snapshot_mb"] == 300.0
     assert validate.workload({**now, "policy": {}})["policy"] == ["eager"]
+    # a node that warmed its prompts before the run is replayed as one that does
+    warmed = {**now, "per_run": [{"snapshots": {"hits": 3, "warm": {"asked": 1, "ready": 1}}}]}
+    assert "no_warm" not in validate.workload(warmed) and validate.workload(now)["no_warm"]
     calls = validate.workload({**raw, "command": raw["command"] + " --workload poisson:rate=2"})
     assert calls["workload"] == "poisson:rate=2"
     assert "poisson:rate=2" in validate.sim_argv(calls, "m.json", "/tmp/x")

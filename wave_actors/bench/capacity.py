@@ -44,7 +44,8 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     node = Node(NodeConfig(bind=bind, max_sessions=backend.max_sessions, idle_timeout_s=60.0,
                            start_timeout_s=OPEN_TIMEOUT_S, start_policy=args.start_policy,
                            clock_policy=args.clock_policy,
-                           workers=0 if loop_virtual else args.workers),
+                           workers=0 if loop_virtual else args.workers,
+                           **({"warm_prompts": ()} if getattr(args, "no_warm", False) else {})),
                 backend, clock)
     await node.start()
     try:
@@ -74,6 +75,8 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
         policies = {"start": node.start_policy.describe(),
                     "clock": node.cfg.clock_policy.describe()}
         ran = node.clock_actor         # the drain below stops it (and drops it from the node)
+        snapshots = {**(ran.snapshot_stats or {}),
+                     "warm": node.describe().get("warm_prompts", {})}
     finally:
         await node.drain()
         if own:
@@ -81,8 +84,10 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     # what the start policy learned, as the clock that ran it left it: a worker engine's clock
     # sends its copy back when it stops (the front's is the one it was given)
     policies["start"] = getattr(ran, "start_policy", node.start_policy).describe()
-    return _result(args, n, _Raw(t0, everything, records, stats, refusals, calls, burst, waits,
-                                 errors, refused_by, stalls, ramp, policies, cpu))
+    result = _result(args, n, _Raw(t0, everything, records, stats, refusals, calls, burst, waits,
+                                   errors, refused_by, stalls, ramp, policies, cpu))
+    result.snapshots = snapshots
+    return result
 
 
 @dataclasses.dataclass

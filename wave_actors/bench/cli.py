@@ -60,6 +60,10 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--snapshot-mb", type=float, default=-1.0,
                     help="memory for prompt snapshots (-1: the backend's default, 0: every start "
                          "prefills), as the node's flag")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="the node makes no prompt snapshot before the first caller dials (by "
+                         "default it starts the empty prompt, as `python -m wave_actors.node` "
+                         "does)")
     ap.add_argument("--self-size", action="store_true",
                     help="slots as the node sizes them with no --max-sessions (a device "
                          "backend: from its memory and its measured beat)")

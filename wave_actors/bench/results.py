@@ -100,6 +100,9 @@ class RunResult:
     windows: dict = field(default_factory=dict)
     window_of: dict = field(default_factory=dict)
     outside: list = field(default_factory=list)     # the slowest ramp and drain beats
+    # the clock's prompt-snapshot index at the run's end (hits, prefix hits, misses, saves,
+    # evictions, kept, bytes; the node's warm-up's miss and save included) and the warm-up
+    snapshots: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -255,6 +255,13 @@ class BeatClockActor(Actor):
         return self.slots.free
 
     @property
+    def snapshot_stats(self) -> dict | None:
+        """The prompt-snapshot index's counts (hits, prefix hits, misses, saves, evictions,
+        kept and their bytes) for this incarnation; None where the executor keeps none."""
+        index = self.slots.book.snapshots
+        return None if index is None else index.describe()
+
+    @property
     def jitter_totals(self) -> SlotStats:
         """Underruns and drops over every session this incarnation admitted."""
         return self.slots.jitter_totals

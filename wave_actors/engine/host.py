@@ -116,6 +116,11 @@ class EngineHost:
     def user_codec(self):
         return self.facts.user_codec
 
+    @property
+    def snapshot_space(self):
+        """The executor's prompt snapshots, as built (None: it keeps none)."""
+        return self.facts.snapshot_space
+
     def describe(self) -> dict:
         """The executor's facts: asked afresh while no node drives the engine, else as built."""
         if self._loop is None and self.alive:
@@ -259,6 +264,7 @@ class ClockProxy(Actor):
         self.frames_shared = False     # the workers' frames lie in memory the engine maps
         self.frames_overwritten = 0    # of those, rewritten before their beat (heard silent)
         self.frames_read_by_executor = False   # read from the ring by the executor, ungathered
+        self.snapshot_stats: dict | None = None   # the engine clock's index, at its last beat
         self._ready: dict[Handle, asyncio.Future] = {}
         # Created here (a supervisor starts its children from the running loop): asks made
         # before the engine's clock has started wait for it.
@@ -375,6 +381,7 @@ class ClockProxy(Actor):
         self.frames_shared = totals["frames_shared"]
         self.frames_overwritten = totals["frames_overwritten"]
         self.frames_read_by_executor = totals["frames_read_by_executor"]
+        self.snapshot_stats = totals["snapshots"]
         if totals["reports_lost"] > self.reports_lost:
             log.warning("engine: %d beat reports dropped while this process did not read them "
                         "(its records and metrics miss those beats)",

@@ -75,6 +75,7 @@ class EngineFacts:
     user_codec: Any
     described: dict
     pid: int
+    snapshot_space: Any = None      # the executor's prompt snapshots (None: it keeps none)
 
 
 class EngineServer:
@@ -236,7 +237,8 @@ def engine_main(spec: ExecutorSpec, conn) -> None:
         conn.send(("failed", "".join(traceback.format_exception_only(exc)).strip()))
         return
     conn.send(("hello", EngineFacts(executor.max_sessions, executor.text_codec,
-                                    executor.user_codec, executor.describe(), os.getpid())))
+                                    executor.user_codec, executor.describe(), os.getpid(),
+                                    getattr(executor, "snapshot_space", None))))
     loop = new_loop()
     asyncio.set_event_loop(loop)
     server = None

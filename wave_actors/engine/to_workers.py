@@ -150,7 +150,8 @@ class ToWorkers:
                      "outputs_shared": self._shared is not None,
                      "frames_shared": self._frames is not None,
                      "frames_read_by_executor": clock.executor_reads,
-                     "frames_overwritten": clock.slots.table.jitter.overwritten},
+                     "frames_overwritten": clock.slots.table.jitter.overwritten,
+                     "snapshots": clock.snapshot_stats},
                     new))
         return record
 

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 from wave_actors.core.sched.clock_policy import ClockPolicy
-from wave_actors.core.contract import ExecutorOptions
+from transports import protocol as P
+from wave_actors.core.contract import ExecutorOptions, SessionSpec
 from wave_actors.core.policy_spec import PolicyError, make_policy
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.registry import (NAMES, SERVING_PROFILES, described, entry,
@@ -71,6 +72,15 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
                     help="memory for prompt snapshots: a session whose prompt was seen starts "
                          "by one copy, not a prefill (default: the backend's, 500 on a GPU; "
                          "0: every start prefills)")
+    ap.add_argument("--warm-prompt", action="append", default=[], metavar="TEXT",
+                    help="instructions whose prompt the node starts before it serves, so its "
+                         "first callers start from a snapshot (repeat it for more; the empty "
+                         "prompt is always warmed unless --no-warm)")
+    ap.add_argument("--warm-prompts", metavar="FILE",
+                    help="JSON: a list of {\"instructions\": ..., \"tools\": [...]} as callers "
+                         "send them in `open`, warmed as --warm-prompt")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="warm no prompt: every prompt's first caller prefills it")
     ap.add_argument("--max-context", type=int, default=1500,
                     help="frames of attention context each slot holds; a longer call rolls its "
                          "oldest frames out (its prompt stays) and talks on")
@@ -132,6 +142,10 @@ def _check(ap: argparse.ArgumentParser, args) -> None:
     if args.demo and args.demo_sessions > (args.max_sessions or CPU_SLOTS):
         ap.error("--demo-sessions must not exceed --max-sessions")
     try:
+        args.warm = warm_specs(args)
+    except ValueError as exc:
+        ap.error(str(exc))
+    try:
         args.start_policy = make_policy(args.policy) if args.policy else None
         args.clock_policy = ClockPolicy(prebuffer=args.prebuffer)
         NodeConfig(idle_timeout_s=args.idle_timeout, heartbeat_s=args.heartbeat,
@@ -139,6 +153,44 @@ def _check(ap: argparse.ArgumentParser, args) -> None:
                    input_hold_s=args.input_hold)
     except (PolicyError, ValueError) as exc:
         ap.error(str(exc))
+
+
+def warm_specs(args) -> tuple[SessionSpec, ...]:
+    """The prompts the node warms (`node/warm.py`): the empty one, each --warm-prompt, each
+    entry of --warm-prompts; none with --no-warm. Each is checked as an `open`'s fields are."""
+    if args.no_warm:
+        if args.warm_prompt or args.warm_prompts:
+            raise ValueError("--no-warm with --warm-prompt or --warm-prompts: choose one")
+        return ()
+    entries = [{"instructions": text} for text in args.warm_prompt]
+    if args.warm_prompts:
+        try:
+            listed = json.loads(Path(args.warm_prompts).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--warm-prompts {args.warm_prompts}: {exc}") from None
+        if not isinstance(listed, list):
+            raise ValueError(f"--warm-prompts {args.warm_prompts}: expected a JSON list of "
+                             "{\"instructions\": ..., \"tools\": [...]} objects")
+        entries += listed
+    specs = [SessionSpec()]
+    for i, entry in enumerate(entries, 1):
+        try:
+            spec = open_fields(entry)
+        except P.ProtocolError as exc:
+            raise ValueError(f"warm prompt {i}: {exc.message}") from None
+        if spec not in specs:
+            specs.append(spec)
+    return tuple(specs)
+
+
+def open_fields(entry) -> SessionSpec:
+    """A warm prompt's {"instructions", "tools"}, checked as an `open`'s."""
+    if not isinstance(entry, dict) or set(entry) - {"instructions", "tools"}:
+        raise P.ProtocolError(P.BAD_HEADER, "expected an object with only \"instructions\" "
+                                            "and \"tools\"")
+    fields = dict(entry)
+    P.check_prompt_fields(fields)
+    return SessionSpec(fields["instructions"], fields["tools"])
 
 
 def default_backend() -> str:
@@ -214,7 +266,8 @@ def build(args) -> Node:
                      idle_timeout_s=args.idle_timeout, heartbeat_s=args.heartbeat,
                      resume_grace_s=args.resume_grace, curve_keys=args.curve_keys,
                      metrics_port=args.metrics_port, keep_records=False,
-                     workers=args.workers, input_hold_s=args.input_hold)
+                     workers=args.workers, input_hold_s=args.input_hold,
+                     warm_prompts=args.warm)
     return Node(cfg, executor, clock)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wave_actors.core.contract import SessionSpec
 from wave_actors.core.sched.clock_policy import ClockPolicy
 from wave_actors.core.sched.start_policy import StartPolicy
 from wave_actors.node.flood import FloodPolicy
@@ -34,6 +35,10 @@ class NodeConfig:
     # Messages the socket queues for one client before the front queues the rest itself, in
     # order (`outbound.py`): a larger pipe only delays seeing that a client does not read.
     send_hwm: int = 10_000
+    # Prompts started before the node reads its socket (`warm.py`), so their first callers
+    # start from a snapshot: by default the prompt of a caller who sends no instructions.
+    warm_prompts: tuple[SessionSpec, ...] = (SessionSpec(),)
+    warm_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.input_hold_s <= 0:

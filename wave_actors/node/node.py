@@ -50,6 +50,7 @@ from wave_actors.node.flood import FloodGate
 from wave_actors.node.gatekeeper import DOMAIN, Gatekeeper
 from wave_actors.node.inbound import Inbound
 from wave_actors.node.outbound import Outbound
+from wave_actors.node.warm import WarmReport, warm_node
 from wave_actors.runtime.metrics import NodeMetrics
 from wave_actors.runtime.proc_cpu import cpu_seconds
 from wave_actors.runtime.actors import (ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart,
@@ -107,6 +108,7 @@ class Node:
                                          self.spawn))
         self._clock_base = cfg.clock_endpoint
         self.inbound = Inbound(self)
+        self.warmed: WarmReport | None = None       # the last warm-up's (None: none ran)
 
     @property
     def clock_actor(self) -> BeatClockActor:
@@ -123,8 +125,12 @@ class Node:
 
     def describe(self) -> dict:
         """Facts printed at start and recorded in results: the executor's and the policies'."""
-        return {**self.executor.describe(), "start_policy": self.start_policy.describe(),
-                "clock_policy": self.cfg.clock_policy.describe()}
+        facts = {**self.executor.describe(), "start_policy": self.start_policy.describe(),
+                 "clock_policy": self.cfg.clock_policy.describe()}
+        if self.warmed is not None:
+            facts["warm_prompts"] = {"asked": self.warmed.asked, "ready": self.warmed.ready,
+                                     "seconds": round(self.warmed.seconds, 3)}
+        return facts
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -162,11 +168,24 @@ class Node:
                                               self._clock_crashed))
         if cfg.metrics_port:
             self.metrics.serve(cfg.metrics_port)
+        # Before the socket is read: opens sent meanwhile wait in it, then find the snapshots.
+        await self._warm()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.inbound.run()))
         self._tasks.append(loop.create_task(self._watch_liveness()))
         self._watcher = loop.create_task(self._watch_supervisor())
         self.update_gauges()
+
+    async def _warm(self) -> None:
+        """The configured prompts started and released (`warm.py`); a prompt the node refuses
+        stops the start (WarmFailed), with nothing left bound or running."""
+        try:
+            self.warmed = await warm_node(self.clock_actor, self.executor, self.cfg,
+                                          self.clock.now)
+        except Exception:
+            await self.drain()
+            raise
+        self.metrics.snapshots(self.clock_actor.snapshot_stats)
 
     async def _watch_supervisor(self) -> None:
         """The supervisor gave up on the clock: no beat will run again, so every session is
@@ -259,7 +278,10 @@ class Node:
             pass
 
     def _deliver(self, route: Route, out: BeatOut) -> bool:
-        """The clock's route for a session's beat outputs: into its actor's mailbox."""
+        """The clock's route for a session's beat outputs: into its actor's mailbox. A warm-up
+        session (`warm.py`) has no route: nobody hears it, by design."""
+        if route is None:
+            return True
         if route.actor is None:
             return False
         try:
@@ -338,6 +360,7 @@ class Node:
             m.late_beats.inc()
         clock = self.clock_actor
         if clock is not None:
+            m.snapshots(clock.snapshot_stats)
             total = clock.jitter_totals.underruns
             if total > self._underruns_reported:
                 m.underruns.inc(total - self._underruns_reported)

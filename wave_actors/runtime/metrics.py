@@ -28,6 +28,34 @@ class NodeMetrics:
         self.opened = Counter("wave_sessions_opened", "sessions opened", registry=r)
         self.closed = Counter("wave_sessions_closed", "sessions closed, by reason", ["reason"],
                               registry=r)
+        self.snapshot_starts = Counter(
+            "wave_snapshot_starts", "starts by prompt snapshot: hit (one copy), prefix_hit (a "
+            "copy, then the rest prefilled), miss (prefilled)", ["how"], registry=r)
+        self.snapshot_saves = Counter("wave_snapshot_saves", "prompt snapshots made",
+                                      registry=r)
+        self.snapshot_evictions = Counter("wave_snapshot_evictions",
+                                          "prompt snapshots dropped for room", registry=r)
+        self.snapshots_kept = Gauge("wave_snapshots_kept", "prompt snapshots held", registry=r)
+        self.snapshot_bytes = Gauge("wave_snapshot_bytes", "device bytes the held prompt "
+                                    "snapshots take", registry=r)
+        self._snap_seen: dict = {}
+
+    def snapshots(self, stats: dict | None) -> None:
+        """The clock's snapshot index counts (`SnapshotIndex.describe`) into the metrics: its
+        counts start again at zero with each clock incarnation, so a count below the last one
+        seen is a new incarnation's."""
+        if stats is None:
+            return
+        for key, counter in (("hits", self.snapshot_starts.labels("hit")),
+                             ("prefix_hits", self.snapshot_starts.labels("prefix_hit")),
+                             ("misses", self.snapshot_starts.labels("miss")),
+                             ("saves", self.snapshot_saves),
+                             ("evictions", self.snapshot_evictions)):
+            now, seen = stats[key], self._snap_seen.get(key, 0)
+            counter.inc(now - seen if now >= seen else now)
+            self._snap_seen[key] = now
+        self.snapshots_kept.set(stats["kept"])
+        self.snapshot_bytes.set(stats["bytes"])
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         start_http_server(port, addr=addr, registry=self.registry)

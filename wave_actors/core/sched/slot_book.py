@@ -178,10 +178,17 @@ class SlotBook:
     def phase(self, slot: int) -> str:
         return self.slots[slot].phase
 
-    def occupancy(self) -> tuple[int, int]:
-        """(live, starting) sessions: what an admission test weighs."""
+    def occupancy(self, leaving=()) -> tuple[int, int]:
+        """(live, starting) sessions: what an admission test weighs. `leaving`: slots whose
+        sessions were released since the last plan (their close applies at the next one, so
+        they are in no beat from then on): not counted."""
         live = int(self._live.sum())
-        return live, sum(s.phase != "closed" for s in self.slots) - live
+        starting = sum(s.phase != "closed" for s in self.slots) - live
+        for slot in set(leaving):
+            phase = self.slots[slot].phase
+            live -= phase == "live"
+            starting -= phase == "starting"
+        return live, starting
 
     def clean_slots(self) -> np.ndarray:
         """Slots reset since their last session closed, and not reopened: an open there needs
