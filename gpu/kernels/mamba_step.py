@@ -147,7 +147,7 @@ def _ssm_kernel(XACT, Z, DT, SSM, SLOTS, DT_BIAS, A_LOG, DSKIP, YG, LENGTH, laye
     d_skip = tl.load(DSKIP + h).to(tl.float32)
     if STOCHASTIC:      # the row's bits: its position before the step and the layer
         pos = (tl.load(LENGTH + slot) & 0xFFFFFFFF).to(tl.uint32)
-        key = _mix32(pos * 0x9E3779B1 + layer.to(tl.uint32))
+        key = _mix32(pos * 0x9E3779B1 + tl.cast(layer, tl.uint32))   # layer == 1 comes as an int
     for t in tl.static_range(TILES):
         p = p0 + t * BLOCK_P + tl.arange(0, BLOCK_P)
         mp = p < head_dim
