@@ -268,6 +268,38 @@ def test_a_gpu_backend_serves_the_full_model_and_sizes_its_slots_by_default():
         parse_args(["--snapshot-mb", "-5"])
 
 
+def test_the_node_warms_the_empty_prompt_and_each_one_it_is_given(tmp_path, capsys):
+    """Bugs it catches: a warm prompt the protocol would refuse taken anyway (the node would
+    start a session no caller could open), one given twice warmed twice, or --no-warm beside
+    prompts to warm silently choosing one."""
+    from wave_actors.core.contract import SessionSpec
+    from wave_actors.node.cli import parse_args
+    assert parse_args([]).warm == (SessionSpec(),)
+    assert parse_args(["--no-warm"]).warm == ()
+    listed = tmp_path / "prompts.json"
+    listed.write_text(json.dumps([{"instructions": "Book rooms.",
+                                   "tools": [{"name": "book", "parameters": {}}]},
+                                  {"instructions": "Be brief."}]))
+    got = parse_args(["--warm-prompt", "Be brief.", "--warm-prompts", str(listed)]).warm
+    assert got == (SessionSpec(), SessionSpec("Be brief."),
+                   SessionSpec("Book rooms.", [{"name": "book", "parameters": {}}]))
+    for bad, says in ((["--no-warm", "--warm-prompt", "x"], "choose one"),
+                      (["--warm-prompts", str(tmp_path / "none.json")], "No such file"),
+                      (["--warm-prompts", str(listed.with_suffix(".bad"))], "No such file")):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+        assert says in capsys.readouterr().err
+    for entry, says in (({"instructions": 5}, "instructions must be a str"),
+                        ({"tools": [{"no": "name"}]}, "tools must be a list"),
+                        ({"instructions": "x", "voice": "alloy"}, "only"),
+                        ("text", "only")):
+        listed.write_text(json.dumps([entry]))
+        with pytest.raises(SystemExit):
+            parse_args(["--warm-prompts", str(listed)])
+        err = capsys.readouterr().err
+        assert "warm prompt 1: " in err and says in err, err
+
+
 def test_a_demo_whose_calls_fail_exits_non_zero_and_says_why(tmp_path):
     """Bug it catches: `make run` exited 0 with "Task exception was never retrieved" when a
     demo call failed (an open that timed out on a slow machine): the node drained and called it
