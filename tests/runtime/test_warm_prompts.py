@@ -131,3 +131,19 @@ def test_a_node_with_session_workers_warms_in_its_engine_process():
                 await s.close()
             assert stats["saves"] == 1 and stats["hits"] == 1 and stats["misses"] == 1
     asyncio.run(body())
+
+
+def test_a_restarted_clock_warms_the_prompts_again():
+    """Catches a node whose snapshots went with a crashed clock for good: every prompt's next
+    caller would prefill it again."""
+    from wave_actors.clock.clock import _Crash
+    vn = VirtualNode(2, warm_prompts=(SessionSpec(AGENT),))
+    try:
+        old = vn.node.clock_actor
+        old.tell(_Crash(RuntimeError("a fault in the clock")))
+        vn.settle(1.0)
+        clock = vn.node.clock_actor
+        assert clock is not old and clock.snapshot_stats["saves"] == 1
+        assert clock.slots.book.occupancy() == (0, 0) and clock.free_slots == 2
+    finally:
+        vn.close()

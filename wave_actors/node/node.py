@@ -50,7 +50,7 @@ from wave_actors.node.flood import FloodGate
 from wave_actors.node.gatekeeper import DOMAIN, Gatekeeper
 from wave_actors.node.inbound import Inbound
 from wave_actors.node.outbound import Outbound
-from wave_actors.node.warm import WarmReport, warm_node
+from wave_actors.node.warm import WarmReport, warm_again, warm_at_start
 from wave_actors.runtime.metrics import NodeMetrics
 from wave_actors.runtime.proc_cpu import cpu_seconds
 from wave_actors.runtime.actors import (ActorStopped, ChildSpec, MailboxFull, MsgClass, Restart,
@@ -169,23 +169,12 @@ class Node:
         if cfg.metrics_port:
             self.metrics.serve(cfg.metrics_port)
         # Before the socket is read: opens sent meanwhile wait in it, then find the snapshots.
-        await self._warm()
+        await warm_at_start(self)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.inbound.run()))
         self._tasks.append(loop.create_task(self._watch_liveness()))
         self._watcher = loop.create_task(self._watch_supervisor())
         self.update_gauges()
-
-    async def _warm(self) -> None:
-        """The configured prompts started and released (`warm.py`); a prompt the node refuses
-        stops the start (WarmFailed), with nothing left bound or running."""
-        try:
-            self.warmed = await warm_node(self.clock_actor, self.executor, self.cfg,
-                                          self.clock.now)
-        except Exception:
-            await self.drain()
-            raise
-        self.metrics.snapshots(self.clock_actor.snapshot_stats)
 
     async def _watch_supervisor(self) -> None:
         """The supervisor gave up on the clock: no beat will run again, so every session is
@@ -198,6 +187,8 @@ class Node:
     def _make_clock(self) -> BeatClockActor:
         # A fresh inproc address per incarnation: a dead clock's socket may still hold its own.
         self._clock_incarnation += 1
+        if self._clock_incarnation > 1 and self.warmed is not None:
+            self.spawn(warm_again(self))        # the snapshots went with the last incarnation
         endpoint = f"{self._clock_base}-{id(self)}-{self._clock_incarnation}"
         if self.engine is not None:
             return ClockProxy(self.engine, self._clock_incarnation, endpoint,

@@ -9,7 +9,9 @@ that prompt through the clock like any other, waits for its start to be planned 
 snapshot is saved behind that beat's rows), and releases it before it runs a frame. Nothing is
 heard, routed or counted as a call; the snapshot index counts the miss and the save.
 
-An executor that keeps no snapshots gains nothing from this, so the node skips it there.
+A restarted clock starts with an empty snapshot index, so the node warms its prompts again
+then, beside whatever callers open meanwhile. An executor that keeps no snapshots gains nothing
+from this, so the node skips it there.
 """
 from __future__ import annotations
 
@@ -42,6 +44,27 @@ def describe_spec(spec: SessionSpec) -> str:
     text = spec.instructions if len(spec.instructions) <= 40 else spec.instructions[:37] + "..."
     tools = f" + {len(spec.tools)} tools" if spec.tools else ""
     return f"{text!r}{tools}"
+
+
+async def warm_at_start(node) -> None:
+    """The node's prompts warmed before it reads its socket (`node.warmed`, the report); a
+    prompt it cannot take stops its start (WarmFailed), with nothing left bound or running."""
+    try:
+        node.warmed = await warm_node(node.clock_actor, node.executor, node.cfg, node.clock.now)
+    except Exception:
+        await node.drain()
+        raise
+    node.metrics.snapshots(node.clock_actor.snapshot_stats)
+
+
+async def warm_again(node) -> None:
+    """After a clock restart (the snapshots went with the last incarnation), beside the
+    callers who open meanwhile: a prompt it cannot take now (every slot held, say) is logged,
+    and its first caller prefills it."""
+    try:
+        node.warmed = await warm_node(node.clock_actor, node.executor, node.cfg, node.clock.now)
+    except Exception as exc:
+        log.warning("warming the prompts again after a clock restart failed: %r", exc)
 
 
 async def warm_node(clock, executor, cfg, now) -> WarmReport | None:
