@@ -45,7 +45,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
                            start_timeout_s=OPEN_TIMEOUT_S, start_policy=args.start_policy,
                            clock_policy=args.clock_policy,
                            workers=0 if loop_virtual else args.workers,
-                           **({"warm_prompts": ()} if getattr(args, "no_warm", False) else {})),
+                           **({"warm_prompts": ()} if args.no_warm else {})),
                 backend, clock)
     await node.start()
     try:
