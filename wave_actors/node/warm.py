@@ -28,8 +28,8 @@ log = logging.getLogger("wave.node")
 
 
 class WarmFailed(ValueError):
-    """A warm prompt the node cannot take (too long, or more of them than slots): the node
-    does not start, and the message says which prompt and why."""
+    """A warm prompt the node cannot take (too long for its prompt positions, or refused a
+    slot): the node does not start, and the message says which prompt and why."""
 
 
 @dataclass
