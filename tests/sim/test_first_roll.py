@@ -13,7 +13,7 @@ from sim import fit
 from sim.costmodel import CostModel
 from sim.fast.fast import FastConfig
 from sim.fast.run import run_fast
-from tests.sim.test_fit_validate import ROLL_S, carried_json
+from tests.sim.fit_kit import ROLL_S, carried_json
 from wave_actors.bench import cli
 
 ROOT = Path(__file__).resolve().parents[2]

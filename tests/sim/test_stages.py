@@ -5,7 +5,7 @@ import json
 import pytest
 
 from sim import fit, stages
-from tests.sim.test_fit_validate import BEAT_S, bench_json
+from tests.sim.fit_kit import BEAT_S, bench_json
 
 # per frame, ms: fixed + per session (the shape the GPU showed: thinker and talker dominate)
 LINES = {"mel": (0.05, 0.0001), "perception": (2.0, 0.01), "rnnt": (0.7, 0.002),
