@@ -21,6 +21,7 @@ class ClientSession:
         self.dropped_events = 0
         self.seq = 0
         self.closed: Closed | None = None
+        self._closed_seen = asyncio.Event()   # `closed` delivered (queued or not)
         self.token: str | None = opened.get("token")
         self.resumes = 0                    # times the node rebound this session to us
         self._replay: collections.deque[tuple[int, list[bytes]]] = collections.deque(maxlen=REPLAY)
@@ -95,11 +96,15 @@ class ClientSession:
     async def next_event(self, timeout: float | None = None):
         return await within(self.events.get(), timeout)
 
-    async def close(self, timeout: float = 10.0) -> Closed:
-        """Ask the node to close; return its `closed` stats, skipping events still queued."""
+    async def close(self, timeout: float = 10.0, keep_events: bool = False) -> Closed:
+        """Ask the node to close; return its `closed` stats, skipping events still queued
+        (`keep_events`: they stay queued for the caller, audio sent before `closed` included)."""
         if self.closed is None:
             self._closing = True
             await self.client.send(P.pack("close", self.id), timeout)
+            if keep_events:
+                await within(self._closed_seen.wait(), timeout)
+                return self.closed
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             while self.closed is None:
@@ -109,6 +114,7 @@ class ClientSession:
     def deliver(self, event) -> None:
         if isinstance(event, Closed):
             self.closed = event
+            self._closed_seen.set()
         if not self._answered.is_set() and isinstance(event, (Error, Closed)):
             self._refusal = event           # the node's answer to a takeover's `resume`
             self._answered.set()

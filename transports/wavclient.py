@@ -121,7 +121,7 @@ async def stream(client: NodeClient, session: str, x: np.ndarray, rate: int, pac
     await asyncio.sleep(tail_s)
     receiver.cancel()
     await asyncio.gather(receiver, return_exceptions=True)
-    closed = await s.close()
+    closed = await s.close(keep_events=True)
     while not s.events.empty():                  # what arrived between the tail and `closed`
         _collect(s.events.get_nowait(), res, chunks)
     res.stats = closed.stats
