@@ -151,8 +151,8 @@ class _Run:
             return "invalid"
         if not self.free:
             return "capacity"
-        leaving = [slot for kind, slot, _ in self.ops if kind == "close"]
-        if admission(self.policy, *self.book.occupancy(leaving), len(self.book.slots)):
+        pending = [(kind, slot) for kind, slot, _ in self.ops]
+        if admission(self.policy, *self.book.occupancy(pending), len(self.book.slots)):
             return "admission"
         free = set(self.free)
         clean = [s for s in self.book.clean_slots().tolist() if s in free]

@@ -9,7 +9,8 @@ from sim.executor import SimExecutor
 from wave_actors.clock.slots import Slots
 from wave_actors.core.contract import ExecutorOptions
 from wave_actors.core.sched.clock_policy import ClockPolicy
-from wave_actors.core.sched.start_policy import EagerStarts
+from wave_actors.core.sched.jitter import AdmissionRefused
+from wave_actors.core.sched.start_policy import EagerStarts, GuardedStarts
 
 
 def slots_for(n: int) -> Slots:
@@ -66,4 +67,28 @@ def test_a_slot_released_mid_start_and_taken_again_in_one_gap_starts_fresh(old_c
                 break
         assert ready.result() is True
         assert [t for chunk in heard for t in chunk] == new_prompt   # all of it, in order
+    run(go)
+
+
+def test_opens_of_one_gap_are_weighed_together():
+    """A burst of opens between two beats is judged as the book will hold it at the next plan.
+    The bug this guards: each open weighed against the book of the last plan (none of the
+    burst counted as starting), so a node with more slots than its beat carries on time
+    admitted the whole burst at once and every live call heard late beats."""
+    async def go():
+        slots = Slots(SimExecutor(ExecutorOptions(max_sessions=8), CostModel.load()), 0,
+                      ClockPolicy(), GuardedStarts())
+        # a beat of n sessions forecast at 10 + 40 (n - 1) ms: four fit the 160 ms beat
+        slots.book.policy.know_beats({1: 0.010, 8: 0.290})
+        admitted = []
+        for i in range(8):
+            try:
+                admitted.append(slots.admit(i, None, [3, 4, 5], None))
+            except AdmissionRefused:
+                pass
+        assert len(admitted) == 4
+        slots.release(admitted[0])                 # a close in the same gap frees its weight
+        assert slots.admit("late", None, [3, 4, 5], None) is not None
+        with pytest.raises(AdmissionRefused):
+            slots.admit("one more", None, [3, 4, 5], None)
     run(go)

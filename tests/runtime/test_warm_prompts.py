@@ -109,9 +109,9 @@ def test_admission_does_not_weigh_a_session_released_before_the_next_plan():
     book.open(0, [1, 2])
     book.plan(0.16)
     assert book.ready(0) and book.occupancy() == (1, 0)
-    assert book.occupancy(leaving=[0]) == (0, 0)
+    assert book.occupancy([("close", 0)]) == (0, 0)
     book.open(1, [1, 2])
-    assert book.occupancy(leaving=[0, 0]) == (0, 1)       # a slot named twice is one session
+    assert book.occupancy([("close", 0), ("close", 0)]) == (0, 1)   # one session, named twice
 
 
 @pytest.mark.slow

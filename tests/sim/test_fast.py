@@ -111,8 +111,10 @@ def test_one_seed_gives_one_result_and_another_seed_another(tmp_path):
 
 @dataclass
 class AtMost:
-    """Admits an open only while fewer than `n` sessions are live or starting."""
+    """Admits an open only while fewer than `n` sessions are live (and starting, unless
+    `starting` is off: a burst of opens then fills the table, which refuses the rest)."""
     n: int = 3
+    starting: bool = True
     name: str = field(default="at-most", init=False)
     held_back: int = field(default=0, init=False)
 
@@ -123,10 +125,12 @@ class AtMost:
         return True
 
     def admit(self, n_live, n_starting, slots):
-        return None if n_live + n_starting < self.n else f"{self.n} sessions already"
+        held = n_live + (n_starting if self.starting else 0)
+        return None if held < self.n else f"{self.n} sessions already"
 
     def describe(self):
-        return {"name": self.name, "class": "tests:AtMost", "params": {"n": self.n},
+        return {"name": self.name, "class": "tests:AtMost",
+                "params": {"n": self.n, "starting": self.starting},
                 "held_back": 0}
 
 
@@ -134,7 +138,7 @@ def test_refusals_are_counted_by_reason():
     """Catches an admission refusal counted as capacity (or the reverse), a refusal that takes
     a slot, or the node's order lost: a full table refuses before the policy is asked."""
     res, d, run = run_one(FastConfig(slots=4, lines=6, churn_s=3, beats=100, seed=1,
-                                     policy=AtMost(3)), 1)
+                                     policy=AtMost(3, starting=False)), 1)
     print(f"\nrefusals by reason: {res.refusals_by_reason}")
     assert set(res.refusals_by_reason) == {"admission", "capacity"}
     assert sum(res.refusals_by_reason.values()) == res.refusals

@@ -43,8 +43,8 @@ class Slots:
         """A slot for a new session, its prompt planned in at the next boundary. Raises
         `AdmissionRefused` when the start policy says no, `CapacityError` when full."""
         if self.table.free_slots:                  # full: the table says so below
-            leaving = [h.slot for kind, h, _ in self._ops if kind == "close"]
-            why = admission(self.book.policy, *self.book.occupancy(leaving), len(self.book.slots))
+            pending = [(kind, h.slot) for kind, h, _ in self._ops]
+            why = admission(self.book.policy, *self.book.occupancy(pending), len(self.book.slots))
             if why:
                 raise AdmissionRefused(why)
         # a slot cleaned since its last session (behind a beat) starts with no reset in its beat

@@ -178,16 +178,17 @@ class SlotBook:
     def phase(self, slot: int) -> str:
         return self.slots[slot].phase
 
-    def occupancy(self, leaving=()) -> tuple[int, int]:
-        """(live, starting) sessions: what an admission test weighs. `leaving`: slots whose
-        sessions were released since the last plan (their close applies at the next one, so
-        they are in no beat from then on): not counted."""
+    def occupancy(self, pending=()) -> tuple[int, int]:
+        """(live, starting) sessions: what an admission test weighs. `pending`: the (kind, slot)
+        opens and closes asked since the last plan, in order; they apply at the next one, so
+        the test weighs the book as they will leave it (a burst of opens in one beat counts)."""
+        after = {slot: kind for kind, slot in pending if kind in ("open", "close")}
         live = int(self._live.sum())
         starting = sum(s.phase != "closed" for s in self.slots) - live
-        for slot in set(leaving):
+        for slot, kind in after.items():
             phase = self.slots[slot].phase
             live -= phase == "live"
-            starting -= phase == "starting"
+            starting += (kind == "open") - (phase == "starting")
         return live, starting
 
     def clean_slots(self) -> np.ndarray:
