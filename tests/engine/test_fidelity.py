@@ -153,6 +153,7 @@ def test_serving_profile_with_kernels_on_the_gpu(profile):
             assert q["top1"]["agree"] >= 0.99, (name, q["top1"])
 
 
+@pytest.mark.slow
 def test_an_option_is_measured_against_the_profile_it_changes(tmp_path):
     """dense-ssm16 against dense (`against`): teacher-forced, every stage but the thinker gets
     the same inputs and runs the same arithmetic, so only the thinker's numbers move, by about

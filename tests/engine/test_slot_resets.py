@@ -60,11 +60,13 @@ def by_slot(state) -> dict[str, torch.Tensor]:
 
 # every count of resets alike (a set strategy favours the smallest), so the padded counts
 # (3, 5, 6, 7 resets) come up often enough for the search to find a padding bug
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(resets=st.integers(1, SLOTS).flatmap(
            lambda n: st.permutations(range(SLOTS)).map(lambda p: set(p[:n]))),
        copy_entry=st.lists(st.sampled_from([None, 0, 1]), min_size=SLOTS, max_size=SLOTS),
        positions=st.integers(1, PROMPT), indexed=st.booleans())
+@pytest.mark.slow
 def test_resets_write_what_per_slot_resets_and_copies_write(resets, copy_entry, positions,
                                                             indexed):
     copies = [(s, copy_entry[s], positions) for s in sorted(resets) if copy_entry[s] is not None]

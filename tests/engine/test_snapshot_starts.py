@@ -140,6 +140,7 @@ def test_a_warm_start_is_the_prefilled_start(name):
     assert same(snap[0], compare(name, calls, 0)[1][0])
 
 
+@pytest.mark.slow
 def test_a_prefix_snapshot_resumes_at_its_end(name):
     specs = [SessionSpec(instructions=INSTRUCTIONS, tools=[TOOL(t)])
              for t in ("book_room", "cancel_booking", "late_checkout")]
@@ -153,6 +154,7 @@ def test_a_prefix_snapshot_resumes_at_its_end(name):
     assert equal
 
 
+@pytest.mark.slow
 def test_sessions_from_one_snapshot_still_draw_their_own_noise(name):
     spec = SessionSpec(instructions=INSTRUCTIONS)
     snap = asyncio.run(run_calls(build(name, True), [(0, 0, spec), (3, 1, spec), (3, 2, spec)],
@@ -199,6 +201,7 @@ def reused_start(name: str) -> tuple[dict, dict, bool]:
     return again, fresh, same(again[0], fresh[0])
 
 
+@pytest.mark.slow
 def test_a_start_in_a_cleaned_slot_is_a_start_in_a_new_one(name):
     again, _, equal = reused_start(name)
     assert again["book"].snapshots.describe()["hits"] == 1
@@ -206,6 +209,7 @@ def test_a_start_in_a_cleaned_slot_is_a_start_in_a_new_one(name):
     assert equal
 
 
+@pytest.mark.slow
 def test_the_check_catches_a_clean_that_leaves_the_last_session_behind(name, monkeypatch):
     """Planted: a clean that does nothing. The slot's next session then starts on what the
     last one left (the talker's caches and position, perception, the RNNT's state)."""

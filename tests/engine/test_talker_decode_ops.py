@@ -95,6 +95,7 @@ def test_installed_talker_equals_reference(talker, profile):
         assert rel(getattr(st_fast, name), getattr(st_ref, name)) < (1e-5 if fp32 else 1e-2)
 
 
+@pytest.mark.slow
 def test_installed_talker_runs_the_fused_kernels(talker, monkeypatch):
     """The hooks really route: each residual step and gated MLP of a live frame is one call."""
     from gpu.engine import decode_ops

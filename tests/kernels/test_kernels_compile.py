@@ -58,6 +58,7 @@ def compile_cases() -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow       # a GPU compile in a subprocess: make test runs it, the edit loop does not
 def test_the_mamba_step_compiles_for_sm90():
     """In a process of its own: the suite's conftest turns Triton's interpreter on, and an
     interpreted kernel cannot be compiled."""

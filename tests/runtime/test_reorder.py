@@ -4,6 +4,7 @@ Invariants: every pushed item is released exactly once, rejected, or still held;
 in strictly increasing seq order; nothing is held past `gap_wait_s` once `due` has been called at
 the deadline; every seq below the next expected one was released, rejected, or reported skipped.
 """
+import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -129,7 +130,8 @@ class ReorderMachine(RuleBasedStateMachine):
         assert deadline is None or self.now < deadline <= self.now + WAIT
 
 
-TestReorder = ReorderMachine.TestCase
+# the edit loop keeps the arrival-order property below; make test runs the machine too
+TestReorder = pytest.mark.slow(ReorderMachine.TestCase)
 TestReorder.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
 
 

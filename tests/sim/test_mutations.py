@@ -31,6 +31,9 @@ from wave_actors.core.sched.start_policy import EagerStarts
 from wave_actors.core.sched.start_queue import StartQueue
 from wave_actors.sessions.session import SessionActor
 
+# These check the checks, not the serving code: `make test` runs them, the edit loop does not.
+pytestmark = pytest.mark.slow
+
 FAILS = (AssertionError, BaseExceptionGroup)
 
 
@@ -78,7 +81,7 @@ def _lowest_never_served(original):
 
 @pytest.mark.parametrize("method,plant", [
     ("push", _drop_with_room),
-    pytest.param("pack", _underrun_with_a_frame, marks=pytest.mark.slow),   # the longest search
+    ("pack", _underrun_with_a_frame),                                     # the longest search
     ("pack", _lowest_never_served)],
     ids=["frame dropped with room left", "underrun counted with a frame queued",
          "lowest slot never served"])

@@ -86,6 +86,7 @@ def test_results_of_the_same_name_keep_apart():
     assert plot.names(["a/x.json", "a/x.json"]) == ["a-x-1", "a-x-2"]
 
 
+@pytest.mark.slow
 def test_the_figures_draw_the_results_own_numbers(results):
     data = plot.load(results["eager"])
     r = data["per_run"][0]
@@ -121,6 +122,7 @@ def test_the_command_writes_pngs_and_a_comparison(results, tmp_path):
     assert done.stderr.strip().count("\n") == 0 and "per_run" in done.stderr
 
 
+@pytest.mark.slow
 def test_blocking_is_drawn_against_offered_load_one_series_per_policy(workload_results):
     data = {name: plot.load(path) for name, path in workload_results.items()}
     drawn = series(plot.blocking_figure(data))
@@ -136,6 +138,7 @@ def test_blocking_is_drawn_against_offered_load_one_series_per_policy(workload_r
     assert set(drawn["node slots"][0]) == {16}
 
 
+@pytest.mark.slow
 def test_an_slo_search_draws_its_probes_as_a_blocking_curve(slo_result, tmp_path):
     data = plot.load(slo_result)
     probes = sorted((p["offered_erlangs"], p["blocking"])
@@ -151,6 +154,7 @@ def test_an_slo_search_draws_its_probes_as_a_blocking_curve(slo_result, tmp_path
     assert [p.name for p in tmp_path.glob("*.png")] == ["blocking.png"]   # no trace: no beats
 
 
+@pytest.mark.slow
 def test_the_calls_figure_counts_each_calls_late_beats(workload_results):
     data = plot.load(workload_results["forecast"])
     lates = [sum(c["late_beats"] for c in r["calls"]) for r in data["per_run"]]
