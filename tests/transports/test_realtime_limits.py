@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
 
-from tests.transports.test_realtime_e2e import FRAME_S, start_node, stop, tone, until
+from tests.transports.realtimekit import FRAME_S, start_node, stop, tone, until
 from transports import protocol as P
 from transports.realtime.codec import MAX_AUDIO_MESSAGE_BYTES
 from transports.realtime.feed import FeedPolicy

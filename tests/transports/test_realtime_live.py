@@ -17,7 +17,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.protocol import State
 
-from tests.transports.test_realtime_e2e import start_node, stop, tone, until
+from tests.transports.realtimekit import start_node, stop, tone, until
 from tests.transports.test_realtime_limits import collect, settle
 from transports.realtime.feed import FeedPolicy
 from transports.realtime.server import Bridge, BridgeConfig

@@ -25,34 +25,15 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.transports.test_realtime_e2e import free_port, start, start_node, stop
+from tests.transports.realtimekit import ROOT, free_port, http_get, start, start_node, stop
 from transports.realtime.server import Bridge, BridgeConfig
 
-ROOT = Path(__file__).resolve().parents[2]
 KEY = "page-key-123"
 CHROMIUM = Path("/usr/bin/chromium")
 WEB = ROOT / "transports" / "realtime" / "web"
 
 
 # ---- plain HTTP against an in-process bridge ---------------------------------------------
-
-async def http_get(port: int, path: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
-    """One GET; the bridge closes the connection after a non-WebSocket answer."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
-    lines = [f"GET {path} HTTP/1.1", f"Host: 127.0.0.1:{port}",
-             *(f"{k}: {v}" for k, v in (headers or {}).items()), "", ""]
-    writer.write("\r\n".join(lines).encode())
-    await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), 5)
-    writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status_line, *header_lines = head.decode().split("\r\n")
-    hdrs = {}
-    for line in header_lines:
-        k, _, v = line.partition(":")
-        hdrs[k.strip().lower()] = v.strip()
-    return int(status_line.split()[1]), hdrs, body
-
 
 def test_page_served_and_endpoint_unchanged():
     """Catches: the page or one of its files missing, served with a wrong Content-Type (a

@@ -24,7 +24,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from tests.transports.realtime_models import problems
-from tests.transports.test_realtime_e2e import FRAME_S, start_node, stop, tone
+from tests.transports.realtimekit import FRAME_S, start_node, stop, tone
 from transports.realtime.server import Bridge, BridgeConfig
 
 TOOL = {"type": "function", "name": "lookup_weather", "description": "Weather for a city",

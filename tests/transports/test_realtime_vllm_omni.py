@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.transports.test_realtime_e2e import start_node, stop
+from tests.transports.realtimekit import start_node, stop
 from transports.realtime.server import Bridge, BridgeConfig
 
 FRAMES = 190
