@@ -218,10 +218,10 @@ def test_the_users_can_say_real_speech_with_pauses():
 
 
 def test_fp8_talker_kv_is_measured_against_the_profile_without_it():
-    """dense-compact against dense-ssm16: only the talker's numbers move, judged at fp8's
+    """dense-compact against dense-ssm16-sr: only the talker's numbers move, judged at fp8's
     bound, and the KL of its mixture choice is reported."""
     ref, test = fidelity.build_pair(CFG, Profile.named("dense-compact"), "cpu", seed=5,
-                                    kernels=False, against=Profile.named("dense-ssm16"))
+                                    kernels=False, against=Profile.named("dense-ssm16-sr"))
     res = fidelity.measure(ref, test, SESSIONS, FRAMES, seed=5)
     q = res["quantities"]
     assert res["stage_precision"]["talker"] == "fp8"

@@ -65,7 +65,8 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
                     choices=SERVING_PROFILES,
                     help="precision profile (docs/MODEL.md): dense-ssm16 is dense with its "
                          "Mamba SSM state stored in bf16 (dense-ssm16-sr: rounded "
-                         "stochastically), dense-compact that with the talker's KV in fp8")
+                         "stochastically); dense-compact is dense-ssm16-sr with the talker's "
+                         "KV in fp8")
     ap.add_argument("--config", choices=("tiny", "full"),
                     help="model size (default: full on a GPU backend, tiny on the cpu one)")
     ap.add_argument("--snapshot-mb", type=float, default=-1.0,
