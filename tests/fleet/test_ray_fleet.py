@@ -17,7 +17,7 @@ import json                                                    # noqa: E402
 
 from websockets.asyncio.client import connect                  # noqa: E402
 
-from tests.transports.test_realtime_e2e import until          # noqa: E402
+from tests.transports.realtimekit import until               # noqa: E402
 from transports.client_events import Refused               # noqa: E402
 from transports.realtime.server import Bridge, BridgeConfig    # noqa: E402
 from transports.fleet_client import FleetClient            # noqa: E402
