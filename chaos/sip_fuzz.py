@@ -31,9 +31,7 @@ import socket
 from dataclasses import dataclass, field
 
 from chaos.quiet import until_quiet
-from chaos.sip_plan import MAX_DATAGRAM, MUTATORS, SENT_BY, SOCKS, plan, request, sdp
-
-__all__ = ["run", "plan", "MUTATORS", "MAX_DATAGRAM"]
+from chaos.sip_plan import SENT_BY, SOCKS, plan, request, sdp
 
 PACE_S = 0.001               # between datagrams: a fuzzer, not a flood
 ANSWER_S = 3.0               # the control call's final answer
