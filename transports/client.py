@@ -131,7 +131,7 @@ class NodeClient:
         await stop_tasks([self._reader, self._monitor, self._pinger])
         if self._monitor_sock is not None:     # a watcher cancelled before it ran never closed it
             self._monitor_sock.close(0)
-        self.sock.close(0)
+        self._tx.close(0)
 
     async def send(self, frames: list[bytes], timeout: float | None = SEND_TIMEOUT_S) -> None:
         """Send one message. A DEALER with no connected node blocks; past `timeout` this raises
@@ -184,7 +184,7 @@ class NodeClient:
             except zmq.Again:
                 pass
             try:
-                await within(self.sock.send_multipart(frames), timeout)
+                await within(self._tx.send_waiting(frames), timeout)
             except asyncio.TimeoutError:
                 raise NodeUnavailable(self._why_unavailable()) from None
         finally:
@@ -253,7 +253,7 @@ class NodeClient:
         """Whether node messages wait to be read: after a stall of this process, the node's
         answers are there before our reader has had its turn."""
         try:
-            return bool(self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+            return bool(self._tx.events() & zsock.POLLIN)
         except zmq.ZMQError:
             return False
 
@@ -270,6 +270,7 @@ class NodeClient:
         except zmq.ZMQError:
             pass                                # not connected at the moment: nothing to end
         self.sock.connect(self.endpoint)
+        self._tx.kick_soon()                    # connecting may consume the socket's edge
         # Each session's `resume` goes first on the new connection: audio queued behind it
         # reaches the node once the session is bound to the new identity.
         self._resume_queued = True
@@ -336,7 +337,7 @@ class NodeClient:
         await within(fut, timeout)
 
     async def _read_loop(self) -> None:
-        async for batch in zsock.batches(self.sock, self._tx.sync):
+        async for batch in zsock.batches(self._tx):
             self._last_heard = asyncio.get_running_loop().time()
             for frames in batch:
                 try:

@@ -1,24 +1,30 @@
-"""The per-frame socket traffic without pyzmq's asyncio machinery where it is not needed.
+"""The per-frame socket traffic without pyzmq's asyncio machinery.
 
 An awaited send or receive on a `zmq.asyncio` socket costs tens of µs of Python (futures, event
-registration, flag enums), and the node moves several messages per session per beat: a client's
-audio in, the frame to the clock, the beat's outputs back to the session, the audio and text out.
-At full load that is most of the event loop's time, and every millisecond of it lands in a
-beat's latency. Two cheaper paths, used only from the loop's thread:
-  - `Tx.send`: a send that must not wait (NOBLOCK) goes through a synchronous twin of the socket
-    and raises at once (zmq.Again when the peer's queue is full, EHOSTUNREACH for a ROUTER's
-    unknown peer) instead of returning a future that has to be inspected;
-  - `batches`: a receive loop awaits one message, then takes what else is already queued
-    synchronously (a beat's outputs arrive together), up to DRAIN_MAX before it lets the loop
-    run other tasks.
-Both call the compiled socket's send and recv directly (`send_now`, `recv_now`): pyzmq's Python
-layer over them checks types and combines flag enums on every part, several µs a part, which at
-a few hundred sessions is milliseconds of every beat.
-ZMQ signals readiness on an edge-triggered descriptor, and any operation on the socket (a send
-included) may consume that edge. The asyncio socket re-checks its events after its own
-operations only, so after ours it is asked to (`kick`, once per loop iteration at most). Without
-it, receives sleep through messages that have arrived: frames are heard in bursts and overflow the
-jitter buffers.
+registration, flag enums, a look at the socket's events after each), and the node moves several
+messages per session per beat: a client's audio in, the frame to the clock, the beat's outputs
+back to the session, the audio and text out. At full load that was most of the event loop's
+time. So every socket that carries them is driven here, from the loop's thread only:
+  - `Tx.send`: a send that must not wait (NOBLOCK) raises at once (zmq.Again when the peer's
+    queue is full, EHOSTUNREACH for a ROUTER's unknown peer) instead of returning a future;
+  - `batches`: a receive loop takes every message already queued synchronously (a beat's
+    outputs arrive together), up to DRAIN_MAX before it lets the loop run other tasks, and
+    only an empty socket waits;
+  - `Tx.wait`: the wait itself, on the socket's descriptor with a reader of our own.
+The sends and receives call the compiled socket's send and recv directly (`send_now`,
+`recv_now`): pyzmq's Python layer over them checks types and combines flag enums on every part,
+several µs a part, which at a few hundred sessions is milliseconds of every beat.
+
+ZMQ signals readiness on an edge-triggered descriptor: it wakes when the socket's events may
+have changed, and any operation on the socket (a send included, or reading its events) may
+consume that edge. So a wait first reads the events and sleeps only if what it waits for is not
+there, and after any other operation on the socket its waiters look again (`Tx.kick`, once per
+loop iteration at most; sends do it themselves). Without that, receives sleep through messages
+that have arrived: frames are heard in bursts and overflow the jitter buffers.
+
+A socket driven here is never awaited through pyzmq as well (pyzmq's reader would replace
+ours), and it is closed through its `Tx` (the reader leaves the loop before the descriptor is
+closed and its number reused).
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ DRAIN_MAX = 64       # a few ms of handling at most before other tasks (a finish
 
 _SEND, _RECV, _GET = zmq.backend.Socket.send, zmq.backend.Socket.recv, zmq.backend.Socket.get
 NOBLOCK, _SNDMORE, _RCVMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE), int(zmq.RCVMORE)
+POLLIN, POLLOUT, _EVENTS = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.EVENTS)
 
 
 def send_now(sock: zmq.Socket, frames: list, copy: bool = True) -> None:
@@ -55,74 +62,138 @@ def recv_now(sock: zmq.Socket, copy: bool = True) -> list:
     return parts
 
 
-def twin(sock: zmq.asyncio.Socket) -> zmq.Socket:
+def twin(sock: zmq.Socket) -> zmq.Socket:
     """A synchronous socket on the same ZMQ socket (it does not own it: close the original)."""
-    return zmq.Socket.shadow(sock.underlying)
-
-
-def kick(sock: zmq.Socket) -> None:
-    """Make an asyncio socket look at its events again (pyzmq's own hook for this); a plain
-    socket has no reader to re-arm."""
-    if isinstance(sock, zmq.asyncio.Socket):
-        sock._schedule_remaining_events()
+    return zmq.Socket.shadow(sock.underlying) if isinstance(sock, zmq.asyncio.Socket) else sock
 
 
 class Tx:
-    """Non-blocking sends on an asyncio socket's synchronous twin (or on a plain socket)."""
+    """One socket's non-blocking sends (on its synchronous twin) and its waits for readiness."""
 
-    def __init__(self, sock: zmq.asyncio.Socket):
+    def __init__(self, sock: zmq.Socket):
         self.sock = sock
         self.sync = twin(sock)
-        # A plain socket has no reader to re-arm after a send: as if a kick were always due.
-        self._kick_due = not isinstance(sock, zmq.asyncio.Socket)
+        self._loop: asyncio.AbstractEventLoop | None = None    # whose reader watches the fd
+        self._fd = -1
+        self._waiters: list[asyncio.Future] = []
+        self._kick_due = False
+        self._pyzmq = isinstance(sock, zmq.asyncio.Socket)
 
     def send(self, frames: list, copy: bool = True) -> None:
         """Queue a multipart message now or raise zmq.ZMQError (zmq.Again: no room)."""
-        if self.sock.closed:          # the twin would use the freed socket: refuse like pyzmq
+        if self.sync.closed:          # the twin would use the freed socket: refuse like pyzmq
             raise zmq.ZMQError(zmq.ENOTSOCK)
         try:
             send_now(self.sync, frames, copy)
         finally:
-            if not self._kick_due:
-                self._kick_due = True
-                asyncio.get_running_loop().call_soon(self._kick)
+            self.kick_soon()
 
-    def _kick(self) -> None:
+    async def send_waiting(self, frames: list, copy: bool = True) -> None:
+        """Queue a multipart message, waiting for room as long as it takes (bound it with a
+        timeout around this call)."""
+        while True:
+            try:
+                return self.send(frames, copy)
+            except zmq.Again:
+                await self.wait(POLLOUT)
+
+    async def wait(self, mask: int = POLLIN) -> None:
+        """Until the socket's events include `mask` (POLLIN: a message can be read; POLLOUT:
+        one can be queued)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop, self._fd, self._pyzmq = loop, self.sync.FD, False
+            loop.add_reader(self._fd, self._changed)
+        while not (_GET(self.sync, _EVENTS) & mask):
+            fut = loop.create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if not fut.done():
+                    self._waiters.remove(fut)
+            if self.sync.closed:
+                raise zmq.ZMQError(zmq.ENOTSOCK)
+
+    def events(self) -> int:
+        """The socket's events now (zmq.POLLIN | zmq.POLLOUT). Reading them consumes the
+        descriptor's edge, so this socket's waiters are told to look too."""
+        events = _GET(self.sync, _EVENTS)
+        if self._waiters:
+            self.kick_soon()
+        return events
+
+    def _changed(self) -> None:
+        """The descriptor woke (or an operation may have consumed its edge): every waiter looks
+        at the events again. Reading them here resets the descriptor, which the loop would
+        otherwise report again at once."""
+        if self.sync.closed:
+            self._unwatch()
+        else:
+            _GET(self.sync, _EVENTS)
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def kick_soon(self) -> None:
+        """Waiters look at the events again in the next loop iteration (after an operation on
+        the socket that may have consumed the descriptor's edge). A socket that is awaited
+        through pyzmq instead (not waited on here) has pyzmq's reader look again."""
+        if not self._kick_due and (self._loop is not None or self._pyzmq):
+            self._kick_due = True
+            asyncio.get_running_loop().call_soon(self.kick)
+
+    def kick(self) -> None:
         self._kick_due = False
-        if not self.sock.closed:
-            kick(self.sock)
+        if self._loop is not None:
+            if self._waiters:
+                self._changed()
+        elif self._pyzmq and not self.sock.closed:
+            self.sock._schedule_remaining_events()
+
+    def _unwatch(self) -> None:
+        if self._loop is not None:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self._fd)
+            self._loop = None
+
+    def close(self, linger: int | None = None) -> None:
+        """Close the socket (its reader leaves the loop first); its waiters raise ENOTSOCK."""
+        self._unwatch()
+        self.sock.close(linger)
+        self._changed()
 
 
-async def batches(sock: zmq.asyncio.Socket, sync: zmq.Socket, copy: bool = True
-                  ) -> AsyncIterator[list]:
-    """Lists of multipart messages in arrival order: the first (awaited if none is queued),
+async def batches(tx: Tx, copy: bool = True) -> AsyncIterator[list]:
+    """Lists of multipart messages in arrival order: the first (waited for if none is queued),
     then the queued rest."""
-    waited = True
+    sync, waited = tx.sync, True
     while True:
-        # A message already queued is taken without pyzmq's futures, and only an empty socket
-        # is awaited; a batch that did not wait is followed by one turn of the loop, so a busy
-        # socket still lets other tasks run (before the next read: a read held across the turn
-        # could be overtaken by the clock's synchronous drain at a release).
+        # A batch that did not wait is followed by one turn of the loop, so a busy socket still
+        # lets other tasks run (before the next read: a read held across the turn could be
+        # overtaken by the clock's synchronous drain at a release).
         if not waited:
             await asyncio.sleep(0)
         try:
             batch, waited = [recv_now(sync, copy)], False
         except zmq.Again:
-            batch, waited = [await sock.recv_multipart(copy=copy)], True
+            await tx.wait(POLLIN)
+            waited = True
+            continue
         while len(batch) < DRAIN_MAX:
             try:
                 batch.append(recv_now(sync, copy))
             except zmq.Again:
                 break
-        kick(sock)
         yield batch
 
 
-async def serve(sock: zmq.asyncio.Socket, sync: zmq.Socket, handle: Callable[[list], None],
-                log: logging.Logger, what: str, copy: bool = True) -> None:
+async def serve(tx: Tx, handle: Callable[[list], None], log: logging.Logger, what: str,
+                copy: bool = True) -> None:
     """`handle` every message in arrival order (`batches`). A message whose handling fails is
     logged with `what` it was and skipped: a reader never ends on one bad message."""
-    async for batch in batches(sock, sync, copy):
+    async for batch in batches(tx, copy):
         for parts in batch:
             try:
                 handle(parts)

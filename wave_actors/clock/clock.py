@@ -192,9 +192,10 @@ class BeatClockActor(Actor):
         self.releases.forget()
         self.frames_in.stop()
         self.frames = None
-        for sock in (self._frames_sock, self.sock):
-            if sock is not None:
-                sock.close(0)
+        if self._frames_sock is not None:
+            self._frames_sock.close(0)
+        if self.sock is not None:
+            self.tx.close(0)                 # its reader leaves the loop first
 
     # -- control ----------------------------------------------------------------------------------
     async def handle(self, msg: Any) -> Any:

@@ -59,7 +59,7 @@ class FramesIn:
                     # stand between the loop and the release.
                     await self.actor.turns.turn()
                 self.take(self._recv_all())
-        async for batch in zsock.batches(self.actor.sock, self.actor.tx.sync):    # on arrival
+        async for batch in zsock.batches(self.actor.tx):    # on arrival
             self.take(batch)
             if self.actor.reads_wait_out_hold and self.actor.turns.held:
                 await self.actor.turns.turn()
@@ -90,7 +90,7 @@ class FramesIn:
             self.actor.frames.flush()
         self.take(self._recv_all())
         self.pull_ring()
-        zsock.kick(self.actor.sock)      # the reads consumed the socket's edge: re-arm its reader
+        self.actor.tx.kick()      # the reads may have consumed the socket's edge: look again
 
     def take(self, messages: list[list]) -> None:
         """Frame batches read off the socket together, queued as one (a batch's queueing costs

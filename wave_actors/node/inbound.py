@@ -46,7 +46,7 @@ class Inbound:
         self.node = node
 
     async def run(self) -> None:
-        async for batch in zsock.batches(self.node.sock, self.node.tx.sync, copy=False):
+        async for batch in zsock.batches(self.node.tx, copy=False):
             for raw in batch:
                 try:
                     self._on_frames(raw)

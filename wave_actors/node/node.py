@@ -246,7 +246,7 @@ class Node:
         await stop_tasks(self._tasks)
         if self.gatekeeper is not None:
             await self.gatekeeper.stop()
-        self.sock.close(CLOSE_LINGER_MS)
+        self.tx.close(CLOSE_LINGER_MS)
         self.stopped.set()
 
     async def _watch_liveness(self) -> None:

@@ -65,6 +65,7 @@ class SessionWorker:
         self._views: dict[str, OutputsView] = {}  # the engine's shared outputs, mapped
         self._rings: dict[str, FramesView] = {}   # the engine's rings of frames, by endpoint
         self._batchers: dict[str, FrameBatcher] = {}
+        self._clock_txs: list[zsock.Tx] = []       # the sockets to each clock (outputs, frames)
         self._out: list[tuple[int, bool, list[bytes]]] = []
         self._out_due = False
         # `audio` messages in `_out` whose payload is still samples, by (format, length).
@@ -88,6 +89,8 @@ class SessionWorker:
         await stop_tasks(self._tasks)
         await self.supervisor.stop_all()
         self._flush_out()
+        for tx in [*self._clock_txs, self.tx]:
+            tx.close(200)                    # their readers leave the loop first
         self.ctx.destroy(linger=200)
 
     async def _watch_parent(self) -> None:
@@ -139,6 +142,7 @@ class SessionWorker:
             sock.setsockopt(zmq.IDENTITY, W.clock_identity(self.index, os.getpid()))
             sock.connect(endpoint)
             tx = zsock.Tx(sock)
+            self._clock_txs.append(tx)
             batcher = self._batchers[endpoint] = FrameBatcher(tx, self.frames_wait)
             task = asyncio.get_running_loop().create_task(self._recv_outputs(sock, tx, endpoint))
             self._tasks.append(task)
@@ -151,7 +155,7 @@ class SessionWorker:
                 self._frames_at(endpoint, *parts[1:3])
             else:
                 self._on(parts)
-        await zsock.serve(sock, tx.sync, on, log, f"worker {self.index}: a beat's outputs")
+        await zsock.serve(tx, on, log, f"worker {self.index}: a beat's outputs")
 
     def _frames_at(self, endpoint: str, where, name) -> None:
         """The clock at `endpoint` says where its ring of frames lies (or that it has none): this
@@ -177,7 +181,7 @@ class SessionWorker:
             old.close()
 
     async def _recv(self) -> None:
-        await zsock.serve(self.sock, self.tx.sync, self._on, log,
+        await zsock.serve(self.tx, self._on, log,
                           f"worker {self.index}: a message from the front")
 
     def _on(self, parts: list) -> None:

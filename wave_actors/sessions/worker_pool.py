@@ -192,7 +192,7 @@ class WorkerPool:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        self.sock.close(0)
+        self.tx.close(0)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _died(self, worker: _Worker) -> None:
@@ -296,7 +296,7 @@ class WorkerPool:
 
     # -- from the workers -------------------------------------------------------------------------
     async def _recv(self) -> None:
-        await zsock.serve(self.sock, self.tx.sync, self._on, log,
+        await zsock.serve(self.tx, self._on, log,
                           "front: a message from a session worker")
 
     def _on(self, parts: list) -> None:
