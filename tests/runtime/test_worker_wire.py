@@ -51,3 +51,51 @@ def test_parts_that_disagree_are_refused():
     with pytest.raises(ValueError, match="frames"):
         W.read_beat_at(bad.tobytes(), np.zeros(3, np.int32).tobytes(),
                        np.zeros(1, W.SHARED_AT).tobytes(), b"x")
+
+
+def test_clients_audio_shares_one_message_to_its_worker_and_control_waits_behind_it():
+    """The front → worker direction (worker_pool.WorkerPool), on real sockets with a DEALER
+    standing in for the worker. Catches: audio sent a message per client message (an ipc send
+    each, the front's largest cost), audio held back past AUDIO_WAIT_S, and a control message
+    (a close) overtaking audio its session was sent before it."""
+    import asyncio
+
+    import zmq
+    import zmq.asyncio
+
+    from transports import zsock
+    from wave_actors.sessions.messages import AudioIn
+    from wave_actors.sessions.worker_pool import AUDIO_WAIT_S, WorkerPool, _Worker
+
+    async def scenario() -> list[list]:
+        ctx = zmq.asyncio.Context()
+        pool = WorkerPool(1, ctx, (), handlers=None)
+        pool.sock = ctx.socket(zmq.ROUTER)
+        pool.sock.bind("inproc://pool-audio")
+        pool.tx = zsock.Tx(pool.sock)
+        stand_in = ctx.socket(zmq.DEALER)
+        stand_in.setsockopt(zmq.IDENTITY, b"w0")
+        stand_in.connect("inproc://pool-audio")
+        await stand_in.send(b"ready")                # the ROUTER knows the identity from here
+        assert (await pool.sock.recv_multipart())[0] == b"w0"
+        worker = pool.workers[0] = _Worker(0, None, asyncio.get_running_loop().create_future(),
+                                           identity=b"w0")
+        for seq in range(3):                         # three clients' frames, one at a time
+            pool.queue_audio(worker, 7 + seq, AudioIn(seq, b"x" * (seq + 1)))
+            await asyncio.sleep(0)
+        first = await asyncio.wait_for(stand_in.recv_multipart(), 1.0)
+        pool.queue_audio(worker, 7, AudioIn(3, b"y"))
+        pool.send(worker, W.ctrl("close", 7, "client"))   # the audio before it goes first
+        second = await asyncio.wait_for(stand_in.recv_multipart(), 1.0)
+        third = await asyncio.wait_for(stand_in.recv_multipart(), 1.0)
+        assert not await stand_in.poll(5 * 1000 * AUDIO_WAIT_S)     # nothing else was sent
+        pool.tx.close(0)
+        stand_in.close(0)
+        ctx.term()
+        return [first, second, third]
+
+    first, second, third = asyncio.run(scenario())
+    assert first[0] == W.AUDIO and W.read_audio(*first[1:]) == [
+        (7, 0, b"x"), (8, 1, b"xx"), (9, 2, b"xxx")]
+    assert second[0] == W.AUDIO and W.read_audio(*second[1:]) == [(7, 3, b"y")]
+    assert third[0] == W.CTRL and W.read_ctrl(third[1])[:2] == ("close", 7)

@@ -38,6 +38,7 @@ from wave_actors.core.tasks import within
 log = logging.getLogger("wave.workers")
 READY_TIMEOUT_S = 60.0          # a spawned worker imports numpy, zmq and soxr before it is ready
 ASK_TIMEOUT_S = 5.0
+AUDIO_WAIT_S = 0.002            # how long clients' audio waits to share a message to its worker
 
 
 @dataclass
@@ -255,16 +256,15 @@ class WorkerPool:
             self._flush(worker)
         self.tx.send([worker.identity, *parts])
 
-    # A send on an ipc socket costs a few µs of the loop (the I/O thread is woken); the clients'
-    # audio goes to each worker as one message a loop turn instead.
+    # A send on an ipc socket costs tens of µs of the loop (ZMQ wakes its I/O thread), and
+    # clients' audio arrives a message at a time, spread over the beat: it goes to each worker
+    # as one message every AUDIO_WAIT_S instead (a frame waits at most that long; the worker's
+    # frames wait longer on their way to the clock, and the jitter buffer holds three).
     def queue_audio(self, worker: _Worker, rid: int, msg: AudioIn) -> None:
         worker.audio.append((rid, msg.seq, msg.payload))
-        self._flush_soon()
-
-    def _flush_soon(self) -> None:
         if not self._flush_due:
             self._flush_due = True
-            asyncio.get_running_loop().call_soon(self._flush_all)
+            asyncio.get_running_loop().call_later(AUDIO_WAIT_S, self._flush_all)
 
     def _flush_all(self) -> None:
         self._flush_due = False
