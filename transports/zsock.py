@@ -179,8 +179,10 @@ async def batches(tx: Tx, copy: bool = True) -> AsyncIterator[list]:
             batch, waited = [recv_now(sync, copy)], False
         except zmq.Again:
             await tx.wait(POLLIN)
-            waited = True
-            continue
+            try:
+                batch, waited = [recv_now(sync, copy)], True
+            except zmq.Again:           # read meanwhile by a synchronous drain
+                continue
         while len(batch) < DRAIN_MAX:
             try:
                 batch.append(recv_now(sync, copy))
