@@ -253,7 +253,7 @@ def _heard(trace) -> dict[int, list[int]]:
 
 
 @pytest.mark.slow
-@settings(max_examples=30, deadline=None, database=None,
+@settings(max_examples=45, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(BURSTS)
 def test_every_frame_sent_is_heard_or_counted(sessions):
