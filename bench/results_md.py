@@ -24,7 +24,7 @@ BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 OUT = BENCH / "RESULTS.md"
 STAMP = re.compile(r"(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})")
-ROWS_SHOWN = 12             # a kernel A/B or check's own rows are tabled up to this many
+ROWS_SHOWN = 10             # a kernel A/B or check's own rows are tabled up to this many
 
 SECTIONS = (                # kind -> heading; bench runs of other backends follow "sim"
     ("graph", "Capacity bench on the graph backend "
