@@ -119,8 +119,7 @@ class Tx:
         """The socket's events now (zmq.POLLIN | zmq.POLLOUT). Reading them consumes the
         descriptor's edge, so this socket's waiters are told to look too."""
         events = _GET(self.sync, _EVENTS)
-        if self._waiters:
-            self.kick_soon()
+        self.kick_soon()
         return events
 
     def _changed(self) -> None:
@@ -138,9 +137,10 @@ class Tx:
 
     def kick_soon(self) -> None:
         """Waiters look at the events again in the next loop iteration (after an operation on
-        the socket that may have consumed the descriptor's edge). A socket that is awaited
-        through pyzmq instead (not waited on here) has pyzmq's reader look again."""
-        if not self._kick_due and (self._loop is not None or self._pyzmq):
+        the socket that may have consumed the descriptor's edge). None is due while nothing
+        waits: a wait reads the events before it sleeps. A socket that is awaited through
+        pyzmq instead (not waited on here) has pyzmq's reader look again."""
+        if not self._kick_due and (self._waiters or self._pyzmq):
             self._kick_due = True
             asyncio.get_running_loop().call_soon(self.kick)
 

@@ -2,13 +2,21 @@
 beat's first frame routed while its second computes, then the second. Bugs these catch: a
 worker handing a session both frames' tokens with one frame's audio (its text then runs a
 frame ahead of its speech), a frame number not shifted to the part sent, and a message whose
-parts disagree read as if they matched."""
+parts disagree read as if they matched. And the front → worker direction: clients' audio
+shared into one message, never overtaken by control."""
 from __future__ import annotations
+
+import asyncio
 
 import numpy as np
 import pytest
+import zmq
+import zmq.asyncio
 
+from transports import zsock
 from wave_actors.sessions import worker_wire as W
+from wave_actors.sessions.messages import AudioIn
+from wave_actors.sessions.worker_pool import AUDIO_WAIT_S, WorkerPool, _Worker
 from wave_actors.core.frames import ALL_FRAMES, FIRST_FRAME, LATER_FRAMES, SAMPLES_OUT
 
 
@@ -58,15 +66,6 @@ def test_clients_audio_shares_one_message_to_its_worker_and_control_waits_behind
     standing in for the worker. Catches: audio sent a message per client message (an ipc send
     each, the front's largest cost), audio held back past AUDIO_WAIT_S, and a control message
     (a close) overtaking audio its session was sent before it."""
-    import asyncio
-
-    import zmq
-    import zmq.asyncio
-
-    from transports import zsock
-    from wave_actors.sessions.messages import AudioIn
-    from wave_actors.sessions.worker_pool import AUDIO_WAIT_S, WorkerPool, _Worker
-
     async def scenario() -> list[list]:
         ctx = zmq.asyncio.Context()
         pool = WorkerPool(1, ctx, (), handlers=None)

@@ -144,12 +144,12 @@ class SessionWorker:
             tx = zsock.Tx(sock)
             self._clock_txs.append(tx)
             batcher = self._batchers[endpoint] = FrameBatcher(tx, self.frames_wait)
-            task = asyncio.get_running_loop().create_task(self._recv_outputs(sock, tx, endpoint))
+            task = asyncio.get_running_loop().create_task(self._recv_outputs(tx, endpoint))
             self._tasks.append(task)
         return batcher
 
     # -- from the clock and the front --------------------------------------------------------------
-    async def _recv_outputs(self, sock, tx, endpoint: str) -> None:
+    async def _recv_outputs(self, tx: zsock.Tx, endpoint: str) -> None:
         def on(parts: list) -> None:
             if parts[0] == W.FRAMES_AT:
                 self._frames_at(endpoint, *parts[1:3])
