@@ -55,18 +55,10 @@ def send_now(sock: zmq.Socket, frames: list, copy: bool = True) -> None:
 
 
 def recv_now(sock: zmq.Socket, copy: bool = True) -> list:
-    """The next multipart message queued on a synchronous socket, or zmq.Again at once.
-    Without a copy each part is a Frame that says whether more follow (read in C as it was
-    received); a copied part is bytes, so the socket is asked, which costs pyzmq an option
-    enum each time (about half of a two-part message's read)."""
-    if not copy:
-        parts = [_RECV(sock, NOBLOCK, False)]
-        while parts[-1].more:
-            parts.append(_RECV(sock, NOBLOCK, False))
-        return parts
-    parts = [_RECV(sock, NOBLOCK, True)]
+    """The next multipart message queued on a synchronous socket, or zmq.Again at once."""
+    parts = [_RECV(sock, NOBLOCK, copy)]
     while _GET(sock, _RCVMORE):
-        parts.append(_RECV(sock, NOBLOCK, True))
+        parts.append(_RECV(sock, NOBLOCK, copy))
     return parts
 
 

@@ -115,25 +115,3 @@ def test_closing_through_tx_takes_the_reader_off_the_loop_and_fails_its_waiters(
         b.close(0)
         ctx.term()
     asyncio.run(scenario())
-
-
-@pytest.mark.parametrize("copy", [True, False])
-def test_a_read_takes_one_whole_multipart_message_with_or_without_a_copy(copy):
-    """Without a copy the parts' own `more` flag ends the message: reading it wrong would split
-    a message or join two (the front reads clients' messages this way)."""
-    ctx = zmq.Context()
-    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    a.bind("inproc://zsock-parts")
-    b.connect("inproc://zsock-parts")
-    try:
-        messages = [[b"h1", b"x" * 3000, b"t"], [b"h2"], [b"h3", b""]]
-        for m in messages:
-            a.send_multipart(m)
-        got = [zsock.recv_now(b, copy) for _ in messages]
-        assert [[bytes(p) for p in m] for m in got] == messages
-        with pytest.raises(zmq.Again):
-            zsock.recv_now(b, copy)
-    finally:
-        a.close(0)
-        b.close(0)
-        ctx.term()
