@@ -266,11 +266,13 @@ class GraphExecutor:
         """Model a session that already spoke for `context_offset` frames: its caches hold that
         many positions. The rows stay as the reset left them: the work of a frame depends only
         on the lengths, and filling them would need gigabytes of temporaries a beat on a device
-        planned to its memory ceiling. Queued behind the beat that finished its prompt."""
+        planned to its memory ceiling. Queued behind the beat that finished its prompt, a view
+        a slot: an index tensor made from a host list is a copy from pageable memory, which
+        waits for the whole replay before the launch can go on to queue the rolls behind it."""
         n = self.options.context_offset
-        idx = torch.tensor(slots, device=self.device)
-        self.state.thinker.length[idx] += n
-        self.state.talker.position[idx] += n
+        for slot in slots:
+            self.state.thinker.length[slot].add_(n)
+            self.state.talker.position[slot].add_(n)
 
     def prepare(self, sessions: int, optional: bool = False) -> bool:
         """Capture the beat graphs `sessions` live sessions use (`BeatGraphs.prepare`), between
