@@ -205,9 +205,9 @@ class BeatGraphs:
         g.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g.graph, pool=self.pool), torch.no_grad():
             self.body(g)
-        # A graph's first launch also uploads it to the device (tens of ms for a beat's):
-        # launched here on the trash rows, so no live beat pays it (a bucket first used when
-        # many calls hang up at once would).
+        # A graph's first launch also uploads it to the device (`bench/graph_first_launch.py`
+        # prices it): launched here on the trash rows, so no live beat pays it (a bucket first
+        # used when many calls hang up at once would).
         g.graph.replay()
         self.captured[bucket, rows] = g
         log.info("captured the beat graph for %d sessions%s in %.1f s (%.2f GB free, %.2f GB "
