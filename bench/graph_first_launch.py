@@ -23,7 +23,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu.engine.graph.beat_graphs import Captured                      # noqa: E402
 from gpu.engine.graph_executor import GraphExecutor                    # noqa: E402
 from wave_actors.bench.provenance import stamp                         # noqa: E402
 from wave_actors.core.contract import ExecutorOptions                  # noqa: E402
@@ -62,9 +61,7 @@ def every_graph(ex: GraphExecutor) -> dict[str, torch.cuda.CUDAGraph]:
 def fresh(ex: GraphExecutor, bucket: int) -> torch.cuda.CUDAGraph:
     """The bucket's beat (no start rows) captured again on the trash rows, never launched."""
     graphs = ex.graphs
-    g = Captured(bucket, graphs.device, 0, graphs.start_shape.prefill_chunk)
-    g.d_in["slots"].fill_(graphs.trash)
-    g.d_in["forced"].fill_(-1)
+    g = graphs.on_trash(bucket, 0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=graphs.pool), torch.no_grad():
         graphs.body(g)
