@@ -48,7 +48,6 @@ class IndexedGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self.work(index)
-            graph.replay()                  # its first launch uploads it: not in a live beat
             self.graphs[n] = (graph, index, host, torch.cuda.Event())
         self.counts = COUNTS
 

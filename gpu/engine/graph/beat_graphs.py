@@ -77,6 +77,10 @@ class BeatGraphs:
         assert set(self.d_out) == set(OUTPUTS)
         self.first = FirstFrame(self.d_out, dev, options.first_poll_ms / 1e3)
         self.captured: dict[tuple[int, int], Captured] = {}   # (bucket, start rows it holds)
+        # the ladder's decision a bucket below the top: the free memory it met, what its
+        # graphs took, or why it was skipped ("estimate": priced past the free memory;
+        # "memory": its warm-up ran out)
+        self.ladder: dict[int, dict] = {}
         self._mempool = torch.cuda.MemPool()
         self.pool = self._mempool.id
         self.streamed = StreamedBeat(self.model, device) if streams else None
@@ -211,10 +215,6 @@ class BeatGraphs:
         g.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g.graph, pool=self.pool), torch.no_grad():
             self.body(g)
-        # A graph's first launch also uploads it to the device (`bench/graph_first_launch.py`
-        # prices it): launched here on the trash rows, so no live beat pays it (a bucket first
-        # used when many calls hang up at once would).
-        g.graph.replay()
         self.captured[bucket, rows] = g
         log.info("captured the beat graph for %d sessions%s in %.1f s (%.2f GB free, %.2f GB "
                  "reserved)", bucket, f" with {g.start_rows} start rows" if rows else "",
@@ -244,10 +244,14 @@ class BeatGraphs:
             if b > SMALL_FIRST >= last:
                 took, last = 0.0, top   # past the small ones: priced from the larger ones only
             need = max(0.0, took - GRAPH_FIXED_BYTES) * b / last + GRAPH_FIXED_BYTES
-            if free - need < LADDER_KEEP_FREE or not self.prepare(b, optional=True):
+            fits = free - need >= LADDER_KEEP_FREE
+            if not fits or not self.prepare(b, optional=True):
                 skipped.append(b)
+                self.ladder[b] = {"free_gb": round(free / 1e9, 2), "need_gb": round(need / 1e9, 2),
+                                  "skipped": "memory" if fits else "estimate"}
                 continue
             took, last = max(0, free - torch.cuda.mem_get_info()[0]), b
+            self.ladder[b] = {"free_gb": round(free / 1e9, 2), "took_gb": round(took / 1e9, 2)}
         if skipped:
             log.warning("device memory for beat graphs ran out for the buckets %s: their beats "
                         "pad to the next bucket captured", skipped)
