@@ -290,7 +290,8 @@ class GraphExecutor:
                 "memory_ceiling_sessions": self.plan_memory.ceiling(total),
                 "max_sessions": self.max_sessions, "slots": self.slots,
                 **self.beats.facts(), "first_poll_ms": self.first.poll_s * 1e3,
-                "buckets_captured": self.graphs.buckets(), "ladder": self.graphs.ladder, "start_rows": self.start_rows_cost,
+                "buckets_captured": self.graphs.buckets(), "ladder": self.graphs.ladder,
+                "start_rows": self.start_rows_cost,
                 "snapshots": self.snapshot_facts()}
 
     def snapshot_facts(self) -> dict:
