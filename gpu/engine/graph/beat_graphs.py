@@ -180,21 +180,15 @@ class BeatGraphs:
                 return False
         return True
 
-    def on_trash(self, bucket: int, rows: int) -> Captured:
-        """A bucket's buffers with every row, live or start, on the trash slot (what a capture
-        records and a launch outside a beat may write)."""
+    def _capture(self, bucket: int, rows: int, optional: bool = False) -> Captured | None:
+        """The bucket's beat graph with `rows` start rows. `optional`: one of the ladder below
+        the top, given up (None) when its warm-up finds no memory."""
+        t0 = time.perf_counter()
         g = Captured(bucket, self.device, rows, self.start_shape.prefill_chunk)
         g.d_in["slots"].fill_(self.trash)
         g.d_in["forced"].fill_(-1)
         if rows:
             g.d_in["row_slots"].fill_(self.trash)
-        return g
-
-    def _capture(self, bucket: int, rows: int, optional: bool = False) -> Captured | None:
-        """The bucket's beat graph with `rows` start rows. `optional`: one of the ladder below
-        the top, given up (None) when its warm-up finds no memory."""
-        t0 = time.perf_counter()
-        g = self.on_trash(bucket, rows)
         if not self.capture:                         # eager mode: the buffers, no graph
             self.captured[bucket, rows] = g
             return g
