@@ -71,6 +71,9 @@ def test_node_wavclient_metrics_and_clean_sigterm(tmp_path):
                      "wave_late_beats_total", "wave_underruns_total", "wave_refusals_total",
                      "wave_errors_total", "wave_dropped_total"):
             assert name in text, name
+        # the one open, timed by phase in the node
+        for phase in ("admit", "start", "answer"):
+            assert f'wave_open_phase_seconds_count{{phase="{phase}"}} 1.0' in text, phase
         assert 'le="0.16"' in text and "session=" not in text and report["session"] not in text
     finally:
         node.send_signal(signal.SIGTERM)
@@ -125,6 +128,11 @@ def test_bench_writes_json(tmp_path):
     assert set(trace["sessions"]) == {6}
     run = res["per_run"][0]
     assert run["opens"] == 6 and run["refusals"] == 0 and 0 < run["open_p50_ms"] <= run["open_p99_ms"]
+    # the node's share of the wait, by phase: none longer than the whole wait the callers saw
+    phases = run["open_phases"]
+    assert set(phases) == {"admit", "start", "answer"}
+    assert all(p["max"] <= run["open_max_ms"] + 0.1 for p in phases.values())
+    assert phases["start"]["max"] > 0
     measured = run["windows"]["measured"]
     assert max(trace["latency_ms"]) == round(measured["max_ms"], 1) and measured["beats"] == 25
     # the headline counts every beat with a live session: the callers' ramp too

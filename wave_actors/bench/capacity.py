@@ -19,6 +19,7 @@ from wave_actors.bench.clients import OPEN_TIMEOUT_S, Generators, drive_all, dri
 from wave_actors.core.frames import BEAT_S
 from wave_actors.core.timebase import Clock, new_loop
 from wave_actors.core.sched.spread import spread_ms
+from wave_actors.runtime.metrics import OPEN_PHASES
 from wave_actors.bench.records import (_host, _outside, _ramp, _trace, _windows,
                                        _workload_window, shifted)
 from wave_actors.bench.backend import make_executor_for
@@ -75,6 +76,7 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
         policies = {"start": node.start_policy.describe(),
                     "clock": node.cfg.clock_policy.describe()}
         ran = node.clock_actor         # the drain below stops it (and drops it from the node)
+        phases = list(node.metrics.recent_opens)
         snapshots = {**(ran.snapshot_stats or {}),
                      "warm": node.describe().get("warm_prompts", {})}
     finally:
@@ -87,6 +89,8 @@ async def run_once(args, n: int, loop_virtual: bool, backend=None) -> RunResult:
     result = _result(args, n, _Raw(t0, everything, records, stats, refusals, calls, burst, waits,
                                    errors, refused_by, stalls, ramp, policies, cpu))
     result.snapshots = snapshots
+    result.open_phases = {name: spread_ms(p[k] for p in phases)
+                          for k, name in enumerate(OPEN_PHASES)} if phases else {}
     return result
 
 

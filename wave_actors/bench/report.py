@@ -61,6 +61,10 @@ def print_run(args, n: int, r: int, res: RunResult) -> None:
               f"{d['glitch_s_per_call_hour']} glitch-seconds a call-hour; open wait p50 / p99 "
               f"{d['open_wait'].get('p50_ms')} / {d['open_wait'].get('p99_ms')} ms",
               flush=True)
+    if res.open_phases:
+        print("           of it in the node (p50 / p99 ms): " + ", ".join(
+            f"{k} {v.get('p50')} / {v.get('p99')}" for k, v in res.open_phases.items()),
+            flush=True)
     if res.backlog_ms > 1000 * BEAT_S and not args.workload:
         print(f"           the measured beats began {res.backlog_ms / 1000:.2f} s behind the "
               f"release schedule: the node was still behind after {args.warmup_max} beats of "

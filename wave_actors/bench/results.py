@@ -89,6 +89,10 @@ class RunResult:
     # release → the beat's first frame routed, ms at p50 / p99 / max: ahead of the beat's
     # latency when the backend finishes frame 0 early (`Capabilities.first_frame`)
     first_frame: dict = field(default_factory=dict)
+    # the node's own time of the opens (`NodeMetrics.open_timed`), ms p50 / p99 / max by
+    # phase: admit (read to slot held), start (to planned into a beat), answer (to `opened`
+    # sent); the rest of a caller's wait is the way to the node and back
+    open_phases: dict = field(default_factory=dict)
     # every open's wait for `opened`, ms to 0.1, in the order they were asked (`sim.plot`)
     open_waits_ms: list = field(default_factory=list)
     # every call's record (`wave_actors.bench.deadlines.records`: dialled, opened or blocked,

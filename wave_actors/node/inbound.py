@@ -220,14 +220,17 @@ class Inbound:
                                         "connection")
         route = Route(identity, msg.session, user_key, sender, conn)
         self.node.bindings.add(route)
-        task = asyncio.get_running_loop().create_task(self._open(route, msg))
+        opening = self._open(route, msg, self.node.clock.now())
+        task = asyncio.get_running_loop().create_task(opening)
         self.node.opens.add(task)
         task.add_done_callback(self.node.opens.discard)
-    async def _open(self, route: Route, msg: P.Message) -> None:
-        clock = self.node.clock_actor
+    async def _open(self, route: Route, msg: P.Message, read: float) -> None:
+        """`read`: when the front read the open (its phases are timed from there)."""
+        clock, now = self.node.clock_actor, self.node.clock.now
         handle = await self._admit(route, msg, clock)
         if handle is None:
             return None
+        admitted = now()
         route.handle = handle
         # `opened` waits for the model's session start (its prompt's rows ride the next beats),
         # so the client streams only once its audio is heard; audio sent before would queue,
@@ -240,6 +243,7 @@ class Inbound:
         finally:
             route.ready = None
         answered = ready.done() and not ready.cancelled()
+        started = now()
         if self.node.draining or route.cancelled or not (answered and ready.result()):
             await self.node.free_slot(handle)
             self.node.bindings.drop(route)
@@ -269,6 +273,7 @@ class Inbound:
             heartbeat_ms=round(1000 * self.node.cfg.heartbeat_s),
             resume_ms=round(1000 * self.node.cfg.resume_grace_s),
             idle_ms=round(1000 * self.node.cfg.idle_timeout_s)))
+        self.node.metrics.open_timed((admitted - read, started - admitted, now() - started))
 
     async def _admit(self, route: Route, msg: P.Message, clock):
         """The clock's slot for this open, or None once the opener was refused (or told

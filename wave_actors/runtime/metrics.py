@@ -2,11 +2,16 @@
 cardinality would grow the registry with every call)."""
 from __future__ import annotations
 
+from collections import deque
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 # Buckets dense around the 160 ms deadline, where the question "late or not" is decided.
 LATENCY_BUCKETS = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.14, 0.15, 0.155, 0.16, 0.165,
                    0.17, 0.18, 0.2, 0.25, 0.32, 0.5, 1.0)
+OPEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.16, 0.2, 0.25, 0.3, 0.5, 1.0, 2.0, 5.0)
+OPEN_PHASES = ("admit", "start", "answer")
+OPENS_KEPT = 4096
 
 
 class NodeMetrics:
@@ -26,6 +31,12 @@ class NodeMetrics:
                                 registry=r)
         self.errors = Counter("wave_errors", "error replies, by code", ["code"], registry=r)
         self.opened = Counter("wave_sessions_opened", "sessions opened", registry=r)
+        self.open_phase = Histogram(
+            "wave_open_phase_seconds", "an open's time in the node, by phase: admit (read to "
+            "its slot held), start (to its start planned into a beat), answer (to `opened` "
+            "sent)", ["phase"], buckets=OPEN_BUCKETS, registry=r)
+        # the last opens' phases, seconds (admit, start, answer): what a bench run reports
+        self.recent_opens: deque[tuple[float, float, float]] = deque(maxlen=OPENS_KEPT)
         self.closed = Counter("wave_sessions_closed", "sessions closed, by reason", ["reason"],
                               registry=r)
         self.snapshot_starts = Counter(
@@ -39,6 +50,11 @@ class NodeMetrics:
         self.snapshot_bytes = Gauge("wave_snapshot_bytes", "device bytes the held prompt "
                                     "snapshots take", registry=r)
         self._snap_seen: dict = {}
+
+    def open_timed(self, phases: tuple[float, float, float]) -> None:
+        for name, seconds in zip(OPEN_PHASES, phases):
+            self.open_phase.labels(name).observe(seconds)
+        self.recent_opens.append(phases)
 
     def snapshots(self, stats: dict | None) -> None:
         """The clock's snapshot index counts (`SnapshotIndex.describe`) into the metrics: its
