@@ -83,6 +83,10 @@ class BeatGraphs:
         self.ladder: dict[int, dict] = {}
         self._mempool = torch.cuda.MemPool()
         self.pool = self._mempool.id
+        # Every warm-up and capture on one stream: the caching allocator hands a freed block
+        # only to work on the stream that freed it, so a warm-up on a stream of its own would
+        # leave its peak in the pool for nothing after it to reuse.
+        self._side = torch.cuda.Stream(device) if capture else None
         self.streamed = StreamedBeat(self.model, device) if streams else None
         # The thinker positions a start row may reach (a prompt chunk past the prompt's last
         # position), rounded up: the start rows' attention runs on this window of the caches.
@@ -192,7 +196,7 @@ class BeatGraphs:
         if not self.capture:                         # eager mode: the buffers, no graph
             self.captured[bucket, rows] = g
             return g
-        side = torch.cuda.Stream()
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.use_mem_pool(self._mempool), torch.cuda.stream(side), \
@@ -207,7 +211,7 @@ class BeatGraphs:
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         g.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g.graph, pool=self.pool), torch.no_grad():
+        with torch.cuda.graph(g.graph, pool=self.pool, stream=side), torch.no_grad():
             self.body(g)
         self.captured[bucket, rows] = g
         log.info("captured the beat graph for %d sessions%s in %.1f s (%.2f GB free, %.2f GB "
