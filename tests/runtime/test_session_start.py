@@ -6,8 +6,10 @@ import asyncio
 
 import numpy as np
 
+from tests.nodekit import VirtualNode
 from tests.runtime.test_protocol_node import client_of, node_on_tcp, raw_dealer, reply
 from transports import protocol as P
+from wave_actors.clock.slots import PROMISED_MAX
 from wave_actors.core.frames import BEAT_S
 
 LONG_PROMPT = "Speak slowly and clearly. " * 5       # ~130 prompt tokens: 9 start rows (sim)
@@ -76,3 +78,40 @@ def test_drain_during_the_start_refuses_the_opener():
             await drain
             sock.close(0)
     asyncio.run(body())
+
+
+def test_an_open_whose_prompt_is_kept_is_answered_before_the_beat_that_starts_it():
+    """Catches a start promised wrongly: an open whose whole prompt has a kept snapshot starts
+    by one copy, so it is answered at once (not at the next beat), up to PROMISED_MAX at a
+    time, the rest at the beat that plans them; a promised start still runs (its audio is
+    heard), and an open that needs prompt rows is never answered before they ran."""
+    vn = VirtualNode(12)                       # the node warms the empty prompt at start
+    try:
+        async def calls():
+            await vn.clock.sleep(BEAT_S / 2)      # between two beats
+            t0 = vn.clock.now()
+
+            async def one(i, **prompt):
+                s = await vn.client.open(f"c{i}", sample_rate=16000, format="pcm_f32le",
+                                         **prompt)
+                return s, vn.clock.now() - t0
+            opened = await asyncio.gather(*(one(i) for i in range(PROMISED_MAX + 2)))
+            await vn.clock.sleep(2 * BEAT_S)     # the burst started: nobody waits to start
+            t0 = vn.clock.now()
+            opened.append(await one("long", instructions=LONG_PROMPT))
+            s = opened[0][0]
+            for _ in range(25):                  # paced like a live client
+                await s.send_audio(np.zeros(1280, np.float32).tobytes())
+                await vn.clock.sleep(0.08)
+            await vn.clock.sleep(0.5)
+            return opened, await s.close()
+        opened, closed = vn.run(calls())
+    finally:
+        vn.close()
+    waits = sorted(w for _, w in opened[:-1])
+    # the next beat is half a beat away: answered before it, or by it
+    assert PROMISED_MAX > 0 and all(w < 0.01 for w in waits[:PROMISED_MAX])
+    assert all(BEAT_S / 2 - 0.01 < w < BEAT_S for w in waits[PROMISED_MAX:])
+    assert opened[-1][1] >= 4 * BEAT_S                     # its rows first, then answered
+    st = closed.stats
+    assert st["frames_in"] + st["dropped"] == 25 and st["frames_in"] >= 22

@@ -192,7 +192,7 @@ def test_the_default_policy_refuses_the_open_that_would_make_every_beat_late(tmp
     try:
         for i in range(3):
             vn.run(vn.client.open(f"s{i}", sample_rate=16000, format="pcm_f32le"))
-        vn.settle(1.0)
+        vn.settle(1.5)
         with pytest.raises(Refused) as refused:
             vn.run(vn.client.open("fourth", sample_rate=16000, format="pcm_f32le"))
         vn.settle(1.0)

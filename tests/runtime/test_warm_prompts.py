@@ -9,6 +9,7 @@ import pytest
 
 from tests.nodekit import VirtualNode
 from wave_actors.core.contract import ExecutorOptions, SessionSpec
+from wave_actors.core.frames import BEAT_S
 from wave_actors.core.sched.slot_book import SlotBook
 from wave_actors.core.sched.start_policy import GuardedStarts
 from wave_actors.core.sched.start_shape import StartShape
@@ -45,6 +46,7 @@ def test_a_warmed_prompts_first_caller_starts_by_one_copy():
 
         async def call():
             s = await vn.client.open("first", instructions=AGENT, timeout=10.0)
+            await vn.clock.sleep(2 * BEAT_S)     # past its start: `opened` came before it
             await s.close()
         vn.run(call())
         assert vn.node.clock_actor.snapshot_stats["hits"] == 1

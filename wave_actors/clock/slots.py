@@ -7,6 +7,12 @@ Changes (an admission, a release, tool tokens) are asked at any time but reach t
 a beat boundary (`plan`), so an executor never sees a slot change under a running beat. A
 release frees the table's slot at once (a new session may take it) and the book's at the next
 boundary; an open or tool tokens whose handle is no longer current by then are dropped.
+
+An open whose whole prompt has a kept snapshot is ready when admitted: its start is one copy
+in the next beat with room, so its `opened` need not wait for that beat (the audio it is sent
+meanwhile waits in its jitter buffer, as a prebuffer's does). A few such starts at a time
+(PROMISED_MAX): more than a loaded beat has room for would leave their audio queued for
+beats. The rest, and every start that needs prompt rows, are ready once planned.
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ from wave_actors.core.sched.session_table import SessionTable
 from wave_actors.core.sched.slot_book import BookPlan, SlotBook
 from wave_actors.core.sched.snapshots import snapshot_index
 from wave_actors.core.sched.start_policy import StartPolicy, admission
+
+PROMISED_MAX = 8
 
 
 class Slots:
@@ -37,6 +45,7 @@ class Slots:
                 learn(measured)
         self._ops: list[tuple] = []                # changes for the next beat boundary
         self._ready: dict[Handle, asyncio.Future] = {}    # admitted, start not done yet
+        self._promised: set[Handle] = set()    # ready when admitted, start not planned yet
 
     # -- asked between beats ----------------------------------------------------------------------
     def admit(self, key: Any, owner: Any, tokens: list[int], spec: Any) -> Handle:
@@ -50,7 +59,12 @@ class Slots:
         # a slot cleaned since its last session (behind a beat) starts with no reset in its beat
         handle = self.table.admit(key, owner, prefer=self.book.clean_slots())
         self._ops.append(("open", handle, (tokens, spec)))
-        self._ready[handle] = asyncio.get_running_loop().create_future()
+        index = self.book.snapshots
+        if len(self._ready) + len(self._promised) < PROMISED_MAX and index is not None \
+                and index.hold(tokens):
+            self._promised.add(handle)           # `when_ready`: done, while it is current
+        else:
+            self._ready[handle] = asyncio.get_running_loop().create_future()
         return handle
 
     def release(self, handle: Handle) -> SlotStats | None:
@@ -58,6 +72,7 @@ class Slots:
         fut = self._ready.pop(handle, None)
         if fut is not None and not fut.done():
             fut.set_result(False)
+        self._promised.discard(handle)
         stats = self.table.release(handle)
         if stats is not None:
             self._ops.append(("close", handle, None))
@@ -77,9 +92,9 @@ class Slots:
         return handle.slot in self.table.entries
 
     def when_ready(self, handle: Handle) -> asyncio.Future:
-        """Resolves (True) once this admitted session's prompt is planned in: its frames run from
-        the next beat on. False when the session was released first (or the handle is not this
-        table's)."""
+        """Resolves (True) once this admitted session's prompt is planned in (its frames run
+        from the next beat on), or at once where its start is one snapshot copy (promised).
+        False when the session was released first (or the handle is not this table's)."""
         fut = self._ready.get(handle)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
@@ -102,6 +117,8 @@ class Slots:
             fut = self._ready.pop(handle)
             if not fut.done():
                 fut.set_result(True)
+        self._promised = {h for h in self._promised
+                          if self.current(h) and not self.book.ready(h.slot)}
         return plan
 
     def _apply(self) -> None:

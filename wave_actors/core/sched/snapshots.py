@@ -90,6 +90,15 @@ class SnapshotIndex:
             self.misses += 1
         return None
 
+    def hold(self, tokens) -> bool:
+        """Whether the whole prompt's snapshot is kept; if so it becomes the most recently
+        used (a start promised on it is not undone by the next eviction). Counts nothing."""
+        key = self.key(tokens)
+        if not self.enabled or key not in self._kept:
+            return False
+        self._kept.move_to_end(key)
+        return True
+
     def fits(self, positions: int) -> bool:
         """Whether a snapshot of this many positions can be kept at all."""
         return self.enabled and self.bytes_of(positions) <= self.capacity_bytes
