@@ -17,7 +17,8 @@ per-slot frame counters:
     beat's end) apply in time order between plans; an event at the very instant of a plan comes
     after it (a caller's message takes loop turns to reach the clock);
   - an open takes a free slot (else `capacity`) if `admission()` lets it (else `admission`),
-    opens in the book at the next plan, and is `opened` at the plan that makes it live;
+    opens in the book at the next plan, and is `opened` at the plan that makes it live, or
+    when admitted where its whole prompt is kept (the node's promise, PROMISED_MAX at a time);
   - each slot's jitter buffer is counters (queued, started, the shedding window) updated for
     all slots at once with numpy, by the rules of `jitter_arrays.ArrayScheduler`; frames are
     sent every 80 ms from `opened`, late by up to a call's `jitter_ms`, some lost (`loss`).
@@ -52,6 +53,7 @@ from wave_actors.bench.workload import Call
 from wave_actors.bench.results import RunResult
 from wave_actors.bench.clients import REDIAL_S, call_fields
 from wave_actors.clock.clock import LATE_AFTER_S
+from wave_actors.clock.slots import PROMISED_MAX
 from wave_actors.core.frames import BEAT_S, FRAME_S
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.sched.slot_book import SlotBook
@@ -103,12 +105,13 @@ class _Run:
         self.free = list(range(cfg.slots))        # a heap: the lowest free slot first
         self.held: dict[int, Caller] = {}
         self.waiting: dict[int, Caller] = {}     # admitted, not yet opened
+        self.promised: set[int] = set()           # opened when admitted, not yet started
         self.ops: list[tuple] = []                # slot changes for the next plan
         self.events: list = []                    # (time, order, seq, fn, args)
         self._seq = 0
         self.calls: list[deadlines.CallRecord] = []
         self.refused: dict[str, int] = {}
-        self.opened_at: list[float] = []          # ascending: opens happen at plans
+        self.opened_at: list[float] = []          # ascending: events run in time order
         self.refused_at: list[float] = []         # ascending: events run in time order
         self.waits: list[float] = []
         self.unfinished = 0                       # workload calls not yet ended or blocked
@@ -167,12 +170,24 @@ class _Run:
         self.ops.append(("open", slot, tokens))
         return None
 
+    def _promise(self, caller: Caller) -> bool:
+        """The node's promise (`wave_actors.clock.slots`): an open whose whole prompt is kept
+        is answered when admitted, a few at a time."""
+        waiting = len(self.waiting) - 1 + len(self.promised)
+        if waiting >= PROMISED_MAX or self.book.snapshots is None \
+                or not self.book.snapshots.hold(self.tokens(caller.call)):
+            return False
+        self.promised.add(caller.slot)
+        return True
+
     def dial(self, t: float, caller: Caller) -> None:
         rec = caller.record
         rec.tries += 1
         caller.dialed_s = t
         why = self._admit(caller)
         if why is None:
+            if self._promise(caller):
+                self._opened(t, self.waiting.pop(caller.slot))
             return
         rec.refused.append(why)
         self.refused[why] = self.refused.get(why, 0) + 1
@@ -250,6 +265,7 @@ class _Run:
     def _release(self, t: float, caller: Caller) -> None:
         slot = caller.slot
         self.frames.release(slot)
+        self.promised.discard(slot)
         del self.held[slot]
         heapq.heappush(self.free, slot)
         self.ops.append(("close", slot, None))
@@ -285,6 +301,7 @@ class _Run:
         if self.waiting:
             for slot in [s for s in self.waiting if self.book.ready(s)]:
                 self._opened(plan_t, self.waiting.pop(slot))
+        self.promised = {s for s in self.promised if not self.book.ready(s)}
         live = np.asarray(plan.live, np.int64)
         if len(live) or not self.held:
             self.live_at = plan_t
