@@ -28,7 +28,7 @@ import numpy as np
 from transports import audio as A
 from transports import protocol as P
 from wave_actors.core.contract import TextCodec
-from wave_actors.core.frames import FRAME_S, IN_RATE, SAMPLES_IN
+from wave_actors.core.frames import BEAT_S, FRAME_S, IN_RATE, SAMPLES_IN
 from wave_actors.core.function_calls import result_tokens
 from wave_actors.core.reorder import Reach, Released, ReorderBuffer, SkipLedger
 from wave_actors.core.timebase import Clock
@@ -91,6 +91,7 @@ class SessionActor(Actor):
         self._frame_no = 0
         self._held: collections.deque[np.ndarray] = collections.deque()
         self._t0: float | None = None   # when the first frame was cut: the input's real time
+        self._heard = False             # a beat of this session's has run
         self._overflowing = False       # an overflow was told; told again after it ends
         self._output = SessionOutput(cfg, send, text_codec, user_codec, self.counters)
         self._bps = P.BYTES_PER_SAMPLE[cfg.format]
@@ -295,6 +296,14 @@ class SessionActor(Actor):
             self._queued_out.popleft().run_now()
 
     def _on_beat(self, msg: BeatOut) -> None:
+        if not self._heard:
+            # Real time starts no earlier than a beat before the session's first beat ended: a
+            # start that came beats after the first frame (`opened` answered before the copy
+            # that starts it) would otherwise have those beats' frames sent ahead, a standing
+            # excess the clock's jitter buffer sheds.
+            self._heard = True
+            if self._t0 is not None:
+                self._t0 = max(self._t0, self.clock.now() - BEAT_S)
         self._release()
         h = msg.header
         pcm = msg.pcm
