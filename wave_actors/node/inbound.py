@@ -232,9 +232,10 @@ class Inbound:
             return None
         admitted = now()
         route.handle = handle
-        # `opened` waits for the model's session start (its prompt's rows ride the next beats),
-        # so the client streams only once its audio is heard; audio sent before would queue,
-        # overflow and be dropped.
+        # `opened` waits for the model's session start (its prompt's rows ride the next beats;
+        # a kept prompt's one-copy start is ready at admission, `Slots.admit`), so the client
+        # streams only once its audio will be heard; audio sent during a start by rows would
+        # queue, overflow and be dropped.
         ready = route.ready = clock.when_ready(handle)
         if (route.cancelled or self.node.draining) and not ready.done():
             ready.cancel()
