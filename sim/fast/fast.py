@@ -53,7 +53,7 @@ from wave_actors.bench.workload import Call
 from wave_actors.bench.results import RunResult
 from wave_actors.bench.clients import REDIAL_S, call_fields
 from wave_actors.clock.clock import LATE_AFTER_S
-from wave_actors.clock.slots import PROMISED_MAX
+from wave_actors.clock.slots import promised
 from wave_actors.core.frames import BEAT_S, FRAME_S
 from wave_actors.core.prompt import fitted_prompt_tokens
 from wave_actors.core.sched.slot_book import SlotBook
@@ -173,9 +173,8 @@ class _Run:
     def _promise(self, caller: Caller) -> bool:
         """The node's promise (`wave_actors.clock.slots`): an open whose whole prompt is kept
         is answered when admitted, a few at a time."""
-        waiting = len(self.waiting) - 1 + len(self.promised)
-        if waiting >= PROMISED_MAX or self.book.snapshots is None \
-                or not self.book.snapshots.hold(self.tokens(caller.call)):
+        waiting = len(self.waiting) - 1 + len(self.promised)     # those admitted before it
+        if not promised(self.book.snapshots, self.tokens(caller.call), waiting):
             return False
         self.promised.add(caller.slot)
         return True

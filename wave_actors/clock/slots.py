@@ -30,6 +30,13 @@ from wave_actors.core.sched.start_policy import StartPolicy, admission
 PROMISED_MAX = 8
 
 
+def promised(index, tokens, waiting: int) -> bool:
+    """Whether an open of `tokens` is ready when admitted, with `waiting` starts not yet planned
+    ahead of it: its whole prompt's snapshot is kept (made the most recently used) and fewer
+    than PROMISED_MAX wait. The fast simulator asks the same."""
+    return waiting < PROMISED_MAX and index is not None and index.hold(tokens)
+
+
 class Slots:
     def __init__(self, executor: Executor, epoch: int, policy: ClockPolicy,
                  start_policy: StartPolicy, frames_ring=None):
@@ -59,9 +66,7 @@ class Slots:
         # a slot cleaned since its last session (behind a beat) starts with no reset in its beat
         handle = self.table.admit(key, owner, prefer=self.book.clean_slots())
         self._ops.append(("open", handle, (tokens, spec)))
-        index = self.book.snapshots
-        if len(self._ready) + len(self._promised) < PROMISED_MAX and index is not None \
-                and index.hold(tokens):
+        if promised(self.book.snapshots, tokens, len(self._ready) + len(self._promised)):
             self._promised.add(handle)           # `when_ready`: done, while it is current
         else:
             self._ready[handle] = asyncio.get_running_loop().create_future()

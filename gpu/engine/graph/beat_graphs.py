@@ -232,8 +232,8 @@ class BeatGraphs:
         for key in [k for k in self.captured if k[0] not in wanted]:
             del self.captured[key]                                # the sizing's probes
         self.prepare(top)
+        self.ladder.clear()
         took, last = 0.0, top      # device memory the last bucket captured took, its size
-        skipped = []
         for b in wanted[1:]:
             # a bucket's graphs take their fixed part and about its rows' share of what the
             # last one took beyond that; where that would leave too little free, the bucket is
@@ -244,12 +244,12 @@ class BeatGraphs:
             need = max(0.0, took - GRAPH_FIXED_BYTES) * b / last + GRAPH_FIXED_BYTES
             fits = free - need >= LADDER_KEEP_FREE
             if not fits or not self.prepare(b, optional=True):
-                skipped.append(b)
                 self.ladder[b] = {"free_gb": round(free / 1e9, 2), "need_gb": round(need / 1e9, 2),
                                   "skipped": "memory" if fits else "estimate"}
                 continue
             took, last = max(0, free - torch.cuda.mem_get_info()[0]), b
             self.ladder[b] = {"free_gb": round(free / 1e9, 2), "took_gb": round(took / 1e9, 2)}
+        skipped = [b for b, fact in self.ladder.items() if "skipped" in fact]
         if skipped:
             log.warning("device memory for beat graphs ran out for the buckets %s: their beats "
                         "pad to the next bucket captured", skipped)
