@@ -34,19 +34,20 @@ class IndexedGraphs:
         # twin's last copy to the device)
         self.graphs: dict[int, tuple] = {}
 
-    def capture(self, pool, index_of: Callable[[int], np.ndarray], device: torch.device) -> None:
+    def capture(self, pool, index_of: Callable[[int], np.ndarray], device: torch.device,
+                side: torch.cuda.Stream) -> None:
         """One graph per count, each warmed and captured on `index_of(count)` (rows no session
-        uses)."""
+        uses) on `side`: the caching allocator gives a block freed on one stream back only to
+        that stream, so the warm-ups and captures of every count share the caller's one."""
         for n in COUNTS:
             host = torch.from_numpy(np.ascontiguousarray(index_of(n), np.int64)).pin_memory()
             index = host.to(device)
-            side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self.work(index)            # the warm-up (kernel builds) a capture wants first
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=side):
                 self.work(index)
             self.graphs[n] = (graph, index, host, torch.cuda.Event())
         self.counts = COUNTS

@@ -50,11 +50,11 @@ class SlotResets:
         self.state.reset(slots)
         self.model.warm(self.state, slots)
 
-    def capture(self, pool, slot: int) -> None:
+    def capture(self, pool, slot: int, side: torch.cuda.Stream) -> None:
         """One graph per count and way, each warmed and captured on `slot` (a slot no session
         uses)."""
         for graphs in (self.graphs, self.cleans):
-            graphs.capture(pool, lambda n: np.full(n, slot), self.state.text_prev.device)
+            graphs.capture(pool, lambda n: np.full(n, slot), self.state.text_prev.device, side)
 
     def clean(self, slots: list[int]) -> None:
         """`slots` (their sessions closed) wholly reset: one replay where a count holds them,

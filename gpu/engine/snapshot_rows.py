@@ -94,12 +94,12 @@ class SnapshotRows:
         copy_rows(th.v, slots, src.v, entries, positions)
         th.length.index_copy_(0, slots, positions)
 
-    def capture(self, pool, slot: int) -> None:
+    def capture(self, pool, slot: int, side: torch.cuda.Stream) -> None:
         """One graph per count, each warmed and captured copying entry 0 into `slot` (a slot
         no session uses)."""
         if self.space.entries:
             self.graphs.capture(pool, lambda n: np.array([[slot] * n, [0] * n, [1] * n]),
-                                self.state.thinker.length.device)
+                                self.state.thinker.length.device, side)
 
     def count_for(self, n: int) -> int | None:
         """The smallest captured count that holds n copies (None: none does)."""

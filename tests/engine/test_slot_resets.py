@@ -143,7 +143,7 @@ def test_captured_resets_write_what_eager_ones_write():
                 t.fill_(7)
             r = SlotResets(state, cuda, indexed=not captured)
             if captured:
-                r.capture(None, trash)
+                r.capture(None, trash, torch.cuda.Stream())
                 for _, t in state.tensors():    # the capture's warm-up wrote the trash slot
                     t.fill_(7)
             r.run(slots, set())
@@ -171,7 +171,7 @@ def test_captured_copies_write_what_eager_ones_write():
             for k, t in enumerate((rows.rows.ssm, rows.rows.conv, rows.rows.k, rows.rows.v)):
                 t.copy_(torch.arange(t.numel(), device="cuda").view(t.shape) % 97 - k)
             if captured:
-                rows.capture(None, trash)
+                rows.capture(None, trash, torch.cuda.Stream())
                 assert rows.count_for(n) == n
                 for _, t in state.tensors():    # the capture's warm-up wrote the trash slot
                     t.fill_(7)

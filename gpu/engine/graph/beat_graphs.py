@@ -274,8 +274,8 @@ class BeatGraphs:
             self.state.reset(idx)
             self.model.warm(self.state, idx)
             # scattered resets (calls coming and going) replay one of these
-            runner.resets.capture(self.pool, t)
-            runner.snapshots.capture(self.pool, t)    # and scattered copies
+            runner.resets.capture(self.pool, t, self._side)
+            runner.snapshots.capture(self.pool, t, self._side)    # and scattered copies
         torch.cuda.synchronize()
 
     # -- device-time probes: sizing a node, pricing its start rows ----------------------------
