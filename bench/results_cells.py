@@ -37,7 +37,7 @@ def bench_args(command: str, shown: tuple[str, ...] = ("--out",)) -> str:
 
 
 def link(name: str) -> str:
-    return f"[{name}](results/{name})"
+    return f"[{name.removesuffix('.json')}](results/{name})"
 
 
 def short_date(iso: str) -> str:

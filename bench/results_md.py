@@ -5,7 +5,7 @@
 
 Every file under bench/results/ is sorted into a kind by its keys (chaos: `chaos` or a name
 `chaos-*`; bench: `backend` and `per_run`; stages: `stage_ms`; checks: rows with `text_equal`;
-kernel A/Bs: `rows` or `variants`; else "other", a row of its top-level scalars) and tabled,
+kernel A/Bs: `rows` or `variants`; else "other", a row naming the program that wrote it) and tabled,
 newest first (`date`, else the file name's stamp). Tables only: what a run showed is said where
 it is used; superseded runs live in git history. No generation date: `--check` is byte exact.
 """
@@ -108,15 +108,14 @@ def bench_row(name: str, date: str, d: dict) -> list:
         profile += f" ({d['gpu'].replace('NVIDIA ', '').split()[0]})"
     return [short_date(date), link(name), d.get("commit", "—"), profile,
             sessions, shape, f"{late} of {total}", per_run(d, "p50_ms"),
-            per_run(d, "p99_ms"), first_frame(runs), per_run(d, "compute_p50_ms"),
-            per_run(d, "compute_p99_ms"), live_range(runs), waits, refused, ceiling,
+            per_run(d, "p99_ms"), first_frame(runs), per_run(d, "compute_p99_ms"), live_range(runs), waits, refused, ceiling,
             code(bench_args(d["command"], SHOWN)) if "command" in d else "—"]
 
 
 SHOWN = ("--out", "--profile", "--sessions", "--beats", "--runs")    # the row's columns say these
 BENCH_HEAD = ["date (UTC)", "JSON", "commit", "profile", "sessions", "runs × beats", "late",
               "p50 ms (per run)", "p99 ms (per run)", "first frame p50 / p99 ms",
-              "backend p50 ms", "backend p99 ms",
+              "backend p99 ms",
               "live min / median / max", "open wait p50 / p99 s", "refused", "memory ceiling",
               "other arguments"]
 
@@ -174,18 +173,19 @@ def listed_detail(name: str, d: dict) -> list:
 
 
 def other_row(name: str, date: str, d: object) -> list:
-    if isinstance(d, dict):
-        what = "; ".join(f"{k}={scalar(v)[:60]}" for k, v in sorted(d.items())
-                         if not isinstance(v, (dict, list)))[:60]
+    """The file and the program that wrote it (its command's first word past `python [-m]`)."""
+    if isinstance(d, dict) and isinstance(d.get("command"), str):
+        words = [w for w in d["command"].split() if w != "-m" and not w.startswith("python")]
+        what = code("python -c" if words[0] == "-c" else words[0]) if words else "—"
     else:
-        what = "not JSON" if d is None else f"JSON {type(d).__name__}"
-    return [short_date(date), link(name), what or "—"]
+        what = "not JSON" if d is None else "—"
+    return [short_date(date), link(name), what]
 
 
 LISTED_HEAD = ["date (UTC)", "JSON", "commit", "device", "rows", "command"]
 STAGES_HEAD = ["JSON", "commit", "profile", "sessions", "frame fit ms",
                "beat fit ms, one stream", "beat fit ms, five streams", "command"]
-OTHER_HEAD = ["date (UTC)", "file", "top-level scalars"]
+OTHER_HEAD = ["date (UTC)", "file", "written by"]
 FIDELITY_HEAD = ["JSON", "commit", "profile vs", "config", "sessions × frames", "device",
                  "command"]
 

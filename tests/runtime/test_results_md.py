@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README_MAX_BYTES = 10_240
+RESULTS_MAX_BYTES = 30_000      # tables a reader scans; superseded runs live in git history
 
 
 def test_results_md_is_what_the_generator_writes(tmp_path):
@@ -18,6 +19,12 @@ def test_results_md_is_what_the_generator_writes(tmp_path):
                    check=True, cwd=ROOT)
     committed = (ROOT / "bench" / "RESULTS.md").read_text()
     assert out.read_text() == committed, "bench/RESULTS.md is stale: run python bench/results_md.py"
+
+
+def test_results_md_stays_a_short_set_of_tables():
+    """Catches runs kept after a newer one superseded them (or prose grown into the tables)."""
+    size = len((ROOT / "bench" / "RESULTS.md").read_bytes())
+    assert size <= RESULTS_MAX_BYTES, f"bench/RESULTS.md is {size} bytes: prune superseded runs"
 
 
 def test_results_md_check_fails_on_a_stale_file(tmp_path):
