@@ -60,8 +60,11 @@ async def one_kill(fleet: Fleet, calls: FleetClient, slots: int, k: int) -> dict
     untouched = all(c.closed is None for c in others)
     for c in others:
         await calls.close(c)
-    while ray.get(fleet.directory.health.remote())[victim][1] is False:    # rejoined
-        await asyncio.sleep(0.1)
+    while not (back := ray.get(fleet.directory.health.remote())["nodes"].get(victim,
+                                                                          (0, False)))[1]:
+        await asyncio.sleep(0.1)                                # until it rejoined
+    while getattr(fleet.readings.get(victim), "events_mark", (None,))[0] != back[0]:
+        await asyncio.sleep(0.05)           # and the watch read it: its next death is heard
     return {"node": victim, "calls_on_it": len(on_victim),
             "directory_forgot_s": round(fleet.lost_events[-1][1] - t0, 3),
             "callers_closed_s": [round(t - t0, 3) for t, _ in ends],

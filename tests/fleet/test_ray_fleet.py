@@ -379,3 +379,26 @@ def test_calls_whose_bridge_died_free_their_slots_from_the_nodes_own_word(fleet)
         assert all(ray.get(fleet.directory.locate.remote(c.id)) is None for c in held)
     asyncio.run(main())
 
+
+
+def test_a_node_killed_before_a_watch_first_read_it_comes_back_into_placement(fleet):
+    """Catches a loss reported without the incarnation that died (a watch that had not read
+    the node yet): the directory took it for the restarted node's, which then stayed out of
+    placement for good while it ran."""
+    async def main():
+        await all_alive(fleet)
+        before = stats(fleet)["nodes"]["node1"]["incarnation"]
+        second = Fleet.attach(fleet.namespace)      # an entry point's watch, just started
+        second.watch()
+        try:
+            ray.kill(fleet.nodes["node1"], no_restart=False)     # before its first reading
+            def back():
+                n = stats(fleet)["nodes"]["node1"]
+                return n["incarnation"] > before and n["alive"]
+            assert await eventually(back)
+            await asyncio.sleep(3.0)    # both watches' word on the loss, however late, is in
+            n = stats(fleet)["nodes"]["node1"]
+            assert n["alive"] and n["incarnation"] == before + 1
+        finally:
+            second.stop_watch()
+    asyncio.run(main())

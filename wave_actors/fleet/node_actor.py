@@ -41,7 +41,9 @@ def _die_with_parent() -> None:
         pass
 
 
-@ray.remote(num_gpus=1, num_cpus=0, max_restarts=-1, max_task_retries=0)
+# `exited` waits in a group of its own, so a reading or a stop never queues behind it
+@ray.remote(num_gpus=1, num_cpus=0, max_restarts=-1, max_task_retries=0,
+            concurrency_groups={"exit": 1})
 class NodeActor:
     """One GPU's node: `python -m wave_actors.node NODE_ARGS --bind tcp://IP:PORT` in a child
     process, joined to the directory once it listens."""
@@ -133,6 +135,13 @@ class NodeActor:
             raise RuntimeError(f"node {self.name}: its process exited ({self.proc.returncode})")
         return {"name": self.name, "endpoint": self.endpoint, "slots": self.slots,
                 "incarnation": self.incarnation, "pid": os.getpid(), "node_pid": self.proc.pid}
+
+    @ray.method(concurrency_group="exit")
+    def exited(self) -> int:
+        """Returns the node process's exit code when it exits. The driver keeps one of these
+        asked of each node: it fails the moment the actor dies (a call in flight does), so a
+        loss is heard then, not when the next reading is asked of a restarting actor."""
+        return self.proc.wait()
 
     def rejoin(self) -> bool:
         """Tell a restarted directory what this node holds (False: it knew the node already)."""

@@ -18,6 +18,7 @@ is finished by the watch.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,10 @@ from wave_actors.fleet.metrics import NodeReading, Totals
 from wave_actors.fleet.node_actor import START_TIMEOUT_S, NodeActor
 
 WATCH_S = 0.5               # how often the driver checks that each node answers
+# A call in flight on an actor that dies fails once the GCS says why it died, or after this
+# wait (Ray's default 1 s). The watch hears a node's death by such a call (`exited`): it needs
+# the failure at once, not its cause. Read at the driver's `ray.init`, so set on import.
+os.environ.setdefault("RAY_timeout_ms_task_wait_for_death_info", "100")
 # A node whose process runs but that has not answered a reading in this long is declared lost
 # and restarted. Shorter silences (a loaded host, a long collection) only keep new calls away.
 SILENT_LOSS_S = 10.0
@@ -43,6 +48,7 @@ class _Watched:
     acked: dict[str, tuple[int, int]] = field(default_factory=dict)   # last `events_mark`
     pending: dict[str, "ray.ObjectRef"] = field(default_factory=dict)  # readings asked
     silent_since: dict[str, float] = field(default_factory=dict)      # unanswered since
+    exits: dict[str, tuple] = field(default_factory=dict)   # `exited` asked, of which incarnation
 
 
 class Fleet:
@@ -106,28 +112,66 @@ class Fleet:
         return ray.get([a.info.remote() for a in self.nodes.values()])
 
     def watch(self) -> None:
-        """Every WATCH_S: read each node (one that does not answer is lost: its slots leave
-        placement now; Ray restarts it and it joins again), report its headroom, and finish
-        the drains asked of the directory."""
+        """Hear at once of a node whose actor or process died (its slots leave placement; Ray
+        restarts it and it joins again); every WATCH_S read each node (one that does not
+        answer is lost), report its headroom, and finish the drains asked of the directory."""
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
 
     def _watch(self) -> None:
         w = _Watched()
-        while not self._stop.wait(WATCH_S):
-            headrooms, events = self._read_nodes(w)
-            # one message a period, not one a node: the directory's load
-            self.directory.report.remote(headrooms, events)
-            self.last_stats = ray.get(self.directory.stats.remote())
-            if self.last_stats.get("restoring"):
-                self._restore(w)
-            else:
-                w.draining = {n for n, v in self.last_stats["nodes"].items() if v["draining"]}
-            for name, n in self.last_stats["nodes"].items():
-                if n["draining"] and n["used"] == 0 and name in self.nodes:
-                    # off the watch's thread: a node's stop takes seconds, the others' watch
-                    # goes on meanwhile
-                    threading.Thread(target=self._retire, args=(name,), daemon=True).start()
+        # each node's incarnation from the start (acknowledging none of its session lines):
+        # a loss heard before its first reading names the incarnation that died, and a
+        # restart that joined meanwhile is not taken for it
+        for name, (incarnation, _) in ray.get(self.directory.health.remote())["nodes"].items():
+            if name in self.nodes:
+                w.acked[name] = (incarnation, 0)
+        due = time.monotonic() + WATCH_S
+        while not self._stop.is_set():
+            self._hear_exits(w, max(0.0, due - time.monotonic()))
+            if time.monotonic() >= due and not self._stop.is_set():
+                self._period(w)
+                due = time.monotonic() + WATCH_S
+
+    def _hear_exits(self, w: "_Watched", timeout_s: float) -> None:
+        """Up to `timeout_s` waiting on each serving node's `exited`: a node whose actor died
+        (the call fails) or whose process exited (it returns) is lost the moment Ray says so."""
+        for name, actor in list(self.nodes.items()):
+            # asked of the incarnation last read: a restart that joins before this one's
+            # death is heard must not be the one reported lost
+            if name not in w.exits and name not in w.down and name in w.acked:
+                w.exits[name] = (actor.exited.remote(), w.acked[name][0])
+        if not w.exits:
+            self._stop.wait(timeout_s)
+            return
+        ready, _ = ray.wait([ref for ref, _ in w.exits.values()], num_returns=1,
+                            timeout=timeout_s)
+        for ref in ready:
+            name = next(n for n, (r, _) in w.exits.items() if r == ref)
+            incarnation = w.exits.pop(name)[1]
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:     # its actor died: Ray restarts it
+                self._lost(name, w, fence=False, incarnation=incarnation)
+            else:                               # its node exited, the actor lives
+                self._lost(name, w, fence=True, incarnation=incarnation)
+
+    def _period(self, w: "_Watched") -> None:
+        """Each node read, its headroom and session lines told to the directory, drains
+        finished."""
+        headrooms, events = self._read_nodes(w)
+        # one message a period, not one a node: the directory's load
+        self.directory.report.remote(headrooms, events)
+        self.last_stats = ray.get(self.directory.stats.remote())
+        if self.last_stats.get("restoring"):
+            self._restore(w)
+        else:
+            w.draining = {n for n, v in self.last_stats["nodes"].items() if v["draining"]}
+        for name, n in self.last_stats["nodes"].items():
+            if n["draining"] and n["used"] == 0 and name in self.nodes:
+                # off the watch's thread: a node's stop takes seconds, the others' watch
+                # goes on meanwhile
+                threading.Thread(target=self._retire, args=(name,), daemon=True).start()
 
     def _restore(self, w: "_Watched") -> None:
         """The directory restarted and lost its state: each node says again what it holds,
@@ -202,19 +246,23 @@ class Fleet:
             w.pending.pop(name, None)
             self._lost(name, w, fence=True)
 
-    def _lost(self, name: str, w: "_Watched", fence: bool) -> None:
+    def _lost(self, name: str, w: "_Watched", fence: bool,
+              incarnation: int | None = None) -> None:
         """`name`'s calls end at their callers and its slots leave placement. `fence`: its
         actor lives but the node does not serve (its process exited, or it is stuck), so the
         actor is killed for Ray to restart: no process goes on with calls the directory has
         forgotten, and a fresh incarnation joins."""
         w.silent_since.pop(name, None)
+        w.exits.pop(name, None)         # asked of the lost incarnation: never waited on again
         if name in w.down or name not in self.nodes:
             return
         w.down.add(name)
         # the incarnation last heard from: where the restarted node joined before this
         # failure was seen, the directory leaves it be (its join already forgot the lost
         # one's calls)
-        ray.get(self.directory.lost.remote(name, w.acked.get(name, (None,))[0]))
+        if incarnation is None:
+            incarnation = w.acked.get(name, (None,))[0]
+        ray.get(self.directory.lost.remote(name, incarnation))
         self.lost_events.append((name, time.time()))
         if fence:
             ray.kill(self.nodes[name], no_restart=False)
@@ -251,10 +299,13 @@ class Fleet:
         finally:
             done.set()
 
-    def close(self) -> None:
+    def stop_watch(self) -> None:
         self._stop.set()
         if self._watcher is not None:
             self._watcher.join()
+
+    def close(self) -> None:
+        self.stop_watch()
         for actor in self.nodes.values():
             try:
                 ray.get(actor.stop.remote(), timeout=15)
