@@ -387,17 +387,18 @@ def test_a_node_killed_before_a_watch_first_read_it_comes_back_into_placement(fl
     placement for good while it ran."""
     async def main():
         await all_alive(fleet)
-        before = stats(fleet)["nodes"]["node1"]["incarnation"]
+        name = sorted(fleet.nodes)[-1]          # one an earlier test did not drain away
+        before = stats(fleet)["nodes"][name]["incarnation"]
         second = Fleet.attach(fleet.namespace)      # an entry point's watch, just started
         second.watch()
         try:
-            ray.kill(fleet.nodes["node1"], no_restart=False)     # before its first reading
+            ray.kill(fleet.nodes[name], no_restart=False)     # before its first reading
             def back():
-                n = stats(fleet)["nodes"]["node1"]
+                n = stats(fleet)["nodes"][name]
                 return n["incarnation"] > before and n["alive"]
             assert await eventually(back)
             await asyncio.sleep(3.0)    # both watches' word on the loss, however late, is in
-            n = stats(fleet)["nodes"]["node1"]
+            n = stats(fleet)["nodes"][name]
             assert n["alive"] and n["incarnation"] == before + 1
         finally:
             second.stop_watch()
