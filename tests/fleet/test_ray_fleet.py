@@ -12,13 +12,12 @@ import pytest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow          # a local Ray cluster and node processes each
 
-from transports.client_events import Closed, Error          # noqa: E402
+from transports.client_events import Closed, Error, Refused     # noqa: E402
 import json                                                    # noqa: E402
 
 from websockets.asyncio.client import connect                  # noqa: E402
 
 from tests.transports.realtimekit import until               # noqa: E402
-from transports.client_events import Refused               # noqa: E402
 from transports.realtime.server import Bridge, BridgeConfig    # noqa: E402
 from transports.fleet_client import FleetClient            # noqa: E402
 from wave_actors.fleet.ray_fleet import Fleet                 # noqa: E402
@@ -382,21 +381,17 @@ def test_calls_whose_bridge_died_free_their_slots_from_the_nodes_own_word(fleet)
 
 
 def test_a_node_killed_before_a_watch_first_read_it_comes_back_into_placement(fleet):
-    """Catches a loss reported without the incarnation that died (a watch that had not read
-    the node yet): the directory took it for the restarted node's, which then stayed out of
-    placement for good while it ran."""
+    """Catches a loss reported without the incarnation that died (a watch yet to read the node):
+    it was taken for the restarted node's, which then stayed out of placement for good."""
     async def main():
         await all_alive(fleet)
-        name = sorted(fleet.nodes)[-1]          # one an earlier test did not drain away
+        name = sorted(fleet.nodes)[-1]          # one no earlier test drained away
         before = stats(fleet)["nodes"][name]["incarnation"]
         second = Fleet.attach(fleet.namespace)      # an entry point's watch, just started
         second.watch()
         try:
             ray.kill(fleet.nodes[name], no_restart=False)     # before its first reading
-            def back():
-                n = stats(fleet)["nodes"][name]
-                return n["incarnation"] > before and n["alive"]
-            assert await eventually(back)
+            assert await eventually(lambda: stats(fleet)["nodes"][name]["incarnation"] > before)
             await asyncio.sleep(3.0)    # both watches' word on the loss, however late, is in
             n = stats(fleet)["nodes"][name]
             assert n["alive"] and n["incarnation"] == before + 1
