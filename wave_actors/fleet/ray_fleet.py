@@ -31,10 +31,15 @@ from wave_actors.fleet.metrics import NodeReading, Totals
 from wave_actors.fleet.node_actor import START_TIMEOUT_S, NodeActor
 
 WATCH_S = 0.5               # how often the driver checks that each node answers
-# A call in flight on an actor that dies fails once the GCS says why it died, or after this
-# wait (Ray's default 1 s). The watch hears a node's death by such a call (`exited`): it needs
-# the failure at once, not its cause. Read at the driver's `ray.init`, so set on import.
+# Read by Ray's processes when they start (the driver's at `ray.init`, and a local cluster's
+# that it starts), so set on import. A call in flight on an actor that dies fails once the
+# GCS says why it died, or after this wait (Ray's default 1 s): the watch hears a node's death
+# by such a call (`exited`) and needs the failure at once, not its cause. And a killed actor's
+# worker is given this long to exit before it is killed outright (Ray's default 1 s): a node
+# the watch fences must stop serving at once. On a cluster started by `ray start`, set both in
+# that command's environment.
 os.environ.setdefault("RAY_timeout_ms_task_wait_for_death_info", "100")
+os.environ.setdefault("RAY_kill_worker_timeout_milliseconds", "100")
 # A node whose process runs but that has not answered a reading in this long is declared lost
 # and restarted. Shorter silences (a loaded host, a long collection) only keep new calls away.
 SILENT_LOSS_S = 10.0
