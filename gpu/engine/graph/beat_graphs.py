@@ -85,8 +85,9 @@ class BeatGraphs:
         self.pool = self._mempool.id
         # Every warm-up and capture on one stream: the caching allocator hands a freed block
         # only to work on the stream that freed it, so a warm-up on a stream of its own would
-        # leave its peak in the pool for nothing after it to reuse.
-        self._side = torch.cuda.Stream(device) if capture else None
+        # leave its peak in the pool for nothing after it to reuse. Without beat graphs too:
+        # the reset and copy graphs are captured all the same.
+        self._side = torch.cuda.Stream(device)
         self.streamed = StreamedBeat(self.model, device) if streams else None
         # The thinker positions a start row may reach (a prompt chunk past the prompt's last
         # position), rounded up: the start rows' attention runs on this window of the caches.
