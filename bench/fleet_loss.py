@@ -60,10 +60,13 @@ async def one_kill(fleet: Fleet, calls: FleetClient, slots: int, k: int) -> dict
     untouched = all(c.closed is None for c in others)
     for c in others:
         await calls.close(c)
-    while not (back := ray.get(fleet.directory.health.remote())["nodes"].get(victim,
-                                                                          (0, False)))[1]:
-        await asyncio.sleep(0.1)                                # until it rejoined
-    while getattr(fleet.readings.get(victim), "events_mark", (None,))[0] != back[0]:
+    while True:                         # until it rejoined, under a new incarnation
+        nodes = ray.get(fleet.directory.health.remote())["nodes"]
+        back, alive = nodes.get(victim, (None, False))
+        if alive:
+            break
+        await asyncio.sleep(0.1)
+    while getattr(fleet.readings.get(victim), "events_mark", (None,))[0] != back:
         await asyncio.sleep(0.05)           # and the watch read it: its next death is heard
     return {"node": victim, "calls_on_it": len(on_victim),
             "directory_forgot_s": round(fleet.lost_events[-1][1] - t0, 3),

@@ -53,7 +53,8 @@ class _Watched:
     acked: dict[str, tuple[int, int]] = field(default_factory=dict)   # last `events_mark`
     pending: dict[str, "ray.ObjectRef"] = field(default_factory=dict)  # readings asked
     silent_since: dict[str, float] = field(default_factory=dict)      # unanswered since
-    exits: dict[str, tuple] = field(default_factory=dict)   # `exited` asked, of which incarnation
+    # `exited` asked of each node, and of which incarnation
+    exits: dict[str, tuple["ray.ObjectRef", int]] = field(default_factory=dict)
 
 
 class Fleet:
