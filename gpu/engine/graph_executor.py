@@ -35,7 +35,8 @@ from gpu.engine.graph.beat_graphs import ON_TIME_SHARE, BeatGraphs
 from gpu.engine.graph.beat_runner import BeatRunner
 from gpu.engine.graph.first_frame import poll_until
 from gpu.engine.graph.host_rings import PinnedRings
-from gpu.engine.memory_plan import LADDER_BYTES, SNAPSHOT_BYTES, MemoryPlan, memory_ceiling
+from gpu.engine.memory_plan import (LADDER_BYTES, SNAPSHOT_BYTES, MemoryPlan, device_free,
+                                    memory_ceiling)
 from gpu.engine.model_runner import ModelRunner, model_config, text_codecs
 from gpu.model.checkpoint import load_checkpoint
 from gpu.model.config import Profile
@@ -82,7 +83,7 @@ class GraphExecutor:
         self.plan_memory = MemoryPlan(self.cfg, self.profile, options.max_sessions,
                                       options.max_context, self.start_shape.max_prompt,
                                       snapshot_bytes)
-        self.plan_memory.check(torch.cuda.mem_get_info()[0])
+        self.plan_memory.check(device_free(options.gpu_share))
         torch.backends.cuda.matmul.allow_tf32 = self.profile.tf32
         torch.backends.cudnn.allow_tf32 = self.profile.tf32
         self.runner = ModelRunner(self._build_model(char_table), options, self.start_shape,
@@ -99,7 +100,8 @@ class GraphExecutor:
             self.model.warm_template(self.state.talker)
         self.slots = self.graphs.size_slots(self.max_sessions, ceiling) if sizing else {
             "sessions": self.max_sessions, "decided_by": "max_sessions (set by the caller)",
-            "memory_ceiling": ceiling, "budget_ms": round(1e3 * ON_TIME_SHARE * BEAT_S, 1),
+            "memory_ceiling": ceiling,
+            "budget_ms": round(1e3 * ON_TIME_SHARE * BEAT_S * options.gpu_share, 1),
             "beat_ms_at_context": {}}
         self.max_sessions = self.graphs.max_sessions = self.slots["sessions"]
         self.rings = PinnedRings(self.max_sessions)
@@ -134,7 +136,7 @@ class GraphExecutor:
         sizing = options.max_sessions == 0
         ceiling = MemoryPlan(self.cfg, self.profile, 1, options.max_context,
                              self.start_shape.max_prompt, snapshot_bytes
-                             ).ceiling(torch.cuda.mem_get_info()[0]
+                             ).ceiling(device_free(options.gpu_share)
                                        - (LADDER_BYTES if sizing else 0))
         if not sizing:
             return options, ceiling
@@ -287,7 +289,8 @@ class GraphExecutor:
                 "state_bytes_per_session": self.plan_memory.per_session,
                 "memory_used_bytes": total - free,
                 "memory_total_bytes": total,
-                "memory_ceiling_sessions": self.plan_memory.ceiling(total),
+                "memory_ceiling_sessions": self.plan_memory.ceiling(self.options.gpu_share
+                                                                    * total),
                 "max_sessions": self.max_sessions, "slots": self.slots,
                 **self.beats.facts(), "first_poll_ms": self.first.poll_s * 1e3,
                 "buckets_captured": self.graphs.buckets(), "ladder": self.graphs.ladder,

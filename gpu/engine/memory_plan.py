@@ -63,9 +63,24 @@ class MemoryPlan:
                 f"{self.ceiling(free)} sessions fit")
 
 
+def planned_memory(free: float, total: float, share: float = 1.0, used: float = 0.0) -> float:
+    """Device memory a node may still plan with: what is free now, and no more than its
+    `share` of the device less what it `used` already, when nodes share one (each holds its
+    own weights and state: the first of them to build would otherwise plan with the whole
+    device and leave the next none)."""
+    return min(free, share * total - used)
+
+
+def device_free(share: float = 1.0) -> float:
+    """`planned_memory` on this process's device now (what torch's allocator holds counts as
+    used; the CUDA context does not, a fraction of a GB)."""
+    free, total = torch.cuda.mem_get_info()
+    return planned_memory(free, total, share, torch.cuda.memory_reserved())
+
+
 def memory_ceiling(config: str, profile: str, max_context: int,
                    max_prompt: int = GRAPH_MAX_PROMPT) -> int:
     """Sessions that fit in the device's free memory now at `max_context` frames."""
     plan = MemoryPlan(VoiceChatConfig.named(config), Profile.named(profile), 1, max_context,
                       max_prompt)
-    return plan.ceiling(torch.cuda.mem_get_info()[0])
+    return plan.ceiling(device_free())

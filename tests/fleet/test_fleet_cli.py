@@ -54,6 +54,8 @@ def test_nodes_sharing_a_gpu_their_metrics_then_a_clean_drain_on_sigint():
                 nodes.append(json.loads(line))
         assert sorted(n["node"] for n in nodes) == ["node0", "node1"]
         assert all(n["slots"] == 4 and n["endpoint"].startswith("tcp://") for n in nodes)
+        # each node process was told its share, within which a GPU node sizes itself
+        assert all(n["gpu_share"] == 0.5 for n in nodes)
         assert "free 8" in proc.stdout.readline()
         m = scrape(port)
         assert m[("wave_fleet_nodes", (("state", "alive"),))] == 2

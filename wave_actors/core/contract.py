@@ -120,6 +120,8 @@ class ExecutorOptions:
     first_poll_ms: float = 0.0          # graph: frame 0's count polled every loop turn from
                                         # just before the fastest recent frame 0 (0), or
                                         # slept to it and polled every this many ms
+    gpu_share: float = 1.0              # a device executor's share of its GPU (nodes sharing
+                                        # one): its memory and beat are planned within it
 
     def __post_init__(self) -> None:
         if self.max_sessions < 0:
@@ -129,6 +131,9 @@ class ExecutorOptions:
             raise ValueError(f"snapshot_mb {self.snapshot_mb}: -1 (the default), 0 (none) or more")
         if self.start_rows < 0:
             raise ValueError("start_rows must be 0 (the executor's default) or more")
+        if not 0 < self.gpu_share <= 1:
+            raise ValueError(f"gpu_share {self.gpu_share}: a share of one GPU, more than 0 and "
+                             "at most 1")
         if not self.first_poll_ms >= 0:
             raise ValueError(f"first_poll_ms {self.first_poll_ms} must be 0 (poll every loop "
                              "turn) or a positive interval")

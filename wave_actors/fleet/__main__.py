@@ -40,8 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="node actors, one GPU each (--per-gpu: a share of one); all: one for "
                          "every GPU of the cluster (--per-gpu for each)")
     ap.add_argument("--per-gpu", type=int, default=1,
-                    help="nodes sharing each GPU, each given 1/N of it (their --max-sessions "
-                         "must fit together in its memory)")
+                    help="nodes sharing each GPU, each given 1/N of it: in Ray's accounting "
+                         "and as the node's --gpu-share (it sizes its slots within 1/N of the "
+                         "GPU's memory and beat)")
     ap.add_argument("--address", help="a Ray cluster to join (e.g. auto); default: start one")
     ap.add_argument("--fake-gpus", type=int, help="a local Ray instance with this many GPUs")
     ap.add_argument("--namespace", default=NAMESPACE,
@@ -159,7 +160,8 @@ def main(argv=None) -> int:
     try:
         for facts in ready:
             print(json.dumps({"node": facts["name"], "endpoint": facts["endpoint"],
-                              "slots": facts["slots"]}), flush=True)
+                              "slots": facts["slots"], "gpu_share": facts["gpu_share"]}),
+                  flush=True)
         fleet.watch()
         if args.metrics_port:
             serve(FleetCollector(lambda: fleet.last_stats, lambda: dict(fleet.readings),

@@ -78,6 +78,7 @@ class NodeActor:
                                                         for line in self._said):
                     raise
         self.endpoint, self.slots = facts["listening"], int(facts["max_sessions"])
+        self.gpu_share = float(facts.get("gpu_share", 1.0))
         directory = ray.get_actor(DIRECTORY, namespace=namespace)
         self.incarnation = ray.get(directory.join.remote(name, self.endpoint, self.slots))
 
@@ -134,7 +135,8 @@ class NodeActor:
         if self.proc.poll() is not None:
             raise RuntimeError(f"node {self.name}: its process exited ({self.proc.returncode})")
         return {"name": self.name, "endpoint": self.endpoint, "slots": self.slots,
-                "incarnation": self.incarnation, "pid": os.getpid(), "node_pid": self.proc.pid}
+                "gpu_share": self.gpu_share, "incarnation": self.incarnation,
+                "pid": os.getpid(), "node_pid": self.proc.pid}
 
     @ray.method(concurrency_group="exit")
     def exited(self) -> int:

@@ -82,10 +82,12 @@ class Fleet:
         """`base_port`: node i binds base_port + i; None: each a free port (the directory
         hands out the endpoints). `detached`: the actors outlive this driver (on a Ray cluster
         that does too), so a restarted entry point can attach to them. `per_gpu`: nodes
-        sharing each GPU (each is given 1/per_gpu of one; their `--max-sessions` must fit
-        together in its memory)."""
+        sharing each GPU (each is given 1/per_gpu of one, in Ray's accounting and as its
+        `--gpu-share`, within which it sizes its slots, or checks its `--max-sessions`)."""
         if per_gpu < 1:
             raise ValueError(f"per_gpu is a count of nodes a GPU holds (>= 1), not {per_gpu}")
+        if per_gpu > 1 and "--gpu-share" not in node_args:
+            node_args = [*node_args, "--gpu-share", f"1/{per_gpu}"]
         life = {"lifetime": "detached"} if detached else {}
         directory = DirectoryActor.options(name=DIRECTORY, namespace=namespace,
                                            **life).remote(placement, seed)

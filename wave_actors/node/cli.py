@@ -90,11 +90,29 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--start-rows", type=int, default=0,
                     help="starting sessions each beat advances by one prompt chunk (0: the "
                          "backend's default; the graph backend captures its beats with them)")
+    ap.add_argument("--gpu-share", type=_share, default=1.0,
+                    help="this node's share of its GPU, as 0.5 or 1/2, where nodes share one "
+                         "(the fleet's --per-gpu sets it): it sizes its slots within that share "
+                         "of the device's memory and of the beat (default 1: the whole GPU)")
     ap.add_argument("--checkpoint", help="safetensors file under the real tensor names")
     ap.add_argument("--tokenizer", help="tokenizer.json of the text tokenizer")
     ap.add_argument("--cost-model", help="sim: JSON of cost-model parameters")
     ap.add_argument("--context-offset", type=int, default=0,
                     help="sim: model every session as already holding this many frames")
+
+
+def _share(text: str) -> float:
+    """A share of a GPU: a number (0.5) or a fraction (1/2), more than 0 and at most 1."""
+    try:
+        num, _, den = text.partition("/")
+        share = float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"expected a share such as 0.5 or 1/2, got {text!r}") \
+            from None
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"a share of one GPU is more than 0 and at most 1, "
+                                         f"not {text!r}")
+    return share
 
 
 def _session_args(ap: argparse.ArgumentParser) -> None:
@@ -254,7 +272,7 @@ def build(args) -> Node:
                            context_offset=args.context_offset, context_roll=args.context_roll,
                            cost_model=args.cost_model, checkpoint=args.checkpoint,
                            tokenizer=args.tokenizer, seed=args.seed, start_rows=args.start_rows,
-                           snapshot_mb=args.snapshot_mb)
+                           snapshot_mb=args.snapshot_mb, gpu_share=args.gpu_share)
     clock = Clock()
     if args.workers:
         # The executor is built in the engine process (progress logged while a GPU model
@@ -304,7 +322,8 @@ async def serve(args) -> int:
 
 async def _serve(node: Node, args) -> int:
     facts = node.describe()
-    print(json.dumps({"listening": node.endpoint, **facts}), flush=True)
+    print(json.dumps({"listening": node.endpoint, "gpu_share": args.gpu_share, **facts}),
+          flush=True)
     if args.report_sessions:
         node.session_listeners.append(
             lambda event, session: print(json.dumps({event: session}), flush=True))

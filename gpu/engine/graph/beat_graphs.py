@@ -21,7 +21,7 @@ import torch
 from gpu.engine.graph.beat_streams import StreamedBeat
 from gpu.engine.graph.first_frame import FirstFrame
 from gpu.engine.graph.host_rings import OUTPUTS
-from gpu.engine.memory_plan import GRAPH_FIXED_BYTES, LADDER_KEEP_FREE
+from gpu.engine.memory_plan import GRAPH_FIXED_BYTES, LADDER_KEEP_FREE, device_free
 from gpu.engine.model_runner import ModelRunner
 from wave_actors.core.contract import MAX_USER_TOKENS, NO_TOKEN, ExecutorOptions
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
@@ -239,7 +239,7 @@ class BeatGraphs:
             # a bucket's graphs take their fixed part and about its rows' share of what the
             # last one took beyond that; where that would leave too little free, the bucket is
             # skipped (its beats pad to the next one up) and a smaller one may still fit
-            free = torch.cuda.mem_get_info()[0]
+            free, before = device_free(self.options.gpu_share), torch.cuda.mem_get_info()[0]
             if b > SMALL_FIRST >= last:
                 took, last = 0.0, top   # past the small ones: priced from the larger ones only
             need = max(0.0, took - GRAPH_FIXED_BYTES) * b / last + GRAPH_FIXED_BYTES
@@ -248,7 +248,7 @@ class BeatGraphs:
                 self.ladder[b] = {"free_gb": round(free / 1e9, 2), "need_gb": round(need / 1e9, 2),
                                   "skipped": "memory" if fits else "estimate"}
                 continue
-            took, last = max(0, free - torch.cuda.mem_get_info()[0]), b
+            took, last = max(0, before - torch.cuda.mem_get_info()[0]), b
             self.ladder[b] = {"free_gb": round(free / 1e9, 2), "took_gb": round(took / 1e9, 2)}
         skipped = [b for b, fact in self.ladder.items() if "skipped" in fact]
         if skipped:
@@ -287,7 +287,8 @@ class BeatGraphs:
         measured at `most` and at half of it, a line through the two (past the weight reads a
         beat's time grows with its rows) gives a count, and the count is measured in turn until
         it fits. Graphs above it are dropped."""
-        budget = ON_TIME_SHARE * BEAT_S
+        # Nodes sharing a GPU take turns on it: each one's beat fits its share of the budget.
+        budget = ON_TIME_SHARE * BEAT_S * self.options.gpu_share
         probes: dict[int, float] = {}
 
         def fits(n: int) -> bool:
@@ -307,8 +308,10 @@ class BeatGraphs:
                 n = max(1, min(n - 1, int(n * budget / probes[n])))
         for key in [k for k in self.captured if k[0] > n]:
             del self.captured[key]
+        share = self.options.gpu_share
+        of = f" of a {share:.0%} share of the GPU" if share < 1 else ""
         return {"sessions": n, "decided_by": f"the beat without start rows at full context within "
-                f"{ON_TIME_SHARE:.0%} of {1e3 * BEAT_S:.0f} ms, under the memory ceiling",
+                f"{ON_TIME_SHARE:.0%} of {1e3 * BEAT_S:.0f} ms{of}, under the memory ceiling",
                 "memory_ceiling": ceiling, "budget_ms": round(1e3 * budget, 1),
                 "beat_ms_at_context": {k: round(1e3 * v, 2) for k, v in sorted(probes.items())}}
 
