@@ -6,13 +6,14 @@ close, so every beat from the first open to the last close counts. With `--kill`
 kills one node's actor half way: its calls must read `error node_lost` and `closed` within
 2 s, and the other nodes' calls go on to their end with no late beat.
 
-    python bench/fleet_gpu.py --nodes 2 --per-gpu 2 --slots 12 --beats 500 --runs 3 --kill \\
+    python bench/fleet_gpu.py --nodes 2 --per-gpu 2 --beats 500 --runs 3 --kill \\
         --out out/fleet-gpu.json -- --backend graph --config full --profile dense \\
         --max-context 1500 --workers 2
 
 Everything after `--` is each node's command line (`python -m wave_actors.node`). Ray's GPUs
-are the host's own; `--per-gpu 2` puts two nodes on each, each given half of it (their
-`--max-sessions`, here `--slots`, must fit together in its memory).
+are the host's own; `--per-gpu 2` puts two nodes on each, each given half of it (its
+`--gpu-share`: a node sizes its slots within half the GPU's memory and beat, or with
+`--slots N` serves N, checked against that half).
 """
 from __future__ import annotations
 
@@ -102,11 +103,11 @@ def per_node(before: dict, after: dict) -> dict:
     return out
 
 
-async def one_run(fleet: Fleet, slots: int, beats: int, tag: str, kill: bool) -> dict:
+async def one_run(fleet: Fleet, n: int, beats: int, tag: str, kill: bool) -> dict:
+    """`n` calls (every node's slots) for `beats` beats."""
     calls = FleetClient(fleet.directory)
     before = counters(fleet)
     stop = asyncio.Event()
-    n = slots * len(fleet.nodes)
     opened: list[dict] = []
     tasks = [asyncio.get_running_loop().create_task(
         stream(calls, f"{tag}-{i}", i, stop, opened)) for i in range(n)]
@@ -152,14 +153,14 @@ async def one_run(fleet: Fleet, slots: int, beats: int, tag: str, kill: bool) ->
     return run
 
 
-async def measure(fleet: Fleet, args) -> dict:
+async def measure(fleet: Fleet, args, n: int) -> dict:
     runs = []
     for r in range(args.runs):
-        runs.append(await one_run(fleet, args.slots, args.beats, f"run{r}", kill=False))
+        runs.append(await one_run(fleet, n, args.beats, f"run{r}", kill=False))
         print(json.dumps(runs[-1]), flush=True)
     killed = None
     if args.kill:
-        killed = await one_run(fleet, args.slots, args.beats, "kill", kill=True)
+        killed = await one_run(fleet, n, args.beats, "kill", kill=True)
         print(json.dumps(killed), flush=True)
     late = sum(v["late_beats"] for run in runs for v in run["per_node"].values())
     survivors_late = None if killed is None else \
@@ -176,7 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--per-gpu", type=int, default=1, help="nodes sharing each GPU")
     ap.add_argument("--fake-gpus", type=int, help="a CPU trial: Ray declares this many GPUs")
-    ap.add_argument("--slots", type=int, default=8, help="each node's --max-sessions")
+    ap.add_argument("--slots", type=int, help="each node's --max-sessions (default: what each "
+                    "node decides: a GPU node sizes itself, within its share with --per-gpu)")
     ap.add_argument("--beats", type=int, default=500)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--kill", action="store_true", help="then a run that kills one node")
@@ -185,13 +187,17 @@ def main(argv=None) -> int:
     ray.init(num_gpus=args.fake_gpus, include_dashboard=False, log_to_driver=False,
              object_store_memory=500 * 2**20)
     t0 = time.monotonic()
-    fleet = Fleet.start(args.nodes, [*node_args, "--max-sessions", str(args.slots)],
-                        per_gpu=args.per_gpu, start_timeout_s=START_TIMEOUT_S)
+    if args.slots is not None:
+        node_args = [*node_args, "--max-sessions", str(args.slots)]
+    fleet = Fleet.start(args.nodes, node_args, per_gpu=args.per_gpu,
+                        start_timeout_s=START_TIMEOUT_S)
     try:
         facts = fleet.ready()
-        print(f"{len(facts)} nodes listening after {time.monotonic() - t0:.0f} s", flush=True)
+        slots = {f["name"]: f["slots"] for f in facts}
+        print(f"{len(facts)} nodes listening after {time.monotonic() - t0:.0f} s, slots "
+              f"{slots}", flush=True)
         fleet.watch()
-        result = asyncio.run(measure(fleet, args))
+        result = asyncio.run(measure(fleet, args, sum(slots.values())))
     finally:
         fleet.close()
         ray.shutdown()
@@ -202,7 +208,7 @@ def main(argv=None) -> int:
     except ImportError:
         pass
     doc = {"command": "python bench/fleet_gpu.py " + " ".join(argv), "gpu": gpu,
-           "nodes": args.nodes, "per_gpu": args.per_gpu, "slots_each": args.slots,
+           "nodes": args.nodes, "per_gpu": args.per_gpu, "slots_each": slots,
            "beats": args.beats, "commit": stamp()["commit"],
            "dirty": stamp()["provenance"].get("dirty"), **result}
     doc["met"] = targets_met(doc)
