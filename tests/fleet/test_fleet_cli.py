@@ -175,3 +175,13 @@ def test_a_bridge_with_no_fleet_to_join_says_so_and_exits(bridge):
         "error: --fleet auto: no Ray cluster answers there",
         "error: --fleet auto: no fleet runs on that Ray cluster (namespace 'none-here'); start "
         "one: python -m wave_actors.fleet --address auto -- NODE_ARGS")
+
+
+def test_nodes_sharing_a_gpu_are_told_their_share_unless_the_operator_set_one():
+    from wave_actors.fleet.ray_fleet import shared_node_args
+    node = ["--backend", "graph"]
+    assert shared_node_args(node, 1) == node
+    assert shared_node_args(node, 3) == [*node, "--gpu-share", "1/3"]
+    # bug caught: an operator's share in the `=` form overridden by the fleet's
+    for own in (["--gpu-share", "0.3"], ["--gpu-share=0.3"]):
+        assert shared_node_args([*node, *own], 2) == [*node, *own]

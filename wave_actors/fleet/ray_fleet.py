@@ -57,6 +57,14 @@ class _Watched:
     exits: dict[str, tuple["ray.ObjectRef", int]] = field(default_factory=dict)
 
 
+def shared_node_args(node_args: list[str], per_gpu: int) -> list[str]:
+    """A node's command line where `per_gpu` nodes share a GPU: its `--gpu-share` is 1/per_gpu,
+    unless the operator gave one."""
+    if per_gpu == 1 or any(a.split("=")[0] == "--gpu-share" for a in node_args):
+        return list(node_args)
+    return [*node_args, "--gpu-share", f"1/{per_gpu}"]
+
+
 class Fleet:
     """Use `Fleet.start` (new actors) or `Fleet.attach` (a running fleet's)."""
 
@@ -86,8 +94,7 @@ class Fleet:
         `--gpu-share`, within which it sizes its slots, or checks its `--max-sessions`)."""
         if per_gpu < 1:
             raise ValueError(f"per_gpu is a count of nodes a GPU holds (>= 1), not {per_gpu}")
-        if per_gpu > 1 and "--gpu-share" not in node_args:
-            node_args = [*node_args, "--gpu-share", f"1/{per_gpu}"]
+        node_args = shared_node_args(node_args, per_gpu)
         life = {"lifetime": "detached"} if detached else {}
         directory = DirectoryActor.options(name=DIRECTORY, namespace=namespace,
                                            **life).remote(placement, seed)

@@ -91,7 +91,7 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
                     help="starting sessions each beat advances by one prompt chunk (0: the "
                          "backend's default; the graph backend captures its beats with them)")
     ap.add_argument("--gpu-share", type=_share, default=1.0,
-                    help="this node's share of its GPU, as 0.5 or 1/2, where nodes share one "
+                    help="a GPU node's share of its GPU, as 0.5 or 1/2, where nodes share one "
                          "(the fleet's --per-gpu sets it): it sizes its slots within that share "
                          "of the device's memory and of the beat (default 1: the whole GPU)")
     ap.add_argument("--checkpoint", help="safetensors file under the real tensor names")
