@@ -1,6 +1,8 @@
 """The engine's paths against the reference model: the cpu executor driven as the clock drives
 it, the Triton decode path (interpreted on the CPU), the memory plan, and on a GPU the graph
 executor."""
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -149,6 +151,28 @@ def test_graph_executor_sizes_its_slots_from_memory_and_its_measured_beat():
     assert all(t > slots["budget_ms"] for m, t in probes.items() if m > n), slots
     assert b.describe()["max_sessions"] == n and max(k for k, _ in b.graphs.captured) == n
     assert parity(b, 8)["pcm_rel"] < 1e-3
+
+
+@pytest.mark.gpu
+def test_a_node_given_a_share_of_the_gpu_sizes_itself_within_it():
+    """--gpu-share (nodes sharing a GPU): the beat's budget is the share's, the memory ceiling
+    the share's, and a share too small for the workspace is refused by name before anything
+    is built. The bug it catches: the first of two nodes planning with the whole device."""
+    from gpu.engine.graph_executor import GraphExecutor
+    whole = GraphExecutor(ExecutorOptions(max_sessions=0, profile="fp32", config="tiny",
+                                          max_context=128)).slots
+    gc.collect()                # the first executor's memory back before the second plans
+    torch.cuda.empty_cache()
+    half = GraphExecutor(ExecutorOptions(max_sessions=0, profile="fp32", config="tiny",
+                                         max_context=128, gpu_share=0.5))
+    assert half.slots["budget_ms"] == pytest.approx(whole["budget_ms"] / 2, abs=0.1)
+    assert half.max_sessions <= whole["sessions"]
+    total = torch.cuda.mem_get_info()[1]
+    assert half.describe()["memory_ceiling_sessions"] == half.plan_memory.ceiling(0.5 * total)
+    assert parity(half, 8)["pcm_rel"] < 1e-3
+    with pytest.raises(MemoryError, match="sessions"):
+        GraphExecutor(ExecutorOptions(max_sessions=4, profile="fp32", config="tiny",
+                                      max_context=128, gpu_share=0.01))
 
 
 @pytest.mark.slow
