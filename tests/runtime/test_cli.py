@@ -93,9 +93,12 @@ def test_demo_writes_replies_and_a_summary(tmp_path):
     port = free_port()
     out = subprocess.run([PY, "-m", "wave_actors.node", "--demo", "--backend", "sim",
                           "--demo-seconds", "4", "--demo-sessions", "2", "--bind",
-                          f"tcp://127.0.0.1:{port}", "--out", str(tmp_path)],
+                          f"tcp://127.0.0.1:{port}", "--out", str(tmp_path),
+                          "--gpu-share", "1/2"],
                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=90)
     assert out.returncode == 0, out.stderr
+    # a share asked of a backend with no GPU is said to change nothing, not silently dropped
+    assert "--gpu-share 0.5: the sim backend has no GPU to share" in out.stderr, out.stderr
     summary = json.loads(out.stdout[out.stdout.index("\n["):out.stdout.rindex("]") + 1])
     assert [s["session"] for s in summary] == ["demo-0", "demo-1"]
     for s in summary:

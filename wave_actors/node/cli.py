@@ -328,6 +328,9 @@ async def _serve(node: Node, args) -> int:
         node.session_listeners.append(
             lambda event, session: print(json.dumps({event: session}), flush=True))
     print(slots_line(facts, args), file=sys.stderr, flush=True)
+    if args.gpu_share < 1 and not entry(args.backend).caps.device:
+        print(f"--gpu-share {args.gpu_share:g}: the {args.backend} backend has no GPU to share; "
+              "it changes nothing here", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
