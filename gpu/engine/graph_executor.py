@@ -31,7 +31,7 @@ import torch
 
 from gpu.engine.baseline import measure_baseline
 from gpu.engine.decode_ops import TritonDecodeOps, install
-from gpu.engine.graph.beat_graphs import ON_TIME_SHARE, BeatGraphs
+from gpu.engine.graph.beat_graphs import BeatGraphs, beat_budget_s
 from gpu.engine.graph.beat_runner import BeatRunner
 from gpu.engine.graph.first_frame import poll_until
 from gpu.engine.graph.host_rings import PinnedRings
@@ -44,7 +44,6 @@ from gpu.model.voicechat import VoiceChat
 from gpu.model.voicechat_weights import load_dtype, random_weights_on
 from wave_actors.core.sched.buckets import BUCKETS, bucket_for
 from wave_actors.core.contract import BeatInput, BeatOutput, ExecutorOptions, SessionSpec
-from wave_actors.core.frames import BEAT_S
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.sched.slot_book import BookPlan
 from wave_actors.core.sched.start_shape import StartShape
@@ -101,7 +100,7 @@ class GraphExecutor:
         self.slots = self.graphs.size_slots(self.max_sessions, ceiling) if sizing else {
             "sessions": self.max_sessions, "decided_by": "max_sessions (set by the caller)",
             "memory_ceiling": ceiling,
-            "budget_ms": round(1e3 * ON_TIME_SHARE * BEAT_S * options.gpu_share, 1),
+            "budget_ms": round(1e3 * beat_budget_s(options.gpu_share), 1),
             "beat_ms_at_context": {}}
         self.max_sessions = self.graphs.max_sessions = self.slots["sessions"]
         self.rings = PinnedRings(self.max_sessions)

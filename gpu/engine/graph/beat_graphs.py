@@ -21,7 +21,7 @@ import torch
 from gpu.engine.graph.beat_streams import StreamedBeat
 from gpu.engine.graph.first_frame import FirstFrame
 from gpu.engine.graph.host_rings import OUTPUTS
-from gpu.engine.memory_plan import GRAPH_FIXED_BYTES, LADDER_KEEP_FREE, device_free
+from gpu.engine.memory_plan import GRAPH_FIXED_BYTES, LADDER_KEEP_FREE, planned_memory
 from gpu.engine.model_runner import ModelRunner
 from wave_actors.core.contract import MAX_USER_TOKENS, NO_TOKEN, ExecutorOptions
 from wave_actors.core.frames import BEAT_S, FRAMES_PER_BEAT, SAMPLES_IN, SAMPLES_OUT
@@ -37,6 +37,12 @@ SMALL_FIRST = 16              # buckets up to this many rows are captured right 
 # routing: p99 under 3 ms at dense 300), the rolls', and what the start policy lets start rows
 # and snapshot copies take where a beat has room.
 ON_TIME_SHARE = 0.88
+
+
+def beat_budget_s(gpu_share: float = 1.0) -> float:
+    """The device time a node's beat may take at full context: ON_TIME_SHARE of a beat, of its
+    share of the GPU where nodes share one (they take turns on it)."""
+    return ON_TIME_SHARE * BEAT_S * gpu_share
 
 
 class Captured:
@@ -239,7 +245,9 @@ class BeatGraphs:
             # a bucket's graphs take their fixed part and about its rows' share of what the
             # last one took beyond that; where that would leave too little free, the bucket is
             # skipped (its beats pad to the next one up) and a smaller one may still fit
-            free, before = device_free(self.options.gpu_share), torch.cuda.mem_get_info()[0]
+            before, total = torch.cuda.mem_get_info()
+            free = planned_memory(before, total, self.options.gpu_share,
+                                  torch.cuda.memory_reserved())
             if b > SMALL_FIRST >= last:
                 took, last = 0.0, top   # past the small ones: priced from the larger ones only
             need = max(0.0, took - GRAPH_FIXED_BYTES) * b / last + GRAPH_FIXED_BYTES
@@ -287,8 +295,7 @@ class BeatGraphs:
         measured at `most` and at half of it, a line through the two (past the weight reads a
         beat's time grows with its rows) gives a count, and the count is measured in turn until
         it fits. Graphs above it are dropped."""
-        # Nodes sharing a GPU take turns on it: each one's beat fits its share of the budget.
-        budget = ON_TIME_SHARE * BEAT_S * self.options.gpu_share
+        budget = beat_budget_s(self.options.gpu_share)
         probes: dict[int, float] = {}
 
         def fits(n: int) -> bool:
