@@ -75,6 +75,11 @@ def test_node_wavclient_metrics_and_clean_sigterm(tmp_path):
         for phase in ("admit", "start", "answer"):
             assert f'wave_open_phase_seconds_count{{phase="{phase}"}} 1.0' in text, phase
         assert 'le="0.16"' in text and "session=" not in text and report["session"] not in text
+        # every frame the closed session lost is in the node's totals, by where it was lost
+        lost = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("wave_frames_lost_total{")}
+        assert set(lost) == {"input_shed", "input_clock", "input_session", "output"}
+        assert sum(lost.values()) == stats["dropped"]
     finally:
         node.send_signal(signal.SIGTERM)
         rc = node.wait(timeout=20)

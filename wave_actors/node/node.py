@@ -299,6 +299,7 @@ class Node:
         # audio the front queued for a slow client and shed since: not sent after all
         stats = close_stats(slot_stats, drops, sent - route.shed_out,
                              dropped_out + route.shed_out)
+        self.metrics.closed_lost(slot_stats, drops, stats["dropped_out"])
         host.forget(route, session)
         # A detached session's `closed` waits for its client's resume (which fetches it).
         self.out.to_route(route, P.pack("closed", route.session, stats=stats))

@@ -39,6 +39,12 @@ class NodeMetrics:
         self.recent_opens: deque[tuple[float, float, float]] = deque(maxlen=OPENS_KEPT)
         self.closed = Counter("wave_sessions_closed", "sessions closed, by reason", ["reason"],
                               registry=r)
+        self.frames_lost = Counter(
+            "wave_frames_lost", "80 ms frames of closed sessions never heard or never delivered "
+            "(the sums of their closed.stats): input_shed (shed to bring the jitter delay back "
+            "down), input_clock (past the jitter buffer's bound, or queued at close), "
+            "input_session (duplicates, skipped seqs, bad payloads, flood, past --input-hold), "
+            "output (not delivered to the client)", ["where"], registry=r)
         self.snapshot_starts = Counter(
             "wave_snapshot_starts", "starts by prompt snapshot: hit (one copy), prefix_hit (a "
             "copy, then the rest prefilled), miss (prefilled)", ["how"], registry=r)
@@ -50,6 +56,14 @@ class NodeMetrics:
         self.snapshot_bytes = Gauge("wave_snapshot_bytes", "device bytes the held prompt "
                                     "snapshots take", registry=r)
         self._snap_seen: dict = {}
+
+    def closed_lost(self, slot, session_drops: int, dropped_out: int) -> None:
+        """A closed session's lost frames by where they were lost (`slot`: the clock's
+        `SlotStats`, None for a stale handle)."""
+        dropped, shed = (slot.dropped, slot.shed) if slot else (0, 0)
+        for where, n in (("input_shed", shed), ("input_clock", dropped - shed),
+                         ("input_session", session_drops), ("output", dropped_out)):
+            self.frames_lost.labels(where).inc(n)
 
     def open_timed(self, phases: tuple[float, float, float]) -> None:
         for name, seconds in zip(OPEN_PHASES, phases):
