@@ -63,10 +63,10 @@ async def eventually(check, patience: float = PATIENCE_S, every: float = 0.1) ->
 
 
 async def all_alive(f) -> None:
-    """Every node the entry point holds is alive and answering in the directory (a node killed
-    by an earlier test may still be coming back, or slow to answer while it starts)."""
+    """Each test starts from an idle fleet: every node alive, answering and holding no call (a
+    node killed by an earlier test may still be coming back; calls one left end idle)."""
     def ready(n: dict) -> bool:
-        return n.get("alive", False) and not n.get("quiet", True)
+        return n.get("alive", False) and not n.get("quiet", True) and n.get("used", 1) == 0
     assert await eventually(lambda: all(ready(stats(f)["nodes"].get(n, {})) for n in f.nodes))
 
 
