@@ -149,3 +149,24 @@ def test_silent_caller_is_hung_up_on(stack):
     end = bridge.events("call_end")[-1]
     assert end["reason"] == "rtp_timeout" and end["codec"] == "PCMA"
     assert end["node_stats"] is not None and end["rtp"]["silence_fill"] > 0
+
+
+@pytest.mark.slow
+def test_calls_over_tcp_one_ended_by_the_caller_one_by_us(stack):
+    """sipp on one TCP connection (`-t t1`, RFC 3261 §18): a call it ends with BYE, and a
+    silent one the bridge hangs up on, its BYE on that connection."""
+    bridge = stack["bridge"]
+    ended = len(bridge.events("call_end"))
+    sdp = SDP.format(port=9, fmt=0, codec="PCMU")
+    talk = (HEAD.format(name="tcp-bye", sdp=sdp) + '  <recv response="200"/>\n'
+            + ACK.format(offset="") + '  <pause milliseconds="1000"/>\n' + BYE)
+    silent = (HEAD.format(name="tcp-wait", sdp=sdp) + '  <recv response="200"/>\n'
+              + ACK.format(offset="") + WAIT_BYE)
+    for scenario, reason in ((talk, "bye"), (silent, "rtp_timeout")):
+        proc = run_sipp(stack, scenario, 1, extra=("-t", "t1"))
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.errors
+        assert proc.stats["SuccessfulCall(C)"] == "1"
+        bridge.wait_for(lambda: len(bridge.events("call_end")) > ended, 10, "call_end")
+        assert bridge.events("call_end")[-1]["reason"] == reason
+        ended += 1
+    assert bridge.events("bye_sent")[-1]["status"] == 200

@@ -1,6 +1,6 @@
 """`python -m transports.sip --node tcp://127.0.0.1:5555 --listen 127.0.0.1:5060`
 
-Answers SIP calls over UDP and carries each one as a session of the node. Prints one JSON line
+Answers SIP calls over UDP and TCP (one port) and carries each one as a session of the node. Prints one JSON line
 per event (listening, call_start, call_refused with Call-ID/from/reason/status, dtmf for each
 key a caller presses, bye_sent, call_end with node/jitter/playout/dtmf stats, stats at exit) on
 stdout; stops on SIGINT/SIGTERM after hanging up every call.
@@ -34,10 +34,14 @@ def parse_args(argv=None) -> BridgeConfig:
     ap.add_argument("--fleet", metavar="ADDRESS",
                     help="a fleet's Ray address (e.g. auto): each call goes to the node its "
                          "directory picks, instead of --node")
-    ap.add_argument("--listen", default=f"{d.host}:{d.port}", help="SIP UDP host:port")
+    ap.add_argument("--listen", default=f"{d.host}:{d.port}",
+                    help="SIP host:port, for UDP and TCP alike")
     ap.add_argument("--media-ip", default="", help="RTP address for SDP (default: listen host)")
     ap.add_argument("--rtp-ports", default="0-0", help="even RTP ports LO-HI (0-0: ephemeral)")
     ap.add_argument("--max-calls", type=int, default=d.max_calls)
+    ap.add_argument("--tcp-connections", type=int, default=d.tcp_connections, metavar="N",
+                    help="SIP over TCP: connections at once (0: UDP only; default: "
+                         "%(default)s)")
     ap.add_argument("--capacity-status", type=int, choices=CAPACITY_STATUSES,
                     default=d.capacity_status,
                     help="status for a call refused for capacity: 503 Service Unavailable "
@@ -66,11 +70,14 @@ def parse_args(argv=None) -> BridgeConfig:
                  "0.0.0.0:5060)")
     if wildcard and not a.media_ip:
         ap.error("listening on a wildcard address needs --media-ip (the address put in SDP)")
+    if a.tcp_connections < 0:
+        ap.error("--tcp-connections must be 0 (UDP only) or more")
     lo, _, hi = a.rtp_ports.partition("-")
     return BridgeConfig(node=a.node, fleet=a.fleet, host=host,
                         port=5060 if port is None else port,
                         media_ip=a.media_ip, rtp_ports=(int(lo), int(hi or lo)),
-                        max_calls=a.max_calls, capacity_status=a.capacity_status,
+                        max_calls=a.max_calls, tcp_connections=a.tcp_connections,
+                        capacity_status=a.capacity_status,
                         retry_after=a.retry_after, telephone_event=not a.no_telephone_event,
                         rtp_timeout=a.rtp_timeout,
                         node_timeout=a.node_timeout, open_timeout=a.open_timeout,
@@ -99,7 +106,7 @@ async def _main(cfg: BridgeConfig) -> None:
 def main(argv=None) -> None:
     try:
         asyncio.run(_main(parse_args(argv)))
-    except FleetUnavailable as exc:
+    except (FleetUnavailable, OSError) as exc:      # no fleet; a SIP port taken
         sys.exit(f"error: {exc}")
 
 

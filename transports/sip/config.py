@@ -14,11 +14,13 @@ MAX_RETRY_AFTER = 86400                    # a day; RFC 3261 allows more, no cal
 class BridgeConfig:
     node: str = "tcp://127.0.0.1:5555"     # the node's ROUTER endpoint
     fleet: str | None = None               # a fleet's Ray address: calls placed by its directory
-    host: str = "127.0.0.1"                # SIP listen address (UDP)
+    host: str = "127.0.0.1"                # SIP listen address (UDP and TCP)
     port: int = 5060
     media_ip: str = ""                     # address put in SDP and bound for RTP; "" = host
     rtp_ports: tuple[int, int] = (0, 0)    # RTP port range (even ports); (0, 0) = ephemeral
     max_calls: int = 64                    # calls at once; more get `capacity_status`
+    tcp_connections: int = 1024            # SIP over TCP on the same port, connections at
+                                           # once (0: UDP only)
     # A call refused for capacity (max_calls here, or the node's slots all taken) is answered
     # 503 Service Unavailable by default: proxies then try another server (RFC 3263) and keep
     # away from this one for Retry-After seconds (RFC 3261 §21.5.4). 486 Busy Here instead says

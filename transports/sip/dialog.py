@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from transports.sip import message as M
 from transports.sip.call import Call
+from transports.sip.tcp import reliable
 
 
 def new_tag() -> str:
@@ -46,7 +47,8 @@ class Dialog:
         """An in-dialog request from us to the caller (§12.2.1.1)."""
         self.local_cseq += 1
         req = M.SipMessage(method=method, uri=self.remote_target)
-        req.add("Via", f"SIP/2.0/UDP {hostport(via_host, via_port)};branch={new_branch()};rport")
+        via = "TCP" if reliable(self.peer) else "UDP"
+        req.add("Via", f"SIP/2.0/{via} {hostport(via_host, via_port)};branch={new_branch()};rport")
         req.add("Max-Forwards", "70")
         req.add("From", self.local_uri)
         req.add("To", self.remote_uri)
@@ -57,7 +59,11 @@ class Dialog:
         return req
 
     def destination(self) -> tuple[str, int]:
-        """First route's or the remote target's address if it is an IP literal, else the peer."""
+        """The peer's TCP connection while the dialog's requests came on one (reused); else
+        the first route's or the remote target's address if it is an IP literal, else the
+        peer."""
+        if reliable(self.peer):
+            return self.peer
         target = self.remote_target
         if self.route_set:
             try:

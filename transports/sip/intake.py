@@ -49,8 +49,12 @@ class Intake:
 
     def on_datagram(self, data: bytes, addr: tuple) -> None:
         self.stats.datagrams += 1
+        self.on_message(data, addr[:2])
+
+    def on_message(self, data: bytes, addr: tuple) -> None:
+        """A datagram's or a TCP stream's message (`addr`: a `tcp.TcpPeer` for the latter)."""
         try:
-            self._on_datagram(data, addr[:2])
+            self._on_datagram(data, addr)
         except Exception as exc:                      # a bug must not take the bridge down
             self.stats.internal_errors += 1
             self.emit("internal_error", error=repr(exc))

@@ -1,6 +1,7 @@
-"""The SIP side of the bridge: a UDP user agent server that turns each call into a node session.
+"""The SIP side of the bridge: a user agent server on UDP and TCP (`tcp.py`) that turns each call
+into a node session.
 
-Each datagram goes through `intake.Intake`, which answers what it can (OPTIONS, retransmissions,
+Each message goes through `intake.Intake`, which answers what it can (OPTIONS, retransmissions,
 errors) and hands each remaining request to its method's handler here; an INVITE starts a task
 that binds an RTP port, opens the node session and answers 200 OK with SDP. BYE and CANCEL are
 answered synchronously. Retransmissions and timers live in `transaction.Transactions`.
@@ -34,6 +35,7 @@ from transports.sip.media.dtmf import Key
 from transports.sip.media.pacer import Clock, MonotonicClock
 from transports.sip.refusals import Refusals, warning
 from transports.sip.stats import BridgeStats, print_event
+from transports.sip.tcp import TcpListener, TcpPeer, listen_both
 from transports.sip.transaction import InviteTx, Transactions, tx_key
 from wave_actors.core.heap import Trimmer
 from wave_actors.core.tasks import stop_tasks
@@ -52,6 +54,8 @@ class Bridge:
         self.intake = Intake(self.tx, self.refusals, self.stats, self._send, emit, self._on_ack,
                              {"INVITE": self._on_invite, "BYE": self._on_bye,
                               "CANCEL": self._on_cancel})
+        self.tcp = TcpListener(self.intake.on_message, emit, cfg.tcp_connections) \
+            if cfg.tcp_connections else None
         self.dialogs: dict[tuple[str, str, str], Dialog] = {}
         self.calls: set[Call] = set()             # every call from INVITE to teardown
         self._tasks: set[asyncio.Task] = set()
@@ -65,26 +69,16 @@ class Bridge:
         loop = asyncio.get_running_loop()
         if self._own_client:
             self.client.connect()
-        self.transport, _ = await loop.create_datagram_endpoint(
-            lambda: SipProtocol(self.intake), local_addr=(self.cfg.host, self.cfg.port))
-        buffers = self._size_buffers()
+        async def udp():
+            return (await loop.create_datagram_endpoint(
+                lambda: SipProtocol(self.intake), local_addr=(self.cfg.host, self.cfg.port)))[0]
+        self.transport = await listen_both(udp, self.tcp, self.cfg.host, self.cfg.port)
+        buffers = sockbuf.size_sip(self.transport.get_extra_info("socket"), self.cfg.sip_rcvbuf,
+                                   self.cfg.sip_sndbuf, self.emit)
         self._housekeeper = loop.create_task(self._housekeeping())
         self.emit("listening", sip=self.address, node=self.cfg.node,
+                  transports=["udp", "tcp"] if self.tcp else ["udp"],
                   **{b.name: b.granted for b in buffers})
-
-    def _size_buffers(self) -> list[sockbuf.Buffer]:
-        """Room for an INVITE burst (see BridgeConfig.sip_rcvbuf); a clamp is logged, since it
-        turns a burst into losses that only the callers' retransmissions repair."""
-        sock = self.transport.get_extra_info("socket")
-        buffers = [sockbuf.size(sock, "rcvbuf", self.cfg.sip_rcvbuf),
-                   sockbuf.size(sock, "sndbuf", self.cfg.sip_sndbuf)]
-        for b in buffers:
-            if b.clamped:
-                self.emit("socket_buffer_clamped", socket="sip", buffer=b.name,
-                          wanted=b.wanted, granted=b.granted,
-                          limit="net.core.rmem_max" if b.name == "rcvbuf" else
-                          "net.core.wmem_max")
-        return buffers
 
     @property
     def address(self) -> tuple[str, int]:
@@ -106,9 +100,12 @@ class Bridge:
         if self._housekeeper:
             self._housekeeper.cancel()
         self.trimmer.cancel()
-        self.emit("stats", **self.stats.as_dict())
+        self.emit("stats", **self.stats.as_dict(),
+                  **({"tcp": vars(self.tcp.stats)} if self.tcp else {}))
         if self.transport:
             self.transport.close()
+        if self.tcp is not None:
+            self.tcp.close()
         if self._own_client:
             await self.client.aclose()
 
@@ -129,8 +126,11 @@ class Bridge:
             await self.clock.sleep(1.0)
             self.tx.expire(self.clock.now())
 
-    def _send(self, data: bytes, addr: tuple[str, int]) -> None:
+    def _send(self, data: bytes, addr: tuple[str, int]) -> bool:
+        if isinstance(addr, TcpPeer):       # back on the connection the peer's message came on
+            return addr.conn.send(data)
         self.transport.sendto(data, addr)
+        return True
 
     # ------------------------------------------------------------------------- requests
 
@@ -205,7 +205,7 @@ class Bridge:
         except OSError as exc:
             return 503, "no_rtp_port", [*self.refusals.retry_after(), warning(
                 399, "no RTP port available")], str(exc)
-        self.tx.provisional(tx, 180, self._dialog_headers(tx.request))
+        self.tx.provisional(tx, 180, self._dialog_headers(tx.request, tx.addr))
         try:
             await call.open_node(self.client)
         except C.Refused as exc:
@@ -236,7 +236,7 @@ class Bridge:
                         M.parse_cseq(req.get("CSeq"))[0], call)
         tx.dialog = dialog
         self.dialogs[dialog.key] = dialog
-        self.tx.final(tx, 200, body=body, headers=self._dialog_headers(req),
+        self.tx.final(tx, 200, body=body, headers=self._dialog_headers(req, tx.addr),
                       on_no_ack=self._ack_timeout)
         self.stats.calls_answered += 1
         call.start(answer)
@@ -244,8 +244,10 @@ class Bridge:
                   codec=call.codec.name, remote=answer.remote if answer else None,
                   rtp_port=call.local_port)
 
-    def _dialog_headers(self, req: M.SipMessage) -> list[tuple[str, str]]:
+    def _dialog_headers(self, req: M.SipMessage, addr) -> list[tuple[str, str]]:
         contact = hostport(self.cfg.rtp_ip, self.address[1])
+        if isinstance(addr, TcpPeer):       # the caller's in-dialog requests come over TCP too
+            contact += ";transport=tcp"
         return [("Contact", f"<sip:wave@{contact}>"), ("Allow", ALLOW),
                 *(("Record-Route", rr) for rr in req.get_all("Record-Route"))]
 
@@ -313,7 +315,7 @@ class Bridge:
             self.tx.final(tx, 488, headers=[warning(305, "codec change not supported")])
             return
         tx.offered = answer is None
-        self.tx.final(tx, 200, body=body, headers=self._dialog_headers(req),
+        self.tx.final(tx, 200, body=body, headers=self._dialog_headers(req, tx.addr),
                       on_no_ack=self._ack_timeout)
         if answer is not None:
             call.update(answer)

@@ -49,3 +49,16 @@ def size(sock, name: str, wanted: int) -> Buffer:
             if granted(sock, name) >= wanted:
                 break
     return Buffer(name, wanted, granted(sock, name))
+
+
+def size_sip(sock, rcvbuf: int, sndbuf: int, emit) -> list[Buffer]:
+    """The SIP socket's buffers: room for an INVITE burst (see BridgeConfig.sip_rcvbuf). A clamp
+    is logged, since it turns a burst into losses that only the callers' retransmissions
+    repair."""
+    buffers = [size(sock, "rcvbuf", rcvbuf), size(sock, "sndbuf", sndbuf)]
+    for b in buffers:
+        if b.clamped:
+            emit("socket_buffer_clamped", socket="sip", buffer=b.name, wanted=b.wanted,
+                 granted=b.granted,
+                 limit="net.core.rmem_max" if b.name == "rcvbuf" else "net.core.wmem_max")
+    return buffers

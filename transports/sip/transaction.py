@@ -1,4 +1,5 @@
-"""SIP transactions over UDP (RFC 3261 §17), as much as a bridge that answers calls needs.
+"""SIP transactions (RFC 3261 §17), as much as a bridge that answers calls needs. Over TCP
+(`tcp.reliable`) nothing is resent but a 2xx to an INVITE (§17.1.2.2, §17.2.1, §13.3.1.4).
 
 - Non-INVITE server transactions: the final response is cached for 64*T1 under the request's
   branch (or Call-ID/CSeq for pre-3261 peers) and resent when the request is retransmitted.
@@ -21,6 +22,7 @@ from transports.sip import message as M
 from transports.sip.config import BridgeConfig
 from transports.sip.dialog import new_tag
 from transports.sip.media.pacer import Clock
+from transports.sip.tcp import reliable
 from wave_actors.core.tasks import within
 
 MAX_TRANSACTIONS = 4096
@@ -59,7 +61,7 @@ def cache_key(req: M.SipMessage) -> tuple:
 
 
 class Transactions:
-    def __init__(self, cfg: BridgeConfig, clock: Clock, send: Callable[[bytes, tuple], None],
+    def __init__(self, cfg: BridgeConfig, clock: Clock, send: Callable[[bytes, tuple], bool],
                  spawn: Callable[[Awaitable], asyncio.Task], stats):
         self.cfg, self.clock, self._send, self._spawn, self.stats = cfg, clock, send, spawn, stats
         self.invites: collections.OrderedDict[tuple, InviteTx] = collections.OrderedDict()
@@ -129,7 +131,7 @@ class Transactions:
                 return
             except asyncio.TimeoutError:
                 pass
-            if self.clock.now() < deadline:
+            if self.clock.now() < deadline and (tx.final < 300 or not reliable(tx.addr)):
                 self._send(tx.last, tx.addr)
                 self.stats.retransmits_out += 1
             interval = min(2 * interval, self.cfg.t2)
@@ -145,7 +147,13 @@ class Transactions:
         data = req.to_bytes()
         interval, deadline = self.cfg.t1, self.clock.now() + self.cfg.timer_b
         try:
-            self._send(data, dest)
+            if not self._send(data, dest):
+                return None                 # its TCP connection is gone
+            if reliable(dest):
+                try:
+                    return await within(asyncio.shield(fut), self.cfg.timer_b)
+                except asyncio.TimeoutError:
+                    return None
             while self.clock.now() < deadline:
                 try:
                     return await within(asyncio.shield(fut), interval)
