@@ -52,7 +52,7 @@ def parse_args(argv=None) -> BridgeConfig:
                          f"0..{MAX_RETRY_AFTER}; 0 sends none (default: %(default)s)")
     ap.add_argument("--no-telephone-event", action="store_true",
                     help="do not agree RFC 4733 DTMF events (telephone-event): phones then send "
-                         "keys in the audio as tones, if at all")
+                         "keys as SIP INFO, in the audio as tones, or not at all")
     ap.add_argument("--rtp-timeout", type=float, default=d.rtp_timeout,
                     help="seconds without caller RTP before hanging up")
     ap.add_argument("--node-timeout", type=float, default=d.node_timeout)

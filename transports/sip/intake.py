@@ -18,8 +18,8 @@ from transports.sip.refusals import Refusals, new_invite, warning
 from transports.sip.stats import BridgeStats
 from transports.sip.transaction import Transactions, tx_key
 
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS"
-KNOWN_METHODS = ("REGISTER", "INFO", "UPDATE", "PRACK", "SUBSCRIBE", "NOTIFY", "REFER",
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO"
+KNOWN_METHODS = ("REGISTER", "UPDATE", "PRACK", "SUBSCRIBE", "NOTIFY", "REFER",
                  "MESSAGE", "PUBLISH")
 
 Handler = Callable[[M.SipMessage, tuple[str, int]], None]

@@ -31,7 +31,7 @@ from transports.sip.call import NODE_ERRORS, Call
 from transports.sip.config import BridgeConfig
 from transports.sip.dialog import Dialog, hostport, new_tag
 from transports.sip.intake import ALLOW, Intake, SipProtocol
-from transports.sip.media.dtmf import Key
+from transports.sip.keys import Keys
 from transports.sip.media.pacer import Clock, MonotonicClock
 from transports.sip.refusals import Refusals, warning
 from transports.sip.stats import BridgeStats, print_event
@@ -53,7 +53,8 @@ class Bridge:
         self.refusals = Refusals(cfg, self.tx, self.stats, emit)
         self.intake = Intake(self.tx, self.refusals, self.stats, self._send, emit, self._on_ack,
                              {"INVITE": self._on_invite, "BYE": self._on_bye,
-                              "CANCEL": self._on_cancel})
+                              "CANCEL": self._on_cancel, "INFO": self._on_info})
+        self.keys = Keys(self.tx, self.stats, emit, self.clock)
         self.tcp = TcpListener(self.intake.on_message, emit, cfg.tcp_connections) \
             if cfg.tcp_connections else None
         self.dialogs: dict[tuple[str, str, str], Dialog] = {}
@@ -159,7 +160,7 @@ class Bridge:
             return
         codec = offers.negotiate(self.cfg, offer, 0).codec if offer else sdp.PCMU
         tx.call = Call(self.cfg, req.get("Call-ID"), codec, self._on_call_end, self.clock,
-                       signalling_host=addr[0], on_key=self._on_key)
+                       signalling_host=addr[0], on_key=self.keys.from_rtp)
         self.calls.add(tx.call)
         self.tx.provisional(tx, 100)
         tx.task = self._spawn(self._answer(tx, offer))
@@ -214,15 +215,6 @@ class Bridge:
             return 503, "node_unavailable", [*self.refusals.retry_after(), warning(
                 399, f"{type(exc).__name__}: node unavailable")], repr(exc)
         return None
-
-    def _on_key(self, call: Call, key: Key) -> None:
-        """A key the caller pressed (RFC 4733), once: sent to the model's session as an
-        `event` (call.py), logged and counted."""
-        self.stats.dtmf_keys += 1
-        sent = call.send_key(key.digit)
-        self.emit("dtmf", call_id=call.sip_call_id, session=call.session_id, digit=key.digit,
-                  code=key.event, rtp_timestamp=key.timestamp, ssrc=key.ssrc,
-                  dbm0=-key.volume, sent_to_node=sent)
 
     def _establish(self, tx: InviteTx, call: Call, offer: sdp.Session | None) -> None:
         req, session_id = tx.request, int(call.session_id[4:12], 16)
@@ -295,6 +287,11 @@ class Bridge:
             return None
         dialog.remote_cseq = cseq
         return dialog
+
+    def _on_info(self, req: M.SipMessage, addr) -> None:
+        dialog = self._in_dialog(req, addr)
+        if dialog is not None:
+            self.keys.from_info(req, addr, dialog.call)
 
     def _on_reinvite(self, req: M.SipMessage, addr) -> None:
         dialog = self._in_dialog(req, addr, reject_ending=True)

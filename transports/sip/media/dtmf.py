@@ -32,6 +32,7 @@ reports are bounded to `MAX_KEYS_PER_S` (a person keys about 10 a second, DTMF d
 from __future__ import annotations
 
 import collections
+import re
 from dataclasses import asdict, dataclass
 
 from transports.sip.media.rtp import RtpPacket
@@ -40,6 +41,8 @@ DIGITS = "0123456789*#ABCD"           # events 0-15: the keys we announce in fmt
 MAX_DURATION = 0xFFFF                 # a longer event continues in a new segment
 HISTORY = 32                          # recent presses remembered against reordering
 MAX_KEYS_PER_S = 20                   # reports a second at most, and as many in a burst
+INFO_TYPES = ("application/dtmf-relay", "application/dtmf")    # SIP INFO bodies with a key
+_SIGNAL = re.compile(r"^[ \t]*signal[ \t]*=[ \t]*(\S*)[ \t\r]*$", re.I | re.M)
 
 
 class DtmfError(ValueError):
@@ -64,6 +67,23 @@ class Key:
     volume: int
     duration: int                     # timestamp units seen by the time it was reported
     end: bool                         # the reporting packet already said it ended
+
+
+def info_digit(content_type: str, body: bytes) -> str:
+    """The key of a SIP INFO body: `application/dtmf-relay`'s `Signal=` line or
+    `application/dtmf`'s whole body, a key (0-9 * # A-D) or its event number (0-15); raises
+    DtmfError when it names none."""
+    text = body.decode("ascii", "replace")
+    if content_type == "application/dtmf-relay":
+        found = _SIGNAL.search(text)
+        signal = found.group(1) if found else ""
+    else:
+        signal = text.strip()
+    if signal.isdigit() and len(signal) <= 2 and int(signal) < len(DIGITS):
+        return DIGITS[int(signal)]
+    if len(signal) == 1 and signal.upper() in DIGITS:
+        return signal.upper()
+    raise DtmfError(f"no key in the {content_type} body: {signal[:16]!r}")
 
 
 def parse(payload: bytes) -> list[EventReport]:
@@ -127,6 +147,15 @@ class DtmfReceiver:
                 self.stats.suppressed += 1
             start = (start + report.duration) & 0xFFFFFFFF
         return keys
+
+    def press(self, now: float) -> bool:
+        """A key reported outside the RTP (a SIP INFO): counted, and whether it is within the
+        rate bound this receiver keeps for the call."""
+        if self._allowed(now):
+            self.stats.keys += 1
+            return True
+        self.stats.suppressed += 1
+        return False
 
     def _allowed(self, now: float) -> bool:
         if self._refilled is not None:
