@@ -1,9 +1,9 @@
 """`python -m transports.sip --node tcp://127.0.0.1:5555 --listen 127.0.0.1:5060`
 
-Answers SIP calls over UDP and TCP (one port) and carries each one as a session of the node. Prints one JSON line
-per event (listening, call_start, call_refused with Call-ID/from/reason/status, dtmf for each
-key a caller presses, bye_sent, call_end with node/jitter/playout/dtmf stats, stats at exit) on
-stdout; stops on SIGINT/SIGTERM after hanging up every call.
+Answers SIP calls over UDP and TCP (one port) and carries each one as a session of the node.
+Prints one JSON line per event (listening, call_start, call_refused with Call-ID/from/reason/
+status, dtmf for each key a caller presses, bye_sent, call_end with node/jitter/playout/dtmf
+stats, stats at exit) on stdout; stops on SIGINT/SIGTERM after hanging up every call.
 
 A call refused for capacity (--max-calls reached, or every node slot taken) gets
 503 Service Unavailable with Retry-After by default, so that a proxy tries another server and

@@ -3,8 +3,9 @@
 de facto bodies PBXs send (`application/dtmf-relay`: a `Signal=5` line; `application/dtmf`:
 the key alone). Each press goes to its call's node session as an `event` once, is logged and
 counted; INFO presses share the call's rate bound with RTP ones (past it: counted as
-suppressed, not sent). An INFO for an Info Package (RFC 6086) gets 469, since we take none;
-another body type 415; a dtmf body without a key 400.
+suppressed, not sent). An empty INFO (a keep-alive some peers send) gets 200; one for an Info
+Package (RFC 6086) 469, since we take none; another body type 415; a dtmf body without a key
+400.
 """
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ class Keys:
         """An in-dialog INFO (its dialog and CSeq already accepted): answered, and its key
         sent on."""
         ctype = (req.get("Content-Type") or "").split(";")[0].strip().lower()
+        if not req.body and not req.get("Info-Package"):
+            self.tx.respond(req, addr, 200)         # an empty INFO: some peers' keep-alive
+            return
         if req.get("Info-Package"):
             self.tx.respond(req, addr, 469, headers=[("Recv-Info", "")])
             return
