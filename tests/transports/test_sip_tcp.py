@@ -31,13 +31,14 @@ class TcpUA:
         self.writer.write(self.message(method, call_id, branch=branch, **kw))
         return branch
 
-    def message(self, method, call_id, *, branch, cseq=1, to_tag="", body=b"") -> bytes:
+    def message(self, method, call_id, *, branch, cseq=1, to_tag="", body=b"",
+                contact_port=None) -> bytes:
         lines = [f"{method} sip:wave@127.0.0.1 SIP/2.0",
                  f"Via: SIP/2.0/TCP 127.0.0.1:{self.port};branch={branch}",
                  f"From: <sip:ua@127.0.0.1:{self.port};transport=tcp>;tag=ua1",
                  "To: <sip:wave@127.0.0.1>" + (f";tag={to_tag}" if to_tag else ""),
                  f"Call-ID: {call_id}", f"CSeq: {cseq} {method}", "Max-Forwards: 70",
-                 f"Contact: <sip:ua@127.0.0.1:{self.port};transport=tcp>"]
+                 f"Contact: <sip:ua@127.0.0.1:{contact_port or self.port};transport=tcp>"]
         if body:
             lines.append("Content-Type: application/sdp")
         return ("\r\n".join(lines) + f"\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
@@ -87,6 +88,36 @@ def test_a_call_over_tcp_is_answered_on_its_connection_and_our_bye_reuses_it():
     assert bye["status"] == 200
     (end,) = [e for e in events if e["event"] == "call_end"]
     assert end["reason"] == "node_closed"
+
+
+def test_our_bye_dials_the_callers_contact_when_it_closed_its_connection():
+    """RFC 3261 §18.1.1: a caller (a PBX that closes idle connections) whose connection is gone
+    is reached on a new one, at its Contact; before, our BYE was counted unsent and lost."""
+    async def scenario(bridge, node, _ua, events):
+        inbound: asyncio.Queue = asyncio.Queue()
+        server = await asyncio.start_server(lambda r, w: inbound.put_nowait(TcpUA(r, w)),
+                                            "127.0.0.1", 0)
+        contact_port = server.sockets[0].getsockname()[1]
+        ua = await TcpUA.connect(bridge)
+        ua.request("INVITE", "t3", body=offer(9), contact_port=contact_port)
+        ok = await ua.final()
+        ua.request("ACK", "t3", to_tag=M.parse_name_addr(ok.get("To")).tag)
+        await asyncio.sleep(0.3)
+        ua.writer.close()                               # the caller lets its connection go
+        await asyncio.sleep(0.2)
+        (sid,) = node.live
+        await node.kill(sid)
+        back = await asyncio.wait_for(inbound.get(), 5)   # the bridge dialed our Contact
+        bye = await back.next()
+        assert bye.method == "BYE" and bye.get("Via").startswith("SIP/2.0/TCP ")
+        back.writer.write(M.make_response(bye, 200).to_bytes())
+        await asyncio.sleep(0.3)
+        assert bridge.tcp.stats.dialed == 1
+        back.writer.close()
+        server.close()
+    events = run(scenario)
+    (bye,) = [e for e in events if e["event"] == "bye_sent"]
+    assert bye["status"] == 200
 
 
 def test_a_refusal_over_tcp_is_sent_once_and_waits_for_its_ack():

@@ -59,22 +59,22 @@ class Dialog:
         return req
 
     def destination(self) -> tuple[str, int]:
-        """The peer's TCP connection while the dialog's requests came on one (reused); else
-        the first route's or the remote target's address if it is an IP literal, else the
-        peer."""
-        if reliable(self.peer):
+        """The peer's TCP connection while it is open (reused); else the first route's or the
+        remote target's address if it is an IP literal, else the peer's address (over TCP,
+        where a new connection goes)."""
+        if reliable(self.peer) and not self.peer.conn.closed:
             return self.peer
         target = self.remote_target
         if self.route_set:
             try:
                 target = M.parse_name_addr(self.route_set[0]).uri
             except ValueError:
-                return self.peer
+                return tuple(self.peer)
         try:
             uri = M.parse_uri(target)
             ipaddress.ip_address(uri.host)
         except ValueError:
-            return self.peer
+            return tuple(self.peer)
         return uri.host, uri.port or 5060
 
 

@@ -35,7 +35,7 @@ from transports.sip.keys import Keys
 from transports.sip.media.pacer import Clock, MonotonicClock
 from transports.sip.refusals import Refusals, warning
 from transports.sip.stats import BridgeStats, print_event
-from transports.sip.tcp import TcpListener, TcpPeer, listen_both
+from transports.sip.tcp import TcpListener, TcpPeer, listen_both, reliable
 from transports.sip.transaction import InviteTx, Transactions, tx_key
 from wave_actors.core.heap import Trimmer
 from wave_actors.core.tasks import stop_tasks
@@ -361,8 +361,10 @@ class Bridge:
             return
         dialog.ending = True
         finish = self._finish_soon(dialog, reason)
-        bye = dialog.request("BYE", self.cfg.rtp_ip, self.address[1])
-        status = await self.tx.request(bye, dialog.destination())
+        bye, dest = dialog.request("BYE", self.cfg.rtp_ip, self.address[1]), dialog.destination()
+        if reliable(dialog.peer) and not reliable(dest):    # the caller closed its connection
+            dest = await self.tcp.dial(*dest)
+        status = None if dest is None else await self.tx.request(bye, dest)
         self.emit("bye_sent", call_id=dialog.call_id, reason=reason, status=status)
         await finish
 

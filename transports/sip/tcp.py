@@ -12,9 +12,11 @@ is, until the ACK (§13.3.1.4: a hop further on may be UDP).
 A stream that cannot be cut (no Content-Length, a head or body over its bound) is closed, since
 nothing after it can be framed, and counted; so is a peer that reads nothing while our writes
 pile up. Connections are bounded (`BridgeConfig.tcp_connections`); one past the bound is closed
-at once. Nothing a peer sends raises out of the protocol. A response, or our BYE, for a
-connection the peer has closed is counted (`unsent`) and not sent on a new one (§18.2.2's
-SHOULD): the caller's next request opens one, and a call whose BYE could not go still ends.
+at once. Nothing a peer sends raises out of the protocol. Our BYE in a dialog whose
+connection the caller has closed goes on a new connection to its target (§18.1.1: its Contact
+or first route; `dial`). A response for a closed connection is counted (`unsent`) and not sent
+on a new one (§18.2.2's SHOULD): a caller that closed its connection mid-transaction resends
+its request on a new one.
 """
 from __future__ import annotations
 
@@ -45,13 +47,15 @@ def reliable(addr) -> bool:
 
 @dataclass
 class TcpStats:
-    connections: int = 0            # accepted
+    connections: int = 0            # taken up: accepted, or dialed by us
     refused: int = 0                # closed at once: the bound was reached
     messages: int = 0
     keepalives: int = 0             # pings answered (pongs are only counted)
     framing_errors: int = 0         # streams closed: no Content-Length, or over a bound
     slow_readers: int = 0           # closed: our writes piled up unread
     unsent: int = 0                 # messages for a connection already closed
+    dialed: int = 0                 # connections we opened (a BYE whose caller's had closed)
+    dial_failed: int = 0
 
 
 class TcpListener:
@@ -71,6 +75,21 @@ class TcpListener:
         except OSError as exc:
             raise OSError(exc.errno, f"SIP over TCP cannot listen on {host}:{port}: "
                           f"{exc.strerror} (--tcp-connections 0 for UDP only)") from None
+
+    async def dial(self, host: str, port: int, timeout: float = 2.0) -> TcpPeer | None:
+        """A connection of ours to `host:port`, read like an accepted one; None when it cannot
+        be made (refused, unreachable, past the bound: counted)."""
+        try:
+            _, stream = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+                lambda: SipStream(self), host, port), timeout)
+        except (OSError, asyncio.TimeoutError):
+            self.stats.dial_failed += 1
+            return None
+        if stream.closed:                               # past the bound
+            self.stats.dial_failed += 1
+            return None
+        self.stats.dialed += 1
+        return stream.peer
 
     def close(self) -> None:
         if self.server is not None:
