@@ -126,7 +126,8 @@ class SipStream(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
-        host, port = transport.get_extra_info("peername")[:2]
+        # None when the peer left before we looked
+        host, port = (transport.get_extra_info("peername") or ("", 0))[:2]
         self.peer = TcpPeer(host, port, self)
         if len(self.listener.open) >= self.listener.max_connections:
             self.stats.refused += 1
