@@ -78,7 +78,7 @@ class NodeActor:
                                                         for line in self._said):
                     raise
         self.endpoint, self.slots = facts["listening"], int(facts["max_sessions"])
-        self.gpu_share = float(facts.get("gpu_share", 1.0))
+        self.gpu_share = float(facts["gpu_share"])
         directory = ray.get_actor(DIRECTORY, namespace=namespace)
         self.incarnation = ray.get(directory.join.remote(name, self.endpoint, self.slots))
 
