@@ -32,7 +32,10 @@ class FakeNode:
         self.audio: dict[str, bytearray] = {}     # session -> the bytes themselves
         self.opens, self.closes = [], []
         self.events: dict[str, list] = {}         # session -> (name, value) of each `event`
+        self.answered: list[tuple[str, str]] = []  # (session, what the open was answered)
+        self.errors: list[str] = []               # messages this node could not handle
         self.tasks: list[asyncio.Task] = []
+        self._opening: set[asyncio.Task] = set()  # the loop keeps only weak references
 
     def start(self):
         loop = asyncio.get_running_loop()
@@ -51,22 +54,30 @@ class FakeNode:
     async def _recv(self):
         while True:
             ident, *frames = await self.sock.recv_multipart()
-            msg = P.parse(frames)
-            if msg.type == "open":
-                self.opens.append(msg.header)
-                asyncio.get_running_loop().create_task(self._open(ident, msg))
-            elif msg.type == "audio":
-                self.audio_in[msg.session] = self.audio_in.get(msg.session, 0) + len(msg.payload)
-                self.audio.setdefault(msg.session, bytearray()).extend(msg.payload)
-            elif msg.type == "event":
-                self.events.setdefault(msg.session, []).append(
-                    (msg.header["name"], msg.header["value"]))
-            elif msg.type == "close":
-                self.closes.append(msg.session)
-                if self.live.pop(msg.session, None) is not None:
-                    await self._send(ident, P.pack("closed", msg.session, stats=self.stats(msg)))
-                else:
-                    await self._send(ident, P.error_frames(P.UNKNOWN_SESSION, "no", msg.session))
+            try:
+                await self._handle(ident, frames)
+            except Exception as exc:          # one bad message must not leave opens unanswered
+                self.errors.append(repr(exc))
+
+    async def _handle(self, ident, frames):
+        msg = P.parse(frames)
+        if msg.type == "open":
+            self.opens.append(msg.header)
+            task = asyncio.get_running_loop().create_task(self._open(ident, msg))
+            self._opening.add(task)
+            task.add_done_callback(self._opening.discard)
+        elif msg.type == "audio":
+            self.audio_in[msg.session] = self.audio_in.get(msg.session, 0) + len(msg.payload)
+            self.audio.setdefault(msg.session, bytearray()).extend(msg.payload)
+        elif msg.type == "event":
+            self.events.setdefault(msg.session, []).append(
+                (msg.header["name"], msg.header["value"]))
+        elif msg.type == "close":
+            self.closes.append(msg.session)
+            if self.live.pop(msg.session, None) is not None:
+                await self._send(ident, P.pack("closed", msg.session, stats=self.stats(msg)))
+            else:
+                await self._send(ident, P.error_frames(P.UNKNOWN_SESSION, "no", msg.session))
 
     def stats(self, msg):
         return {"frames_in": self.audio_in.get(msg.session, 0) // FRAME, "frames_out": 1,
@@ -77,8 +88,10 @@ class FakeNode:
         if self.refuse or len(self.live) >= self.slots:
             await self._send(ident, P.pack("refused", msg.session,
                                            reason=self.refuse or "capacity", message="no"))
+            self.answered.append((msg.session, "refused"))
             return
         self.live[msg.session] = ident
+        self.answered.append((msg.session, "opened"))
         await self._send(ident, P.pack("opened", msg.session, frame_ms=80, beat_ms=160,
                                        output_sample_rate=8000, output_format=msg.header["format"]))
 
@@ -161,6 +174,9 @@ CFG = BridgeConfig(port=0, t1=0.05, t2=0.2, open_timeout=8.0, rtp_timeout=5.0,
                    node_timeout=5.0)
 
 
+_running: dict = {}                     # bridge -> its fake node, while `run` runs them
+
+
 def run(coro_fn, node_kw=None, cfg=CFG, timeout=40):
     """Run `coro_fn(bridge, node, ua, events)` with a fake node and a bridge on loopback."""
     async def main():
@@ -170,6 +186,7 @@ def run(coro_fn, node_kw=None, cfg=CFG, timeout=40):
         bridge = Bridge(replace(cfg, node=node.endpoint),
                         emit=lambda ev, **f: events.append({"event": ev, **f}))
         await bridge.start()
+        _running[bridge] = node
         ua = await UA.create()
         try:
             await asyncio.wait_for(coro_fn(bridge, node, ua, events), timeout)
@@ -177,19 +194,35 @@ def run(coro_fn, node_kw=None, cfg=CFG, timeout=40):
             ua.transport.close()
             await bridge.close(timeout=0.3)
             await node.stop()
+            _running.pop(bridge, None)
         assert bridge.stats.internal_errors == 0, events
+        assert not node.errors, node.errors
         return events
     return asyncio.run(main())
 
 
 async def establish(bridge, ua, call_id="c1", body=None):
-    """INVITE -> 100/180/200 -> ACK; returns the 200 OK."""
+    """INVITE -> 100/180/200 -> ACK; returns the 200 OK. Only answers to this call count (a
+    loopback port may have served another bridge's caller moments before)."""
+    t0 = asyncio.get_running_loop().time()
     ua.request(bridge.address, "INVITE", call_id, body=offer(9) if body is None else body)
-    seen = [(await ua.next()).status]
-    ok = await ua.final()
+    seen = [(await ua.next(pred=lambda m: not m.is_request and m.get("Call-ID") == call_id))
+            .status]
+    ok = await ua.final(call_id=call_id)
     seen += [ok.status]
-    # the bridge's Warning says why a call was refused (no RTP port, node unavailable, ...)
-    assert ok.status == 200, (ok.start_line(), ok.get("Warning"))
+    # the bridge's Warning says why a call was refused (no RTP port, node unavailable, ...);
+    # the node's side says whether the open reached it and what it answered
+    assert ok.status == 200, (ok.start_line(), ok.get("Warning"), seen, _node_side(bridge),
+                               f"{asyncio.get_running_loop().time() - t0:.2f} s")
     tag = M.parse_name_addr(ok.get("To")).tag
     ua.request(bridge.address, "ACK", call_id, to_tag=tag)
     return ok, tag
+
+
+def _node_side(bridge) -> dict:
+    client, node = bridge.client, _running.get(bridge)
+    side = {"handshakes": getattr(client, "_handshakes", None),
+            "bridge_stats": bridge.stats.as_dict()}
+    if node is not None:
+        side.update(opens=len(node.opens), answered=node.answered, errors=node.errors)
+    return side
