@@ -1,5 +1,5 @@
 """Teacher-forced fidelity of a serving precision profile against the fp32 reference, per stage
-(gpu/engine/fidelity.py says what it measures, fidelity_forcing.py how it forces). Builds both
+(bench/harness/fidelity.py says what it measures, fidelity_forcing.py how it forces). Builds both
 models with the same random weights of the config's real shapes on the device, installs the
 engine's Triton decode ops in the tested one, prints a per-quantity table and writes JSON.
 
@@ -36,7 +36,7 @@ if not (Path("/dev/nvidia0").exists() or Path("/dev/nvidiactl").exists()):
 import numpy as np                                                        # noqa: E402
 import torch                                                              # noqa: E402
 
-from gpu.engine.fidelity import build_pair, measure, table               # noqa: E402
+from bench.harness.fidelity import build_pair, measure, table               # noqa: E402
 from gpu.model.config import Profile, VoiceChatConfig                    # noqa: E402
 
 

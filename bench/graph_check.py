@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu.engine.graph_executor import GraphExecutor                    # noqa: E402
-from gpu.engine.parity import compare, engine_run, reference_run      # noqa: E402
+from bench.harness.parity import compare, engine_run, reference_run      # noqa: E402
 from wave_actors.core.contract import SessionSpec                           # noqa: E402
 from wave_actors.bench.results import git_commit                                 # noqa: E402
 from wave_actors.core.contract import ExecutorOptions                   # noqa: E402

@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from wave_actors.core.beat_driver import BeatDriver                       # noqa: E402
+from bench.harness.beat_driver import BeatDriver                       # noqa: E402
 from wave_actors.core.contract import ExecutorOptions, SessionSpec        # noqa: E402
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN           # noqa: E402
 from wave_actors.core.sched.jitter import SILENCE                              # noqa: E402

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cuda_timing import median_ms  # noqa: E402
-from gpu.wpk import probes  # noqa: E402
+from bench.harness import wpk_probes as probes  # noqa: E402
 
 
 def chain(n: int) -> dict:

@@ -16,7 +16,7 @@ Rules for callers: a wait is `wait_ge` then `tl.debug_barrier()` (the whole prog
 the one thread's load); a signal is `signal` (barrier first, so every thread's stores are done,
 then one release add). Every program a wait depends on must be resident: launch with
 `launch_cooperative_grid=True` on a device, or run programs on threads in the interpreter
-(`gpu.wpk.testing.threaded`).
+(`tests.kernels.wpk_threads.threaded`).
 """
 from __future__ import annotations
 

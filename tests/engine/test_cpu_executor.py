@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gpu.engine.cpu_executor import CPU_SHAPE, CpuExecutor
-from wave_actors.core.beat_driver import BeatDriver
+from bench.harness.beat_driver import BeatDriver
 from wave_actors.core.prompt import prompt_tokens, render_system_prompt
 from wave_actors.core.text import BOS, EOS, PAD, ByteFallbackCodec
 from gpu.model.voicechat import VoiceChat

@@ -9,7 +9,7 @@ import torch
 
 from gpu.engine.cpu_executor import CpuExecutor
 from gpu.engine.decode_ops import TritonDecodeOps, install
-from gpu.engine.parity import compare, engine_run, reference_run
+from bench.harness.parity import compare, engine_run, reference_run
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
 from tests.tensorkit import exact_fp32, rel

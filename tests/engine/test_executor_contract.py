@@ -19,7 +19,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from wave_actors.core.beat_driver import BeatDriver
+from bench.harness.beat_driver import BeatDriver
 from wave_actors.core.contract import Capabilities, ExecutorOptions, SessionSpec
 from wave_actors.core.registry import REGISTRY
 from wave_actors.core.sched.session_table import SessionTable

@@ -1,4 +1,4 @@
-"""The teacher-forced fidelity harness (gpu/engine/fidelity.py) on the tiny config.
+"""The teacher-forced fidelity harness (bench/harness/fidelity.py) on the tiny config.
 
 On the CPU without the Triton kernels (interpreted they take ~25 s a frame here); the kernel-
 installed variant runs where a GPU is. Bounds for `dense` against `fp32-dense` (CFG off on both),
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu.engine import fidelity, fidelity_forcing
+from bench.harness import fidelity, fidelity_forcing
 from gpu.model.config import Profile, VoiceChatConfig
 
 CFG = VoiceChatConfig.tiny()

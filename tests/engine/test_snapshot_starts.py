@@ -20,7 +20,7 @@ import torch
 
 from gpu.engine.slot_resets import SlotResets
 from gpu.engine.snapshot_rows import SnapshotRows
-from wave_actors.core.beat_driver import BeatDriver
+from bench.harness.beat_driver import BeatDriver
 from wave_actors.core.contract import ExecutorOptions, SessionSpec
 
 SLOTS = 4

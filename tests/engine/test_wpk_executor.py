@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from wave_actors.core.beat_driver import BeatDriver
+from bench.harness.beat_driver import BeatDriver
 from wave_actors.core.contract import ExecutorOptions, SessionSpec
 from wave_actors.core.frames import FRAMES_PER_BEAT, SAMPLES_IN
 from wave_actors.core.sched.jitter import SILENCE

@@ -1,4 +1,4 @@
-"""The wpk probes compiled for sm_90 on this CPU (`python -m gpu.wpk.compile_check`): the
+"""The wpk probes compiled for sm_90 on this CPU (`python -m bench.harness.wpk_compile_check`): the
 synchronisation must compile to the instructions meant and stay within its register budget.
 
 Bugs these catch: a wait compiled to a relaxed or non-volatile load (no `ld.acquire`: the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu.wpk.compile_check import PROBES, budget
+from bench.harness.wpk_compile_check import PROBES, budget
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow       # a compiler in a subprocess; the wpk executor is off by default
 def test_the_probes_compile_to_acquire_release_code_within_budget():
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
-    run = subprocess.run([sys.executable, "-m", "gpu.wpk.compile_check", "--json"], cwd=ROOT,
+    run = subprocess.run([sys.executable, "-m", "bench.harness.wpk_compile_check", "--json"], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = {r["name"]: r for r in json.loads(run.stdout)}

@@ -15,7 +15,7 @@ import torch
 from gpu.wpk import mailbox as M
 from gpu.wpk.controller import ControllerFailed, ResidentController
 from gpu.wpk.sync import interp
-from gpu.wpk.testing import threaded
+from tests.kernels.wpk_threads import threaded
 
 pytestmark = pytest.mark.skipif(not interp(), reason="the interpreter's threaded runs")
 

@@ -1,5 +1,5 @@
 """The persistent kernel's synchronisation primitives (`gpu/wpk/sync.py`) in the threaded
-interpreter (`gpu/wpk/testing.py`).
+interpreter (`tests/kernels/wpk_threads.py`).
 
 Bugs these catch: a wait that returns before its counter reaches the target (a chain that adds
 an unfinished value); a signal that counts once per thread instead of once per program, or a
@@ -15,9 +15,9 @@ import time
 import pytest
 import torch
 
-from gpu.wpk import probes
+from bench.harness import wpk_probes as probes
 from gpu.wpk.sync import interp
-from gpu.wpk.testing import Deadlock, threaded
+from tests.kernels.wpk_threads import Deadlock, threaded
 
 pytestmark = pytest.mark.skipif(not interp(), reason="the interpreter's threaded runs")
 

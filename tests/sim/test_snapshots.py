@@ -16,7 +16,7 @@ from sim.costmodel import (DEFAULT_PATH, SNAPSHOT_BYTES, SNAPSHOT_BYTES_PER_POSI
                            SNAPSHOT_COPY_S, SNAPSHOT_FIXED_BYTES, CostModel)
 from sim.executor import SimExecutor, snapshot_space
 from sim.fast.fast import FastConfig, _Run, run_one
-from wave_actors.core.beat_driver import BeatDriver
+from bench.harness.beat_driver import BeatDriver
 from wave_actors.core.contract import ExecutorOptions, SessionSpec
 from wave_actors.core.sched.start_shape import StartShape
 from wave_actors.core.timebase import Clock, VirtualTimeLoop

@@ -37,7 +37,7 @@ import time
 import torch
 from torch import Tensor
 
-from gpu.engine.fidelity_forcing import forced_frames
+from bench.harness.fidelity_forcing import forced_frames
 from gpu.model.config import Profile, VoiceChatConfig
 from gpu.model.voicechat import VoiceChat
 from gpu.model.voicechat_weights import load_dtype, random_weights_on

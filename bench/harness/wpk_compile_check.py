@@ -3,7 +3,7 @@ its bundled ptxas for registers and spills. What CI can check of the device code
 synchronisation compiled to the instructions meant (acquire loads, release atomics and stores,
 the backoff sleep, the GPU clock), and a register budget kept with no spills.
 
-    TRITON_INTERPRET=0 python -m gpu.wpk.compile_check [--json]
+    TRITON_INTERPRET=0 python -m bench.harness.wpk_compile_check [--json]
 
 Must run without TRITON_INTERPRET=1 (under the interpreter `@triton.jit` gives no compiler
 input); the tests call it in a subprocess.
@@ -24,7 +24,7 @@ REG_BUDGET = 64          # a controller or a probe must leave room for the kerne
 def budget(name: str) -> int:
     return REG_BUDGET
 
-# [module:]kernel of gpu.wpk (probes by default) → (signature, constexprs, instructions its
+# [module:]kernel of gpu.wpk (bench.harness.wpk_probes without a module) → (signature, constexprs, instructions its
 # PTX must hold)
 PROBES = {
     "chain": ({"values": "*i32", "counters": "*i32", "out": "*i32", "n_programs": "i32"},
@@ -74,7 +74,8 @@ def compile_probe(name: str) -> dict:
     import importlib
     signature, constexprs, needs = PROBES[name]
     module, _, attr = name.rpartition(":")
-    kernel = getattr(importlib.import_module(f"gpu.wpk.{module or 'probes'}"), attr)
+    where = f"gpu.wpk.{module}" if module else "bench.harness.wpk_probes"
+    kernel = getattr(importlib.import_module(where), attr)
     if not isinstance(kernel, triton.runtime.JITFunction):
         raise RuntimeError("compile checks need TRITON_INTERPRET unset (got an interpreted kernel)")
     sig = dict(signature, **{k: "constexpr" for k in constexprs}, IS_INTERP="constexpr")

@@ -34,7 +34,7 @@ class _Stopped(RuntimeError):
 def _interpreter():
     from triton.runtime import interpreter
     if not triton.__version__.startswith(SUPPORTED):
-        raise RuntimeError(f"gpu.wpk.testing knows Triton {SUPPORTED}'s interpreter, not "
+        raise RuntimeError(f"tests.kernels.wpk_threads knows Triton {SUPPORTED}'s interpreter, not "
                            f"{triton.__version__}")
     return interpreter
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from bench.harness.beat_driver import BeatDriver
 from gpu.engine.decode_ops import install
-from wave_actors.core.prompt import prompt_tokens
-from wave_actors.core.beat_driver import BeatDriver
 from wave_actors.core.contract import SessionSpec
+from wave_actors.core.prompt import prompt_tokens
 from wave_actors.core.frames import FRAMES_PER_BEAT
 
 
