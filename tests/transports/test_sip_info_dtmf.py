@@ -28,7 +28,7 @@ def test_info_keys_reach_the_node_once_each_and_other_bodies_are_answered_by_the
         ], start=2):
             ua.request(bridge.address, "INFO", "c1", cseq=cseq, to_tag=tag, body=body,
                        ctype=ctype, extra=extra)
-            answers.append(await ua.final())
+            answers.append(await ua.final(call_id="c1"))
         assert [a.status for a in answers] == [200, 200, 200, 415, 400, 469, 200]
         assert answers[3].get("Accept") == ", ".join(dtmf.INFO_TYPES)
         assert await until(lambda: len(node.events.get(sid, [])) == 3)
@@ -37,7 +37,7 @@ def test_info_keys_reach_the_node_once_each_and_other_bodies_are_answered_by_the
         # outside any dialog: 481, and nothing reaches a session
         ua.request(bridge.address, "INFO", "nope", cseq=9, to_tag="x", body=b"Signal=1",
                    ctype=RELAY)
-        assert (await ua.final()).status == 481
+        assert (await ua.final(call_id="nope")).status == 481
         await asyncio.sleep(0.2)
         assert len(node.events[sid]) == 3
     events = run(scenario)
@@ -55,7 +55,7 @@ def test_an_info_flood_is_bounded_like_rtp_keys():
         for cseq in range(2, 2 + dtmf.MAX_KEYS_PER_S + 10):
             ua.request(bridge.address, "INFO", "c1", cseq=cseq, to_tag=tag,
                        body=b"Signal=7\r\n", ctype=RELAY)
-            assert (await ua.final()).status == 200
+            assert (await ua.final(call_id="c1")).status == 200
         await asyncio.sleep(0.2)
         assert bridge.stats.dtmf_keys <= dtmf.MAX_KEYS_PER_S + 2
         assert len(node.events.get(sid, [])) == bridge.stats.dtmf_keys
