@@ -128,8 +128,14 @@ class NodeClient:
         return True
 
     async def aclose(self) -> None:
+        # The monitor stops before its reader closes: libzmq's I/O thread sends each event on a
+        # blocking pair socket, so an event for a reader already gone (a handshake finishing
+        # as we close) would block that thread, and with it every socket of the context, for
+        # good: no later client in this process could connect.
+        if not self.sock.closed:
+            self.sock.disable_monitor()
         await stop_tasks([self._reader, self._monitor, self._pinger])
-        if self._monitor_sock is not None:     # a watcher cancelled before it ran never closed it
+        if self._monitor_sock is not None:
             self._monitor_sock.close(0)
         self._tx.close(0)
 
@@ -246,8 +252,8 @@ class NodeClient:
                     for fut in self._pending_open.values():
                         if not fut.done():
                             fut.set_exception(Refused("unauthorized", self._why_unavailable()))
-        finally:
-            mon.close(0)
+        except zmq.ZMQError:
+            pass                # the monitor was stopped; aclose closes its socket
 
     def _unread(self) -> bool:
         """Whether node messages wait to be read: after a stall of this process, the node's

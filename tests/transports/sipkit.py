@@ -167,9 +167,8 @@ def offer(port, fmt=0, name="PCMU"):
             f"m=audio {port} RTP/AVP {fmt}\r\na=rtpmap:{fmt} {name}/8000\r\n").encode()
 
 
-# open_timeout: room for a loaded machine (a full suite on 2 cores once kept every open here
-# waiting past 2.5 s; the UA waits 10 s for the final answer); the open's own timeout is tested
-# with a shorter one.
+# open_timeout: room for a loaded machine (the UA waits 10 s for the final answer); the open's
+# own timeout is tested with a shorter one.
 CFG = BridgeConfig(port=0, t1=0.05, t2=0.2, open_timeout=8.0, rtp_timeout=5.0,
                    node_timeout=5.0)
 
