@@ -128,10 +128,9 @@ class NodeClient:
         return True
 
     async def aclose(self) -> None:
-        # The monitor stops before its reader closes: libzmq's I/O thread sends each event on a
-        # blocking pair socket, so an event for a reader already gone (a handshake finishing
-        # as we close) would block that thread, and with it every socket of the context, for
-        # good: no later client in this process could connect.
+        # The monitor stops before its reader closes: libzmq's I/O thread sends events on a
+        # blocking pair socket, and one for a reader gone (a handshake finishing as we close)
+        # would stall that thread, and every socket of the context, for good.
         if not self.sock.closed:
             self.sock.disable_monitor()
         await stop_tasks([self._reader, self._monitor, self._pinger])
@@ -236,24 +235,21 @@ class NodeClient:
 
     async def _watch_handshakes(self, mon: zmq.Socket) -> None:
         """CURVE refusals are silent on the socket itself; the monitor tells them apart from a
-        node that is simply not there."""
+        node that is simply not there. Runs until cancelled; `aclose` closes the monitor."""
         from zmq.utils.monitor import recv_monitor_message
-        try:
-            while True:
-                ev = await recv_monitor_message(mon)
-                if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    self._handshakes += 1
-                    if self._handshakes > 1 and not self._resume_queued:
-                        for s in list(self.sessions.values()):   # back after a drop: rebind
-                            s.ask_resume()
-                    self._resume_queued = False
-                self.auth_failed = ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                if self.auth_failed:
-                    for fut in self._pending_open.values():
-                        if not fut.done():
-                            fut.set_exception(Refused("unauthorized", self._why_unavailable()))
-        except zmq.ZMQError:
-            pass                # the monitor was stopped; aclose closes its socket
+        while True:
+            ev = await recv_monitor_message(mon)
+            if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._handshakes += 1
+                if self._handshakes > 1 and not self._resume_queued:
+                    for s in list(self.sessions.values()):   # back after a drop: rebind
+                        s.ask_resume()
+                self._resume_queued = False
+            self.auth_failed = ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            if self.auth_failed:
+                for fut in self._pending_open.values():
+                    if not fut.done():
+                        fut.set_exception(Refused("unauthorized", self._why_unavailable()))
 
     def _unread(self) -> bool:
         """Whether node messages wait to be read: after a stall of this process, the node's
