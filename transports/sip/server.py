@@ -238,7 +238,7 @@ class Bridge:
 
     def _dialog_headers(self, req: M.SipMessage, addr) -> list[tuple[str, str]]:
         contact = hostport(self.cfg.rtp_ip, self.address[1])
-        if isinstance(addr, TcpPeer):       # the caller's in-dialog requests come over TCP too
+        if reliable(addr):                  # the caller's in-dialog requests come over TCP too
             contact += ";transport=tcp"
         return [("Contact", f"<sip:wave@{contact}>"), ("Allow", ALLOW),
                 *(("Record-Route", rr) for rr in req.get_all("Record-Route"))]

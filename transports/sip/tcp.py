@@ -180,8 +180,8 @@ class SipStream(asyncio.Protocol):
                 else:
                     return                            # maybe half a ping: wait for more
                 continue
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
+            end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)    # a longer head is refused even
+            if end < 0:                                      # when its end came in one read
                 if len(buf) > MAX_HEAD:
                     self._unframed(f"a message head over {MAX_HEAD} bytes")
                 return
